@@ -1,0 +1,76 @@
+use std::fmt;
+use std::time::Duration;
+
+/// Shorthand for this crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The operation a completion or error belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Send,
+    Recv,
+    Write,
+    RemoteWrite,
+    Unknown,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Send => "send",
+            Op::Recv => "recv",
+            Op::Write => "write",
+            Op::RemoteWrite => "remote write",
+            Op::Unknown => "operation",
+        })
+    }
+}
+
+/// A failed operation, as the provider reported it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{op} (ctx {ctx:#x}) failed: {msg} (error {code}, provider error {prov_errno})")]
+pub struct CompletionError {
+    pub op: Op,
+    pub ctx: u64,
+    /// Provider error code (libfabric `FI_E*`, verbs `ibv_wc_status`).
+    pub code: i32,
+    /// Provider-specific error (libfabric `prov_errno`, verbs vendor error).
+    pub prov_errno: i32,
+    /// The provider's own text (`fi_strerror` and `fi_cq_strerror`, `ibv_wc_status_str`).
+    pub msg: String,
+}
+
+/// Everything that can go wrong, with the provider's own words and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A provider call failed.
+    #[error("{call} failed: {msg} ({code}). {hint}")]
+    Provider {
+        call: &'static str,
+        code: i32,
+        msg: String,
+        hint: String,
+    },
+    /// No usable NIC or provider.
+    #[error("no RDMA device: {0}")]
+    NoDevice(String),
+    /// The caller passed something unusable.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Peer address bytes that this backend cannot read.
+    #[error("bad peer address: {0}")]
+    BadAddress(String),
+    /// The NIC, provider or build cannot do this.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A wait ran out.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+    /// CUDA is missing or failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    /// An operation completed with an error.
+    #[error(transparent)]
+    Completion(Box<CompletionError>),
+}

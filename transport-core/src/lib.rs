@@ -1,0 +1,139 @@
+//! The `Transport` trait and the types every RDMA backend shares.
+//!
+//! One [`Transport`] value is one endpoint on one NIC. Backends (`transport-efa` over
+//! libfabric, `transport-verbs` over ibverbs) implement it; workloads are written once,
+//! generic over it. This crate has no FFI of its own and knows no backend.
+//!
+//! # What every backend guarantees
+//! - Every operation carries a caller-chosen `u64` context, returned in its completion.
+//!   Nothing is allocated per operation on the post/poll path (error completions excepted:
+//!   they carry the provider's text).
+//! - A full queue is an outcome ([`Post::QueueFull`], or a short count from
+//!   [`Transport::post_writes`]), never an error: poll, then post again.
+//! - A WRITE with an immediate produces exactly one [`CompletionKind::RemoteWrite`] at the
+//!   target, carrying the immediate, after the written bytes are visible there. The target
+//!   application never posts receives for immediates.
+//! - A failed operation produces a [`CompletionKind::Error`] carrying its context and the
+//!   provider's own text, or the post itself returns an [`Error`]; nothing fails silently.
+//! - Progress is manual: polling is what moves data. A side that never polls may stall its
+//!   peer. Poll every endpoint that takes part in a transfer.
+//!
+//! # What is not guaranteed
+//! - Completion order across operations, even on one peer. Count completions; do not rely on
+//!   their order. (Verbs RC happens to be ordered per QP; libfabric RDM is not.)
+//! - That a remote write without immediate is visible at the target before some later signal:
+//!   use a WRITE with immediate (or a SEND after the write's local completion) to signal.
+//! - Safety of freeing memory with operations still in flight: keep a [`MemoryRegion`] alive
+//!   until every operation that uses it has completed.
+
+mod error;
+mod mem;
+mod types;
+pub mod wait;
+
+pub use error::{CompletionError, Error, Op, Result};
+#[cfg(feature = "cuda")]
+pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
+pub use mem::{GpuBuffer, HostBuffer, Memory, PAGE};
+pub use types::{
+    Caps, Completion, CompletionKind, EndpointAddr, LocalSlice, NicDesc, PeerId, Post, RemoteMr,
+    RemoteSlice, WriteOp,
+};
+
+/// A registered memory region owned by one endpoint's domain.
+///
+/// The region owns its [`Memory`]; dropping it deregisters it. Hand it back with
+/// [`Transport::deregister`] to get the memory back.
+pub trait MemoryRegion: Send {
+    /// The registered memory.
+    fn memory(&self) -> &Memory;
+    /// The registered memory, mutably (for filling a host buffer before a send).
+    fn memory_mut(&mut self) -> &mut Memory;
+    /// What a peer needs to WRITE into this region. Serializable; send it over any channel.
+    fn remote(&self) -> RemoteMr;
+    /// Length in bytes.
+    fn len(&self) -> usize {
+        self.memory().len()
+    }
+    /// Whether the region is empty (never true for a registered region).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A bounds-checked local slice of this region for a post.
+    fn slice(&self, offset: usize, len: usize) -> Result<LocalSlice<'_, Self>>
+    where
+        Self: Sized,
+    {
+        LocalSlice::new(self, offset, len)
+    }
+}
+
+/// One endpoint on one NIC.
+///
+/// The lifecycle is: [`open`](Transport::open), exchange [`address`](Transport::address)es out
+/// of band, [`add_peer`](Transport::add_peer), [`register`](Transport::register) memory and
+/// exchange [`RemoteMr`]s, then post and [`poll`](Transport::poll).
+pub trait Transport: Send + Sized {
+    /// The backend's registered memory region.
+    type Mr: MemoryRegion;
+
+    /// Backend name as users type it: `"efa"` (libfabric) or `"verbs"`.
+    const BACKEND: &'static str;
+
+    /// Open an endpoint on the NIC `nic` describes.
+    fn open(nic: &NicDesc) -> Result<Self>;
+
+    /// The provider (libfabric) or device (verbs) actually opened, e.g. `"shm"`, `"rxe0"`.
+    fn provider(&self) -> &str;
+
+    /// The NIC (libfabric domain, verbs device) actually opened, e.g. `"rdmap79s0"`.
+    fn nic_name(&self) -> &str;
+
+    /// What the next peer needs to reach this endpoint; send it over any channel.
+    ///
+    /// Connected backends (verbs RC) hand out a fresh queue pair per peer: exchange addresses
+    /// pairwise, calling `address()` then `add_peer()` once per peer, in that order.
+    fn address(&self) -> EndpointAddr;
+
+    /// Add a peer from its address bytes. Garbage or wrong-length bytes are an error.
+    fn add_peer(&mut self, addr: &EndpointAddr) -> Result<PeerId>;
+
+    /// Register memory (host or GPU) for local use and remote writes.
+    fn register(&mut self, mem: Memory) -> Result<Self::Mr>;
+
+    /// Deregister a region and get its memory back.
+    fn deregister(&mut self, mr: Self::Mr) -> Result<Memory>;
+
+    /// Post a SEND of `buf` to `peer`.
+    fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, Self::Mr>, ctx: u64) -> Result<Post>;
+
+    /// Post a receive buffer for one incoming SEND (from any peer).
+    fn post_recv(&mut self, buf: LocalSlice<'_, Self::Mr>, ctx: u64) -> Result<Post>;
+
+    /// Post an RDMA WRITE of `buf` into `remote` on `peer`, with an optional 32-bit immediate.
+    fn post_write(
+        &mut self,
+        peer: PeerId,
+        buf: LocalSlice<'_, Self::Mr>,
+        remote: RemoteSlice,
+        imm: Option<u32>,
+        ctx: u64,
+    ) -> Result<Post>;
+
+    /// Post many WRITEs. Returns how many were accepted, in order; fewer than `ops.len()`
+    /// means the queue filled: poll, then post the rest.
+    fn post_writes(&mut self, ops: &[WriteOp<'_, Self::Mr>]) -> Result<usize> {
+        for (i, op) in ops.iter().enumerate() {
+            if self.post_write(op.peer, op.local, op.remote, op.imm, op.ctx)? == Post::QueueFull {
+                return Ok(i);
+            }
+        }
+        Ok(ops.len())
+    }
+
+    /// Poll completions into `out`; returns how many were written. Never blocks.
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+
+    /// What this endpoint can do.
+    fn caps(&self) -> &Caps;
+}

@@ -1,0 +1,236 @@
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CompletionError, Error, Result};
+use crate::MemoryRegion;
+
+/// Which NIC to open, and how. Fields a backend has no use for are ignored by it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicDesc {
+    /// NIC name: libfabric domain (`rdmap79s0`, `lo`) or verbs device (`mlx5_0`, `rxe0`).
+    /// `None`: the first one the provider offers.
+    pub device: Option<String>,
+    /// libfabric provider (`efa`, `shm`, `tcp`). `None`: `efa` where present. Ignored by verbs.
+    pub provider: Option<String>,
+    /// Verbs port number (default 1).
+    pub port: Option<u8>,
+    /// Verbs GID index (default: chosen automatically, RoCEv2 IPv4-mapped first).
+    pub gid_index: Option<u8>,
+    /// Send queue depth wanted (default: the backend's choice, capped by the NIC).
+    pub tx_depth: Option<usize>,
+    /// Receive queue depth wanted.
+    pub rx_depth: Option<usize>,
+    /// Backend-specific options, `key=value` (for example `mr_mode=strict` on libfabric).
+    pub options: BTreeMap<String, String>,
+}
+
+impl NicDesc {
+    /// A description naming only a device.
+    pub fn device(name: impl Into<String>) -> Self {
+        Self {
+            device: Some(name.into()),
+            ..Self::default()
+        }
+    }
+    /// A description naming only a libfabric provider.
+    pub fn provider(name: impl Into<String>) -> Self {
+        Self {
+            provider: Some(name.into()),
+            ..Self::default()
+        }
+    }
+    /// Builder: set a backend-specific option.
+    pub fn with_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// An endpoint's address as opaque bytes; only its own backend can read it.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EndpointAddr(pub Vec<u8>);
+
+impl fmt::Debug for EndpointAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EndpointAddr(")?;
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A peer added with [`crate::Transport::add_peer`]; only meaningful on that endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PeerId(pub u32);
+
+/// What a peer needs to WRITE into a registered region.
+///
+/// `addr` is the address to use for offset 0: the virtual address where the provider
+/// addresses remote memory by virtual address (`FI_MR_VIRT_ADDR`, verbs), else 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteMr {
+    pub addr: u64,
+    pub len: u64,
+    pub key: u64,
+}
+
+impl RemoteMr {
+    /// The sub-range `[offset, offset + len)`; an error where it does not fit.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(RemoteSlice {
+                addr: self.addr + offset,
+                len,
+                key: self.key,
+            }),
+            _ => Err(Error::InvalidArgument(format!(
+                "remote range {offset}+{len} does not fit the {}-byte remote region",
+                self.len
+            ))),
+        }
+    }
+    /// The whole region.
+    pub fn all(&self) -> RemoteSlice {
+        RemoteSlice {
+            addr: self.addr,
+            len: self.len,
+            key: self.key,
+        }
+    }
+}
+
+/// A range of a peer's registered region: the target of a WRITE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteSlice {
+    pub addr: u64,
+    pub len: u64,
+    pub key: u64,
+}
+
+/// A bounds-checked range of a local registered region: the source or sink of an operation.
+pub struct LocalSlice<'a, M> {
+    pub mr: &'a M,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl<M> Clone for LocalSlice<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for LocalSlice<'_, M> {}
+
+impl<M> fmt::Debug for LocalSlice<'_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalSlice")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<'a, M: MemoryRegion> LocalSlice<'a, M> {
+    /// `[offset, offset + len)` of `mr`; an error where it does not fit.
+    pub fn new(mr: &'a M, offset: usize, len: usize) -> Result<Self> {
+        match offset.checked_add(len) {
+            Some(end) if end <= mr.len() => Ok(Self { mr, offset, len }),
+            _ => Err(Error::InvalidArgument(format!(
+                "local range {offset}+{len} does not fit the {}-byte region",
+                mr.len()
+            ))),
+        }
+    }
+    /// The whole region.
+    pub fn all(mr: &'a M) -> Self {
+        Self {
+            mr,
+            offset: 0,
+            len: mr.len(),
+        }
+    }
+}
+
+/// One WRITE in a batch for [`crate::Transport::post_writes`].
+pub struct WriteOp<'a, M> {
+    pub peer: PeerId,
+    pub local: LocalSlice<'a, M>,
+    pub remote: RemoteSlice,
+    pub imm: Option<u32>,
+    pub ctx: u64,
+}
+
+impl<M> Clone for WriteOp<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for WriteOp<'_, M> {}
+
+/// Outcome of a post that did not fail.
+#[must_use = "a full queue means the operation was not posted"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Post {
+    /// Queued on the NIC.
+    Posted,
+    /// The queue is full (EAGAIN, ENOMEM): nothing was posted. Poll, then post again.
+    QueueFull,
+}
+
+/// One completion.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Completion {
+    /// The context given when the operation was posted (0 for [`CompletionKind::RemoteWrite`]).
+    pub ctx: u64,
+    pub kind: CompletionKind,
+}
+
+/// What completed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum CompletionKind {
+    /// A SEND finished; its buffer may be reused.
+    #[default]
+    Send,
+    /// A receive buffer was filled with `len` bytes.
+    Recv { len: usize, imm: Option<u32> },
+    /// A WRITE finished; its local buffer may be reused.
+    Write,
+    /// A peer's WRITE with immediate landed here; its bytes are visible.
+    RemoteWrite { imm: u32 },
+    /// The operation failed.
+    Error(Box<CompletionError>),
+}
+
+impl Completion {
+    /// `Err` for an error completion, so `?` can stop a workload on the first failure.
+    pub fn check(&self) -> Result<&Self> {
+        match &self.kind {
+            CompletionKind::Error(e) => Err(Error::Completion(e.clone())),
+            _ => Ok(self),
+        }
+    }
+}
+
+/// What an endpoint can do, as its NIC and provider report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Caps {
+    /// Largest SEND.
+    pub max_msg_size: usize,
+    /// Largest single WRITE.
+    pub max_write_size: usize,
+    /// Send queue depth: operations in flight before [`Post::QueueFull`].
+    pub tx_depth: usize,
+    /// Receive queue depth.
+    pub rx_depth: usize,
+    /// Largest payload sent inline.
+    pub inject_size: usize,
+    /// Bytes of immediate data carried (at least 4).
+    pub cq_data_size: usize,
+    /// Whether GPU memory can be registered.
+    pub gpu_memory: bool,
+    /// Link speed in Gbit/s, where the NIC reports it.
+    pub link_gbps: Option<f64>,
+}
