@@ -280,14 +280,12 @@ pub fn fill_queue_then_drain<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let limit = 4 * p.a.caps().tx_depth.max(16) + 4096;
     let remote = dst.remote().all();
     let mut posted = 0usize;
-    loop {
-        match p
-            .a
-            .post_write(p.a_to_b, LocalSlice::all(&src), remote, None, posted as u64)?
-        {
-            Post::Posted => posted += 1,
-            Post::QueueFull => break,
-        }
+    while p
+        .a
+        .post_write(p.a_to_b, LocalSlice::all(&src), remote, None, posted as u64)?
+        == Post::Posted
+    {
+        posted += 1;
         assert!(posted < limit, "queue never filled after {posted} posts");
     }
     assert!(posted > 0, "queue full before the first post");
