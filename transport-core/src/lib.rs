@@ -26,6 +26,36 @@
 //! - Safety of freeing memory with operations still in flight: keep a [`MemoryRegion`] alive
 //!   until every operation that uses it has completed.
 
+//! # Misuse the compiler refuses
+//! A region cannot be deregistered (or dropped) while a slice of it is still in use:
+//! ```compile_fail
+//! use transport_core::{LocalSlice, PeerId, Post, Transport};
+//! fn misuse<T: Transport>(t: &mut T, mr: T::Mr) -> transport_core::Result<Post> {
+//!     let s = LocalSlice::all(&mr);
+//!     t.deregister(mr)?; // error: `mr` is borrowed by `s`
+//!     t.post_send(PeerId(0), s, 0)
+//! }
+//! ```
+//! A full queue cannot be ignored silently:
+//! ```compile_fail
+//! #![deny(unused_must_use)]
+//! use transport_core::{LocalSlice, PeerId, Transport};
+//! fn misuse<T: Transport>(t: &mut T, mr: &T::Mr) -> transport_core::Result<()> {
+//!     t.post_send(PeerId(0), LocalSlice::all(mr), 0)?; // error: unused `Post`
+//!     Ok(())
+//! }
+//! ```
+//! Memory handed to a region belongs to it; it is not reachable afterwards:
+//! ```compile_fail
+//! use transport_core::{HostBuffer, Memory, Transport};
+//! fn misuse<T: Transport>(t: &mut T) -> transport_core::Result<()> {
+//!     let buf = HostBuffer::new(4096);
+//!     let _mr = t.register(Memory::Host(buf))?;
+//!     let _ = buf.as_slice(); // error: use of moved value
+//!     Ok(())
+//! }
+//! ```
+
 mod error;
 mod mem;
 mod types;

@@ -304,3 +304,29 @@ pub use cuda::{
     context as cuda_context, device_count as cuda_device_count,
     driver_present as cuda_driver_present,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffers_are_page_aligned_and_zeroed() {
+        for len in [0, 1, 4095, 4096, 1 << 20] {
+            let b = HostBuffer::new(len);
+            assert_eq!(b.as_ptr() as usize % PAGE, 0);
+            assert_eq!(b.len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn memory_read_write_is_bounds_checked() {
+        let mut m = Memory::Host(HostBuffer::new(16));
+        m.write_at(4, &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 5];
+        m.read_at(3, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2, 3, 0]);
+        assert!(m.write_at(15, &[1, 2]).is_err());
+        assert!(m.read_at(usize::MAX, &mut out).is_err());
+    }
+}

@@ -234,3 +234,51 @@ pub struct Caps {
     /// Link speed in Gbit/s, where the NIC reports it.
     pub link_gbps: Option<f64>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_slice_is_bounds_checked() {
+        let r = RemoteMr {
+            addr: 0x1000,
+            len: 100,
+            key: 7,
+        };
+        assert_eq!(
+            r.slice(10, 90).unwrap(),
+            RemoteSlice {
+                addr: 0x100a,
+                len: 90,
+                key: 7
+            }
+        );
+        assert!(r.slice(10, 91).is_err());
+        assert!(r.slice(u64::MAX, 2).is_err(), "overflow must not wrap");
+        assert_eq!(r.all().len, 100);
+    }
+
+    #[test]
+    fn remote_mr_and_address_round_trip_through_serde() {
+        let r = RemoteMr {
+            addr: u64::MAX - 1,
+            len: 1 << 40,
+            key: 0xdead_beef_f00d,
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<RemoteMr>(&json).unwrap(), r);
+        let a = EndpointAddr(vec![0, 1, 254, 255]);
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(serde_json::from_str::<EndpointAddr>(&json).unwrap(), a);
+        assert_eq!(format!("{a:?}"), "EndpointAddr(0001feff)");
+    }
+
+    #[test]
+    fn nic_desc_builders() {
+        let n = NicDesc::provider("tcp").with_option("mr_mode", "strict");
+        assert_eq!(n.provider.as_deref(), Some("tcp"));
+        assert_eq!(n.options.get("mr_mode").map(String::as_str), Some("strict"));
+        assert_eq!(NicDesc::device("rxe0").device.as_deref(), Some("rxe0"));
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install what the project needs on Debian 12, only where it is missing. Idempotent.
+# Sourced by ci/main.sh and ci/test.sh; exports LIBCLANG_PATH.
+set -euo pipefail
+
+PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libudev-dev
+      libibverbs-dev libclang-16-dev clang-16)
+# The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
+VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
+
+want=()
+for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"}; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || want+=("$p")
+done
+if [ ${#want[@]} -gt 0 ]; then
+  echo "setup: installing ${want[*]}" >&2
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${want[@]}" >&2
+fi
+command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+# bindgen (libfabric-sys, ibverbs-sys) needs libclang; 16 is what we test with.
+export LIBCLANG_PATH=${LIBCLANG_PATH:-/usr/lib/llvm-16/lib}
