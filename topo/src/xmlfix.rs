@@ -1,0 +1,499 @@
+//! Light pre-processing of hwloc XML text before it is handed to hwloc.
+//!
+//! Two things are done here, both on the raw text and without a full XML
+//! library:
+//!
+//! * [`format_version`] sniffs the `<topology version="...">` attribute so that
+//!   an hwloc 3.x export gets a clear error instead of hwloc's bare `EINVAL`.
+//! * [`ensure_pus`] adds PU objects to exports whose CPU hierarchy was trimmed
+//!   away (the public AWS dumps keep only Package/NUMANode cpusets). hwloc 2.9
+//!   loads such files, but its consistency check (`hwloc_topology_check`,
+//!   which hwlocality runs in debug builds) aborts the process when the
+//!   lowest level is not PU. One PU per cpuset bit is added to every leaf CPU
+//!   object, which is exactly what the cpuset already says.
+
+/// Major hwloc XML format version of a document: 1 (no `version` attribute on
+/// `<topology>`), 2 (`version="2.0"`), 3... `None` when no `<topology` element
+/// is found at all.
+pub(crate) fn format_version(xml: &str) -> Option<u32> {
+    let mut scanner = Scanner::new(xml);
+    while let Some(tok) = scanner.next_token() {
+        if let Token::Start { name, attrs, .. } = tok {
+            if name == "topology" {
+                let major = attr(&attrs, "version")
+                    .and_then(|v| v.split('.').next().and_then(|m| m.trim().parse().ok()))
+                    .unwrap_or(1);
+                return Some(major);
+            }
+        }
+    }
+    None
+}
+
+/// Return a copy of `xml` with PU objects added where the CPU hierarchy has
+/// none, or `None` when nothing needs to change (the document already has PUs,
+/// or it cannot be scanned, in which case hwloc reports the problem itself).
+pub(crate) fn ensure_pus(xml: &str) -> Option<String> {
+    if xml.contains("type=\"PU\"") || xml.contains("type='PU'") {
+        return None;
+    }
+    let version = format_version(xml)?;
+    if version >= 3 {
+        return None;
+    }
+    let objects = scan_objects(xml)?;
+    // hwloc 2.x numbers objects by gp_index; objects without one are numbered
+    // from a counter that may collide with indices met later in the file, so
+    // give the new PUs explicit indices above every existing one.
+    let mut next_gp = objects
+        .iter()
+        .filter_map(|o| o.gp_index)
+        .max()
+        .map(|m| m + 1);
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    for (idx, obj) in objects.iter().enumerate() {
+        if !is_cpu_side(&obj.ty, version) || obj.has_cpu_child {
+            continue;
+        }
+        let Some(cpuset) = obj.cpuset.as_deref() else {
+            continue;
+        };
+        let bits = parse_bitmap(cpuset);
+        if bits.is_empty() {
+            continue;
+        }
+        let nodeset = inherited(&objects, idx, |o| o.nodeset.clone());
+        let complete_nodeset =
+            inherited(&objects, idx, |o| o.complete_nodeset.clone()).or_else(|| nodeset.clone());
+        if version >= 2 && nodeset.is_none() {
+            // hwloc 2.x needs a nodeset on every CPU object; without one it
+            // may crash. Leave the document alone.
+            return None;
+        }
+        let mut pus = String::new();
+        for bit in bits {
+            let mask = single_bit_mask(bit);
+            pus.push_str(&format!(
+                "<object type=\"PU\" os_index=\"{bit}\" cpuset=\"{mask}\" complete_cpuset=\"{mask}\""
+            ));
+            if let Some(gp) = next_gp.as_mut() {
+                pus.push_str(&format!(" gp_index=\"{gp}\""));
+                *gp += 1;
+            }
+            if let Some(ns) = &nodeset {
+                pus.push_str(&format!(" nodeset=\"{ns}\""));
+            }
+            if let Some(cns) = &complete_nodeset {
+                pus.push_str(&format!(" complete_nodeset=\"{cns}\""));
+            }
+            pus.push_str("/>");
+        }
+        if obj.self_closing {
+            // `<object .../>` becomes `<object ...>PUs</object>`.
+            edits.push((
+                obj.start_tag_end - 2,
+                obj.start_tag_end,
+                format!(">{pus}</object>"),
+            ));
+        } else {
+            edits.push((obj.start_tag_end, obj.start_tag_end, pus));
+        }
+    }
+    if edits.is_empty() {
+        return None;
+    }
+    edits.sort_by_key(|e| std::cmp::Reverse(e.0));
+    let mut out = xml.to_string();
+    for (start, end, text) in edits {
+        out.replace_range(start..end, &text);
+    }
+    Some(out)
+}
+
+/// Walk up from `idx` to the first object where `get` yields a value.
+fn inherited(
+    objects: &[ObjInfo],
+    idx: usize,
+    get: impl Fn(&ObjInfo) -> Option<String>,
+) -> Option<String> {
+    let mut cur = Some(idx);
+    while let Some(i) = cur {
+        let obj = objects.get(i)?;
+        if let Some(v) = get(obj) {
+            return Some(v);
+        }
+        cur = obj.parent;
+    }
+    None
+}
+
+/// Object types of the CPU hierarchy (the ones that may hold PUs). In 1.x
+/// exports NUMANode is part of that hierarchy; in 2.x it is a memory child.
+fn is_cpu_side(ty: &str, version: u32) -> bool {
+    match ty {
+        "Machine" | "System" | "Package" | "Socket" | "Die" | "Core" | "Group" | "Cache"
+        | "L1Cache" | "L2Cache" | "L3Cache" | "L4Cache" | "L5Cache" | "L1iCache" | "L2iCache"
+        | "L3iCache" | "PU" => true,
+        "NUMANode" => version < 2,
+        _ => false,
+    }
+}
+
+/// Parse an hwloc bitmap string (`0x0000ffff,0xffffffff`: 32-bit words, most
+/// significant first; a `0xf...f` word stands for an infinite tail and is
+/// ignored). Returns the set bit indices in increasing order; garbage words
+/// count as empty.
+pub(crate) fn parse_bitmap(s: &str) -> Vec<usize> {
+    let words: Vec<&str> = s.trim().split(',').collect();
+    let mut bits = Vec::new();
+    for (pos, word) in words.iter().rev().enumerate() {
+        let w = word.trim();
+        let hex = w
+            .strip_prefix("0x")
+            .or_else(|| w.strip_prefix("0X"))
+            .unwrap_or(w);
+        if hex.contains("...") || hex.is_empty() {
+            continue;
+        }
+        let Ok(value) = u32::from_str_radix(hex, 16) else {
+            continue;
+        };
+        for b in 0..32 {
+            if value & (1u32 << b) != 0 {
+                bits.push(pos * 32 + b);
+            }
+        }
+    }
+    bits.sort_unstable();
+    bits
+}
+
+/// hwloc bitmap string with only `bit` set.
+pub(crate) fn single_bit_mask(bit: usize) -> String {
+    let word = bit / 32;
+    let mut parts = Vec::with_capacity(word + 1);
+    for w in (0..=word).rev() {
+        let value: u32 = if w == word { 1u32 << (bit % 32) } else { 0 };
+        parts.push(format!("0x{value:08x}"));
+    }
+    parts.join(",")
+}
+
+/// What the scanner keeps about one `<object>` element.
+#[derive(Debug, Default)]
+struct ObjInfo {
+    ty: String,
+    cpuset: Option<String>,
+    nodeset: Option<String>,
+    complete_nodeset: Option<String>,
+    gp_index: Option<u64>,
+    parent: Option<usize>,
+    /// Byte offset just past the start tag's `>`.
+    start_tag_end: usize,
+    self_closing: bool,
+    has_cpu_child: bool,
+}
+
+/// Scan all `<object>` elements with their nesting. `None` when the document
+/// is not well formed enough to scan.
+fn scan_objects(xml: &str) -> Option<Vec<ObjInfo>> {
+    let version = format_version(xml)?;
+    let mut scanner = Scanner::new(xml);
+    let mut objects: Vec<ObjInfo> = Vec::new();
+    // Stack of open elements: Some(index into objects) for <object>.
+    let mut stack: Vec<Option<usize>> = Vec::new();
+    while let Some(tok) = scanner.next_token() {
+        match tok {
+            Token::Start {
+                name,
+                attrs,
+                end,
+                self_closing,
+            } => {
+                let parent_obj = stack.iter().rev().flatten().next().copied();
+                let idx = if name == "object" {
+                    let ty = attr(&attrs, "type").unwrap_or_default();
+                    if is_cpu_side(&ty, version) {
+                        if let Some(p) = parent_obj.and_then(|p| objects.get_mut(p)) {
+                            p.has_cpu_child = true;
+                        }
+                    }
+                    objects.push(ObjInfo {
+                        ty,
+                        cpuset: attr(&attrs, "cpuset"),
+                        nodeset: attr(&attrs, "nodeset"),
+                        complete_nodeset: attr(&attrs, "complete_nodeset"),
+                        gp_index: attr(&attrs, "gp_index").and_then(|g| g.trim().parse().ok()),
+                        parent: parent_obj,
+                        start_tag_end: end,
+                        self_closing,
+                        has_cpu_child: false,
+                    });
+                    Some(objects.len() - 1)
+                } else {
+                    None
+                };
+                if !self_closing {
+                    stack.push(idx);
+                }
+            }
+            Token::End => {
+                stack.pop()?;
+            }
+            Token::Error => return None,
+        }
+    }
+    if stack.is_empty() {
+        Some(objects)
+    } else {
+        None
+    }
+}
+
+fn attr(attrs: &[(String, String)], key: &str) -> Option<String> {
+    attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+enum Token {
+    Start {
+        name: String,
+        attrs: Vec<(String, String)>,
+        /// Byte offset just past the closing `>` of the start tag.
+        end: usize,
+        self_closing: bool,
+    },
+    End,
+    Error,
+}
+
+/// Minimal tokenizer for the XML that hwloc writes: elements, attributes in
+/// single or double quotes, comments, processing instructions, DOCTYPE and
+/// text. Entities are left as they are (only the structure matters here).
+struct Scanner<'a> {
+    s: &'a str,
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    fn new(s: &'a str) -> Self {
+        Self { s, pos: 0 }
+    }
+
+    fn next_token(&mut self) -> Option<Token> {
+        loop {
+            let rest = self.s.get(self.pos..)?;
+            let lt = rest.find('<')?;
+            self.pos += lt;
+            let rest = self.s.get(self.pos..)?;
+            if rest.starts_with("<!--") {
+                match rest.find("-->") {
+                    Some(e) => self.pos += e + 3,
+                    None => return Some(Token::Error),
+                }
+                continue;
+            }
+            if rest.starts_with("<?") {
+                match rest.find("?>") {
+                    Some(e) => self.pos += e + 2,
+                    None => return Some(Token::Error),
+                }
+                continue;
+            }
+            if rest.starts_with("<![CDATA[") {
+                match rest.find("]]>") {
+                    Some(e) => self.pos += e + 3,
+                    None => return Some(Token::Error),
+                }
+                continue;
+            }
+            if rest.starts_with("<!") {
+                // DOCTYPE, possibly with an internal subset in brackets.
+                let close = match (rest.find('['), rest.find('>')) {
+                    (Some(b), Some(g)) if b < g => rest.find("]>").map(|e| e + 2),
+                    (_, Some(g)) => Some(g + 1),
+                    _ => None,
+                };
+                match close {
+                    Some(e) => self.pos += e,
+                    None => return Some(Token::Error),
+                }
+                continue;
+            }
+            if rest.starts_with("</") {
+                match rest.find('>') {
+                    Some(e) => self.pos += e + 1,
+                    None => return Some(Token::Error),
+                }
+                return Some(Token::End);
+            }
+            return Some(self.start_tag());
+        }
+    }
+
+    /// Parse a start tag at `self.pos` (which points at `<`).
+    fn start_tag(&mut self) -> Token {
+        let bytes = self.s.as_bytes();
+        let mut i = self.pos + 1;
+        let name_start = i;
+        while i < bytes.len()
+            && !bytes[i].is_ascii_whitespace()
+            && bytes[i] != b'>'
+            && bytes[i] != b'/'
+        {
+            i += 1;
+        }
+        let Some(name) = self.s.get(name_start..i) else {
+            return Token::Error;
+        };
+        let name = name.to_string();
+        let mut attrs = Vec::new();
+        loop {
+            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            if i >= bytes.len() {
+                return Token::Error;
+            }
+            if bytes[i] == b'>' {
+                self.pos = i + 1;
+                return Token::Start {
+                    name,
+                    attrs,
+                    end: i + 1,
+                    self_closing: false,
+                };
+            }
+            if bytes[i] == b'/' {
+                if bytes.get(i + 1) == Some(&b'>') {
+                    self.pos = i + 2;
+                    return Token::Start {
+                        name,
+                        attrs,
+                        end: i + 2,
+                        self_closing: true,
+                    };
+                }
+                return Token::Error;
+            }
+            let key_start = i;
+            while i < bytes.len()
+                && bytes[i] != b'='
+                && !bytes[i].is_ascii_whitespace()
+                && bytes[i] != b'>'
+            {
+                i += 1;
+            }
+            let Some(key) = self.s.get(key_start..i) else {
+                return Token::Error;
+            };
+            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            if bytes.get(i) != Some(&b'=') {
+                return Token::Error;
+            }
+            i += 1;
+            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            let Some(&quote) = bytes.get(i) else {
+                return Token::Error;
+            };
+            if quote != b'"' && quote != b'\'' {
+                return Token::Error;
+            }
+            i += 1;
+            let value_start = i;
+            while i < bytes.len() && bytes[i] != quote {
+                i += 1;
+            }
+            if i >= bytes.len() {
+                return Token::Error;
+            }
+            let Some(value) = self.s.get(value_start..i) else {
+                return Token::Error;
+            };
+            attrs.push((key.to_string(), value.to_string()));
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_parsing() {
+        assert_eq!(parse_bitmap("0x00000003"), vec![0, 1]);
+        assert_eq!(parse_bitmap("0x00000100,0x0"), vec![40]);
+        assert_eq!(
+            parse_bitmap("0x0000000f,0x80000000"),
+            vec![31, 32, 33, 34, 35]
+        );
+        assert_eq!(parse_bitmap("0xf...f,0x00000001"), vec![0]);
+        assert!(parse_bitmap("").is_empty());
+        assert!(parse_bitmap("zzz").is_empty());
+    }
+
+    #[test]
+    fn single_bit_masks() {
+        assert_eq!(single_bit_mask(0), "0x00000001");
+        assert_eq!(single_bit_mask(33), "0x00000002,0x00000000");
+        assert_eq!(parse_bitmap(&single_bit_mask(77)), vec![77]);
+    }
+
+    #[test]
+    fn version_sniffing() {
+        assert_eq!(
+            format_version("<topology version=\"2.0\"></topology>"),
+            Some(2)
+        );
+        assert_eq!(format_version("<?xml version=\"1.0\"?><topology>"), Some(1));
+        assert_eq!(format_version("<topology version='3.0'/>"), Some(3));
+        assert_eq!(format_version("<foo/>"), None);
+        assert_eq!(format_version("not xml"), None);
+    }
+
+    #[test]
+    fn adds_pus_to_leaf_package() {
+        let xml = r#"<?xml version="1.0"?>
+<!DOCTYPE topology SYSTEM "hwloc2.dtd">
+<topology version="2.0">
+  <!-- a comment with <object type="PU"> inside is not a PU -->
+  <object type="Machine" os_index="0" cpuset="0x00000003" nodeset="0x00000001" complete_nodeset="0x00000001">
+    <object type="Package" os_index="0" cpuset="0x00000003" nodeset="0x00000001">
+      <object type="NUMANode" os_index="0" cpuset="0x00000003" nodeset="0x00000001"/>
+    </object>
+  </object>
+</topology>"#;
+        // The comment contains type="PU" literally: ensure_pus bails out early
+        // on such a document, which is harmless.
+        assert!(ensure_pus(xml).is_none());
+        let xml = xml.replace("<object type=\"PU\">", "");
+        let fixed = ensure_pus(&xml).expect("PUs added");
+        assert!(fixed.contains(
+            "<object type=\"Package\" os_index=\"0\" cpuset=\"0x00000003\" nodeset=\"0x00000001\"><object type=\"PU\" os_index=\"0\""
+        ));
+        assert_eq!(fixed.matches("type=\"PU\"").count(), 2);
+        assert!(fixed.contains("complete_nodeset=\"0x00000001\""));
+        assert!(ensure_pus(&fixed).is_none());
+    }
+
+    #[test]
+    fn self_closing_leaf_gets_children() {
+        let xml = r#"<topology version="2.0"><object type="Machine" cpuset="0x00000001" nodeset="0x00000001"/></topology>"#;
+        let fixed = ensure_pus(xml).expect("PUs added");
+        assert_eq!(
+            fixed,
+            r#"<topology version="2.0"><object type="Machine" cpuset="0x00000001" nodeset="0x00000001"><object type="PU" os_index="0" cpuset="0x00000001" complete_cpuset="0x00000001" nodeset="0x00000001" complete_nodeset="0x00000001"/></object></topology>"#
+        );
+    }
+
+    #[test]
+    fn malformed_documents_are_left_alone() {
+        assert!(ensure_pus("<topology version=\"2.0\"><object type=\"Machine\"").is_none());
+        assert!(ensure_pus("").is_none());
+        assert!(ensure_pus("<topology version=\"3.0\"></topology>").is_none());
+    }
+}
