@@ -1,1 +1,1245 @@
-//! transport-efa
+//! The libfabric backend of [`transport_core`]: one [`Endpoint`] is one `FI_EP_RDM`
+//! endpoint on one libfabric domain.
+//!
+//! The provider is chosen at run time: `efa` where present (AWS Elastic Fabric Adapter),
+//! otherwise the one named in [`NicDesc::provider`]: `shm` (same host, shared memory) or
+//! `tcp` (sockets; on libfabric 1.17 its RDM endpoint is `tcp;ofi_rxm`). The NIC is the
+//! libfabric domain named in [`NicDesc::device`] (`rdmap79s0`, `lo`, `eth0`); `None` takes
+//! the provider's first.
+//!
+//! ```no_run
+//! use transport_core::{wait::wait_pair, CompletionKind, HostBuffer, LocalSlice, Memory,
+//!                      MemoryRegion, NicDesc, Transport};
+//! use transport_efa::Endpoint;
+//! # fn main() -> transport_core::Result<()> {
+//! let mut a = Endpoint::open(&NicDesc::provider("shm"))?;
+//! let mut b = Endpoint::open(&NicDesc::provider("shm"))?;
+//! let to_b = a.add_peer(&b.address())?;
+//! b.add_peer(&a.address())?;
+//! let src = a.register(Memory::Host(HostBuffer::from_slice(b"hello")))?;
+//! let dst = b.register(Memory::Host(HostBuffer::new(5)))?;
+//! let _ = a.post_write(to_b, LocalSlice::all(&src), dst.remote().all(), Some(42), 1)?;
+//! wait_pair(&mut a, &mut b, "write", std::time::Duration::from_secs(5), |side, c| {
+//!     c.check()?;
+//!     Ok(side == 1 && c.kind == CompletionKind::RemoteWrite { imm: 42 })
+//! })?;
+//! assert_eq!(dst.memory().host().map(|h| h.as_slice()), Some(&b"hello"[..]));
+//! # Ok(()) }
+//! ```
+//!
+//! # Options ([`NicDesc::options`])
+//! - `mr_mode=strict`: ask the provider for EFA's memory registration mode
+//!   (`FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY`), so that `tcp` and
+//!   `shm` run the code paths `efa` needs. [`Endpoint::mr_mode`] says what was granted.
+//! - `hmem=auto|on|off`: ask for `FI_HMEM` (GPU memory). `auto` (default) asks where a CUDA
+//!   device is present and falls back to host memory only; `on` fails to open without it.
+//! - `write_completion=auto|delivery|transmit`: when a WRITE completes at the initiator.
+//!   `delivery` (`FI_DELIVERY_COMPLETE`: the target has the data, so a bad key or range comes
+//!   back as an error completion) is the default everywhere but `efa`, whose device
+//!   acknowledgement already reports remote failures (`transmit`, the provider default).
+//! - `fabric=NAME`: only that libfabric fabric (e.g. `efa-direct`; by default `efa` prefers
+//!   the `efa` fabric, the full RDM protocol).
+//!
+//! # Environment
+//! - `FI_TCP_IFACE=lo` keeps the `tcp` provider on the loopback interface.
+//! - Build: `PKG_CONFIG_PATH=/opt/amazon/efa/lib/pkgconfig` builds against the EFA
+//!   installer's libfabric 2.x; `LIBCLANG_PATH` points bindgen at libclang (see
+//!   `libfabric-sys`).
+//!
+//! # Behaviour
+//! - Memory registration follows the `mr_mode` the provider returned: descriptors are always
+//!   passed (`FI_MR_LOCAL`), the remote address is the virtual address under
+//!   `FI_MR_VIRT_ADDR` and an offset otherwise ([`RemoteMr::addr`] is then 0), keys are the
+//!   provider's under `FI_MR_PROV_KEY` and our own unique ones otherwise, regions are bound
+//!   to the endpoint and enabled under `FI_MR_ENDPOINT`.
+//! - Every operation's context is a slot of a fixed slab (see `slab.rs`): posting and polling
+//!   allocate nothing, take no lock of ours and make no system call of their own. A full slab
+//!   or `-FI_EAGAIN` is [`Post::QueueFull`].
+//! - WRITE with immediate is `fi_writemsg` with `FI_REMOTE_CQ_DATA`; the target gets one
+//!   completion (flags `FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA`, no context) and posts no
+//!   receive for it: the endpoint is opened without the `FI_RX_CQ_DATA` mode.
+//! - The domain is opened `FI_THREAD_SAFE`: a [`MemoryRegion`] is `Send` and may be dropped
+//!   (deregistered) on another thread while the endpoint is polled.
+//! - Progress is manual: poll every endpoint taking part in a transfer.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+mod error;
+mod gpu;
+mod select;
+mod slab;
+
+use std::ffi::c_void;
+use std::fmt;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use libfabric_sys as fi;
+use transport_core::{
+    Caps, Completion, CompletionError, CompletionKind, EndpointAddr, Error, LocalSlice, Memory,
+    MemoryRegion, NicDesc, Op, PeerId, Post, RemoteMr, RemoteSlice, Result, Transport, WriteOp,
+};
+
+use crate::error::{provider, runtime_version};
+use crate::select::{Options, Selected};
+use crate::slab::{Kind, Slab};
+
+/// Largest single message or WRITE offered, even where the provider reports no limit
+/// (`SIZE_MAX`): 1 GiB, the EFA device's RDMA limit. Larger transfers are split by the caller.
+pub const MAX_TRANSFER: usize = 1 << 30;
+
+/// Most operations kept in flight per direction, whatever depth the provider reports.
+const MAX_DEPTH: usize = 16 * 1024;
+/// Depth assumed where the provider reports none.
+const DEFAULT_DEPTH: usize = 256;
+/// Completions read per `fi_cq_read`.
+const POLL_BATCH: usize = 32;
+/// Access every region is registered with.
+const ACCESS: u64 = fi::FI_SEND | fi::FI_RECV | fi::FI_WRITE | fi::FI_REMOTE_WRITE;
+
+/// Memory registration mode bits (`FI_MR_*`) as a provider returned them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MrMode(
+    /// The `FI_MR_*` bits.
+    pub u64,
+);
+
+impl MrMode {
+    /// `FI_MR_LOCAL`: local buffers need descriptors.
+    pub const LOCAL: MrMode = MrMode(fi::FI_MR_LOCAL);
+    /// `FI_MR_VIRT_ADDR`: remote addresses are virtual addresses, not offsets.
+    pub const VIRT_ADDR: MrMode = MrMode(fi::FI_MR_VIRT_ADDR);
+    /// `FI_MR_ALLOCATED`: only allocated (backed) memory may be registered.
+    pub const ALLOCATED: MrMode = MrMode(fi::FI_MR_ALLOCATED);
+    /// `FI_MR_PROV_KEY`: the provider chooses keys.
+    pub const PROV_KEY: MrMode = MrMode(fi::FI_MR_PROV_KEY);
+    /// `FI_MR_ENDPOINT`: regions are bound to an endpoint and enabled.
+    pub const ENDPOINT: MrMode = MrMode(fi::FI_MR_ENDPOINT);
+    /// `FI_MR_HMEM`: device memory must be registered (always true here).
+    pub const HMEM: MrMode = MrMode(fi::FI_MR_HMEM);
+    /// EFA's set: `LOCAL | VIRT_ADDR | ALLOCATED | PROV_KEY` (what `mr_mode=strict` asks).
+    pub const STRICT: MrMode =
+        MrMode(fi::FI_MR_LOCAL | fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY);
+    /// Every bit this backend honours (what it offers `fi_getinfo` by default).
+    pub const SUPPORTED: MrMode = MrMode(Self::STRICT.0 | fi::FI_MR_ENDPOINT);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: MrMode) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl fmt::Debug for MrMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MrMode({self})")
+    }
+}
+
+impl fmt::Display for MrMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const NAMES: [(u64, &str); 10] = [
+            (fi::FI_MR_LOCAL, "FI_MR_LOCAL"),
+            (fi::FI_MR_RAW, "FI_MR_RAW"),
+            (fi::FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"),
+            (fi::FI_MR_ALLOCATED, "FI_MR_ALLOCATED"),
+            (fi::FI_MR_PROV_KEY, "FI_MR_PROV_KEY"),
+            (fi::FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"),
+            (fi::FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"),
+            (fi::FI_MR_ENDPOINT, "FI_MR_ENDPOINT"),
+            (fi::FI_MR_HMEM, "FI_MR_HMEM"),
+            (fi::FI_MR_COLLECTIVE, "FI_MR_COLLECTIVE"),
+        ];
+        let mut rest = self.0;
+        let mut first = true;
+        for (bit, name) in NAMES {
+            if rest & bit == bit && bit != 0 {
+                write!(f, "{}{name}", if first { "" } else { " | " })?;
+                rest &= !bit;
+                first = false;
+            }
+        }
+        if rest != 0 {
+            write!(f, "{}{rest:#x}", if first { "" } else { " | " })?;
+        } else if first {
+            write!(f, "0")?;
+        }
+        Ok(())
+    }
+}
+
+/// Ids telling endpoints (domains) apart, so a region of another endpoint is refused.
+static NEXT_DOMAIN_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The fabric, closed on drop.
+struct Fabric(*mut fi::fid_fabric);
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: a fabric opened by fi_fabric, closed once, after its domain.
+            unsafe { fi::rs_fi_close(fi::rs_fi_fabric_fid(self.0)) };
+        }
+    }
+}
+
+/// The domain and its fabric. Shared by the endpoint and its regions, so it closes after the
+/// last of them.
+struct Domain {
+    ptr: *mut fi::fid_domain,
+    id: u64,
+    next_key: AtomicU64,
+    // Dropped after `Domain::drop` closed the domain.
+    _fabric: Fabric,
+}
+
+// SAFETY: the domain is opened FI_THREAD_SAFE, so libfabric tolerates calls on it from any
+// thread; the pointer is only closed once, in Drop, when the last owner goes.
+unsafe impl Send for Domain {}
+// SAFETY: as above; the only shared mutable state of ours is an atomic.
+unsafe impl Sync for Domain {}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: a domain opened by fi_domain; every endpoint and region of it is closed
+            // (they hold this Arc), so it is closed once, here.
+            unsafe { fi::rs_fi_close(fi::rs_fi_domain_fid(self.ptr)) };
+        }
+    }
+}
+
+/// A libfabric `FI_EP_RDM` endpoint with its completion queue and address vector.
+///
+/// See the [crate documentation](crate) for how it is opened and what it guarantees.
+pub struct Endpoint {
+    ep: *mut fi::fid_ep,
+    cq: *mut fi::fid_cq,
+    av: *mut fi::fid_av,
+    /// Operation contexts; freed after `ep` is closed (Drop closes, then fields drop).
+    slab: Slab,
+    domain: Arc<Domain>,
+    peers: Vec<fi::fi_addr_t>,
+    addr: EndpointAddr,
+    addr_format: u32,
+    provider: String,
+    fabric: String,
+    nic: String,
+    caps: Caps,
+    mr_mode: MrMode,
+    requested_mr_mode: MrMode,
+    /// Completion semantics added to every WRITE (`FI_DELIVERY_COMPLETE` or nothing).
+    write_flags: u64,
+    gpu_reason: Option<String>,
+}
+
+// SAFETY: the endpoint owns its libfabric objects; every call on them takes `&mut self`, so
+// one thread at a time uses them, and the domain is FI_THREAD_SAFE for the regions that may
+// be dropped elsewhere. The slab's slots are only touched through `&mut self`.
+unsafe impl Send for Endpoint {}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("provider", &self.provider)
+            .field("fabric", &self.fabric)
+            .field("nic", &self.nic)
+            .field("mr_mode", &self.mr_mode)
+            .field("addr", &self.addr)
+            .field("peers", &self.peers.len())
+            .finish()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // Endpoint first (it references the CQ and AV), then AV and CQ; the domain and fabric
+        // close when the last region lets go of them.
+        // SAFETY: each pointer is NULL or an object opened in `open`, closed once here.
+        unsafe {
+            if !self.ep.is_null() {
+                fi::rs_fi_close(fi::rs_fi_ep_fid(self.ep));
+            }
+            if !self.av.is_null() {
+                fi::rs_fi_close(fi::rs_fi_av_fid(self.av));
+            }
+            if !self.cq.is_null() {
+                fi::rs_fi_close(fi::rs_fi_cq_fid(self.cq));
+            }
+        }
+    }
+}
+
+/// Hint for failures while opening.
+fn open_hint(v: &select::View) -> String {
+    format!(
+        "opening provider {} on domain {} (fabric {}, libfabric {}) failed; check the device \
+         and its permissions, or choose another provider/device",
+        v.prov_name,
+        v.domain_name,
+        v.fabric_name,
+        runtime_version()
+    )
+}
+
+fn check(call: &'static str, ret: i32, v: &select::View) -> Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(provider(call, ret.into(), open_hint(v)))
+    }
+}
+
+impl Endpoint {
+    /// The memory registration mode the provider granted.
+    pub fn mr_mode(&self) -> MrMode {
+        self.mr_mode
+    }
+
+    /// The memory registration mode offered to `fi_getinfo`: [`MrMode::STRICT`] with
+    /// `mr_mode=strict`, else [`MrMode::SUPPORTED`] (plus `FI_MR_HMEM` where GPU memory was
+    /// asked for). Providers drop the bits they do not need; [`mr_mode`](Self::mr_mode) is
+    /// what they kept.
+    pub fn requested_mr_mode(&self) -> MrMode {
+        self.requested_mr_mode
+    }
+
+    /// The libfabric fabric opened (e.g. `efa`, `shm`, `127.0.0.1/32`).
+    pub fn fabric_name(&self) -> &str {
+        &self.fabric
+    }
+
+    /// The libfabric library version in use, as `major.minor`.
+    pub fn libfabric_version() -> String {
+        runtime_version()
+    }
+
+    /// Every libfabric provider present on this host (any endpoint type), e.g. for a
+    /// `--provider` help text.
+    pub fn available_providers() -> Vec<String> {
+        select::available_providers()
+    }
+
+    /// `Ok` where GPU memory can be registered on this endpoint, else
+    /// [`Error::Unsupported`] saying why (no `FI_HMEM` in the provider, no CUDA device, ...).
+    pub fn gpu_support(&self) -> Result<()> {
+        match &self.gpu_reason {
+            None => Ok(()),
+            Some(why) => Err(Error::Unsupported(format!(
+                "GPU memory cannot be registered on provider {} (libfabric {}): {why}; use \
+                 host memory, or a provider and libfabric built with FI_HMEM (CUDA) support",
+                self.provider,
+                runtime_version()
+            ))),
+        }
+    }
+
+    fn open_inner(nic: &NicDesc) -> Result<Self> {
+        let opts = Options::parse(&nic.options)?;
+        let sel: Selected = select::select(nic, &opts)?;
+        let v = sel.view().clone();
+        let info = sel.info();
+
+        let mut fabric_ptr: *mut fi::fid_fabric = ptr::null_mut();
+        // SAFETY: info is a live entry of sel's list; fabric_ptr is a valid out pointer.
+        let ret = unsafe { fi::rs_fi_fabric(info, &mut fabric_ptr) };
+        check("fi_fabric", ret, &v)?;
+        let fabric = Fabric(fabric_ptr);
+        let mut dom: *mut fi::fid_domain = ptr::null_mut();
+        // SAFETY: the fabric was just opened from this info; dom is a valid out pointer.
+        let ret = unsafe { fi::rs_fi_domain(fabric.0, info, &mut dom) };
+        check("fi_domain", ret, &v)?;
+        let domain = Arc::new(Domain {
+            ptr: dom,
+            id: NEXT_DOMAIN_ID.fetch_add(1, Ordering::Relaxed),
+            next_key: AtomicU64::new(1),
+            _fabric: fabric,
+        });
+
+        let depth = |d: usize| {
+            if d == 0 {
+                DEFAULT_DEPTH
+            } else {
+                d.min(MAX_DEPTH)
+            }
+        };
+        let (tx, rx) = (depth(v.tx_size), depth(v.rx_size));
+        let max = v.max_msg_size.min(MAX_TRANSFER);
+        let caps = Caps {
+            max_msg_size: max,
+            max_write_size: max,
+            tx_depth: tx,
+            rx_depth: rx,
+            inject_size: v.inject_size,
+            cq_data_size: v.cq_data_size,
+            gpu_memory: sel.gpu_reason.is_none() && v.caps & fi::FI_HMEM != 0,
+            link_gbps: (v.link_speed > 0).then(|| v.link_speed as f64 / 1e9),
+        };
+        let write_flags = match opts.write_completion {
+            select::WriteCompletion::Delivery => fi::FI_DELIVERY_COMPLETE,
+            select::WriteCompletion::Transmit => 0,
+            // EFA reports a remote failure (bad key, bad range) to the initiator with the
+            // device's acknowledgement; elsewhere (tcp, shm) the default completion only says
+            // the data left the local buffer, and a remote failure would go unseen.
+            select::WriteCompletion::Auto if v.core() == "efa" => 0,
+            select::WriteCompletion::Auto => fi::FI_DELIVERY_COMPLETE,
+        };
+        let mut requested_mr_mode = if opts.mr_strict {
+            MrMode::STRICT
+        } else {
+            MrMode::SUPPORTED
+        };
+        if sel.gpu_reason.is_none() {
+            requested_mr_mode.0 |= fi::FI_MR_HMEM;
+        }
+        let mut ep = Endpoint {
+            ep: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            av: ptr::null_mut(),
+            slab: Slab::new(tx, rx),
+            domain,
+            peers: Vec::new(),
+            addr: EndpointAddr(Vec::new()),
+            addr_format: v.addr_format,
+            provider: v.prov_name.clone(),
+            fabric: v.fabric_name.clone(),
+            nic: v.domain_name.clone(),
+            caps,
+            mr_mode: MrMode(v.mr_mode),
+            requested_mr_mode,
+            write_flags,
+            gpu_reason: sel.gpu_reason.clone(),
+        };
+        if v.cq_data_size < select::CQ_DATA_SIZE {
+            return Err(Error::Unsupported(format!(
+                "provider {} carries only {} bytes of remote CQ data; 4 are needed for \
+                 immediates",
+                v.prov_name, v.cq_data_size
+            )));
+        }
+
+        // Remote writes with immediates land in the CQ too, beyond the posted operations:
+        // leave room for them.
+        let cq_size = ((tx + rx) * 2).max(1024);
+        let dom = ep.domain.ptr;
+        // SAFETY: dom is the live domain; the out pointers are fields of ep, which closes
+        // them on drop if a later step fails.
+        unsafe {
+            check(
+                "fi_cq_open",
+                fi::rs_fi_cq_open_data(dom, cq_size, &mut ep.cq),
+                &v,
+            )?;
+            check(
+                "fi_av_open",
+                fi::rs_fi_av_open_table(dom, 64, &mut ep.av),
+                &v,
+            )?;
+            check("fi_endpoint", fi::rs_fi_endpoint(dom, info, &mut ep.ep), &v)?;
+            check(
+                "fi_ep_bind(cq)",
+                fi::rs_fi_ep_bind(
+                    ep.ep,
+                    fi::rs_fi_cq_fid(ep.cq),
+                    fi::FI_TRANSMIT | fi::FI_RECV,
+                ),
+                &v,
+            )?;
+            check(
+                "fi_ep_bind(av)",
+                fi::rs_fi_ep_bind(ep.ep, fi::rs_fi_av_fid(ep.av), 0),
+                &v,
+            )?;
+            check("fi_enable", fi::rs_fi_enable(ep.ep), &v)?;
+        }
+
+        let mut name = vec![0u8; 256];
+        let mut len = name.len();
+        // SAFETY: the endpoint is enabled; name has `len` writable bytes.
+        let mut ret = unsafe {
+            fi::rs_fi_getname(fi::rs_fi_ep_fid(ep.ep), name.as_mut_ptr().cast(), &mut len)
+        };
+        if ret == -(fi::FI_ETOOSMALL as i32) && len > name.len() {
+            name.resize(len, 0);
+            // SAFETY: as above, with the length the provider asked for.
+            ret = unsafe {
+                fi::rs_fi_getname(fi::rs_fi_ep_fid(ep.ep), name.as_mut_ptr().cast(), &mut len)
+            };
+        }
+        check("fi_getname", ret, &v)?;
+        name.truncate(len);
+        ep.addr = EndpointAddr(name);
+        Ok(ep)
+    }
+
+    /// Check address bytes against the provider's address format before inserting them.
+    fn check_address(&self, bytes: &[u8]) -> Result<()> {
+        const AF_INET: u16 = 2;
+        const AF_INET6: u16 = 10;
+        let own = &self.addr.0;
+        let fmt = self.addr_format;
+        let bad = |what: String| {
+            Err(Error::BadAddress(format!(
+                "{} bytes are not {what} as provider {} uses",
+                bytes.len(),
+                self.provider
+            )))
+        };
+        if bytes.is_empty() {
+            return Err(Error::BadAddress("empty address".into()));
+        }
+        // Socket addresses: length and address family must match.
+        let shapes: &[(usize, u16)] = if fmt == fi::FI_SOCKADDR_IN {
+            &[(16, AF_INET)]
+        } else if fmt == fi::FI_SOCKADDR_IN6 {
+            &[(28, AF_INET6)]
+        } else if fmt == fi::FI_SOCKADDR {
+            &[(16, AF_INET), (28, AF_INET6)]
+        } else {
+            &[]
+        };
+        if !shapes.is_empty() {
+            let family = u16::from_ne_bytes([bytes[0], *bytes.get(1).unwrap_or(&0)]);
+            return if shapes
+                .iter()
+                .any(|&(len, fam)| bytes.len() == len && family == fam)
+            {
+                Ok(())
+            } else {
+                bad("a socket address (sockaddr_in/sockaddr_in6)".into())
+            };
+        }
+        if fmt == fi::FI_ADDR_STR {
+            // "scheme://...", one NUL at the end; the scheme must be ours.
+            let text = match bytes.split_last() {
+                Some((0, text)) if !text.contains(&0) => text,
+                _ => return bad("a NUL-terminated address string".into()),
+            };
+            let scheme = |b: &[u8]| {
+                std::str::from_utf8(b)
+                    .ok()
+                    .and_then(|s| s.split_once("://").map(|(s, _)| s.to_string()))
+            };
+            let ours = scheme(own.split(|&b| b == 0).next().unwrap_or(&[]));
+            if scheme(text).is_none() || scheme(text) != ours || bytes.len() > own.len().max(256) {
+                return bad(format!("a `{}://` address", ours.unwrap_or_default()));
+            }
+            return Ok(());
+        }
+        // Fixed-size binary addresses (FI_ADDR_EFA, ...): the length must be ours.
+        if bytes.len() != own.len() {
+            return bad(format!("an address of {} bytes", own.len()));
+        }
+        Ok(())
+    }
+
+    /// The destination of `peer`.
+    #[inline]
+    fn dest(&self, peer: PeerId) -> Result<fi::fi_addr_t> {
+        match self.peers.get(peer.0 as usize) {
+            Some(&a) => Ok(a),
+            None => Err(Error::InvalidArgument(format!(
+                "unknown peer {}: this endpoint has {} peer(s)",
+                peer.0,
+                self.peers.len()
+            ))),
+        }
+    }
+
+    /// Buffer address and descriptor of a local slice, after checking it is ours and intact.
+    #[inline]
+    fn local(&self, s: &LocalSlice<'_, Mr>) -> Result<(*mut c_void, *mut c_void)> {
+        let mr = s.mr;
+        if mr.domain_id != self.domain.id {
+            return Err(Error::InvalidArgument(
+                "the local region was registered on another endpoint; register it on the \
+                 endpoint that posts"
+                    .into(),
+            ));
+        }
+        match s.offset.checked_add(s.len) {
+            Some(end) if end <= mr.len => {}
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "local range {}+{} does not fit the {}-byte region",
+                    s.offset, s.len, mr.len
+                )))
+            }
+        }
+        mr.check_intact()?;
+        Ok(((mr.base as usize + s.offset) as *mut c_void, mr.desc))
+    }
+
+    /// Release the slot of a post that did not happen and map the return code.
+    #[inline]
+    fn posted(&mut self, call: &'static str, ret: isize, slot: *mut c_void) -> Result<Post> {
+        if ret == 0 {
+            return Ok(Post::Posted);
+        }
+        self.slab.release(slot);
+        if ret == -(fi::FI_EAGAIN as isize) {
+            Ok(Post::QueueFull)
+        } else {
+            Err(provider(
+                call,
+                ret as i64,
+                format!("the provider {} refused the operation", self.provider),
+            ))
+        }
+    }
+
+    /// Validate one WRITE; returns (dest, local address, descriptor).
+    #[inline]
+    fn write_args(
+        &self,
+        peer: PeerId,
+        buf: &LocalSlice<'_, Mr>,
+        remote: &RemoteSlice,
+    ) -> Result<(fi::fi_addr_t, *mut c_void, *mut c_void)> {
+        let dest = self.dest(peer)?;
+        let (addr, desc) = self.local(buf)?;
+        if buf.len > self.caps.max_write_size {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte WRITE exceeds the largest the endpoint offers ({} bytes)",
+                buf.len, self.caps.max_write_size
+            )));
+        }
+        if (buf.len as u64) > remote.len {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte WRITE does not fit the {}-byte remote range",
+                buf.len, remote.len
+            )));
+        }
+        Ok((dest, addr, desc))
+    }
+
+    /// Post one WRITE with libfabric flags (FI_MORE for batches).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn write_one(
+        &mut self,
+        dest: fi::fi_addr_t,
+        addr: *mut c_void,
+        desc: *mut c_void,
+        len: usize,
+        remote: &RemoteSlice,
+        imm: Option<u32>,
+        ctx: u64,
+        more: bool,
+    ) -> Result<Post> {
+        let Some(slot) = self.slab.acquire(Kind::Write, ctx) else {
+            return Ok(Post::QueueFull);
+        };
+        let mut flags = fi::FI_COMPLETION | self.write_flags;
+        if more {
+            flags |= fi::FI_MORE;
+        }
+        if imm.is_some() {
+            flags |= fi::FI_REMOTE_CQ_DATA;
+        }
+        // SAFETY: ep is enabled; [addr, addr+len) lies in a region registered on this domain
+        // (checked by `local`), which the caller keeps alive until the completion; slot is a
+        // slab slot that stays valid until the completion returns it.
+        let ret = unsafe {
+            fi::rs_fi_writemsg1(
+                self.ep,
+                addr,
+                len,
+                desc,
+                dest,
+                remote.addr,
+                remote.key,
+                u64::from(imm.unwrap_or(0)),
+                slot,
+                flags,
+            )
+        };
+        self.posted("fi_writemsg", ret, slot)
+    }
+
+    /// Map one successful CQ entry; `None` for entries that are none of ours to report.
+    #[inline]
+    fn completion(&mut self, e: &fi::fi_cq_data_entry) -> Option<Completion> {
+        let remote_data = e.flags & fi::FI_REMOTE_CQ_DATA != 0;
+        match self.slab.release(e.op_context) {
+            Some((ctx, kind)) => {
+                let kind = match kind {
+                    Kind::Send => CompletionKind::Send,
+                    Kind::Recv => CompletionKind::Recv {
+                        len: e.len,
+                        imm: remote_data.then_some(e.data as u32),
+                    },
+                    Kind::Write => CompletionKind::Write,
+                    Kind::Free => return None,
+                };
+                Some(Completion { ctx, kind })
+            }
+            // No context of ours: a peer's WRITE with immediate landed here.
+            None if remote_data => Some(Completion {
+                ctx: 0,
+                kind: CompletionKind::RemoteWrite { imm: e.data as u32 },
+            }),
+            None => None,
+        }
+    }
+
+    /// Read one error entry (after `-FI_EAVAIL`). Allocates: error path only.
+    #[cold]
+    fn error_completion(&mut self) -> Result<Option<Completion>> {
+        let mut e = fi::fi_cq_err_entry::default();
+        // SAFETY: cq is open; e is a zeroed entry (err_data_size 0: the provider lends its
+        // own buffer for err_data, valid until the next read on this CQ).
+        let ret = unsafe { fi::rs_fi_cq_readerr(self.cq, &mut e, 0) };
+        if ret == -(fi::FI_EAGAIN as isize) {
+            return Ok(None);
+        }
+        if ret < 0 {
+            return Err(provider(
+                "fi_cq_readerr",
+                ret as i64,
+                "the completion queue could not be read",
+            ));
+        }
+        let mut buf = [0 as std::os::raw::c_char; 256];
+        // SAFETY: cq is open; err_data comes from the entry just read and is still valid; buf
+        // has buf.len() writable bytes. The returned pointer is buf or a provider string.
+        let prov = unsafe {
+            let p = fi::rs_fi_cq_strerror(
+                self.cq,
+                e.prov_errno,
+                e.err_data,
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
+            error::cstr(p)
+        };
+        let (ctx, op) = match self.slab.release(e.op_context) {
+            Some((ctx, kind)) => (ctx, kind.op()),
+            None if e.flags & fi::FI_REMOTE_WRITE != 0 => (0, Op::RemoteWrite),
+            None => (0, Op::Unknown),
+        };
+        let mut msg = error::strerror(e.err.into());
+        if !prov.is_empty() && prov != msg {
+            msg.push_str(": ");
+            msg.push_str(&prov);
+        }
+        Ok(Some(Completion {
+            ctx,
+            kind: CompletionKind::Error(Box::new(CompletionError {
+                op,
+                ctx,
+                code: e.err,
+                prov_errno: e.prov_errno,
+                msg,
+            })),
+        }))
+    }
+}
+
+impl Transport for Endpoint {
+    type Mr = Mr;
+
+    const BACKEND: &'static str = "efa";
+
+    fn open(nic: &NicDesc) -> Result<Self> {
+        Self::open_inner(nic)
+    }
+
+    fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    fn nic_name(&self) -> &str {
+        &self.nic
+    }
+
+    fn address(&self) -> EndpointAddr {
+        self.addr.clone()
+    }
+
+    fn add_peer(&mut self, addr: &EndpointAddr) -> Result<PeerId> {
+        self.check_address(&addr.0)?;
+        let id = u32::try_from(self.peers.len())
+            .map_err(|_| Error::InvalidArgument("too many peers".into()))?;
+        let mut fi_addr: fi::fi_addr_t = fi::FI_ADDR_UNSPEC_;
+        // SAFETY: av is open; addr.0 holds one address of the length checked above; fi_addr
+        // is a valid out pointer for one address.
+        let ret =
+            unsafe { fi::rs_fi_av_insert(self.av, addr.0.as_ptr().cast(), 1, &mut fi_addr, 0) };
+        if ret != 1 || fi_addr == fi::FI_ADDR_UNSPEC_ {
+            return Err(Error::BadAddress(format!(
+                "provider {} did not accept the {}-byte address ({})",
+                self.provider,
+                addr.0.len(),
+                if ret < 0 {
+                    error::strerror(ret.into())
+                } else {
+                    format!("fi_av_insert inserted {ret} of 1")
+                }
+            )));
+        }
+        self.peers.push(fi_addr);
+        Ok(PeerId(id))
+    }
+
+    fn register(&mut self, mem: Memory) -> Result<Mr> {
+        if mem.is_empty() {
+            return Err(Error::InvalidArgument("cannot register 0 bytes".into()));
+        }
+        let (base, len) = mem_range(&mem);
+        let policy = MrPolicy::new(self.mr_mode, base, || {
+            self.domain.next_key.fetch_add(1, Ordering::Relaxed)
+        });
+        let requested_key = policy.requested_key;
+        let mut fid: *mut fi::fid_mr = ptr::null_mut();
+        match &mem {
+            Memory::Host(h) => {
+                // SAFETY: the domain is open; [ptr, ptr+len) is the host buffer, owned by the
+                // region from here on and never moved (HostBuffer's storage is boxed).
+                let ret = unsafe {
+                    fi::rs_fi_mr_reg(
+                        self.domain.ptr,
+                        h.as_ptr().cast(),
+                        len,
+                        ACCESS,
+                        requested_key,
+                        0,
+                        &mut fid,
+                    )
+                };
+                if ret != 0 {
+                    return Err(provider(
+                        "fi_mr_reg",
+                        ret.into(),
+                        format!(
+                            "registering {len} bytes of host memory on provider {} failed; \
+                             check the locked-memory limit (ulimit -l)",
+                            self.provider
+                        ),
+                    ));
+                }
+            }
+            Memory::Gpu(g) => {
+                self.gpu_support()?;
+                fid = gpu::register(self.domain.ptr, &self.provider, g, ACCESS, requested_key)?;
+            }
+        }
+        let mut mr = Mr {
+            mem: ManuallyDrop::new(mem),
+            fid,
+            desc: ptr::null_mut(),
+            base,
+            len,
+            remote: RemoteMr {
+                addr: 0,
+                len: len as u64,
+                key: 0,
+            },
+            _domain: Arc::clone(&self.domain),
+            domain_id: self.domain.id,
+            state: MrState::Live,
+        };
+        if self.mr_mode.contains(MrMode::ENDPOINT) {
+            // SAFETY: fid is the region just registered, ep the enabled endpoint.
+            let ret = unsafe { fi::rs_fi_mr_bind(fid, fi::rs_fi_ep_fid(self.ep), 0) };
+            if ret != 0 {
+                return Err(provider(
+                    "fi_mr_bind",
+                    ret.into(),
+                    "binding the region to the endpoint (FI_MR_ENDPOINT) failed",
+                ));
+            }
+            // SAFETY: as above; the region is bound.
+            let ret = unsafe { fi::rs_fi_mr_enable(fid) };
+            if ret != 0 {
+                return Err(provider(
+                    "fi_mr_enable",
+                    ret.into(),
+                    "enabling the region (FI_MR_ENDPOINT) failed",
+                ));
+            }
+        }
+        // SAFETY: fid is a registered (and, where needed, enabled) region.
+        let (desc, key) = unsafe { (fi::rs_fi_mr_desc(fid), fi::rs_fi_mr_key(fid)) };
+        if key == fi::FI_KEY_NOTAVAIL_ {
+            return Err(Error::Unsupported(format!(
+                "provider {} gave no key for the region (raw keys, FI_MR_RAW, are not supported)",
+                self.provider
+            )));
+        }
+        mr.desc = desc;
+        mr.remote.key = key;
+        mr.remote.addr = policy.remote_base;
+        Ok(mr)
+    }
+
+    fn deregister(&mut self, mut mr: Mr) -> Result<Memory> {
+        mr.close()?;
+        // SAFETY: the region is closed and its memory is taken exactly once; state Taken
+        // tells Drop not to drop it again.
+        let mem = unsafe { ManuallyDrop::take(&mut mr.mem) };
+        mr.state = MrState::Taken;
+        Ok(mem)
+    }
+
+    fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, Mr>, ctx: u64) -> Result<Post> {
+        let dest = self.dest(peer)?;
+        let (addr, desc) = self.local(&buf)?;
+        if buf.len > self.caps.max_msg_size {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte SEND exceeds the largest message the endpoint offers ({} bytes)",
+                buf.len, self.caps.max_msg_size
+            )));
+        }
+        let Some(slot) = self.slab.acquire(Kind::Send, ctx) else {
+            return Ok(Post::QueueFull);
+        };
+        // SAFETY: ep is enabled; the buffer lies in a region of this domain kept alive by
+        // the caller until the completion; slot stays valid until the completion.
+        let ret = unsafe { fi::rs_fi_send(self.ep, addr, buf.len, desc, dest, slot) };
+        self.posted("fi_send", ret, slot)
+    }
+
+    fn post_recv(&mut self, buf: LocalSlice<'_, Mr>, ctx: u64) -> Result<Post> {
+        let (addr, desc) = self.local(&buf)?;
+        let Some(slot) = self.slab.acquire(Kind::Recv, ctx) else {
+            return Ok(Post::QueueFull);
+        };
+        // SAFETY: as for post_send; FI_ADDR_UNSPEC receives from any peer.
+        let ret =
+            unsafe { fi::rs_fi_recv(self.ep, addr, buf.len, desc, fi::FI_ADDR_UNSPEC_, slot) };
+        self.posted("fi_recv", ret, slot)
+    }
+
+    fn post_write(
+        &mut self,
+        peer: PeerId,
+        buf: LocalSlice<'_, Mr>,
+        remote: RemoteSlice,
+        imm: Option<u32>,
+        ctx: u64,
+    ) -> Result<Post> {
+        let (dest, addr, desc) = self.write_args(peer, &buf, &remote)?;
+        self.write_one(dest, addr, desc, buf.len, &remote, imm, ctx, false)
+    }
+
+    /// Batched WRITEs: every operation but the last of the batch carries `FI_MORE`, so the
+    /// provider may ring the doorbell once. The batch is cut to the free send slots first,
+    /// so the last one posted normally carries no `FI_MORE`; where the provider itself says
+    /// `-FI_EAGAIN` mid-batch, the operations already posted are flushed by the next post or
+    /// poll (progress is manual).
+    ///
+    /// Every operation is checked before any is posted, so an invalid one fails the call with
+    /// nothing posted. A provider error after some were posted returns their count; the error
+    /// comes back when the rest is posted.
+    fn post_writes(&mut self, ops: &[WriteOp<'_, Mr>]) -> Result<usize> {
+        let n = ops.len().min(self.slab.tx_free());
+        for op in &ops[..n] {
+            self.write_args(op.peer, &op.local, &op.remote)?;
+        }
+        for (i, op) in ops[..n].iter().enumerate() {
+            let (dest, addr, desc) = self.write_args(op.peer, &op.local, &op.remote)?;
+            let more = i + 1 < n;
+            match self.write_one(
+                dest,
+                addr,
+                desc,
+                op.local.len,
+                &op.remote,
+                op.imm,
+                op.ctx,
+                more,
+            ) {
+                Ok(Post::Posted) => {}
+                Ok(Post::QueueFull) => return Ok(i),
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => return Ok(i),
+            }
+        }
+        Ok(n)
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let mut entries = [const { MaybeUninit::<fi::fi_cq_data_entry>::uninit() }; POLL_BATCH];
+        let want = out.len().min(POLL_BATCH);
+        // SAFETY: cq is open in FI_CQ_FORMAT_DATA, so each entry is a fi_cq_data_entry;
+        // entries has room for `want` of them.
+        let ret = unsafe { fi::rs_fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) };
+        if ret > 0 {
+            let mut n = 0;
+            for slot in entries.iter().take(ret as usize) {
+                // SAFETY: the provider wrote the first `ret` entries.
+                let e = unsafe { slot.assume_init_ref() };
+                if let Some(c) = self.completion(e) {
+                    out[n] = c;
+                    n += 1;
+                }
+            }
+            return Ok(n);
+        }
+        if ret == 0 || ret == -(fi::FI_EAGAIN as isize) {
+            return Ok(0);
+        }
+        if ret == -(fi::FI_EAVAIL as isize) {
+            return match self.error_completion()? {
+                Some(c) => {
+                    out[0] = c;
+                    Ok(1)
+                }
+                None => Ok(0),
+            };
+        }
+        Err(provider(
+            "fi_cq_read",
+            ret as i64,
+            format!("the completion queue of provider {} failed", self.provider),
+        ))
+    }
+
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+}
+
+/// What registration does under a memory registration mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MrPolicy {
+    /// Key to ask for: 0 where the provider picks keys (`FI_MR_PROV_KEY`), else one of ours,
+    /// unique in the domain.
+    requested_key: u64,
+    /// Address a peer uses for byte 0: the virtual address under `FI_MR_VIRT_ADDR`, else 0
+    /// (offsets).
+    remote_base: u64,
+}
+
+impl MrPolicy {
+    fn new(mode: MrMode, base: u64, next_key: impl FnOnce() -> u64) -> Self {
+        MrPolicy {
+            requested_key: if mode.contains(MrMode::PROV_KEY) {
+                0
+            } else {
+                next_key()
+            },
+            remote_base: if mode.contains(MrMode::VIRT_ADDR) {
+                base
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// Start address and length of memory to register.
+fn mem_range(mem: &Memory) -> (u64, usize) {
+    match mem {
+        Memory::Host(h) => (h.as_ptr() as u64, h.len()),
+        Memory::Gpu(g) => (g.device_ptr(), g.len()),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MrState {
+    /// Registered; memory owned.
+    Live,
+    /// Deregistered; memory still owned.
+    Closed,
+    /// Deregistration failed: the provider may still use the memory, so it is leaked.
+    Leaked,
+    /// Memory handed back by `deregister`.
+    Taken,
+}
+
+/// A registered memory region of an [`Endpoint`]. Owns its memory; dropping it deregisters.
+pub struct Mr {
+    mem: ManuallyDrop<Memory>,
+    fid: *mut fi::fid_mr,
+    desc: *mut c_void,
+    /// Address of byte 0 as registered (host pointer or CUDA device pointer).
+    base: u64,
+    len: usize,
+    remote: RemoteMr,
+    /// Keeps the domain (and fabric) open while the region lives.
+    _domain: Arc<Domain>,
+    domain_id: u64,
+    state: MrState,
+}
+
+// SAFETY: the region owns its memory; its libfabric object is only closed (once, from
+// `deregister` or Drop, on whatever thread), which the FI_THREAD_SAFE domain allows. `desc`
+// is an opaque value only read by the owning endpoint's posts.
+unsafe impl Send for Mr {}
+
+impl fmt::Debug for Mr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mr")
+            .field("len", &self.len)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+impl Mr {
+    /// The registered memory must still be the memory behind `memory()`: a caller may swap
+    /// it through `memory_mut()`.
+    #[inline]
+    fn check_intact(&self) -> Result<()> {
+        if self.state == MrState::Live && mem_range(&self.mem) == (self.base, self.len) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(
+                "the region's memory was replaced after registration; register the new memory"
+                    .into(),
+            ))
+        }
+    }
+
+    fn close(&mut self) -> Result<()> {
+        if self.state != MrState::Live {
+            return Ok(());
+        }
+        // SAFETY: fid is the live region, closed once (state moves off Live).
+        let ret = unsafe { fi::rs_fi_close(fi::rs_fi_mr_fid(self.fid)) };
+        if ret == 0 {
+            self.state = MrState::Closed;
+            Ok(())
+        } else {
+            self.state = MrState::Leaked;
+            Err(provider(
+                "fi_close(mr)",
+                ret.into(),
+                "deregistration failed; the memory is leaked rather than freed while the \
+                 provider may still use it",
+            ))
+        }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let _ = self.close();
+        if self.state == MrState::Closed {
+            // SAFETY: the region is deregistered, so nothing uses the memory; dropped once.
+            unsafe { ManuallyDrop::drop(&mut self.mem) };
+        }
+        // Leaked: memory deliberately not freed. Taken: handed back by deregister. The
+        // domain Arc drops after this, closing the domain if this was its last user.
+    }
+}
+
+impl MemoryRegion for Mr {
+    fn memory(&self) -> &Memory {
+        &self.mem
+    }
+    fn memory_mut(&mut self) -> &mut Memory {
+        &mut self.mem
+    }
+    fn remote(&self) -> RemoteMr {
+        self.remote
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mr_mode_display() {
+        assert_eq!(MrMode(0).to_string(), "0");
+        assert_eq!(
+            MrMode::STRICT.to_string(),
+            "FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY"
+        );
+        assert!(MrMode::SUPPORTED.contains(MrMode::STRICT));
+        assert!(!MrMode::LOCAL.contains(MrMode::STRICT));
+    }
+
+    #[test]
+    fn mr_policy_follows_the_mode() {
+        let strict = MrPolicy::new(MrMode::STRICT, 0x7000, || panic!("no key of ours"));
+        assert_eq!(
+            strict,
+            MrPolicy {
+                requested_key: 0,
+                remote_base: 0x7000
+            }
+        );
+        let scalable = MrPolicy::new(MrMode(0), 0x7000, || 5);
+        assert_eq!(
+            scalable,
+            MrPolicy {
+                requested_key: 5,
+                remote_base: 0
+            }
+        );
+        let shm = MrPolicy::new(MrMode::VIRT_ADDR, 0x7000, || 6);
+        assert_eq!(
+            shm,
+            MrPolicy {
+                requested_key: 6,
+                remote_base: 0x7000
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_option_is_refused() {
+        let nic = NicDesc::provider("shm").with_option("mr_mod", "strict");
+        match Endpoint::open(&nic) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("mr_mode"), "{m}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+
+    fn tcp(hmem: &str) -> NicDesc {
+        let mut nic = NicDesc::provider("tcp").with_option("hmem", hmem);
+        nic.device = Some("lo".into());
+        nic
+    }
+
+    /// tcp on libfabric 1.17 has no FI_HMEM: asking for it fails to open, clearly.
+    #[test]
+    fn hmem_on_without_fi_hmem_is_unsupported() {
+        match Endpoint::open(&tcp("on")) {
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("FI_HMEM"), "{m}");
+                assert!(m.contains("tcp"), "{m}");
+            }
+            Ok(ep) => {
+                // A libfabric whose tcp has FI_HMEM: then GPU memory is allowed.
+                assert!(ep.gpu_support().is_ok());
+                assert!(ep.caps().gpu_memory);
+            }
+            Err(e) => panic!("expected Unsupported, got {e}"),
+        }
+    }
+
+    /// Without FI_HMEM (or a GPU), an endpoint says why GPU memory cannot be registered.
+    #[test]
+    fn gpu_support_names_the_reason() {
+        let ep = Endpoint::open(&tcp("off")).expect("open tcp");
+        assert!(!ep.caps().gpu_memory);
+        match ep.gpu_support() {
+            Err(Error::Unsupported(m)) => assert!(m.contains("hmem=off"), "{m}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        let ep = Endpoint::open(&tcp("auto")).expect("open tcp");
+        if ep.caps().gpu_memory {
+            return; // a GPU host with a CUDA-enabled libfabric
+        }
+        let e = ep.gpu_support().expect_err("no GPU memory here");
+        eprintln!("{e}");
+    }
+}

@@ -1,0 +1,141 @@
+//! Build script for libfabric-sys.
+//!
+//! 1. Finds libfabric with pkg-config (`libfabric.pc`). Debian's `libfabric-dev` (1.17) is
+//!    found as is; the EFA installer's 2.x under `/opt/amazon/efa` is found by putting its
+//!    pkgconfig folder first: `PKG_CONFIG_PATH=/opt/amazon/efa/lib/pkgconfig` (`lib64` on
+//!    some distributions). `LIBFABRIC_NO_PKG_CONFIG=1` skips pkg-config and uses
+//!    `LIBFABRIC_INCLUDE_DIR` / `LIBFABRIC_LIB_DIR` instead.
+//! 2. Compiles `csrc/rs_fi.c`, real functions around libfabric's `static inline` API.
+//! 3. Generates Rust bindings with bindgen. bindgen needs libclang: it is found through
+//!    `LIBCLANG_PATH` (a folder holding `libclang.so`, e.g. `/usr/lib/llvm-16/lib`) or
+//!    clang-sys's default search (`llvm-config --libdir`, `/usr/lib/llvm-*/lib`, ...).
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug)]
+struct IntTypes;
+
+impl bindgen::callbacks::ParseCallbacks for IntTypes {
+    fn int_macro(&self, name: &str, _value: i64) -> Option<bindgen::callbacks::IntKind> {
+        use bindgen::callbacks::IntKind;
+        if name.starts_with("FI_E") && !name.starts_with("FI_EP_") {
+            // Error numbers (FI_EAGAIN, ...) are compared with negated `int`/`ssize_t` returns.
+            Some(IntKind::I32)
+        } else if name.starts_with("FI_") || name.starts_with("FID_") {
+            // Capability, mode and flag bits are 64-bit masks.
+            Some(IntKind::U64)
+        } else {
+            None
+        }
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=csrc/rs_fi.c");
+    println!("cargo:rerun-if-changed=csrc/rs_fi.h");
+    for var in [
+        "LIBCLANG_PATH",
+        "LIBFABRIC_NO_PKG_CONFIG",
+        "LIBFABRIC_INCLUDE_DIR",
+        "LIBFABRIC_LIB_DIR",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let (include_paths, link_paths) = find_libfabric();
+
+    // The C wrappers first, so the linker sees them before -lfabric.
+    let mut cc = cc::Build::new();
+    cc.file("csrc/rs_fi.c")
+        .include("csrc")
+        .warnings(true)
+        .flag_if_supported("-Wno-unused-parameter")
+        .opt_level(2);
+    for p in &include_paths {
+        cc.include(p);
+    }
+    cc.compile("rs_fi");
+
+    for p in &link_paths {
+        println!("cargo:rustc-link-search=native={}", p.display());
+    }
+    println!("cargo:rustc-link-lib=dylib=fabric");
+    if let Some(p) = include_paths.first() {
+        // Dependents' build scripts can read this as DEP_FABRIC_INCLUDE.
+        println!("cargo:include={}", p.display());
+    }
+
+    let mut builder = bindgen::Builder::default()
+        .header("csrc/rs_fi.h")
+        .clang_arg("-Icsrc")
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .parse_callbacks(Box::new(IntTypes))
+        .allowlist_function("fi_.*")
+        .allowlist_function("rs_fi_.*")
+        .allowlist_type("fi_.*|fid.*|rs_fi_.*")
+        .allowlist_var("FI_.*|FID_.*")
+        // The static inline functions are reached through csrc/rs_fi.c only.
+        .generate_inline_functions(false)
+        // Structs whose fields moved between 1.x and 2.x: Rust never looks inside them.
+        .opaque_type("fi_mr_attr")
+        .opaque_type("fi_mr_dmabuf")
+        .opaque_type("fi_domain_attr")
+        .opaque_type("fid_nic")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .derive_debug(true)
+        .layout_tests(false)
+        .size_t_is_usize(true);
+    for p in &include_paths {
+        builder = builder.clang_arg(format!("-I{}", p.display()));
+    }
+    let bindings = match builder.generate() {
+        Ok(b) => b,
+        Err(e) => panic!(
+            "bindgen failed on the libfabric headers: {e}.\n\
+             bindgen needs libclang: install libclang-dev (Debian: `apt-get install libclang-dev`) \
+             or point LIBCLANG_PATH at the folder holding libclang.so, e.g. \
+             LIBCLANG_PATH=/usr/lib/llvm-16/lib"
+        ),
+    };
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .expect("writing bindings.rs into OUT_DIR");
+}
+
+/// Include and library folders of libfabric.
+fn find_libfabric() -> (Vec<PathBuf>, Vec<PathBuf>) {
+    if env::var_os("LIBFABRIC_NO_PKG_CONFIG").is_some() {
+        let inc = env::var_os("LIBFABRIC_INCLUDE_DIR").map(PathBuf::from);
+        let lib = env::var_os("LIBFABRIC_LIB_DIR").map(PathBuf::from);
+        return (inc.into_iter().collect(), lib.into_iter().collect());
+    }
+    match pkg_config::Config::new()
+        .atleast_version("1.17")
+        .cargo_metadata(false)
+        .probe("libfabric")
+    {
+        Ok(lib) => {
+            let mut inc = lib.include_paths.clone();
+            // Debian's libfabric.pc has an empty Cflags: the headers are in /usr/include.
+            if inc.is_empty() {
+                let guess = Path::new("/usr/include");
+                if guess.join("rdma/fabric.h").exists() {
+                    inc.push(guess.to_path_buf());
+                }
+            }
+            (inc, lib.link_paths)
+        }
+        Err(e) => panic!(
+            "libfabric >= 1.17 not found by pkg-config: {e}\n\
+             Install it (Debian/Ubuntu: `apt-get install libfabric-dev`), or on an EFA host \
+             point pkg-config at the EFA installer's copy: \
+             PKG_CONFIG_PATH=/opt/amazon/efa/lib/pkgconfig (or .../lib64/pkgconfig), \
+             or set LIBFABRIC_NO_PKG_CONFIG=1 with LIBFABRIC_INCLUDE_DIR and LIBFABRIC_LIB_DIR."
+        ),
+    }
+}

@@ -1,0 +1,18 @@
+//! The shared conformance suite on libfabric's `tcp` provider over the loopback interface
+//! (`tcp;ofi_rxm` on libfabric 1.17).
+
+use std::sync::Once;
+
+use transport_core::{NicDesc, Result, Transport};
+use transport_efa::Endpoint;
+
+fn open(_side: usize) -> Result<Endpoint> {
+    static LOOPBACK: Once = Once::new();
+    // Before the first fi_getinfo: keep the tcp provider on 127.0.0.1.
+    LOOPBACK.call_once(|| std::env::set_var("FI_TCP_IFACE", "lo"));
+    let mut nic = NicDesc::provider("tcp");
+    nic.device = Some("lo".into());
+    Endpoint::open(&nic)
+}
+
+transport_conformance::suite!(open);
