@@ -292,6 +292,47 @@ fn check(call: &'static str, ret: i32, v: &select::View) -> Result<()> {
     }
 }
 
+/// Raw handles for the benchmark that compares this backend with bare libfabric calls.
+/// Not a supported API: nothing outside this crate's benches should use it.
+#[doc(hidden)]
+pub mod raw {
+    pub use libfabric_sys as sys;
+
+    /// An endpoint's libfabric objects and the flags its WRITEs carry.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Parts {
+        pub ep: *mut sys::fid_ep,
+        pub cq: *mut sys::fid_cq,
+        pub write_flags: u64,
+    }
+}
+
+impl Endpoint {
+    /// Raw handles (see [`raw`]); the endpoint keeps owning them.
+    #[doc(hidden)]
+    pub fn raw_parts(&self) -> raw::Parts {
+        raw::Parts {
+            ep: self.ep,
+            cq: self.cq,
+            write_flags: self.write_flags,
+        }
+    }
+
+    /// The libfabric address of `peer` (see [`raw`]).
+    #[doc(hidden)]
+    pub fn raw_peer(&self, peer: PeerId) -> Result<fi::fi_addr_t> {
+        self.dest(peer)
+    }
+}
+
+impl Mr {
+    /// Start address and descriptor of the region (see [`raw`]).
+    #[doc(hidden)]
+    pub fn raw_buf(&self) -> (*mut c_void, *mut c_void) {
+        (self.base as usize as *mut c_void, self.desc)
+    }
+}
+
 impl Endpoint {
     /// The memory registration mode the provider granted.
     pub fn mr_mode(&self) -> MrMode {

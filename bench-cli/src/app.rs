@@ -1,0 +1,338 @@
+//! The subcommands: from parsed flags to configurations, to the chosen backend, to output.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde::Serialize;
+use transport_core::Transport;
+
+use crate::backend::{dispatch, WithTransport};
+use crate::cli::{
+    Cli, ClientArgs, Command, Common, CompareArgs, LoopbackArgs, ServerArgs, TopoArgs,
+};
+use crate::config::Backend;
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+use crate::report::{self, RunReport};
+use crate::session::{self, ClientOut, ServerCfg};
+use crate::side::SideCfg;
+use crate::topo_glue;
+
+/// Run the command line; print the result or the error; the process exit code.
+pub fn main_with(cli: Cli) -> ExitCode {
+    set_provider_env(&cli);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdma-bench: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// libfabric's tcp provider must stay on 127.0.0.1 here: point it at `lo` unless told otherwise.
+fn set_provider_env(cli: &Cli) {
+    let tcp = |p: &Option<String>| p.as_deref().is_some_and(|p| p.starts_with("tcp"));
+    let uses_tcp = match &cli.cmd {
+        Command::Loopback(a) => tcp(&a.common.provider),
+        Command::Server(a) => tcp(&a.common.provider),
+        Command::Client(a) => tcp(&a.common.provider),
+        Command::Compare(a) => a.pairs.iter().any(|p| tcp(&p.provider)),
+        Command::Topo(_) => false,
+    };
+    if uses_tcp && std::env::var_os("FI_TCP_IFACE").is_none() {
+        // Before any thread or libfabric call exists.
+        std::env::set_var("FI_TCP_IFACE", "lo");
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Command::Topo(a) => topo(a),
+        Command::Loopback(a) => loopback(a),
+        Command::Server(a) => server(a),
+        Command::Client(a) => client(a),
+        Command::Compare(a) => compare(a),
+    }
+}
+
+fn topo(a: TopoArgs) -> Result<()> {
+    let out = topo_glue::render(a.xml.as_deref(), a.json)?;
+    println!("{out}");
+    Ok(())
+}
+
+fn idle(c: &Common) -> Result<Duration> {
+    if !(c.idle_timeout.is_finite() && c.idle_timeout > 0.0 && c.idle_timeout < 1e6) {
+        return Err(Error::Usage("--idle-timeout: seconds, more than 0".into()));
+    }
+    Ok(Duration::from_secs_f64(c.idle_timeout))
+}
+
+fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Result<SideCfg> {
+    let cfg = SideCfg {
+        backend: c.backend,
+        provider: match c.backend {
+            Backend::Efa => provider,
+            Backend::Verbs => None,
+        },
+        devices,
+        gpus: c.gpus.0.clone(),
+        nics_per_gpu: c.nics_per_gpu,
+        mem: c.mem,
+        verbose: c.verbose,
+        idle: idle(c)?,
+        hints: topo_glue::hints(),
+    };
+    cfg.check()?;
+    Ok(cfg)
+}
+
+/// Loopback's two sides: the first half of `--devices` for the client, the second half for
+/// the server (both the whole list when it cannot be halved).
+fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, ServerCfg)> {
+    let devs = &c.devices;
+    let (a, b) = if devs.len() >= 2 && devs.len() % 2 == 0 {
+        let (x, y) = devs.split_at(devs.len() / 2);
+        (x.to_vec(), y.to_vec())
+    } else {
+        (devs.clone(), devs.clone())
+    };
+    let client = side_cfg(c, provider.clone(), a)?;
+    let server = ServerCfg {
+        side: side_cfg(c, provider, b)?,
+        max_mem: u64::MAX,
+        session_timeout: Duration::from_secs(120),
+        max_sessions: 1,
+        sessions: Some(1),
+        quiet: true,
+    };
+    Ok((client, server))
+}
+
+struct Loopback<'a> {
+    client: &'a SideCfg,
+    server: &'a ServerCfg,
+    plan: &'a Plan,
+    json: bool,
+}
+
+impl WithTransport for Loopback<'_> {
+    type Output = ClientOut;
+    fn call<T: Transport>(self) -> Result<ClientOut> {
+        session::loopback::<T>(self.client, self.server, self.plan, self.json)
+    }
+}
+
+fn default_provider(c: &Common) -> Option<String> {
+    match c.backend {
+        Backend::Efa => Some(c.provider.clone().unwrap_or_else(|| "shm".into())),
+        Backend::Verbs => None,
+    }
+}
+
+fn print_runs(reports: &[RunReport], json: bool, ladder: bool) {
+    if json {
+        println!("{}", report::to_json(reports));
+    } else {
+        print!("{}", report::render(reports, ladder));
+    }
+}
+
+fn loopback(a: LoopbackArgs) -> Result<()> {
+    let plan = Plan::new(&a.work, true)?;
+    let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
+    let out = dispatch(
+        a.common.backend,
+        Loopback {
+            client: &client,
+            server: &server,
+            plan: &plan,
+            json: a.common.json,
+        },
+    )?;
+    print_runs(&out.reports, a.common.json, plan.ladder);
+    Ok(())
+}
+
+struct Serve<'a> {
+    cfg: &'a ServerCfg,
+    listen: &'a str,
+}
+
+impl WithTransport for Serve<'_> {
+    type Output = ();
+    fn call<T: Transport>(self) -> Result<()> {
+        session::serve::<T>(self.cfg, self.listen)
+    }
+}
+
+fn server(a: ServerArgs) -> Result<()> {
+    if !(a.session_timeout.is_finite() && a.session_timeout > 0.0 && a.session_timeout < 1e6) {
+        return Err(Error::Usage(
+            "--session-timeout: seconds, more than 0".into(),
+        ));
+    }
+    if a.max_sessions == 0 {
+        return Err(Error::Usage("--max-sessions: at least 1".into()));
+    }
+    let cfg = ServerCfg {
+        side: side_cfg(
+            &a.common,
+            a.common.provider.clone(),
+            a.common.devices.clone(),
+        )?,
+        max_mem: a.max_mem.0,
+        session_timeout: Duration::from_secs_f64(a.session_timeout),
+        max_sessions: a.max_sessions,
+        sessions: a.sessions,
+        quiet: false,
+    };
+    dispatch(
+        a.common.backend,
+        Serve {
+            cfg: &cfg,
+            listen: &a.listen,
+        },
+    )
+}
+
+struct Client<'a> {
+    cfg: &'a SideCfg,
+    plan: &'a Plan,
+    stream: std::net::TcpStream,
+    json: bool,
+}
+
+impl WithTransport for Client<'_> {
+    type Output = ClientOut;
+    fn call<T: Transport>(self) -> Result<ClientOut> {
+        session::client::<T>(self.cfg, self.plan, self.stream, self.json)
+    }
+}
+
+fn client(a: ClientArgs) -> Result<()> {
+    if !(a.connect_timeout.is_finite() && a.connect_timeout > 0.0 && a.connect_timeout < 1e6) {
+        return Err(Error::Usage(
+            "--connect-timeout: seconds, more than 0".into(),
+        ));
+    }
+    let plan = Plan::new(&a.work, false)?;
+    let cfg = side_cfg(
+        &a.common,
+        a.common.provider.clone(),
+        a.common.devices.clone(),
+    )?;
+    if !crate::backend::built().contains(&a.common.backend.name()) {
+        // Say so before touching the network.
+        return dispatch(a.common.backend, Noop).map(|_| ());
+    }
+    let stream = session::connect(&a.connect, Duration::from_secs_f64(a.connect_timeout))?;
+    let out = dispatch(
+        a.common.backend,
+        Client {
+            cfg: &cfg,
+            plan: &plan,
+            stream,
+            json: a.common.json,
+        },
+    )?;
+    print_runs(&out.reports, a.common.json, plan.ladder);
+    Ok(())
+}
+
+struct Noop;
+impl WithTransport for Noop {
+    type Output = ();
+    fn call<T: Transport>(self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[derive(Serialize)]
+struct CompareRow<'a> {
+    pair: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    run: Option<&'a RunReport>,
+}
+
+#[derive(Serialize)]
+struct CompareOut<'a> {
+    workload: String,
+    pairs: Vec<CompareRow<'a>>,
+}
+
+fn compare(a: CompareArgs) -> Result<()> {
+    if a.work.ladder || a.work.sizes.len() > 1 {
+        return Err(Error::Usage(
+            "compare runs one workload at one size per pair: use -s, not --sizes or --ladder"
+                .into(),
+        ));
+    }
+    let plan = Plan::new(&a.work, true)?;
+    let mut rows: Vec<(String, std::result::Result<RunReport, String>)> = Vec::new();
+    for p in &a.pairs {
+        let Some(backend) = Backend::parse(&p.backend) else {
+            return Err(Error::Usage(format!("unknown backend in pair {p}")));
+        };
+        let mut common = a.common.clone();
+        common.backend = backend;
+        common.devices = p.devices.clone();
+        let r = loopback_cfgs(&common, p.provider.clone()).and_then(|(client, server)| {
+            dispatch(
+                backend,
+                Loopback {
+                    client: &client,
+                    server: &server,
+                    plan: &plan,
+                    json: true,
+                },
+            )
+        });
+        let r = match r {
+            Ok(mut out) => out.reports.pop().ok_or_else(|| "no result".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if a.common.verbose > 0 {
+            eprintln!(
+                "rdma-bench: compare {p}: {}",
+                if r.is_ok() { "ok" } else { "failed" }
+            );
+        }
+        rows.push((p.to_string(), r));
+    }
+    if a.common.json {
+        let out = CompareOut {
+            workload: plan.workload.to_string(),
+            pairs: rows
+                .iter()
+                .map(|(pair, r)| CompareRow {
+                    pair: pair.clone(),
+                    error: r.as_ref().err().map(|s| s.as_str()),
+                    run: r.as_ref().ok(),
+                })
+                .collect(),
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
+    } else {
+        print!("{}", report::render_compare(&rows));
+    }
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(p, _)| p.as_str())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Protocol(format!(
+            "pair(s) failed: {}",
+            failed.join(", ")
+        )))
+    }
+}

@@ -1,0 +1,59 @@
+//! The one place a backend is chosen: everything below is generic over `Transport`.
+
+use transport_core::Transport;
+
+use crate::config::Backend;
+#[cfg(not(all(feature = "efa", feature = "verbs")))]
+use crate::error::Error;
+use crate::error::Result;
+
+/// Work that runs on whichever backend is chosen at run time.
+pub trait WithTransport {
+    type Output;
+    /// Run on backend `T`.
+    fn call<T: Transport>(self) -> Result<Self::Output>;
+}
+
+/// Run `w` on `backend`, or say the build lacks it.
+pub fn dispatch<W: WithTransport>(backend: Backend, w: W) -> Result<W::Output> {
+    match backend {
+        Backend::Efa => {
+            #[cfg(feature = "efa")]
+            {
+                w.call::<transport_efa::Endpoint>()
+            }
+            #[cfg(not(feature = "efa"))]
+            {
+                drop(w);
+                Err(Error::Unavailable(
+                    "--backend efa: this rdma-bench was built without the `efa` feature (libfabric); rebuild with --features efa".into(),
+                ))
+            }
+        }
+        Backend::Verbs => {
+            #[cfg(feature = "verbs")]
+            {
+                w.call::<transport_verbs::Endpoint>()
+            }
+            #[cfg(not(feature = "verbs"))]
+            {
+                drop(w);
+                Err(Error::Unavailable(
+                    "--backend verbs: this rdma-bench was built without the `verbs` feature (ibverbs); rebuild with --features verbs".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// Backends this build has.
+pub fn built() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if cfg!(feature = "efa") {
+        v.push("efa");
+    }
+    if cfg!(feature = "verbs") {
+        v.push("verbs");
+    }
+    v
+}

@@ -1,0 +1,171 @@
+//! The vocabulary shared by the command line, the wire and the report.
+
+use std::fmt;
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+/// Which `Transport` implementation to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// libfabric (AWS EFA, and the shm and tcp providers anywhere).
+    Efa,
+    /// ibverbs RC (ConnectX, Soft-RoCE).
+    Verbs,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Efa => "efa",
+            Backend::Verbs => "verbs",
+        }
+    }
+    /// Parse a backend name as it arrives from a peer or a `--pairs` entry.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "efa" => Some(Backend::Efa),
+            "verbs" => Some(Backend::Verbs),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where the benchmark's buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemKind {
+    Host,
+    Cuda,
+}
+
+impl fmt::Display for MemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemKind::Host => "host",
+            MemKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Paged scatter WRITE, one immediate per NIC per repeat (the write-up's transfer).
+    Write,
+    /// SEND/RECV bandwidth.
+    Send,
+    /// Ping-pong latency (one-way, half the round trip).
+    Lat,
+    /// Small-message WRITE rate in Mops.
+    Rate,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Write => "write",
+            Workload::Send => "send",
+            Workload::Lat => "lat",
+            Workload::Rate => "rate",
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The operation the latency test bounces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LatOp {
+    /// RDMA WRITE with immediate; the target sees a completion, posts no receive.
+    WriteImm,
+    /// SEND into a posted receive.
+    Send,
+}
+
+impl fmt::Display for LatOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LatOp::WriteImm => "write-imm",
+            LatOp::Send => "send",
+        })
+    }
+}
+
+/// How many threads drive the NICs of the active side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Threads {
+    /// One thread polls and posts on every NIC.
+    One,
+    /// One thread per GPU, each driving its GPU's NIC group.
+    PerGpu,
+}
+
+/// The optimisation ladder's knobs, one per step of the write-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Knobs {
+    /// Spread each GPU's pages over its whole NIC group (off: the first NIC of each group).
+    pub nic_groups: bool,
+    /// Repeats run before timing starts.
+    pub warmup: u32,
+    pub threads: Threads,
+    /// Pin each thread to a core near its GPU.
+    pub pin: bool,
+    /// Per-thread counters instead of shared atomics.
+    pub sharded: bool,
+    /// Operations handed to the NIC per loop turn (one `post_writes` call).
+    pub batch: u32,
+    /// Drain the completion queue, then post queued work until the queue is full.
+    pub lazy: bool,
+}
+
+impl Knobs {
+    /// Where the ladder starts: nothing turned on.
+    pub fn baseline() -> Self {
+        Knobs {
+            nic_groups: false,
+            warmup: 0,
+            threads: Threads::One,
+            pin: false,
+            sharded: false,
+            batch: 1,
+            lazy: false,
+        }
+    }
+
+    /// The ladder: every stage adds one step of the write-up to the previous one.
+    /// `full` holds the values the last stages use (warm-up count, batch size).
+    pub fn ladder(full: &Knobs) -> Vec<(&'static str, Knobs)> {
+        let mut k = Knobs::baseline();
+        let mut out = vec![("baseline", k)];
+        k.nic_groups = true;
+        out.push(("+nic groups", k));
+        k.warmup = full.warmup.max(1);
+        out.push(("+warm-up", k));
+        k.threads = Threads::PerGpu;
+        out.push(("+thread per GPU", k));
+        k.pin = true;
+        out.push(("+pin", k));
+        k.sharded = true;
+        out.push(("+per-thread state", k));
+        k.batch = if full.batch > 1 { full.batch } else { 16 };
+        out.push(("+batch", k));
+        k.lazy = true;
+        out.push(("+lazy posting", k));
+        out
+    }
+}

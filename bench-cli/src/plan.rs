@@ -1,0 +1,136 @@
+//! From the command line's workload flags to the list of runs a client asks for.
+
+use crate::cli::WorkloadArgs;
+use crate::config::{Knobs, LatOp, Workload};
+use crate::error::{Error, Result};
+
+/// One run of a plan.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// Ladder stage name.
+    pub stage: Option<String>,
+    /// Page or message size.
+    pub size: u64,
+    /// Pages per GPU (write, rate).
+    pub pages: u64,
+    /// Repeats (write, rate), messages per NIC (send), round trips (lat).
+    pub iters: u64,
+    pub knobs: Knobs,
+}
+
+/// Every run one command makes.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub workload: Workload,
+    pub op: LatOp,
+    pub seed: u64,
+    pub verify: bool,
+    pub ladder: bool,
+    pub runs: Vec<Planned>,
+}
+
+/// Defaults per workload: (size, pages, iterations, warm-up).
+pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
+    match w {
+        Workload::Write => (64 << 10, 256, 20, 1),
+        Workload::Rate => (64, 4096, 20, 1),
+        Workload::Send => (64 << 10, 2000, 0, 1),
+        Workload::Lat => (8, 0, 1000, 100),
+    }
+}
+
+impl Plan {
+    /// Build the plan; `verify_default` is on for loopback and compare.
+    pub fn new(w: &WorkloadArgs, verify_default: bool) -> Result<Self> {
+        let (dsize, dpages, diters, dwarm) = defaults(w.workload);
+        let diters = if w.workload == Workload::Send {
+            2000
+        } else {
+            diters
+        };
+        let knobs = Knobs {
+            nic_groups: !w.no_nic_groups,
+            warmup: w.warmup.unwrap_or(dwarm),
+            threads: w.threads,
+            pin: w.pin,
+            sharded: w.sharded,
+            batch: w.batch,
+            lazy: w.lazy,
+        };
+        if knobs.batch == 0 || knobs.batch > crate::proto::MAX_BATCH {
+            return Err(Error::Usage(format!(
+                "--batch {}: allowed 1..={}",
+                knobs.batch,
+                crate::proto::MAX_BATCH
+            )));
+        }
+        let iters = w.iters.unwrap_or(diters);
+        if iters == 0 {
+            return Err(Error::Usage("-n must be at least 1".into()));
+        }
+        if w.workload == Workload::Lat && iters > crate::proto::MAX_LAT_ITERS {
+            return Err(Error::Usage(format!(
+                "-n {iters}: at most {} round trips",
+                crate::proto::MAX_LAT_ITERS
+            )));
+        }
+        let pages = w.pages.unwrap_or(dpages).max(1);
+        if matches!(w.workload, Workload::Write | Workload::Rate) && pages > u32::MAX as u64 {
+            return Err(Error::Usage("--pages: at most 2^32-1".into()));
+        }
+        let sizes: Vec<u64> = if !w.sizes.is_empty() {
+            w.sizes.iter().map(|s| s.0).collect()
+        } else {
+            vec![w.size.map_or(dsize, |s| s.0)]
+        };
+        if let Some(z) = sizes.iter().find(|&&s| s == 0) {
+            return Err(Error::Usage(format!("size {z}: must be at least 1 byte")));
+        }
+        let runs = if w.ladder {
+            if w.workload == Workload::Lat {
+                return Err(Error::Usage(
+                    "--ladder measures bandwidth: use it with --workload write, rate or send"
+                        .into(),
+                ));
+            }
+            Knobs::ladder(&knobs)
+                .into_iter()
+                .map(|(name, k)| Planned {
+                    stage: Some(name.to_string()),
+                    size: sizes[0],
+                    pages,
+                    iters,
+                    knobs: k,
+                })
+                .collect()
+        } else {
+            sizes
+                .iter()
+                .map(|&size| Planned {
+                    stage: None,
+                    size,
+                    pages,
+                    iters,
+                    knobs,
+                })
+                .collect()
+        };
+        Ok(Plan {
+            workload: w.workload,
+            op: w.op,
+            seed: w.seed,
+            verify: if w.no_verify {
+                false
+            } else {
+                w.verify || verify_default
+            },
+            ladder: w.ladder,
+            runs,
+        })
+    }
+
+    /// Largest size in the plan.
+    pub fn max_size(&self) -> u64 {
+        self.runs.iter().map(|r| r.size).max().unwrap_or(0)
+    }
+}

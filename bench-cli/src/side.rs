@@ -1,0 +1,275 @@
+//! One side of a session: its endpoints (one per NIC, `nics_per_gpu` per GPU), its registered
+//! regions, and the peer's NICs once the handshake is done.
+
+use std::time::Duration;
+
+use transport_core::{
+    Caps, EndpointAddr, HostBuffer, Memory, MemoryRegion, NicDesc, PeerId, Transport,
+};
+
+use crate::buffers;
+use crate::config::{Backend, MemKind};
+use crate::error::{Error, Result, TransportContext};
+use crate::proto::{NicWire, CTRL_LEN, MAX_NICS};
+use crate::topo_glue::Hints;
+
+/// With host memory and no GPU on the machine, GPU indexes name logical NIC groups below this.
+pub const LOGICAL_GPUS: usize = 16;
+
+/// How one side opens its NICs.
+#[derive(Clone, Debug)]
+pub struct SideCfg {
+    pub backend: Backend,
+    pub provider: Option<String>,
+    pub devices: Vec<String>,
+    pub gpus: Vec<usize>,
+    pub nics_per_gpu: usize,
+    pub mem: MemKind,
+    pub verbose: u8,
+    pub idle: Duration,
+    pub hints: Option<Hints>,
+}
+
+impl SideCfg {
+    /// Check the GPU list and NIC counts against this machine; a usage error says what is
+    /// wrong.
+    pub fn check(&self) -> Result<()> {
+        if self.nics_per_gpu == 0 || self.nics_per_gpu > 64 {
+            return Err(Error::Usage(format!(
+                "--nics-per-gpu {}: allowed 1..=64",
+                self.nics_per_gpu
+            )));
+        }
+        if self.gpus.len() * self.nics_per_gpu > MAX_NICS {
+            return Err(Error::Usage(format!("more than {MAX_NICS} NICs in total")));
+        }
+        match self.mem {
+            MemKind::Cuda => {
+                if !buffers::cuda_driver() {
+                    return Err(Error::Unavailable(if cfg!(feature = "cuda") {
+                        "--mem cuda: no CUDA driver (libcuda.so) on this machine; use --mem host"
+                            .into()
+                    } else {
+                        "--mem cuda: this rdma-bench was built without the `cuda` feature".into()
+                    }));
+                }
+                let n = buffers::cuda_devices()?;
+                if let Some(&g) = self.gpus.iter().find(|&&g| g >= n) {
+                    return Err(Error::Usage(format!(
+                        "GPU {g} is out of range: CUDA sees {n} device(s) (0..{n})"
+                    )));
+                }
+            }
+            MemKind::Host => {
+                let known = self.hints.as_ref().map_or(0, |h| h.gpus);
+                let limit = if known > 0 { known } else { LOGICAL_GPUS };
+                if let Some(&g) = self.gpus.iter().find(|&&g| g >= limit) {
+                    return Err(Error::Usage(if known > 0 {
+                        format!(
+                            "GPU {g} is out of range: this machine has {known} GPU(s) (0..{known})"
+                        )
+                    } else {
+                        format!(
+                            "GPU {g} is out of range: no GPU here, so with host memory GPU indexes name logical NIC groups 0..{LOGICAL_GPUS}"
+                        )
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How NIC `j` of the `g`-th GPU is opened.
+    pub fn desc(&self, g: usize, j: usize) -> NicDesc {
+        let i = g * self.nics_per_gpu + j;
+        let device = if !self.devices.is_empty() {
+            Some(self.devices[i % self.devices.len()].clone())
+        } else {
+            // The GPU's NIC group from topo, round-robin, where the provider has real NICs.
+            let real = match self.backend {
+                Backend::Verbs => true,
+                Backend::Efa => self.provider.as_deref().map_or(true, |p| p == "efa"),
+            };
+            self.hints
+                .as_ref()
+                .filter(|_| real)
+                .and_then(|h| h.nic_groups.get(self.gpus[g]))
+                .filter(|grp| !grp.is_empty())
+                .map(|grp| grp[j % grp.len()].clone())
+        };
+        NicDesc {
+            device,
+            provider: match self.backend {
+                Backend::Efa => self.provider.clone(),
+                Backend::Verbs => None,
+            },
+            ..NicDesc::default()
+        }
+    }
+
+    fn describe(&self, d: &NicDesc) -> String {
+        let mut s = String::new();
+        if let Some(p) = &d.provider {
+            s.push_str(&format!("provider {p}"));
+        }
+        if let Some(dev) = &d.device {
+            if !s.is_empty() {
+                s.push_str(", ");
+            }
+            s.push_str(&format!("device {dev}"));
+        }
+        if s.is_empty() {
+            s.push_str("the default NIC");
+        }
+        s
+    }
+}
+
+/// One side's endpoints and regions.
+///
+/// Endpoints are declared (and so dropped) first: closing them ends whatever a run that was
+/// cut short (a peer gone mid-transfer) left in flight, before the regions it used are
+/// deregistered and freed. Both backends keep their domain alive for the regions.
+pub struct Side<T: Transport> {
+    pub eps: Vec<T>,
+    pub data: Vec<T::Mr>,
+    pub ctrl: Vec<T::Mr>,
+    pub peers: Vec<PeerId>,
+    /// The peer's NICs, in the same order.
+    pub remote: Vec<NicWire>,
+    pub gpus: Vec<usize>,
+    pub npg: usize,
+}
+
+impl<T: Transport> Side<T> {
+    /// Open one endpoint per NIC.
+    pub fn open(cfg: &SideCfg) -> Result<Self> {
+        let mut eps = Vec::with_capacity(cfg.gpus.len() * cfg.nics_per_gpu);
+        for (g, &ordinal) in cfg.gpus.iter().enumerate() {
+            for j in 0..cfg.nics_per_gpu {
+                let d = cfg.desc(g, j);
+                let i = eps.len();
+                let ep = T::open(&d).ctx(|| {
+                    format!(
+                        "opening NIC {i} (GPU {ordinal}, {}) on the {} backend",
+                        cfg.describe(&d),
+                        T::BACKEND
+                    )
+                })?;
+                if cfg.verbose > 0 {
+                    let c = ep.caps();
+                    eprintln!(
+                        "rdma-bench: NIC {i} (GPU {ordinal}): {} {} max write {} tx depth {} rx depth {} link {}",
+                        ep.provider(),
+                        ep.nic_name(),
+                        c.max_write_size,
+                        c.tx_depth,
+                        c.rx_depth,
+                        c.link_gbps.map_or("unknown".into(), |g| format!("{g} Gbit/s"))
+                    );
+                }
+                eps.push(ep);
+            }
+        }
+        Ok(Side {
+            eps,
+            data: Vec::new(),
+            ctrl: Vec::new(),
+            peers: Vec::new(),
+            remote: Vec::new(),
+            gpus: cfg.gpus.clone(),
+            npg: cfg.nics_per_gpu,
+        })
+    }
+
+    /// Caps of NIC `i`.
+    pub fn caps(&self, i: usize) -> &Caps {
+        self.eps[i].caps()
+    }
+
+    /// GPU ordinal of NIC `i`.
+    pub fn gpu_of(&self, i: usize) -> usize {
+        self.gpus[i / self.npg]
+    }
+
+    /// Register a `data_len`-byte data region (on the NIC's GPU for `--mem cuda`) and a small
+    /// host control region on every NIC.
+    pub fn register(&mut self, mem: MemKind, data_len: usize) -> Result<()> {
+        if mem == MemKind::Cuda {
+            if let Some((i, ep)) = self
+                .eps
+                .iter()
+                .enumerate()
+                .find(|(_, e)| !e.caps().gpu_memory)
+            {
+                return Err(Error::Unavailable(format!(
+                    "--mem cuda: NIC {i} ({} {}) cannot register GPU memory (libfabric without FI_HMEM, or no peer-memory support); use --mem host",
+                    ep.provider(),
+                    ep.nic_name()
+                )));
+            }
+        }
+        for i in 0..self.eps.len() {
+            let gpu = self.gpu_of(i);
+            let m = buffers::alloc(mem, gpu, data_len)?;
+            let mr = self.eps[i].register(m).ctx(|| {
+                format!("registering {data_len} bytes of {mem} memory on NIC {i} (GPU {gpu})")
+            })?;
+            self.data.push(mr);
+            let c = self.eps[i]
+                .register(Memory::Host(HostBuffer::new(CTRL_LEN)))
+                .ctx(|| format!("registering the control region on NIC {i}"))?;
+            self.ctrl.push(c);
+        }
+        Ok(())
+    }
+
+    /// What the peer needs: one entry per NIC, with a fresh address for this peer.
+    pub fn wire(&self) -> Vec<NicWire> {
+        self.eps
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| {
+                let c = ep.caps();
+                NicWire {
+                    gpu: (i / self.npg) as u32,
+                    name: ep.nic_name().to_string(),
+                    addr: ep.address().0,
+                    mrs: vec![self.data[i].remote(), self.ctrl[i].remote()],
+                    max_write_size: c.max_write_size as u64,
+                    max_msg_size: c.max_msg_size as u64,
+                    rx_depth: c.rx_depth as u64,
+                    link_gbps: c.link_gbps,
+                }
+            })
+            .collect()
+    }
+
+    /// Add the peer's NICs, pairwise.
+    pub fn connect(&mut self, remote: Vec<NicWire>) -> Result<()> {
+        if remote.len() != self.eps.len() {
+            return Err(Error::Protocol(format!(
+                "the peer has {} NICs, this side {}",
+                remote.len(),
+                self.eps.len()
+            )));
+        }
+        self.peers.clear();
+        for (i, (ep, r)) in self.eps.iter_mut().zip(&remote).enumerate() {
+            let p = ep
+                .add_peer(&EndpointAddr(r.addr.clone()))
+                .ctx(|| format!("adding the peer's NIC {i} ({})", r.name))?;
+            self.peers.push(p);
+        }
+        self.remote = remote;
+        Ok(())
+    }
+
+    /// The provider actually opened (first NIC).
+    pub fn provider(&self) -> String {
+        self.eps
+            .first()
+            .map(|e| e.provider().to_string())
+            .unwrap_or_default()
+    }
+}

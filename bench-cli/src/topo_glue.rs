@@ -1,0 +1,55 @@
+//! What rdma-bench needs from the `topo` crate, behind one small module: NIC groups and cores
+//! per GPU, and the `topo` subcommand's output.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// What the benchmark uses of the machine's topology.
+#[derive(Clone, Debug, Default)]
+pub struct Hints {
+    /// GPUs hwloc sees.
+    pub gpus: usize,
+    /// Per GPU ordinal: the RDMA NICs behind its PCIe switch (names as the backend opens them).
+    pub nic_groups: Vec<Vec<String>>,
+    /// Per GPU ordinal: the cores near it. Without GPUs, entry 0 holds every core.
+    pub cores: Vec<Vec<usize>>,
+}
+
+fn from_topology(t: &topo::Topology) -> Hints {
+    let n = t.gpus().iter().map(|g| g.index + 1).max().unwrap_or(0);
+    let mut h = Hints {
+        gpus: t.gpus().len(),
+        nic_groups: vec![Vec::new(); n],
+        cores: vec![Vec::new(); n],
+    };
+    for g in t.gpus() {
+        h.nic_groups[g.index] = g.nic_names().iter().map(|s| s.to_string()).collect();
+        h.cores[g.index] = g.cores.clone();
+    }
+    h
+}
+
+/// This machine's topology (discovered once per process), or `None` where hwloc cannot read
+/// it.
+pub fn hints() -> Option<Hints> {
+    static HINTS: OnceLock<Option<Hints>> = OnceLock::new();
+    HINTS
+        .get_or_init(|| topo::discover().ok().map(|t| from_topology(&t)))
+        .clone()
+}
+
+/// The `topo` subcommand's output: this machine, or an hwloc XML export.
+pub fn render(xml: Option<&Path>, json: bool) -> Result<String> {
+    let t = match xml {
+        Some(p) => topo::from_xml(p),
+        None => topo::discover(),
+    }
+    .map_err(|e| Error::Unavailable(format!("topology: {e}")))?;
+    Ok(if json {
+        t.to_json_pretty()
+    } else {
+        t.render_table()
+    })
+}

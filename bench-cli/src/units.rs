@@ -1,0 +1,194 @@
+//! Parsing and printing of sizes, GPU lists and backend pairs as users type them.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A byte count as typed on the command line: `64`, `4K`, `64KiB`, `1M`, `2G` (binary units).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Size(pub u64);
+
+impl FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(digits);
+        if num.is_empty() {
+            return Err(format!("`{s}` is not a size (e.g. 64, 4K, 1M)"));
+        }
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a size (e.g. 64, 4K, 1M)"))?;
+        let shift = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kb" | "kib" => 10,
+            "m" | "mb" | "mib" => 20,
+            "g" | "gb" | "gib" => 30,
+            _ => return Err(format!("`{s}`: unknown unit `{unit}` (use K, M or G)")),
+        };
+        n.checked_mul(1u64 << shift)
+            .map(Size)
+            .ok_or_else(|| format!("`{s}` is too large"))
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&human_bytes(self.0))
+    }
+}
+
+/// `4096` -> `4K`, `1048576` -> `1M`, `1000` -> `1000`: exact binary units only.
+pub fn human_bytes(n: u64) -> String {
+    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// The most GPUs (or logical NIC groups) one run may name.
+pub const MAX_GPUS: usize = 64;
+
+/// A GPU list as typed: `0`, `0,1,3`, `0-7`, `0-3,6`. Ordered, without duplicates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuList(pub Vec<usize>);
+
+impl FromStr for GpuList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (parse_index(a, s)?, parse_index(b, s)?),
+                None => {
+                    let i = parse_index(part, s)?;
+                    (i, i)
+                }
+            };
+            if lo > hi {
+                return Err(format!("`{part}` in `{s}`: range runs backwards"));
+            }
+            if hi - lo >= MAX_GPUS {
+                return Err(format!("`{part}`: more than {MAX_GPUS} GPUs"));
+            }
+            for i in lo..=hi {
+                if out.contains(&i) {
+                    return Err(format!("GPU {i} named twice in `{s}`"));
+                }
+                out.push(i);
+                if out.len() > MAX_GPUS {
+                    return Err(format!("`{s}`: more than {MAX_GPUS} GPUs"));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err("the GPU list is empty".into());
+        }
+        Ok(GpuList(out))
+    }
+}
+
+fn parse_index(t: &str, whole: &str) -> Result<usize, String> {
+    t.trim()
+        .parse::<usize>()
+        .map_err(|_| format!("`{t}` in `{whole}` is not a GPU index"))
+}
+
+impl fmt::Display for GpuList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v: Vec<String> = self.0.iter().map(|i| i.to_string()).collect();
+        f.write_str(&v.join(","))
+    }
+}
+
+/// One `backend:provider` (or `verbs:dev0+dev1`) entry of `compare --pairs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pair {
+    pub backend: String,
+    /// libfabric provider for `efa`; empty for `verbs`.
+    pub provider: Option<String>,
+    /// Verbs devices (`rxe0+rxe1`: one per side), or libfabric domains.
+    pub devices: Vec<String>,
+}
+
+impl FromStr for Pair {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (backend, rest) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}`: a pair is BACKEND:PROVIDER or verbs:DEV[+DEV]"))?;
+        let backend = backend.trim().to_ascii_lowercase();
+        let rest = rest.trim();
+        if rest.is_empty() {
+            return Err(format!("`{s}`: nothing after `:`"));
+        }
+        match backend.as_str() {
+            "efa" => Ok(Pair {
+                backend,
+                provider: Some(rest.to_string()),
+                devices: Vec::new(),
+            }),
+            "verbs" => Ok(Pair {
+                backend,
+                provider: None,
+                devices: rest.split('+').map(|d| d.trim().to_string()).collect(),
+            }),
+            other => Err(format!("`{s}`: unknown backend `{other}` (efa or verbs)")),
+        }
+    }
+}
+
+impl fmt::Display for Pair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.provider {
+            Some(p) => write!(f, "{}:{p}", self.backend),
+            None => write!(f, "{}:{}", self.backend, self.devices.join("+")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!("64".parse::<Size>(), Ok(Size(64)));
+        assert_eq!("4K".parse::<Size>(), Ok(Size(4096)));
+        assert_eq!("64KiB".parse::<Size>(), Ok(Size(65536)));
+        assert_eq!("1m".parse::<Size>(), Ok(Size(1 << 20)));
+        assert_eq!("2G".parse::<Size>(), Ok(Size(2 << 30)));
+        assert!("".parse::<Size>().is_err());
+        assert!("K".parse::<Size>().is_err());
+        assert!("4X".parse::<Size>().is_err());
+        assert!("99999999999999999999G".parse::<Size>().is_err());
+        assert!("17179869184G".parse::<Size>().is_err());
+        assert_eq!(human_bytes(65536), "64K");
+        assert_eq!(human_bytes(1000), "1000");
+    }
+
+    #[test]
+    fn gpu_lists() {
+        assert_eq!("0".parse::<GpuList>(), Ok(GpuList(vec![0])));
+        assert_eq!("0-3,6".parse::<GpuList>(), Ok(GpuList(vec![0, 1, 2, 3, 6])));
+        assert!("3-1".parse::<GpuList>().is_err());
+        assert!("1,1".parse::<GpuList>().is_err());
+        assert!("a".parse::<GpuList>().is_err());
+        assert!("0-100000000000".parse::<GpuList>().is_err());
+        assert!("".parse::<GpuList>().is_err());
+    }
+
+    #[test]
+    fn pairs() {
+        let p: Pair = "efa:shm".parse().unwrap();
+        assert_eq!(p.provider.as_deref(), Some("shm"));
+        let p: Pair = "verbs:rxe0+rxe1".parse().unwrap();
+        assert_eq!(p.devices, vec!["rxe0", "rxe1"]);
+        assert_eq!(p.to_string(), "verbs:rxe0+rxe1");
+        assert!("ucx:foo".parse::<Pair>().is_err());
+        assert!("efa".parse::<Pair>().is_err());
+        assert!("efa:".parse::<Pair>().is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! `lat`: ping-pong on one NIC, WRITE-with-immediate or SEND. The client times round trips;
+//! latency is reported one-way, as half the round trip.
+
+use std::time::{Duration, Instant};
+
+use transport_core::{
+    Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteSlice, Transport,
+};
+
+use crate::config::LatOp;
+use crate::ctrl::Liveness;
+use crate::error::{Error, Result, TransportContext};
+use crate::report::Progress;
+
+/// Polls between liveness and timeout checks while spinning.
+const CHECK: u32 = 4096;
+
+/// One side's view of the ping-pong NIC.
+pub struct PingPong<'a, T: Transport> {
+    pub ep: &'a mut T,
+    pub peer: PeerId,
+    /// What this side sends (its own region).
+    pub src: LocalSlice<'a, T::Mr>,
+    /// Where the peer's message lands on this side (SEND: the receive buffer).
+    pub dst: LocalSlice<'a, T::Mr>,
+    /// Where this side's WRITE lands on the peer.
+    pub remote: RemoteSlice,
+    pub op: LatOp,
+}
+
+fn check(live: &Liveness, since: Instant, idle: Duration, what: &str) -> Result<()> {
+    if live.gone() {
+        return Err(Error::PeerGone(
+            "the control connection closed during the ping-pong".into(),
+        ));
+    }
+    if since.elapsed() > idle {
+        return Err(Error::Timeout {
+            what: what.to_string(),
+            after: idle,
+        });
+    }
+    Ok(())
+}
+
+impl<T: Transport> PingPong<'_, T> {
+    /// Post this side's message, polling (and counting local completions) while the queue is
+    /// full.
+    fn post_msg(&mut self, i: u64, local_done: &mut u64, buf: &mut [Completion]) -> Result<()> {
+        loop {
+            let r = match self.op {
+                LatOp::WriteImm => {
+                    self.ep
+                        .post_write(self.peer, self.src, self.remote, Some(i as u32), i)
+                }
+                LatOp::Send => self.ep.post_send(self.peer, self.src, i),
+            }
+            .ctx(|| "posting a ping-pong message")?;
+            if r == Post::Posted {
+                return Ok(());
+            }
+            let n = self.ep.poll(buf).ctx(|| "polling")?;
+            for c in &buf[..n] {
+                match &c.kind {
+                    CompletionKind::Write | CompletionKind::Send => *local_done += 1,
+                    _ => {
+                        return Err(Error::Protocol(format!(
+                            "unexpected completion {:?} while the queue was full",
+                            c.kind
+                        )))
+                    }
+                }
+            }
+        }
+    }
+
+    fn post_recv(&mut self, i: u64) -> Result<()> {
+        match self
+            .ep
+            .post_recv(self.dst, i)
+            .ctx(|| "posting a receive for the ping-pong")?
+        {
+            Post::Posted => Ok(()),
+            Post::QueueFull => Err(Error::Protocol(
+                "the receive queue is full with one receive posted".into(),
+            )),
+        }
+    }
+
+    /// The ping-pong's own receive, before the first message (SEND only).
+    pub fn prepare(&mut self) -> Result<()> {
+        if self.op == LatOp::Send {
+            self.post_recv(0)?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the peer's message `i`; counts local completions on the way.
+    fn wait_msg(
+        &mut self,
+        i: u64,
+        local_done: &mut u64,
+        buf: &mut [Completion],
+        live: &Liveness,
+        idle: Duration,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let n = self.ep.poll(buf).ctx(|| "polling")?;
+            let mut got = false;
+            for c in &buf[..n] {
+                match &c.kind {
+                    CompletionKind::RemoteWrite { imm } if self.op == LatOp::WriteImm => {
+                        if u64::from(*imm) != i & 0xffff_ffff {
+                            return Err(Error::Protocol(format!(
+                                "ping-pong {i}: immediate {imm} arrived"
+                            )));
+                        }
+                        got = true;
+                    }
+                    CompletionKind::Recv { .. } if self.op == LatOp::Send => got = true,
+                    CompletionKind::Write | CompletionKind::Send => *local_done += 1,
+                    CompletionKind::Error(e) => {
+                        return Err(Error::Transport {
+                            what: "ping-pong".into(),
+                            source: transport_core::Error::Completion(e.clone()),
+                        })
+                    }
+                    other => {
+                        return Err(Error::Protocol(format!(
+                            "unexpected completion {other:?} in the ping-pong"
+                        )))
+                    }
+                }
+            }
+            if got {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if spins % CHECK == 0 {
+                check(live, start, idle, "the peer's ping-pong message")?;
+            }
+        }
+    }
+
+    fn drain(
+        &mut self,
+        local_done: &mut u64,
+        want: u64,
+        buf: &mut [Completion],
+        live: &Liveness,
+        idle: Duration,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while *local_done < want {
+            let n = self.ep.poll(buf).ctx(|| "polling")?;
+            for c in &buf[..n] {
+                match &c.kind {
+                    CompletionKind::Write | CompletionKind::Send => *local_done += 1,
+                    CompletionKind::Error(e) => {
+                        return Err(Error::Transport {
+                            what: "ping-pong".into(),
+                            source: transport_core::Error::Completion(e.clone()),
+                        })
+                    }
+                    other => {
+                        return Err(Error::Protocol(format!(
+                            "unexpected completion {other:?} after the ping-pong"
+                        )))
+                    }
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if spins % CHECK == 0 {
+                check(live, start, idle, "the last ping-pong completions")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The client: `warm + iters` round trips; returns the timed ones' round-trip times in ns.
+    pub fn ping(
+        &mut self,
+        warm: u64,
+        iters: u64,
+        live: &Liveness,
+        idle: Duration,
+        progress: &mut Progress,
+    ) -> Result<Vec<u64>> {
+        let total = warm + iters;
+        let mut rtts = Vec::with_capacity(iters as usize);
+        let mut buf = vec![Completion::default(); 16];
+        let mut local_done = 0u64;
+        for i in 0..total {
+            let t0 = Instant::now();
+            self.post_msg(i, &mut local_done, &mut buf)?;
+            self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
+            // The receive for the next reply goes up before the next ping can provoke it.
+            if self.op == LatOp::Send && i + 1 < total {
+                self.post_recv(i + 1)?;
+            }
+            let rtt = t0.elapsed();
+            if i >= warm {
+                rtts.push(rtt.as_nanos() as u64);
+            }
+            if i % 4096 == 4095 {
+                progress.update(i + 1, total);
+            }
+        }
+        self.drain(&mut local_done, total, &mut buf, live, idle)?;
+        Ok(rtts)
+    }
+
+    /// The server: answer `total` pings.
+    pub fn pong(&mut self, total: u64, live: &Liveness, idle: Duration) -> Result<()> {
+        let mut buf = vec![Completion::default(); 16];
+        let mut local_done = 0u64;
+        for i in 0..total {
+            self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
+            if self.op == LatOp::Send && i + 1 < total {
+                self.post_recv(i + 1)?;
+            }
+            self.post_msg(i, &mut local_done, &mut buf)?;
+        }
+        self.drain(&mut local_done, total, &mut buf, live, idle)
+    }
+}
+
+/// `(min, p50, p99, max)` of one-way latency in microseconds from round trips in ns.
+pub fn one_way_stats(rtts: &mut [u64]) -> Option<(f64, f64, f64, f64)> {
+    if rtts.is_empty() {
+        return None;
+    }
+    rtts.sort_unstable();
+    let n = rtts.len();
+    let us = |ns: u64| ns as f64 / 2.0 / 1000.0;
+    let p = |q: usize| rtts[(n * q / 100).min(n - 1)];
+    Some((us(rtts[0]), us(p(50)), us(p(99)), us(rtts[n - 1])))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stats() {
+        let mut v: Vec<u64> = (1..=100).map(|x| x * 2000).collect();
+        let (min, p50, p99, max) = super::one_way_stats(&mut v).unwrap();
+        assert_eq!(min, 1.0);
+        assert_eq!(p50, 51.0);
+        assert_eq!(p99, 100.0);
+        assert_eq!(max, 100.0);
+        assert!(super::one_way_stats(&mut []).is_none());
+    }
+}

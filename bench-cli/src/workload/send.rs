@@ -1,0 +1,384 @@
+//! `send`: SEND/RECV bandwidth with credits.
+//!
+//! The passive side keeps `depth` receives posted per NIC and returns credits with a small
+//! WRITE-with-immediate into the sender's control region (the immediate is the count), so
+//! the sender never sends into a receive queue that is not ready, and no receive is left
+//! posted at the end.
+
+use std::time::{Duration, Instant};
+
+use transport_core::{Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteMr, Transport};
+
+use super::{NicWork, Polled};
+use crate::ctrl::Ctrl;
+use crate::error::{Error, Result, TransportContext};
+use crate::proto::{Done, Msg, NicStats};
+use crate::report::Progress;
+
+/// One NIC's share of an active send, before its thread takes it.
+pub struct SendParts<'a, T: Transport> {
+    pub nic: usize,
+    pub ep: &'a mut T,
+    pub src: &'a mut T::Mr,
+    pub peer: PeerId,
+    pub size: usize,
+    /// Credits granted up front (the receives the peer posted).
+    pub initial_credits: u64,
+    /// Messages over every phase (warm-up and timed).
+    pub total: u64,
+    pub max_inflight: usize,
+}
+
+/// One NIC's active send state.
+pub struct SendActive<'a, T: Transport> {
+    nic: usize,
+    ep: &'a mut T,
+    slice: LocalSlice<'a, T::Mr>,
+    peer: PeerId,
+    size: u64,
+    total: u64,
+    granted: u64,
+    sent_all: u64,
+    phase: u64,
+    sent: u64,
+    completed: u64,
+    inflight: usize,
+    max_inflight: usize,
+    last_done: Option<Instant>,
+}
+
+impl<'a, T: Transport> SendActive<'a, T> {
+    pub fn new(p: SendParts<'a, T>) -> Self {
+        let src: &'a T::Mr = p.src;
+        SendActive {
+            nic: p.nic,
+            ep: p.ep,
+            slice: LocalSlice {
+                mr: src,
+                offset: 0,
+                len: p.size,
+            },
+            peer: p.peer,
+            size: p.size as u64,
+            total: p.total,
+            granted: p.initial_credits.min(p.total),
+            sent_all: 0,
+            phase: 0,
+            sent: 0,
+            completed: 0,
+            inflight: 0,
+            max_inflight: p.max_inflight.max(1),
+            last_done: None,
+        }
+    }
+}
+
+impl<T: Transport> NicWork for SendActive<'_, T> {
+    fn start_phase(&mut self, iters: u64) {
+        self.phase = iters;
+        self.sent = 0;
+        self.completed = 0;
+        self.last_done = None;
+    }
+
+    #[inline]
+    fn post(&mut self, max: usize) -> Result<usize> {
+        let mut k = 0;
+        while k < max
+            && self.sent < self.phase
+            && self.sent_all < self.granted
+            && self.inflight < self.max_inflight
+        {
+            match self
+                .ep
+                .post_send(self.peer, self.slice, self.sent_all)
+                .ctx(|| format!("posting a SEND on NIC {}", self.nic))?
+            {
+                Post::Posted => {
+                    self.sent += 1;
+                    self.sent_all += 1;
+                    self.inflight += 1;
+                    k += 1;
+                }
+                Post::QueueFull => break,
+            }
+        }
+        Ok(k)
+    }
+
+    #[inline]
+    fn poll(&mut self, buf: &mut [Completion]) -> Result<Polled> {
+        let n = self
+            .ep
+            .poll(buf)
+            .ctx(|| format!("polling NIC {}", self.nic))?;
+        let mut p = Polled {
+            slots: n,
+            ..Polled::default()
+        };
+        for c in &buf[..n] {
+            match &c.kind {
+                CompletionKind::Send => {
+                    self.inflight = self.inflight.saturating_sub(1);
+                    self.completed += 1;
+                    p.ops += 1;
+                    p.bytes += self.size;
+                    if self.completed == self.phase {
+                        self.last_done = Some(Instant::now());
+                    }
+                }
+                CompletionKind::RemoteWrite { imm } => {
+                    self.granted += u64::from(*imm);
+                    if self.granted > self.total {
+                        return Err(Error::Protocol(format!(
+                            "NIC {}: the receiver granted {} credits for {} messages",
+                            self.nic, self.granted, self.total
+                        )));
+                    }
+                }
+                CompletionKind::Error(e) => {
+                    return Err(Error::Transport {
+                        what: format!("SEND on NIC {}", self.nic),
+                        source: transport_core::Error::Completion(e.clone()),
+                    })
+                }
+                other => {
+                    return Err(Error::Protocol(format!(
+                        "unexpected completion {other:?} on NIC {} during a send",
+                        self.nic
+                    )))
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    #[inline]
+    fn finished(&self) -> bool {
+        self.completed >= self.phase
+    }
+
+    fn nic(&self) -> usize {
+        self.nic
+    }
+
+    fn stats(&self, t0: Instant) -> NicStats {
+        NicStats {
+            bytes: self.completed * self.size,
+            ops: self.completed,
+            seconds: self
+                .last_done
+                .map(|t| t.duration_since(t0).as_secs_f64())
+                .unwrap_or(0.0),
+        }
+    }
+}
+
+/// One NIC of the receiving side.
+pub struct RecvNic<'a, T: Transport> {
+    pub ep: &'a mut T,
+    pub data: &'a T::Mr,
+    /// Local source of credit WRITEs.
+    pub credit_src: &'a T::Mr,
+    pub peer: PeerId,
+    /// The sender's control region on this NIC.
+    pub remote_ctrl: RemoteMr,
+    /// Messages expected over every phase; 0: the NIC takes no part.
+    pub total: u64,
+    pub depth: u64,
+    pub size: usize,
+    posted: u64,
+    received: u64,
+    pending_credit: u64,
+    credit_inflight: u64,
+    /// Slots whose re-post met a full queue.
+    repost: Vec<u32>,
+}
+
+impl<'a, T: Transport> RecvNic<'a, T> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ep: &'a mut T,
+        data: &'a T::Mr,
+        credit_src: &'a T::Mr,
+        peer: PeerId,
+        remote_ctrl: RemoteMr,
+        total: u64,
+        depth: u64,
+        size: usize,
+    ) -> Self {
+        RecvNic {
+            ep,
+            data,
+            credit_src,
+            peer,
+            remote_ctrl,
+            total,
+            depth,
+            size,
+            posted: 0,
+            received: 0,
+            pending_credit: 0,
+            credit_inflight: 0,
+            repost: Vec::with_capacity(depth as usize),
+        }
+    }
+
+    /// The receives the sender may use up front: `min(depth, total)`.
+    pub fn initial(&self) -> u64 {
+        self.depth.min(self.total)
+    }
+
+    fn slot(&self, s: u32) -> LocalSlice<'a, T::Mr> {
+        LocalSlice {
+            mr: self.data,
+            offset: s as usize * self.size,
+            len: self.size,
+        }
+    }
+
+    /// Post the initial receives (before the request goes out).
+    pub fn prepost(&mut self, nic: usize) -> Result<()> {
+        for s in 0..self.initial() as u32 {
+            match self
+                .ep
+                .post_recv(self.slot(s), u64::from(s))
+                .ctx(|| format!("posting a receive on NIC {nic}"))?
+            {
+                Post::Posted => self.posted += 1,
+                Post::QueueFull => {
+                    return Err(Error::Protocol(format!(
+                        "NIC {nic}: the receive queue filled after {s} receives"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.received == self.total && self.credit_inflight == 0
+    }
+}
+
+/// The receiving side: keep receives posted, return credits, until every NIC has its messages
+/// and the sender's `Done` arrived.
+pub fn receive<T: Transport>(
+    nics: &mut [RecvNic<'_, T>],
+    ctrl: &mut Ctrl,
+    idle: Duration,
+    progress: &mut Progress,
+) -> Result<Done> {
+    let total: u64 = nics.iter().map(|n| n.total).sum();
+    let mut buf = vec![Completion::default(); super::POLL_BATCH];
+    let mut done: Option<Done> = None;
+    let (mut turns, mut seen) = (0u32, u64::MAX);
+    let mut last_progress = Instant::now();
+    loop {
+        let mut got = 0;
+        for (i, n) in nics.iter_mut().enumerate() {
+            let k = n.ep.poll(&mut buf).ctx(|| format!("polling NIC {i}"))?;
+            for c in &buf[..k] {
+                match &c.kind {
+                    CompletionKind::Recv { len, .. } => {
+                        if *len != n.size {
+                            return Err(Error::Protocol(format!(
+                                "NIC {i}: received {len} bytes, expected {}",
+                                n.size
+                            )));
+                        }
+                        n.received += 1;
+                        if n.posted < n.total {
+                            n.repost.push(c.ctx as u32);
+                        }
+                    }
+                    CompletionKind::Write => {
+                        n.credit_inflight = n.credit_inflight.saturating_sub(1)
+                    }
+                    CompletionKind::Error(e) => {
+                        return Err(Error::Transport {
+                            what: format!("receive on NIC {i}"),
+                            source: transport_core::Error::Completion(e.clone()),
+                        })
+                    }
+                    other => {
+                        return Err(Error::Protocol(format!(
+                            "unexpected completion {other:?} on NIC {i} during a send"
+                        )))
+                    }
+                }
+            }
+            // Re-post, then hand the sender one credit per re-posted receive.
+            while let Some(&s) = n.repost.last() {
+                if n.posted >= n.total {
+                    n.repost.clear();
+                    break;
+                }
+                match n
+                    .ep
+                    .post_recv(n.slot(s), u64::from(s))
+                    .ctx(|| format!("re-posting a receive on NIC {i}"))?
+                {
+                    Post::Posted => {
+                        n.repost.pop();
+                        n.posted += 1;
+                        n.pending_credit += 1;
+                    }
+                    Post::QueueFull => break,
+                }
+            }
+            let threshold = (n.depth / 4).max(1);
+            if n.pending_credit >= threshold || (n.pending_credit > 0 && n.posted == n.total) {
+                let imm = n.pending_credit.min(u64::from(u32::MAX)) as u32;
+                let src = LocalSlice {
+                    mr: n.credit_src,
+                    offset: 0,
+                    len: 8,
+                };
+                let dst = n
+                    .remote_ctrl
+                    .slice(0, 8)
+                    .ctx(|| "the sender's control region")?;
+                if n.ep
+                    .post_write(n.peer, src, dst, Some(imm), 0)
+                    .ctx(|| format!("returning credits on NIC {i}"))?
+                    == Post::Posted
+                {
+                    n.pending_credit -= u64::from(imm);
+                    n.credit_inflight += 1;
+                }
+            }
+            got += n.received;
+        }
+        turns = turns.wrapping_add(1);
+        if turns % 64 == 0 {
+            if done.is_none() {
+                match ctrl.try_recv()? {
+                    Some(Msg::Done(d)) => done = Some(d),
+                    Some(m) => {
+                        return Err(Error::Protocol(format!(
+                            "expected the server's done message, got {}",
+                            m.kind()
+                        )))
+                    }
+                    None => {}
+                }
+            }
+            if nics.iter().all(|n| n.done()) {
+                if let Some(d) = done.take() {
+                    return Ok(d);
+                }
+            }
+            if got != seen {
+                seen = got;
+                last_progress = Instant::now();
+                progress.update(got, total);
+            } else if last_progress.elapsed() > idle {
+                return Err(Error::Timeout {
+                    what: format!("messages: {got} of {total} arrived"),
+                    after: idle,
+                });
+            }
+        }
+    }
+}

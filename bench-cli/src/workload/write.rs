@@ -1,0 +1,347 @@
+//! `write` and `rate`: the write-up's paged scatter WRITE.
+//!
+//! The active side writes each GPU's pages, in a random order, over the GPU's NICs; the last
+//! WRITE of every repeat on every NIC carries an immediate and is posted once the NIC's other
+//! WRITEs of that repeat have completed, so the immediate says the whole repeat landed. The
+//! passive side waits for one immediate per NIC per repeat.
+
+use std::time::{Duration, Instant};
+
+use transport_core::{
+    Completion, CompletionKind, LocalSlice, PeerId, RemoteMr, RemoteSlice, Transport, WriteOp,
+};
+
+use super::{NicWork, Polled};
+use crate::ctrl::Ctrl;
+use crate::error::{Error, Result, TransportContext};
+use crate::proto::{Done, Msg, NicStats};
+use crate::report::Progress;
+
+/// Repeats one NIC may have in flight at once.
+const WINDOW: usize = 4;
+/// Context bit marking the immediate-carrying WRITE.
+const IMM: u64 = 1 << 63;
+
+/// The immediate of repeat `rep` on NIC `nic`: the NIC in the low 16 bits.
+#[inline]
+pub fn imm_of(nic: usize, rep: u64) -> u32 {
+    ((rep as u32 & 0xffff) << 16) | (nic as u32 & 0xffff)
+}
+
+/// One NIC's share of an active write, before its thread takes it.
+pub struct WriteParts<'a, T: Transport> {
+    pub nic: usize,
+    pub ep: &'a mut T,
+    pub src: &'a mut T::Mr,
+    pub peer: PeerId,
+    /// The peer's data region on this NIC.
+    pub remote: RemoteMr,
+    /// Slots of this NIC's pages in the order they are posted (the last carries the immediate).
+    pub slots: Vec<u32>,
+    pub page_size: usize,
+    /// Most WRITEs in flight (the send queue depth).
+    pub max_inflight: usize,
+    pub batch: usize,
+}
+
+/// One NIC's active write state, owned by the thread that drives it.
+pub struct WriteActive<'a, T: Transport> {
+    nic: usize,
+    ep: &'a mut T,
+    src: &'a T::Mr,
+    peer: PeerId,
+    remote: RemoteMr,
+    slots: Vec<u32>,
+    page_size: usize,
+    ops: Vec<WriteOp<'a, T::Mr>>,
+    /// Pages per repeat without the immediate one.
+    n1: usize,
+    reps: u64,
+    rep_base: u64,
+    cur_rep: u64,
+    cur_idx: usize,
+    imm_next: u64,
+    remaining: [usize; WINDOW],
+    done_reps: u64,
+    inflight: usize,
+    max_inflight: usize,
+    ops_done: u64,
+    bytes: u64,
+    last_done: Option<Instant>,
+}
+
+impl<'a, T: Transport> WriteActive<'a, T> {
+    pub fn new(p: WriteParts<'a, T>) -> Self {
+        let src: &'a T::Mr = p.src;
+        WriteActive {
+            nic: p.nic,
+            ep: p.ep,
+            src,
+            peer: p.peer,
+            remote: p.remote,
+            n1: p.slots.len().saturating_sub(1),
+            slots: p.slots,
+            page_size: p.page_size,
+            ops: Vec::with_capacity(p.batch.max(1) + WINDOW),
+            reps: 0,
+            rep_base: 0,
+            cur_rep: 0,
+            cur_idx: 0,
+            imm_next: 0,
+            remaining: [0; WINDOW],
+            done_reps: 0,
+            inflight: 0,
+            max_inflight: p.max_inflight.max(1),
+            ops_done: 0,
+            bytes: 0,
+            last_done: None,
+        }
+    }
+
+    #[inline]
+    fn op(&self, slot: u32, imm: Option<u32>, ctx: u64) -> WriteOp<'a, T::Mr> {
+        let off = slot as usize * self.page_size;
+        WriteOp {
+            peer: self.peer,
+            local: LocalSlice {
+                mr: self.src,
+                offset: off,
+                len: self.page_size,
+            },
+            remote: RemoteSlice {
+                addr: self.remote.addr + off as u64,
+                len: self.page_size as u64,
+                key: self.remote.key,
+            },
+            imm,
+            ctx,
+        }
+    }
+
+    #[inline]
+    fn imm_ready(&self, r: u64) -> bool {
+        r < self.reps
+            && (self.n1 == 0 || (self.cur_rep > r && self.remaining[r as usize % WINDOW] == 0))
+    }
+}
+
+impl<T: Transport> NicWork for WriteActive<'_, T> {
+    fn start_phase(&mut self, iters: u64) {
+        self.rep_base += self.reps;
+        self.reps = if self.slots.is_empty() { 0 } else { iters };
+        self.cur_rep = 0;
+        self.cur_idx = 0;
+        self.imm_next = 0;
+        self.remaining = [0; WINDOW];
+        self.done_reps = 0;
+        self.ops_done = 0;
+        self.bytes = 0;
+        self.last_done = None;
+    }
+
+    #[inline]
+    fn post(&mut self, max: usize) -> Result<usize> {
+        if self.reps == 0 {
+            return Ok(0);
+        }
+        self.ops.clear();
+        let room = self.max_inflight.saturating_sub(self.inflight);
+        let max = max.min(room).min(self.ops.capacity());
+        // Immediates whose repeat has fully completed go first, in repeat order.
+        let mut r = self.imm_next;
+        let last = self.slots[self.slots.len() - 1];
+        while self.ops.len() < max && self.imm_ready(r) {
+            let op = self.op(last, Some(imm_of(self.nic, self.rep_base + r)), IMM | r);
+            self.ops.push(op);
+            r += 1;
+        }
+        let n_imm = self.ops.len();
+        // Then this repeat's pages, at most WINDOW repeats ahead of the last immediate.
+        if self.n1 > 0 {
+            let (mut cr, mut ci) = (self.cur_rep, self.cur_idx);
+            while self.ops.len() < max && cr < self.reps && cr < self.imm_next + WINDOW as u64 {
+                let op = self.op(self.slots[ci], None, cr);
+                self.ops.push(op);
+                ci += 1;
+                if ci == self.n1 {
+                    ci = 0;
+                    cr += 1;
+                }
+            }
+        }
+        if self.ops.is_empty() {
+            return Ok(0);
+        }
+        let acc = self
+            .ep
+            .post_writes(&self.ops)
+            .ctx(|| format!("posting WRITEs on NIC {}", self.nic))?;
+        let imm_acc = acc.min(n_imm);
+        self.imm_next += imm_acc as u64;
+        for _ in imm_acc..acc {
+            if self.cur_idx == 0 {
+                self.remaining[self.cur_rep as usize % WINDOW] = self.n1;
+            }
+            self.cur_idx += 1;
+            if self.cur_idx == self.n1 {
+                self.cur_idx = 0;
+                self.cur_rep += 1;
+            }
+        }
+        self.inflight += acc;
+        Ok(acc)
+    }
+
+    #[inline]
+    fn poll(&mut self, buf: &mut [Completion]) -> Result<Polled> {
+        let n = self
+            .ep
+            .poll(buf)
+            .ctx(|| format!("polling NIC {}", self.nic))?;
+        let mut p = Polled {
+            slots: n,
+            ..Polled::default()
+        };
+        for c in &buf[..n] {
+            match &c.kind {
+                CompletionKind::Write => {
+                    self.inflight = self.inflight.saturating_sub(1);
+                    if c.ctx & IMM != 0 {
+                        self.done_reps += 1;
+                        if self.done_reps == self.reps {
+                            self.last_done = Some(Instant::now());
+                        }
+                    } else {
+                        let slot = &mut self.remaining[c.ctx as usize % WINDOW];
+                        *slot = slot.saturating_sub(1);
+                    }
+                    p.ops += 1;
+                    p.bytes += self.page_size as u64;
+                }
+                CompletionKind::Error(e) => {
+                    return Err(Error::Transport {
+                        what: format!("WRITE on NIC {}", self.nic),
+                        source: transport_core::Error::Completion(e.clone()),
+                    })
+                }
+                other => {
+                    return Err(Error::Protocol(format!(
+                        "unexpected completion {other:?} on NIC {} during a write",
+                        self.nic
+                    )))
+                }
+            }
+        }
+        self.ops_done += p.ops;
+        self.bytes += p.bytes;
+        Ok(p)
+    }
+
+    #[inline]
+    fn finished(&self) -> bool {
+        self.done_reps == self.reps
+    }
+
+    fn nic(&self) -> usize {
+        self.nic
+    }
+
+    fn stats(&self, t0: Instant) -> NicStats {
+        NicStats {
+            bytes: self.bytes,
+            ops: self.ops_done,
+            seconds: self
+                .last_done
+                .map(|t| t.duration_since(t0).as_secs_f64())
+                .unwrap_or(0.0),
+        }
+    }
+}
+
+/// The passive side: poll every NIC until each has seen `expected[i]` immediates and the
+/// peer's `Done` has arrived. Every immediate must name the NIC it arrived on.
+pub fn wait_imms<T: Transport>(
+    eps: &mut [T],
+    expected: &[u64],
+    ctrl: &mut Ctrl,
+    idle: Duration,
+    progress: &mut Progress,
+) -> Result<Done> {
+    let total: u64 = expected.iter().sum();
+    let mut counts = vec![0u64; eps.len()];
+    let mut got = 0u64;
+    let mut done: Option<Done> = None;
+    let mut buf = vec![Completion::default(); super::POLL_BATCH];
+    let mut turns: u32 = 0;
+    let mut seen = 0u64;
+    let mut last_progress = Instant::now();
+    loop {
+        for (i, ep) in eps.iter_mut().enumerate() {
+            let n = ep.poll(&mut buf).ctx(|| format!("polling NIC {i}"))?;
+            for c in &buf[..n] {
+                match &c.kind {
+                    CompletionKind::RemoteWrite { imm } => {
+                        let nic = (*imm & 0xffff) as usize;
+                        if nic != i {
+                            return Err(Error::Protocol(format!(
+                                "NIC {i} received the immediate {imm:#x} meant for NIC {nic}"
+                            )));
+                        }
+                        counts[i] += 1;
+                        if counts[i] > expected[i] {
+                            return Err(Error::Protocol(format!(
+                                "NIC {i} received more immediates than the {} expected",
+                                expected[i]
+                            )));
+                        }
+                        got += 1;
+                    }
+                    CompletionKind::Error(e) => {
+                        return Err(Error::Transport {
+                            what: format!("NIC {i}"),
+                            source: transport_core::Error::Completion(e.clone()),
+                        })
+                    }
+                    other => {
+                        return Err(Error::Protocol(format!(
+                            "unexpected completion {other:?} on NIC {i}"
+                        )))
+                    }
+                }
+            }
+        }
+        turns = turns.wrapping_add(1);
+        if turns % 64 == 0 {
+            if done.is_none() {
+                match ctrl.try_recv()? {
+                    Some(Msg::Done(d)) => done = Some(d),
+                    Some(m) => {
+                        return Err(Error::Protocol(format!(
+                            "expected the server's done message, got {}",
+                            m.kind()
+                        )))
+                    }
+                    None => {}
+                }
+            }
+            if got == total {
+                if let Some(d) = done.take() {
+                    return Ok(d);
+                }
+            }
+            if got != seen {
+                seen = got;
+                last_progress = Instant::now();
+                progress.update(got, total);
+            } else if last_progress.elapsed() > idle {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "immediates: {got} of {total} arrived (per NIC {counts:?} of {expected:?}){}",
+                        if done.is_some() { "; the server says it finished" } else { "" }
+                    ),
+                    after: idle,
+                });
+            }
+        }
+    }
+}

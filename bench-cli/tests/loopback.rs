@@ -1,0 +1,306 @@
+//! `rdma-bench loopback` and `compare` over libfabric shm and tcp, and bad input.
+#![cfg(feature = "efa")]
+
+mod common;
+use common::*;
+
+fn args<'a>(a: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["loopback"];
+    v.extend_from_slice(a);
+    v
+}
+
+#[test]
+fn no_flags_verifies_and_prints_gbps() {
+    let o = run(&["loopback"], T).expect_ok();
+    assert!(o.stdout.contains("Gbit/s"), "{}", o.stdout);
+    assert!(o.stdout.contains("every byte verified"), "{}", o.stdout);
+    assert!(o.stdout.contains("efa/shm"), "{}", o.stdout);
+}
+
+fn check_run(v: &serde_json::Value, workload: &str) {
+    assert_eq!(v["workload"], workload);
+    assert_eq!(v["backend"], "efa");
+    for k in [
+        "provider", "bytes", "seconds", "gbps", "mops", "verified", "per_nic",
+    ] {
+        assert!(!v[k].is_null(), "{k} missing in {v}");
+    }
+}
+
+#[test]
+fn json_write_over_shm() {
+    let mut a = args(SMALL);
+    a.push("--json");
+    let v = run(&a, T).expect_ok().json();
+    check_run(&v, "write");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["provider"], "shm");
+    assert!(v["gbps"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["bytes"], 2 * 16 * 4096);
+    assert_eq!(v["per_nic"].as_array().unwrap().len(), 1);
+    assert_eq!(v["runs"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn tcp_provider() {
+    let mut a = args(SMALL);
+    a.extend_from_slice(&["--provider", "tcp", "--json"]);
+    let v = run(&a, T).expect_ok().json();
+    check_run(&v, "write");
+    assert_eq!(v["verified"], true);
+    assert!(v["provider"].as_str().unwrap().contains("tcp"));
+}
+
+#[test]
+fn sizes_table() {
+    let o = run(
+        &args(&["--sizes", "64,4K,64K", "-n", "2", "--pages", "8"]),
+        T,
+    )
+    .expect_ok();
+    for s in ["64", "4K", "64K"] {
+        assert!(o.stdout.contains(s), "{}", o.stdout);
+    }
+    let v = run(
+        &args(&["--sizes", "64,4K,64K", "-n", "2", "--pages", "8", "--json"]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    assert_eq!(runs[2]["size"], 65536);
+    assert!(runs.iter().all(|r| r["verified"] == true));
+}
+
+#[test]
+fn ladder_runs_every_stage() {
+    let o = run(
+        &args(&[
+            "--ladder",
+            "-n",
+            "2",
+            "--pages",
+            "16",
+            "-s",
+            "4K",
+            "--gpus",
+            "0,1",
+            "--nics-per-gpu",
+            "2",
+        ]),
+        T,
+    )
+    .expect_ok();
+    for stage in [
+        "baseline",
+        "+nic groups",
+        "+warm-up",
+        "+thread per GPU",
+        "+pin",
+        "+per-thread state",
+        "+batch",
+        "+lazy posting",
+    ] {
+        assert!(o.stdout.contains(stage), "{stage} missing:\n{}", o.stdout);
+    }
+    let v = run(
+        &args(&["--ladder", "-n", "2", "--pages", "16", "-s", "4K", "--json"]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 8);
+    assert_eq!(runs[7]["knobs"]["lazy"], true);
+    assert_eq!(runs[7]["knobs"]["threads"], "per-gpu");
+    assert!(runs
+        .iter()
+        .all(|r| r["verified"] == true && r["gbps"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
+fn latency_both_ops() {
+    for op in ["write-imm", "send"] {
+        let v = run(
+            &args(&[
+                "--workload",
+                "lat",
+                "-n",
+                "200",
+                "--warmup",
+                "10",
+                "--op",
+                op,
+                "--json",
+            ]),
+            T,
+        )
+        .expect_ok()
+        .json();
+        check_run(&v, "lat");
+        assert_eq!(v["op"], op);
+        let (min, p50, p99, max) = (
+            v["min_us"].as_f64().unwrap(),
+            v["p50_us"].as_f64().unwrap(),
+            v["p99_us"].as_f64().unwrap(),
+            v["max_us"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= p50 && p50 <= p99 && p99 <= max, "{v}");
+    }
+    let o = run(&args(&["--workload", "lat", "-n", "100"]), T).expect_ok();
+    assert!(o.stdout.contains("p99"), "{}", o.stdout);
+}
+
+#[test]
+fn send_and_rate() {
+    let v = run(
+        &args(&["--workload", "send", "-n", "300", "-s", "4K", "--json"]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    check_run(&v, "send");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["ops"], 300);
+    let v = run(
+        &args(&[
+            "--workload",
+            "rate",
+            "-n",
+            "2",
+            "--pages",
+            "512",
+            "--batch",
+            "16",
+            "--lazy",
+            "--json",
+        ]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    check_run(&v, "rate");
+    assert_eq!(v["ops"], 2 * 512);
+    assert!(v["mops"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn knobs_multi_nic_threads() {
+    // Two logical GPU groups of two NICs, a thread per GPU, pinned, sharded, batched, lazy.
+    let v = run(
+        &args(&[
+            "--gpus",
+            "0,1",
+            "--nics-per-gpu",
+            "2",
+            "--threads",
+            "per-gpu",
+            "--pin",
+            "--sharded",
+            "--batch",
+            "8",
+            "--lazy",
+            "--json",
+            "-n",
+            "3",
+            "--pages",
+            "33",
+            "-s",
+            "4K",
+        ]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["per_nic"].as_array().unwrap().len(), 4);
+    assert_eq!(v["bytes"], 2 * 3 * 33 * 4096);
+}
+
+#[test]
+fn compare_pairs() {
+    let o = run(
+        &[
+            "compare",
+            "--pairs",
+            "efa:shm,efa:tcp",
+            "-n",
+            "2",
+            "--pages",
+            "8",
+            "-s",
+            "4K",
+        ],
+        T,
+    )
+    .expect_ok();
+    assert!(
+        o.stdout.contains("efa:shm") && o.stdout.contains("efa:tcp"),
+        "{}",
+        o.stdout
+    );
+    let v = run(
+        &[
+            "compare",
+            "--pairs",
+            "efa:shm,efa:tcp",
+            "-n",
+            "2",
+            "--pages",
+            "8",
+            "-s",
+            "4K",
+            "--json",
+        ],
+        T,
+    )
+    .expect_ok()
+    .json();
+    let pairs = v["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 2);
+    assert!(pairs
+        .iter()
+        .all(|p| p["gbps"].as_f64().unwrap() > 0.0 && p["verified"] == true));
+}
+
+#[test]
+fn unknown_provider() {
+    run(&args(&["--provider", "no-such-provider"]), T).expect_err("no-such-provider");
+}
+
+#[test]
+fn unknown_device() {
+    run(&args(&["--devices", "no-such-nic"]), T).expect_err("no-such-nic");
+    run(
+        &args(&["--backend", "verbs", "--devices", "no-such-nic"]),
+        T,
+    )
+    .expect_err("no-such-nic");
+}
+
+#[test]
+fn gpu_out_of_range() {
+    run(&args(&["--gpus", "99"]), T).expect_err("out of range");
+    // CUDA: out of range, or no driver here; either way a clear error, never a crash.
+    let o = run(&args(&["--mem", "cuda", "--gpus", "99"]), T);
+    assert!(!o.ok());
+    let e = o.stderr.to_lowercase();
+    assert!(e.contains("out of range") || e.contains("cuda"), "{e}");
+}
+
+#[test]
+fn page_size_over_max_write() {
+    run(&args(&["-s", "2G", "--pages", "1"]), T).expect_err("largest write");
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    let o = run(&args(&["--batch", "0"]), T);
+    assert_eq!(o.code, Some(2));
+    let o = run(&args(&["-s", "4X"]), T);
+    assert_eq!(o.code, Some(2));
+    let o = run(&args(&["--workload", "lat", "--ladder"]), T);
+    assert_eq!(o.code, Some(2));
+}

@@ -1,0 +1,204 @@
+//! `rdma-bench server` and `client` in separate processes on 127.0.0.1 (libfabric shm).
+#![cfg(feature = "efa")]
+
+mod common;
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn client_args<'a>(srv: &'a Server, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "client",
+        "--connect",
+        srv.addr.as_str(),
+        "--provider",
+        "shm",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn quick_client(srv: &Server) -> Out {
+    let mut a = client_args(srv, SMALL);
+    a.extend_from_slice(&["--verify", "--json"]);
+    run(&a, T)
+}
+
+#[test]
+fn clients_come_and_go() {
+    let mut srv = Server::start(&["--provider", "shm"]);
+    // A first client, then a second.
+    for _ in 0..2 {
+        let v = quick_client(&srv).expect_ok().json();
+        assert_eq!(v["verified"], true);
+        assert!(v["gbps"].as_f64().unwrap() > 0.0);
+    }
+    // Two at once.
+    let a = spawn(&client_args(
+        &srv,
+        &["-n", "20", "--pages", "16", "-s", "4K", "--verify"],
+    ));
+    let b = spawn(&client_args(
+        &srv,
+        &["-n", "20", "--pages", "16", "-s", "4K", "--verify"],
+    ));
+    let (a, b) = (wait(a, T), wait(b, T));
+    a.expect_ok();
+    b.expect_ok();
+    // Other workloads on the same server.
+    run(&client_args(&srv, &["--workload", "lat", "-n", "100"]), T).expect_ok();
+    run(
+        &client_args(
+            &srv,
+            &["--workload", "send", "-n", "100", "-s", "4K", "--verify"],
+        ),
+        T,
+    )
+    .expect_ok();
+    assert!(srv.alive(), "server exited:\n{}", srv.log());
+}
+
+#[test]
+fn killed_client_leaves_server_and_others_serving() {
+    let mut srv = Server::start(&["--provider", "shm"]);
+    let mut doomed = spawn(&client_args(
+        &srv,
+        &["-n", "100000000", "--pages", "16", "-s", "4K"],
+    ));
+    assert!(
+        srv.wait_log("session 0 from", Duration::from_secs(20)),
+        "{}",
+        srv.log()
+    );
+    // Another client runs through the crash.
+    let other = spawn(&client_args(
+        &srv,
+        &["-n", "400", "--pages", "16", "-s", "4K", "--verify"],
+    ));
+    assert!(
+        srv.wait_log("session 1 from", Duration::from_secs(20)),
+        "{}",
+        srv.log()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    doomed.kill().expect("kill");
+    let _ = doomed.wait();
+    // The server notices within 5 s and keeps serving.
+    assert!(
+        srv.wait_log("gone", Duration::from_secs(5)),
+        "the server did not report the lost client:\n{}",
+        srv.log()
+    );
+    wait(other, T).expect_ok();
+    quick_client(&srv).expect_ok();
+    assert!(srv.alive());
+}
+
+#[test]
+fn killed_server_is_reported_by_the_client() {
+    let mut srv = Server::start(&["--provider", "shm"]);
+    let long = spawn(&client_args(
+        &srv,
+        &["-n", "100000000", "--pages", "16", "-s", "4K"],
+    ));
+    assert!(
+        srv.wait_log("started", Duration::from_secs(20)),
+        "{}",
+        srv.log()
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    let t = Instant::now();
+    srv.kill();
+    let o = wait(long, Duration::from_secs(30));
+    assert!(!o.ok());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        o.stderr.contains("gone") || o.stderr.contains("closed"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn server_unreachable() {
+    // Find a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let o = run(
+        &[
+            "client",
+            "--connect",
+            &addr,
+            "--provider",
+            "shm",
+            "--connect-timeout",
+            "1",
+        ],
+        T,
+    )
+    .expect_err("timed out");
+    assert!(o.stderr.contains(&addr), "{}", o.stderr);
+    assert!(o.elapsed < Duration::from_secs(10));
+}
+
+#[test]
+fn mismatches_are_refused_on_both_sides() {
+    let mut srv = Server::start(&["--provider", "shm", "--max-mem", "1M"]);
+    // Layout: 2 GPUs against a server of 1.
+    run(
+        &client_args(
+            &srv,
+            &["--gpus", "0,1", "-n", "1", "--pages", "4", "-s", "4K"],
+        ),
+        T,
+    )
+    .expect_err("layout mismatch");
+    // Provider.
+    let a = [
+        "client",
+        "--connect",
+        srv.addr.as_str(),
+        "--provider",
+        "tcp",
+        "-n",
+        "1",
+        "--pages",
+        "4",
+        "-s",
+        "4K",
+    ];
+    run(&a, T).expect_err("provider mismatch");
+    // Memory over the server's limit (16 MiB asked, 1 MiB allowed).
+    run(&client_args(&srv, &[]), T).expect_err("max-mem");
+    assert!(
+        srv.wait_log("layout mismatch", Duration::from_secs(5)),
+        "{}",
+        srv.log()
+    );
+    assert!(
+        srv.wait_log("provider mismatch", Duration::from_secs(5)),
+        "{}",
+        srv.log()
+    );
+    // Garbage on the control port: the server drops it and keeps serving.
+    for junk in [
+        &b"GET / HTTP/1.0\r\n\r\n"[..],
+        &[0xff; 64][..],
+        &[0, 0, 0, 5, b'{', b'x'][..],
+    ] {
+        let mut s = TcpStream::connect(&srv.addr).unwrap();
+        let _ = s.write_all(junk);
+        drop(s);
+    }
+    quick_client(&srv).expect_ok();
+    assert!(srv.alive());
+}
