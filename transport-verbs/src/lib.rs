@@ -1,1 +1,101 @@
-//! transport-verbs
+//! The [`Transport`](transport_core::Transport) trait over ibverbs: InfiniBand and RoCE
+//! (including Soft-RoCE, `rdma_rxe`) with reliable-connected (RC) queue pairs.
+//!
+//! ```no_run
+//! use transport_core::{NicDesc, Transport};
+//! let nic = NicDesc::device("mlx5_0"); // or NicDesc::default(): the first device, port 1
+//! let ep = transport_verbs::Endpoint::open(&nic)?;
+//! # Ok::<(), transport_core::Error>(())
+//! ```
+//!
+//! # Opening
+//! - Device by name ([`NicDesc::device`](transport_core::NicDesc), default the first one),
+//!   port `NicDesc::port` (default 1, which must be ACTIVE).
+//! - GID: chosen automatically (on Ethernet the RoCEv2 IPv4-mapped GID, then another RoCEv2
+//!   GID, global before link-local; on InfiniBand the LID routes and no GRH is used), or
+//!   `NicDesc::gid_index`. The path MTU is the smaller of the two ports' active MTUs.
+//! - Zero devices (no RDMA stack in the kernel, where `ibv_get_device_list` fails with `ENOSYS`,
+//!   or an empty list) is [`Error::NoDevice`](transport_core::Error::NoDevice), never a panic.
+//! - `NicDesc::options` (others are ignored): `timeout` (RC local ACK timeout exponent,
+//!   4.096 µs · 2^t, default 14 ≈ 67 ms), `retry_cnt` (default 7), `rnr_retry` (default 7 =
+//!   forever), `min_rnr_timer` (default 12), `inline` (largest inline payload asked for, default
+//!   128), `imm_depth` (default 512), `chain_bytes` (payload after which `post_writes` closes a
+//!   chain, default 65536), `sl`, `traffic_class`, `hop_limit`. A dead peer is reported
+//!   after about `timeout · (retry_cnt + 1)`.
+//!
+//! # Design: two RC queue pairs per peer
+//! A WRITE with immediate consumes a receive work request at the target, and so does a SEND:
+//! on one queue pair, an incoming immediate would swallow the application's next receive
+//! buffer (or, with backend-owned zero-length receives in the same queue, a SEND would land in
+//! a zero-length buffer and fail). So each peer gets two RC queue pairs, both on the
+//! endpoint's one CQ:
+//! - the **data QP** carries WRITE and WRITE with immediate. Its receives come from the
+//!   *immediate SRQ*, shared by all data QPs, which only ever holds the backend's own
+//!   zero-length work requests (`wr_id` tag 2), reposted in chained batches as `poll` consumes
+//!   them. Each WRITE with immediate becomes exactly one
+//!   [`RemoteWrite`](transport_core::CompletionKind::RemoteWrite); the application never posts
+//!   receives for it.
+//! - the **message QP** carries SEND. Its receives come from the *receive SRQ*, shared by all
+//!   message QPs, which only ever holds the application's buffers (`post_recv` from any peer).
+//!   Since no immediate ever arrives on a message QP, no receive buffer is ever swallowed.
+//!
+//! The price: a SEND and a WRITE to the same peer travel on different queue pairs, so they are
+//! not ordered with respect to each other. The trait promises no such order anyway; signal
+//! with a WRITE with immediate, or SEND after the WRITE's local completion (an RC WRITE
+//! completes locally only once the target acknowledged it).
+//!
+//! [`Transport::address`](transport_core::Transport::address) describes the *pending* pair
+//! (fixed-length, versioned, checksummed: see `addr`); `add_peer` connects it
+//! (INIT→RTR→RTS) and creates the next pending pair. Exchange addresses pairwise: `address()`
+//! then `add_peer()` once per peer. After a failed `add_peer`, `address()` describes a fresh
+//! pair.
+//!
+//! Errors on the backend's own immediate receives (a peer's WRITE with immediate that failed
+//! here: wrong rkey, out of bounds) are not reported to this side's application, which posted
+//! nothing; the writer gets the error completion. They are counted:
+//! [`Endpoint::responder_errors`].
+//!
+//! # Hot path
+//! Posting and polling allocate nothing, take no lock and make no system call of their own
+//! (the provider may ring a doorbell): work requests are built in arrays the endpoint owns,
+//! consecutive WRITEs to one peer are chained into one `ibv_post_send` (up to 32 WRs or 64 KiB
+//! of payload per chain: chaining pays for small messages only), and `ibv_poll_cq`
+//! fills a fixed 32-entry array. Every send-queue WR is signaled; the endpoint counts
+//! outstanding WRs per queue pair and answers [`Post::QueueFull`](transport_core::Post) (or a
+//! short count from `post_writes`) before the provider would refuse. Error completions carry
+//! `ibv_wc_status_str` text and the vendor error, and allocate.
+//!
+//! # Memory
+//! Host memory: `ibv_reg_mr`. GPU memory (feature `cuda`, on by default): a dmabuf from
+//! `cuMemGetHandleForAddressRange` registered with `ibv_reg_dmabuf_mr`, else `ibv_reg_mr` on the
+//! device pointer (needs `nvidia-peermem`), else [`Error::Unsupported`](transport_core::Error)
+//! saying both reasons. A region holds an `Arc` to the protection domain, so it may outlive
+//! its endpoint; posting a region of another endpoint is refused at post time.
+//!
+//! # Drop order
+//! Endpoint: queue pairs, then the SRQs and the CQ; the PD and the device context go with the
+//! last `Arc` (the endpoint's or a region's).
+
+mod addr;
+mod device;
+mod endpoint;
+mod gpu;
+mod mr;
+mod util;
+
+pub use addr::{WireAddr, ADDR_LEN, ADDR_VERSION};
+pub use device::device_names;
+pub use endpoint::Endpoint;
+pub use mr::VerbsMr;
+
+/// Whether GPU memory may be registrable: built with `cuda` and a CUDA driver is present.
+fn gpu_possible() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        transport_core::cuda_driver_present()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}

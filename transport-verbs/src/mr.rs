@@ -1,0 +1,168 @@
+//! Memory regions: host memory with `ibv_reg_mr`, GPU memory through a CUDA dmabuf
+//! (`ibv_reg_dmabuf_mr`) or, failing that, `ibv_reg_mr` on the device pointer (peer memory).
+
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+use transport_core::{Error, Memory, MemoryRegion, RemoteMr, Result};
+
+use crate::device::Domain;
+use crate::util::{errno, provider_err, MEMLOCK_HINT};
+
+/// Access granted to every region: local writes (receives) and remote WRITE/READ.
+pub(crate) const ACCESS: i32 = (sys::IBV_ACCESS_LOCAL_WRITE
+    | sys::IBV_ACCESS_REMOTE_WRITE
+    | sys::IBV_ACCESS_REMOTE_READ) as i32;
+
+/// A registered region of one endpoint's protection domain.
+///
+/// Holds an `Arc` to the domain, so the PD outlives the registration even when the endpoint
+/// is dropped first. Dropping the region deregisters it, then frees the memory.
+pub struct VerbsMr {
+    // Declared before `mem` on purpose; `Drop` deregisters before any field is dropped.
+    pub(crate) domain: Arc<Domain>,
+    mr: *mut sys::ibv_mr,
+    pub(crate) lkey: u32,
+    rkey: u32,
+    /// Address the NIC uses for offset 0 (virtual address, or the dmabuf IOVA).
+    pub(crate) iova: u64,
+    /// Host address for offset 0, where the CPU can read the bytes (inline sends); 0 for GPU.
+    pub(crate) host_addr: u64,
+    /// The dmabuf fd behind the registration, closed after deregistration; -1 for none.
+    dmabuf_fd: i32,
+    mem: Option<Memory>,
+}
+
+// SAFETY: the `ibv_mr` is only read (keys) or freed once, in `Drop`/`deregister`; libibverbs
+// allows deregistration from any thread. `Memory` is `Send`.
+unsafe impl Send for VerbsMr {}
+
+impl std::fmt::Debug for VerbsMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsMr")
+            .field("device", &self.domain.name)
+            .field("iova", &format_args!("{:#x}", self.iova))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("dmabuf", &(self.dmabuf_fd >= 0))
+            .finish()
+    }
+}
+
+impl VerbsMr {
+    /// Register `mem` in `domain`'s protection domain.
+    pub(crate) fn register(domain: &Arc<Domain>, mut mem: Memory) -> Result<Self> {
+        if mem.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
+        let (mr, iova, host_addr, dmabuf_fd) = match &mut mem {
+            Memory::Host(h) => {
+                let ptr = h.as_mut_ptr();
+                // SAFETY: `ptr..ptr+len` is a live allocation owned by `mem`, which the region
+                // keeps (and never moves the heap bytes of) until after deregistration.
+                let mr = unsafe { sys::ibvs_reg_mr(domain.pd, ptr.cast(), h.len(), ACCESS) };
+                if mr.is_null() {
+                    return Err(provider_err(
+                        "ibv_reg_mr",
+                        errno(),
+                        format!(
+                            "registering {} bytes of host memory: {MEMLOCK_HINT}",
+                            h.len()
+                        ),
+                    ));
+                }
+                (mr, ptr as u64, ptr as u64, -1)
+            }
+            Memory::Gpu(g) => {
+                let (mr, fd) = crate::gpu::register(domain, g)?;
+                (mr, g.device_ptr(), 0, fd)
+            }
+        };
+        // SAFETY: `mr` is a valid registration returned just above.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        Ok(Self {
+            domain: domain.clone(),
+            mr,
+            lkey,
+            rkey,
+            iova,
+            host_addr,
+            dmabuf_fd,
+            mem: Some(mem),
+        })
+    }
+
+    fn dereg(&mut self) -> Result<()> {
+        if self.mr.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `mr` is a live registration, deregistered exactly once (nulled below).
+        let rc = unsafe { sys::ibv_dereg_mr(self.mr) };
+        if rc != 0 {
+            return Err(provider_err(
+                "ibv_dereg_mr",
+                rc,
+                "the region may still be bound to a memory window; the memory is leaked to stay safe",
+            ));
+        }
+        self.mr = std::ptr::null_mut();
+        if self.dmabuf_fd >= 0 {
+            // SAFETY: the fd came from cuMemGetHandleForAddressRange, is owned by this region
+            // and closed once.
+            unsafe { libc::close(self.dmabuf_fd) };
+            self.dmabuf_fd = -1;
+        }
+        Ok(())
+    }
+
+    /// Deregister and hand back the memory.
+    pub(crate) fn into_memory(mut self) -> Result<Memory> {
+        self.dereg()?;
+        Ok(self
+            .mem
+            .take()
+            .expect("a region owns its memory until deregistered"))
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        if let Err(e) = self.dereg() {
+            eprintln!("transport-verbs: {e}");
+            // The NIC may still DMA into the memory: leak it rather than free it.
+            std::mem::forget(self.mem.take());
+        }
+    }
+}
+
+impl MemoryRegion for VerbsMr {
+    fn memory(&self) -> &Memory {
+        self.mem
+            .as_ref()
+            .expect("a region owns its memory until deregistered")
+    }
+    fn memory_mut(&mut self) -> &mut Memory {
+        self.mem
+            .as_mut()
+            .expect("a region owns its memory until deregistered")
+    }
+    fn remote(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.iova,
+            len: self.len() as u64,
+            key: u64::from(self.rkey),
+        }
+    }
+}

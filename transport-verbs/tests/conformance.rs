@@ -1,0 +1,22 @@
+//! The shared conformance suite on the verbs backend.
+//!
+//! Side 0 opens `$VERBS_DEV0` (or the first device), side 1 `$VERBS_DEV1` (or the first
+//! device); `$VERBS_GID0`/`$VERBS_GID1` override the GID index, which is chosen automatically
+//! otherwise. Without an RDMA device every case is skipped, unless
+//! `CONFORMANCE_REQUIRE_DEVICE=1`.
+
+use transport_core::{NicDesc, Result, Transport};
+use transport_verbs::Endpoint;
+
+fn open(side: usize) -> Result<Endpoint> {
+    let mut nic = NicDesc::default();
+    if let Ok(d) = std::env::var(format!("VERBS_DEV{side}")) {
+        nic.device = Some(d);
+    }
+    if let Ok(g) = std::env::var(format!("VERBS_GID{side}")) {
+        nic.gid_index = Some(g.parse().expect("VERBS_GID<side> is a GID index"));
+    }
+    Endpoint::open(&nic)
+}
+
+transport_conformance::suite!(open);
