@@ -257,8 +257,8 @@ pub fn verify_messages<M: MemoryRegion>(
 /// Zero the first `len` bytes of `mr`.
 pub fn zero<M: MemoryRegion>(mr: &mut M, len: usize) -> Result<()> {
     let len = len.min(mr.len());
-    if let Some(h) = mr.memory_mut().host_mut() {
-        h.as_mut_slice()[..len].fill(0);
+    if let Some(h) = mr.memory_mut().host_bytes() {
+        h[..len].fill(0);
         return Ok(());
     }
     let z = vec![0u8; STAGE.min(len)];
@@ -318,8 +318,8 @@ mod tests {
         fn memory(&self) -> &Memory {
             &self.0
         }
-        fn memory_mut(&mut self) -> &mut Memory {
-            &mut self.0
+        fn memory_mut(&mut self) -> transport_core::MemoryMut<'_> {
+            transport_core::MemoryMut::new(&mut self.0)
         }
         fn remote(&self) -> transport_core::RemoteMr {
             transport_core::RemoteMr {

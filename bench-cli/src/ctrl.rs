@@ -24,17 +24,56 @@ enum Event {
 
 /// Whether the peer is still there; cheap enough to read on every loop turn.
 #[derive(Clone, Debug, Default)]
-pub struct Liveness(Arc<AtomicBool>);
+pub struct Liveness(Arc<LiveFlags>);
+
+#[derive(Debug, Default)]
+struct LiveFlags {
+    gone: AtomicBool,
+    /// A transfer is running on the data path (see [`Liveness::busy`]).
+    busy: AtomicBool,
+}
 
 impl Liveness {
     /// True once the control connection closed or failed.
     #[inline]
     pub fn gone(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.gone.load(Ordering::Relaxed)
     }
     fn mark_gone(&self) {
-        self.0.store(true, Ordering::Relaxed)
+        self.0.gone.store(true, Ordering::Relaxed)
     }
+    /// Mark the data path busy until the guard drops: the watchdog acts only then.
+    pub fn busy(&self) -> Busy<'_> {
+        self.0.busy.store(true, Ordering::Release);
+        Busy(self)
+    }
+    fn is_busy(&self) -> bool {
+        self.0.busy.load(Ordering::Acquire)
+    }
+}
+
+/// See [`Liveness::busy`].
+pub struct Busy<'a>(&'a Liveness);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0 .0.busy.store(false, Ordering::Release);
+    }
+}
+
+/// What to do when the peer is gone and the data path is still busy after a grace period.
+///
+/// Every wait of the data path is bounded, but only between provider calls: a call that never
+/// returns cannot be timed out from inside. libfabric 1.x's `shm` is the case in point: its
+/// shared queues are guarded by process-shared spinlocks, and a peer killed while holding one
+/// leaves the survivor spinning inside `fi_cq_read`. The control connection's reader thread
+/// sees the peer go; this is what it then does.
+#[derive(Clone, Copy, Debug)]
+pub enum Watchdog {
+    /// A client: report, and exit the process non-zero.
+    Exit(Duration),
+    /// A server session: report; the server keeps serving (the stuck thread is lost).
+    Warn(Duration),
 }
 
 /// One side's end of a control connection.
@@ -52,6 +91,11 @@ pub struct Ctrl {
 impl Ctrl {
     /// Take over a connected stream: set its timeouts and start the reader.
     pub fn new(stream: TcpStream) -> Result<Self> {
+        Self::watched(stream, None)
+    }
+
+    /// Like [`Ctrl::new`], with a [`Watchdog`] for a data path stuck after the peer left.
+    pub fn watched(stream: TcpStream, watchdog: Option<Watchdog>) -> Result<Self> {
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -85,6 +129,9 @@ impl Ctrl {
                     live2.mark_gone();
                 }
                 if tx.send(ev).is_err() || last {
+                    if let (true, Some(w)) = (last, watchdog) {
+                        let _ = watch(&live2, &stop2, w);
+                    }
                     return;
                 }
             })
@@ -179,6 +226,37 @@ impl Ctrl {
     }
 }
 
+/// The peer is gone: give the data path `grace` to notice, then act if it is still busy.
+/// Returns whether it acted (with `Exit` it does not return then).
+fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog) -> bool {
+    let grace = match w {
+        Watchdog::Exit(g) | Watchdog::Warn(g) => g,
+    };
+    let start = std::time::Instant::now();
+    while start.elapsed() < grace {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(READ_TICK.min(grace));
+    }
+    if !live.is_busy() || stop.load(Ordering::Relaxed) {
+        return false;
+    }
+    let what = format!(
+        "the peer left {:.0} s ago and the transfer is still inside a provider call that has \
+         not returned (libfabric shm spins forever when a peer dies holding its queue lock)",
+        grace.as_secs_f64()
+    );
+    match w {
+        Watchdog::Exit(_) => {
+            eprintln!("rdma-bench: error: {what}; exiting");
+            std::process::exit(1);
+        }
+        Watchdog::Warn(_) => eprintln!("rdma-bench: session abandoned: {what}"),
+    }
+    true
+}
+
 impl Drop for Ctrl {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -186,5 +264,27 @@ impl Drop for Ctrl {
         if let Some(h) = self.reader.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_acts_only_on_a_busy_data_path() {
+        let w = Watchdog::Warn(Duration::from_millis(50));
+        let live = Liveness::default();
+        let stop = AtomicBool::new(false);
+        assert!(!watch(&live, &stop, w), "idle data path: nothing to do");
+        let busy = live.busy();
+        assert!(
+            watch(&live, &stop, w),
+            "busy after the grace period: report"
+        );
+        stop.store(true, Ordering::Relaxed);
+        assert!(!watch(&live, &stop, w), "the session closed normally");
+        drop(busy);
+        assert!(!live.is_busy());
     }
 }

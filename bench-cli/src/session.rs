@@ -10,7 +10,7 @@ use transport_core::{Completion, CompletionKind, LocalSlice, Transport};
 
 use crate::buffers::{self, PageLayout};
 use crate::config::{LatOp, Workload};
-use crate::ctrl::{Ctrl, IO_TIMEOUT};
+use crate::ctrl::{Ctrl, Watchdog, IO_TIMEOUT};
 use crate::error::{Error, Result, TransportContext};
 use crate::plan::{Plan, Planned};
 use crate::proto::{Done, Hello, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
@@ -130,7 +130,8 @@ pub fn client<T: Transport>(
     stream: TcpStream,
     json: bool,
 ) -> Result<ClientOut> {
-    let mut ctrl = Ctrl::new(stream)?;
+    let grace = cfg.idle + Duration::from_secs(5);
+    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(grace)))?;
     let mut side = Side::<T>::open(cfg)?;
     for p in &plan.runs {
         check_size(plan, &side, p.size, false)?;
@@ -263,6 +264,8 @@ fn run_one<T: Transport>(
     id: u32,
     json: bool,
 ) -> Result<RunReport> {
+    let live = ctrl.liveness();
+    let _busy = live.busy();
     let nics = side.eps.len();
     let npg = side.npg;
     let used = if p.knobs.nic_groups { npg } else { 1 };
@@ -575,7 +578,8 @@ fn accept_loop<T: Transport>(
 
 /// One client session; returns the number of runs served.
 pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream) -> Result<u64> {
-    let mut ctrl = Ctrl::new(stream)?;
+    let grace = cfg.side.idle + Duration::from_secs(5);
+    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Warn(grace)))?;
     let r = session_inner::<T>(cfg, &mut ctrl);
     if let Err(e) = &r {
         if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) {
@@ -689,6 +693,7 @@ fn serve_request<T: Transport>(
         }
     }
     let live = ctrl.liveness();
+    let _busy = live.busy();
     let idle = cfg.side.idle;
     let hints = cfg.side.hints.as_ref();
     let knobs = r.knobs;

@@ -61,6 +61,17 @@
 //! - The domain is opened `FI_THREAD_SAFE`: a [`MemoryRegion`] is `Send` and may be dropped
 //!   (deregistered) on another thread while the endpoint is polled.
 //! - Progress is manual: poll every endpoint taking part in a transfer.
+//!
+//! # Known provider limits (libfabric 1.17)
+//! - `shm` guards its shared-memory queues with process-shared spinlocks. A peer process
+//!   killed while it holds one leaves this side spinning inside `fi_cq_read` forever: no
+//!   timeout of the caller can interrupt a call that does not return. `rdma-bench` guards
+//!   against it with a watchdog on its control connection; an application using `shm`
+//!   between processes that may die needs the same. `tcp` reports a dead peer as an error
+//!   completion ("Connection reset by peer").
+//! - `shm` drops a WRITE whose key or range the target cannot verify without answering the
+//!   initiator (a bounded wait then times out; no success is ever reported). `tcp` grants
+//!   no memory registration mode bits at all, so `mr_mode=strict` is a request there.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
@@ -80,7 +91,8 @@ use std::sync::Arc;
 use libfabric_sys as fi;
 use transport_core::{
     Caps, Completion, CompletionError, CompletionKind, EndpointAddr, Error, LocalSlice, Memory,
-    MemoryRegion, NicDesc, Op, PeerId, Post, RemoteMr, RemoteSlice, Result, Transport, WriteOp,
+    MemoryMut, MemoryRegion, NicDesc, Op, PeerId, Post, RemoteMr, RemoteSlice, Result, Transport,
+    WriteOp,
 };
 
 use crate::error::{provider, runtime_version};
@@ -609,7 +621,6 @@ impl Endpoint {
                 )))
             }
         }
-        mr.check_intact()?;
         Ok(((mr.base as usize + s.offset) as *mut c_void, mr.desc))
     }
 
@@ -1125,20 +1136,6 @@ impl fmt::Debug for Mr {
 }
 
 impl Mr {
-    /// The registered memory must still be the memory behind `memory()`: a caller may swap
-    /// it through `memory_mut()`.
-    #[inline]
-    fn check_intact(&self) -> Result<()> {
-        if self.state == MrState::Live && mem_range(&self.mem) == (self.base, self.len) {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(
-                "the region's memory was replaced after registration; register the new memory"
-                    .into(),
-            ))
-        }
-    }
-
     fn close(&mut self) -> Result<()> {
         if self.state != MrState::Live {
             return Ok(());
@@ -1176,8 +1173,8 @@ impl MemoryRegion for Mr {
     fn memory(&self) -> &Memory {
         &self.mem
     }
-    fn memory_mut(&mut self) -> &mut Memory {
-        &mut self.mem
+    fn memory_mut(&mut self) -> MemoryMut<'_> {
+        MemoryMut::new(&mut self.mem)
     }
     fn remote(&self) -> RemoteMr {
         self.remote
