@@ -64,7 +64,7 @@ pub mod wait;
 pub use error::{CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]
 pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
-pub use mem::{GpuBuffer, HostBuffer, Memory, PAGE};
+pub use mem::{GpuBuffer, HostBuffer, Memory, MemoryMut, PAGE};
 pub use types::{
     Caps, Completion, CompletionKind, EndpointAddr, LocalSlice, NicDesc, PeerId, Post, RemoteMr,
     RemoteSlice, WriteOp,
@@ -77,8 +77,9 @@ pub use types::{
 pub trait MemoryRegion: Send {
     /// The registered memory.
     fn memory(&self) -> &Memory;
-    /// The registered memory, mutably (for filling a host buffer before a send).
-    fn memory_mut(&mut self) -> &mut Memory;
+    /// The registered bytes, mutably (to fill a buffer before a send). The memory itself
+    /// cannot be swapped out: peers may write into it until it is deregistered.
+    fn memory_mut(&mut self) -> MemoryMut<'_>;
     /// What a peer needs to WRITE into this region. Serializable; send it over any channel.
     fn remote(&self) -> RemoteMr;
     /// Length in bytes.

@@ -66,6 +66,33 @@ fn check_range(offset: usize, len: usize, total: usize) -> crate::Result<()> {
     }
 }
 
+/// Mutable access to the bytes of registered memory, never to the memory itself: a region
+/// keeps the allocation it registered for as long as it lives.
+pub struct MemoryMut<'a>(&'a mut Memory);
+
+impl<'a> MemoryMut<'a> {
+    /// A view of a region's memory (for backends implementing [`crate::MemoryRegion`]).
+    pub fn new(mem: &'a mut Memory) -> Self {
+        MemoryMut(mem)
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether the memory is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// The bytes of host memory; `None` for GPU memory.
+    pub fn host_bytes(self) -> Option<&'a mut [u8]> {
+        self.0.host_mut().map(HostBuffer::as_mut_slice)
+    }
+    /// Copy `src` into the memory at `offset` (a CUDA copy for GPU memory).
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> crate::Result<()> {
+        self.0.write_at(offset, src)
+    }
+}
+
 impl From<HostBuffer> for Memory {
     fn from(h: HostBuffer) -> Self {
         Memory::Host(h)

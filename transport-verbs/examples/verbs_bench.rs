@@ -309,7 +309,7 @@ fn lat_side(
         let seq = (i % 255 + 1) as u8;
         let send = |ep: &mut Endpoint, mr: &mut transport_verbs::VerbsMr| {
             if a.poll_memory {
-                mr.memory_mut().host_mut().unwrap().as_mut_slice()[size - 1] = seq;
+                mr.memory_mut().host_bytes().unwrap()[size - 1] = seq;
             }
             let local = LocalSlice::new(&*mr, 0, size).unwrap();
             let imm = (!a.poll_memory).then_some(i as u32);

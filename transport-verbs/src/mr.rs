@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
-use transport_core::{Error, Memory, MemoryRegion, RemoteMr, Result};
+use transport_core::{Error, Memory, MemoryMut, MemoryRegion, RemoteMr, Result};
 
 use crate::device::Domain;
 use crate::util::{errno, provider_err, MEMLOCK_HINT};
@@ -153,10 +153,12 @@ impl MemoryRegion for VerbsMr {
             .as_ref()
             .expect("a region owns its memory until deregistered")
     }
-    fn memory_mut(&mut self) -> &mut Memory {
-        self.mem
-            .as_mut()
-            .expect("a region owns its memory until deregistered")
+    fn memory_mut(&mut self) -> MemoryMut<'_> {
+        MemoryMut::new(
+            self.mem
+                .as_mut()
+                .expect("a region owns its memory until deregistered"),
+        )
     }
     fn remote(&self) -> RemoteMr {
         RemoteMr {
