@@ -593,12 +593,18 @@ impl Endpoint {
     fn dest(&self, peer: PeerId) -> Result<fi::fi_addr_t> {
         match self.peers.get(peer.0 as usize) {
             Some(&a) => Ok(a),
-            None => Err(Error::InvalidArgument(format!(
-                "unknown peer {}: this endpoint has {} peer(s)",
-                peer.0,
-                self.peers.len()
-            ))),
+            None => Err(self.unknown_peer(peer)),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unknown_peer(&self, peer: PeerId) -> Error {
+        Error::InvalidArgument(format!(
+            "unknown peer {}: this endpoint has {} peer(s)",
+            peer.0,
+            self.peers.len()
+        ))
     }
 
     /// Buffer address and descriptor of a local slice, after checking it is ours and intact.
@@ -606,16 +612,15 @@ impl Endpoint {
     fn local(&self, s: &LocalSlice<'_, Mr>) -> Result<(*mut c_void, *mut c_void)> {
         let mr = s.mr;
         if mr.domain_id != self.domain.id {
-            return Err(Error::InvalidArgument(
+            return Err(invalid(format_args!(
                 "the local region was registered on another endpoint; register it on the \
                  endpoint that posts"
-                    .into(),
-            ));
+            )));
         }
         match s.offset.checked_add(s.len) {
             Some(end) if end <= mr.len => {}
             _ => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(invalid(format_args!(
                     "local range {}+{} does not fit the {}-byte region",
                     s.offset, s.len, mr.len
                 )))
@@ -624,12 +629,20 @@ impl Endpoint {
         Ok(((mr.base as usize + s.offset) as *mut c_void, mr.desc))
     }
 
-    /// Release the slot of a post that did not happen and map the return code.
+    /// Map a post's return code; a post that did not happen gives its slot back.
     #[inline]
     fn posted(&mut self, call: &'static str, ret: isize, slot: *mut c_void) -> Result<Post> {
         if ret == 0 {
-            return Ok(Post::Posted);
+            Ok(Post::Posted)
+        } else {
+            self.not_posted(call, ret, slot)
         }
+    }
+
+    /// The slow half of [`Self::posted`]: give the slot back and map the return code.
+    #[cold]
+    #[inline(never)]
+    fn not_posted(&mut self, call: &'static str, ret: isize, slot: *mut c_void) -> Result<Post> {
         self.slab.release(slot);
         if ret == -(fi::FI_EAGAIN as isize) {
             Ok(Post::QueueFull)
@@ -653,13 +666,13 @@ impl Endpoint {
         let dest = self.dest(peer)?;
         let (addr, desc) = self.local(buf)?;
         if buf.len > self.caps.max_write_size {
-            return Err(Error::InvalidArgument(format!(
+            return Err(invalid(format_args!(
                 "a {}-byte WRITE exceeds the largest the endpoint offers ({} bytes)",
                 buf.len, self.caps.max_write_size
             )));
         }
         if (buf.len as u64) > remote.len {
-            return Err(Error::InvalidArgument(format!(
+            return Err(invalid(format_args!(
                 "a {}-byte WRITE does not fit the {}-byte remote range",
                 buf.len, remote.len
             )));
@@ -1056,6 +1069,13 @@ impl Transport for Endpoint {
     fn caps(&self) -> &Caps {
         &self.caps
     }
+}
+
+/// An invalid-argument error, built out of line: the checks on the post path stay small.
+#[cold]
+#[inline(never)]
+fn invalid(args: fmt::Arguments<'_>) -> Error {
+    Error::InvalidArgument(args.to_string())
 }
 
 /// What registration does under a memory registration mode.
