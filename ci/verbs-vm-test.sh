@@ -28,9 +28,21 @@ mapfile -t BINS < <(grep '"test":true' "$JSON" | grep -o '"executable":"[^"]*"' 
   sed 's/^"executable":"//; s/"$//' | sort -u)
 [ ${#BINS[@]} -gt 0 ] || { echo "verbs-vm-test: no test binaries built" >&2; exit 1; }
 
+# rdma-bench over verbs too: built with the verbs backend alone (the VM has no libfabric),
+# in its own target dir so the full binary in target/release stays as it is.
+echo "verbs-vm-test: building rdma-bench (verbs backend only)" >&2
+VMT=${CARGO_TARGET_DIR:-$ROOT/target}/vm
+cargo build --release -p bench-cli --no-default-features --features verbs --target-dir "$VMT" >&2
+
 RUN=$ROOT/ci/.vm/run
-rm -rf "$RUN"; mkdir -p "$RUN/bin"
+rm -rf "$RUN"; mkdir -p "$RUN/bin" "$RUN/lib"
 for b in "${BINS[@]}"; do cp "$b" "$RUN/bin/"; done
+cp "$VMT/release/rdma-bench" "$RUN/bin/"
+# Libraries rdma-bench needs that the VM's rdma-core userspace lacks (hwloc for topo).
+for l in libhwloc.so.15 libudev.so.1; do
+  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ {print $NF; exit}')
+  [ -n "$p" ] && cp -L "$p" "$RUN/lib/"
+done
 shift_args=()
 if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
 
@@ -48,6 +60,11 @@ if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
     for a in "${shift_args[@]}"; do printf ' %q' "$a"; done
     printf ' || { echo "=== FAILED: %s (rc $?)"; fail=1; }\n' "$n"
   done
+  echo 'B="timeout 120 ./bin/rdma-bench loopback --backend verbs --devices rxe0,rxe1"'
+  echo 'echo "=== rdma-bench over verbs: write (verified), send, lat"'
+  echo '$B -n 5 --pages 64 || { echo "=== FAILED: rdma-bench write"; fail=1; }'
+  echo '$B --workload send -n 200 || { echo "=== FAILED: rdma-bench send"; fail=1; }'
+  echo '$B --workload lat -n 200 || { echo "=== FAILED: rdma-bench lat"; fail=1; }'
   echo 'exit $fail'
 } > "$RUN/run-tests.sh"
 
