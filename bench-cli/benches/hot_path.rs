@@ -3,10 +3,10 @@
 //!
 //! `cargo bench -p bench-cli --bench hot_path`
 //!
-//! The raw-libfabric baseline (the same operation through `fi_writedata`/`fi_cq_read`
-//! directly) needs raw handles from transport-efa, which it does not expose yet; until it
-//! does, this bench prints the trait's numbers alone. Zero allocations per operation in
-//! steady state is checked by `tests/alloc.rs` (a counting global allocator).
+//! The trait next to bare libfabric calls (`fi_writemsg`/`fi_cq_read` with the same flags)
+//! is `cargo bench -p transport-efa --bench hot_path`: raw handles and `unsafe` stay in the
+//! backend crate. Zero allocations per operation in steady state is checked by
+//! `tests/alloc.rs` (a counting global allocator).
 
 #[cfg(feature = "efa")]
 mod shm {

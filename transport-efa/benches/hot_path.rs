@@ -19,27 +19,49 @@ use transport_core::{
     Transport,
 };
 use transport_efa::raw::sys as fi;
-use transport_efa::Endpoint;
+use transport_efa::{Endpoint, Mr};
 
 const BATCH: usize = 32;
 const LEN: usize = 8;
 
-fn pair() -> (Endpoint, Endpoint, transport_core::PeerId) {
+/// Two connected shm endpoints, a registered source on the first and a target region on the
+/// second.
+struct Setup {
+    a: Endpoint,
+    b: Endpoint,
+    peer: transport_core::PeerId,
+    src: Mr,
+    dst: Mr,
+}
+
+fn setup() -> Setup {
     let open = |_| Endpoint::open(&NicDesc::provider("shm"));
-    let p = transport_conformance::connect(&open)
+    let mut p = transport_conformance::connect(&open)
         .expect("opening two shm endpoints")
         .expect("shm is always there");
-    (p.a, p.b, p.a_to_b)
+    let src =
+        p.a.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
+            .unwrap();
+    let dst =
+        p.b.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
+            .unwrap();
+    Setup {
+        a: p.a,
+        b: p.b,
+        peer: p.a_to_b,
+        src,
+        dst,
+    }
 }
 
 fn trait_path(c: &mut Criterion) {
-    let (mut a, mut b, peer) = pair();
-    let src = a
-        .register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-        .unwrap();
-    let dst = b
-        .register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-        .unwrap();
+    let Setup {
+        mut a,
+        mut b,
+        peer,
+        src,
+        dst,
+    } = setup();
     let remote = dst.remote();
     let mut out: [Completion; 64] = std::array::from_fn(|_| Completion::default());
     let mut g = c.benchmark_group("shm_write_imm_8B");
@@ -85,14 +107,13 @@ fn cq_read(cq: *mut fi::fid_cq, buf: &mut [MaybeUninit<fi::fi_cq_data_entry>; 64
 }
 
 fn raw_path(c: &mut Criterion) {
-    let (a, b, peer) = pair();
-    let (mut a, mut b) = (a, b);
-    let src = a
-        .register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-        .unwrap();
-    let dst = b
-        .register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-        .unwrap();
+    let Setup {
+        a,
+        b,
+        peer,
+        src,
+        dst,
+    } = setup();
     let remote = dst.remote();
     let pa = a.raw_parts();
     let pb = b.raw_parts();
