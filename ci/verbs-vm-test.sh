@@ -40,8 +40,9 @@ for b in "${BINS[@]}"; do cp "$b" "$RUN/bin/"; done
 cp "$VMT/release/rdma-bench" "$RUN/bin/"
 # Libraries rdma-bench needs that the VM's rdma-core userspace lacks (hwloc for topo).
 for l in libhwloc.so.15 libudev.so.1; do
-  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ {print $NF; exit}')
-  [ -n "$p" ] && cp -L "$p" "$RUN/lib/"
+  # (no early exit in awk: ldconfig would die of SIGPIPE, and pipefail with it)
+  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
+  if [ -n "$p" ]; then cp -L "$p" "$RUN/lib/"; fi
 done
 shift_args=()
 if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi

@@ -35,7 +35,7 @@ done
 
 # ---------------------------------------------------------------- 1. packages
 # apt-get download needs package lists; a fresh machine may have none.
-kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ && !k {k = $2} END {print k}'; }
 KPKG=${KPKG:-$(kernel_pkg)}
 if [ -z "$KPKG" ]; then
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -66,7 +66,7 @@ echo "kernel: $KV"
 cp "$X/boot/vmlinuz-$KV" "$OUTDIR/vmlinuz"
 # Uncompressed ELF vmlinux for qemu's PVH boot (-kernel vmlinux): skips SeaBIOS' real-mode
 # setup and the XZ decompression, which together cost ~3 s under TCG.
-off=$(grep -abo $'\xfd7zXZ\x00' "$OUTDIR/vmlinuz" | head -1 | cut -d: -f1)
+off=$(grep -m1 -abo $'\xfd7zXZ\x00' "$OUTDIR/vmlinuz" | head -1 | cut -d: -f1)
 tail -c +$((off + 1)) "$OUTDIR/vmlinuz" | xz -dc > "$OUTDIR/vmlinux" 2>/dev/null || true
 readelf -h "$OUTDIR/vmlinux" >/dev/null 2>&1 || rm -f "$OUTDIR/vmlinux"
 /sbin/depmod -b "$X" "$KV"
