@@ -121,17 +121,7 @@ impl<T: Transport> PingPong<'_, T> {
                     }
                     CompletionKind::Recv { .. } if self.op == LatOp::Send => got = true,
                     CompletionKind::Write | CompletionKind::Send => *local_done += 1,
-                    CompletionKind::Error(e) => {
-                        return Err(Error::Transport {
-                            what: "ping-pong".into(),
-                            source: transport_core::Error::Completion(e.clone()),
-                        })
-                    }
-                    other => {
-                        return Err(Error::Protocol(format!(
-                            "unexpected completion {other:?} in the ping-pong"
-                        )))
-                    }
+                    _ => return Err(super::unexpected(c, "ping-pong")),
                 }
             }
             if got {
@@ -159,17 +149,7 @@ impl<T: Transport> PingPong<'_, T> {
             for c in &buf[..n] {
                 match &c.kind {
                     CompletionKind::Write | CompletionKind::Send => *local_done += 1,
-                    CompletionKind::Error(e) => {
-                        return Err(Error::Transport {
-                            what: "ping-pong".into(),
-                            source: transport_core::Error::Completion(e.clone()),
-                        })
-                    }
-                    other => {
-                        return Err(Error::Protocol(format!(
-                            "unexpected completion {other:?} after the ping-pong"
-                        )))
-                    }
+                    _ => return Err(super::unexpected(c, "the drain after the ping-pong")),
                 }
             }
             spins = spins.wrapping_add(1);

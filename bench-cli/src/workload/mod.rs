@@ -13,7 +13,7 @@ pub mod write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use transport_core::Completion;
+use transport_core::{Completion, CompletionKind};
 
 use crate::config::{Knobs, Threads};
 use crate::ctrl::Liveness;
@@ -53,6 +53,21 @@ pub trait NicWork {
     fn nic(&self) -> usize;
     /// What this NIC did in the current phase; `t0` is the phase start.
     fn stats(&self, t0: Instant) -> NicStats;
+}
+
+/// The error for a completion a loop did not expect: an error completion becomes
+/// [`Error::Transport`] carrying the provider's text; anything else is a protocol error.
+/// Error path only (it allocates).
+#[cold]
+#[inline(never)]
+pub fn unexpected(c: &Completion, what: &str) -> Error {
+    match &c.kind {
+        CompletionKind::Error(e) => Error::Transport {
+            what: what.to_string(),
+            source: transport_core::Error::Completion(e.clone()),
+        },
+        other => Error::Protocol(format!("unexpected completion {other:?} during {what}")),
+    }
 }
 
 /// Counters shared by every thread: the ladder's stage before "per-thread state".

@@ -136,18 +136,7 @@ impl<T: Transport> NicWork for SendActive<'_, T> {
                         )));
                     }
                 }
-                CompletionKind::Error(e) => {
-                    return Err(Error::Transport {
-                        what: format!("SEND on NIC {}", self.nic),
-                        source: transport_core::Error::Completion(e.clone()),
-                    })
-                }
-                other => {
-                    return Err(Error::Protocol(format!(
-                        "unexpected completion {other:?} on NIC {} during a send",
-                        self.nic
-                    )))
-                }
+                _ => return Err(super::unexpected(c, &format!("SEND on NIC {}", self.nic))),
             }
         }
         Ok(p)
@@ -295,17 +284,7 @@ pub fn receive<T: Transport>(
                     CompletionKind::Write => {
                         n.credit_inflight = n.credit_inflight.saturating_sub(1)
                     }
-                    CompletionKind::Error(e) => {
-                        return Err(Error::Transport {
-                            what: format!("receive on NIC {i}"),
-                            source: transport_core::Error::Completion(e.clone()),
-                        })
-                    }
-                    other => {
-                        return Err(Error::Protocol(format!(
-                            "unexpected completion {other:?} on NIC {i} during a send"
-                        )))
-                    }
+                    _ => return Err(super::unexpected(c, &format!("receive on NIC {i}"))),
                 }
             }
             // Re-post, then hand the sender one credit per re-posted receive.

@@ -218,18 +218,7 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
                     p.ops += 1;
                     p.bytes += self.page_size as u64;
                 }
-                CompletionKind::Error(e) => {
-                    return Err(Error::Transport {
-                        what: format!("WRITE on NIC {}", self.nic),
-                        source: transport_core::Error::Completion(e.clone()),
-                    })
-                }
-                other => {
-                    return Err(Error::Protocol(format!(
-                        "unexpected completion {other:?} on NIC {} during a write",
-                        self.nic
-                    )))
-                }
+                _ => return Err(super::unexpected(c, &format!("WRITE on NIC {}", self.nic))),
             }
         }
         self.ops_done += p.ops;
@@ -296,17 +285,7 @@ pub fn wait_imms<T: Transport>(
                         }
                         got += 1;
                     }
-                    CompletionKind::Error(e) => {
-                        return Err(Error::Transport {
-                            what: format!("NIC {i}"),
-                            source: transport_core::Error::Completion(e.clone()),
-                        })
-                    }
-                    other => {
-                        return Err(Error::Protocol(format!(
-                            "unexpected completion {other:?} on NIC {i}"
-                        )))
-                    }
+                    _ => return Err(super::unexpected(c, &format!("NIC {i}"))),
                 }
             }
         }
