@@ -165,6 +165,33 @@ int rs_fi_mr_reg(struct fid_domain *domain, const void *buf, size_t len, uint64_
 	return fi_mr_reg(domain, buf, len, access, 0, requested_key, flags, mr, NULL);
 }
 
+/* Access, key and the device memory's interface and device: what both attr forms share. */
+static void rs_mr_attr_common(struct fi_mr_attr *attr, uint64_t access, uint64_t requested_key,
+			      int iface, int device)
+{
+	attr->iov_count = 1;
+	attr->access = access;
+	attr->requested_key = requested_key;
+	attr->iface = (enum fi_hmem_iface)iface;
+	switch (attr->iface) {
+	case FI_HMEM_CUDA:
+		attr->device.cuda = device;
+		break;
+	case FI_HMEM_ZE:
+		attr->device.ze = device;
+		break;
+	case FI_HMEM_NEURON:
+		attr->device.neuron = device;
+		break;
+	case FI_HMEM_SYNAPSEAI:
+		attr->device.synapseai = device;
+		break;
+	default:
+		attr->device.reserved = 0;
+		break;
+	}
+}
+
 int rs_fi_mr_regattr_hmem(struct fid_domain *domain, const void *buf, size_t len,
 			  uint64_t access, uint64_t requested_key, int iface, int device,
 			  uint64_t flags, struct fid_mr **mr)
@@ -177,27 +204,7 @@ int rs_fi_mr_regattr_hmem(struct fid_domain *domain, const void *buf, size_t len
 	iov.iov_len = len;
 	/* In 2.x mr_iov sits in an anonymous union with dmabuf; the name is the same. */
 	attr.mr_iov = &iov;
-	attr.iov_count = 1;
-	attr.access = access;
-	attr.requested_key = requested_key;
-	attr.iface = (enum fi_hmem_iface)iface;
-	switch (attr.iface) {
-	case FI_HMEM_CUDA:
-		attr.device.cuda = device;
-		break;
-	case FI_HMEM_ZE:
-		attr.device.ze = device;
-		break;
-	case FI_HMEM_NEURON:
-		attr.device.neuron = device;
-		break;
-	case FI_HMEM_SYNAPSEAI:
-		attr.device.synapseai = device;
-		break;
-	default:
-		attr.device.reserved = 0;
-		break;
-	}
+	rs_mr_attr_common(&attr, access, requested_key, iface, device);
 	return fi_mr_regattr(domain, &attr, flags, mr);
 }
 
@@ -216,14 +223,7 @@ int rs_fi_mr_regattr_dmabuf(struct fid_domain *domain, int fd, uint64_t offset, 
 	dmabuf.len = len;
 	dmabuf.base_addr = base_addr;
 	attr.dmabuf = &dmabuf;
-	attr.iov_count = 1;
-	attr.access = access;
-	attr.requested_key = requested_key;
-	attr.iface = (enum fi_hmem_iface)iface;
-	if (attr.iface == FI_HMEM_CUDA)
-		attr.device.cuda = device;
-	else
-		attr.device.reserved = (uint64_t)device;
+	rs_mr_attr_common(&attr, access, requested_key, iface, device);
 	return fi_mr_regattr(domain, &attr, flags | FI_MR_DMABUF, mr);
 #else
 	(void)domain; (void)fd; (void)offset; (void)len; (void)base_addr; (void)access;
