@@ -40,6 +40,8 @@ pub(crate) fn load_xml(xml: &str, origin: &str) -> Result<(HwTopology, Vec<Strin
         reason,
     };
     let mut warnings = Vec::new();
+    let normalized = xmlfix::normalize(xml);
+    let xml = normalized.as_deref().unwrap_or(xml);
     match xmlfix::format_version(xml) {
         None => {
             return Err(invalid(

@@ -30,6 +30,46 @@ pub(crate) fn format_version(xml: &str) -> Option<u32> {
     None
 }
 
+/// Return a copy of `xml` in the shape hwloc's own exporter writes, or `None` when it is
+/// already in that shape (or cannot be scanned: hwloc then reports the problem itself).
+///
+/// hwloc reads XML with libxml2 where its `libhwloc-plugins` package is installed, and
+/// otherwise with a built-in minimal parser that only reads what hwloc writes: an
+/// `<?xml ...?>` line, optionally a `<!DOCTYPE ...>` line, then `<topology` at the start of
+/// the next line, and no comments or processing instructions anywhere. Real dumps often
+/// carry licence comments before `<topology>`, which that parser rejects with `EINVAL`. So
+/// every document is rewritten to that shape first, and both parsers read the same text.
+pub(crate) fn normalize(xml: &str) -> Option<String> {
+    let mut scanner = Scanner::new(xml);
+    let mut topology_start = None;
+    while let Some(tok) = scanner.next_token() {
+        match tok {
+            Token::Start { name, start, .. } if topology_start.is_none() => {
+                if name != "topology" {
+                    return None;
+                }
+                topology_start = Some(start);
+            }
+            Token::Error => return None,
+            _ => {}
+        }
+    }
+    let body_start = topology_start?;
+    let mut out = String::with_capacity(xml.len());
+    out.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    if let Some((s, e)) = scanner.doctype.filter(|&(_, e)| e <= body_start) {
+        out.push_str(&xml[s..e]);
+        out.push('\n');
+    }
+    let mut pos = body_start;
+    for &(s, e) in scanner.skipped.iter().filter(|&&(s, _)| s >= body_start) {
+        out.push_str(&xml[pos..s]);
+        pos = e;
+    }
+    out.push_str(&xml[pos..]);
+    (out != xml).then_some(out)
+}
+
 /// Return a copy of `xml` with PU objects added where the CPU hierarchy has
 /// none, or `None` when nothing needs to change (the document already has PUs,
 /// or it cannot be scanned, in which case hwloc reports the problem itself).
@@ -209,6 +249,7 @@ fn scan_objects(xml: &str) -> Option<Vec<ObjInfo>> {
                 attrs,
                 end,
                 self_closing,
+                ..
             } => {
                 let parent_obj = stack.iter().rev().flatten().next().copied();
                 let idx = if name == "object" {
@@ -258,6 +299,8 @@ enum Token {
     Start {
         name: String,
         attrs: Vec<(String, String)>,
+        /// Byte offset of the start tag's `<`.
+        start: usize,
         /// Byte offset just past the closing `>` of the start tag.
         end: usize,
         self_closing: bool,
@@ -272,11 +315,20 @@ enum Token {
 struct Scanner<'a> {
     s: &'a str,
     pos: usize,
+    /// Byte ranges of the comments and processing instructions skipped so far.
+    skipped: Vec<(usize, usize)>,
+    /// Byte range of the `<!DOCTYPE ...>` declaration, once met.
+    doctype: Option<(usize, usize)>,
 }
 
 impl<'a> Scanner<'a> {
     fn new(s: &'a str) -> Self {
-        Self { s, pos: 0 }
+        Self {
+            s,
+            pos: 0,
+            skipped: Vec::new(),
+            doctype: None,
+        }
     }
 
     fn next_token(&mut self) -> Option<Token> {
@@ -287,14 +339,14 @@ impl<'a> Scanner<'a> {
             let rest = self.s.get(self.pos..)?;
             if rest.starts_with("<!--") {
                 match rest.find("-->") {
-                    Some(e) => self.pos += e + 3,
+                    Some(e) => self.skip(e + 3),
                     None => return Some(Token::Error),
                 }
                 continue;
             }
             if rest.starts_with("<?") {
                 match rest.find("?>") {
-                    Some(e) => self.pos += e + 2,
+                    Some(e) => self.skip(e + 2),
                     None => return Some(Token::Error),
                 }
                 continue;
@@ -314,7 +366,12 @@ impl<'a> Scanner<'a> {
                     _ => None,
                 };
                 match close {
-                    Some(e) => self.pos += e,
+                    Some(e) => {
+                        if rest.starts_with("<!DOCTYPE") && self.doctype.is_none() {
+                            self.doctype = Some((self.pos, self.pos + e));
+                        }
+                        self.pos += e;
+                    }
                     None => return Some(Token::Error),
                 }
                 continue;
@@ -330,8 +387,15 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// Skip `len` bytes of a comment or processing instruction, remembering where it was.
+    fn skip(&mut self, len: usize) {
+        self.skipped.push((self.pos, self.pos + len));
+        self.pos += len;
+    }
+
     /// Parse a start tag at `self.pos` (which points at `<`).
     fn start_tag(&mut self) -> Token {
+        let start = self.pos;
         let bytes = self.s.as_bytes();
         let mut i = self.pos + 1;
         let name_start = i;
@@ -359,6 +423,7 @@ impl<'a> Scanner<'a> {
                 return Token::Start {
                     name,
                     attrs,
+                    start,
                     end: i + 1,
                     self_closing: false,
                 };
@@ -369,6 +434,7 @@ impl<'a> Scanner<'a> {
                     return Token::Start {
                         name,
                         attrs,
+                        start,
                         end: i + 2,
                         self_closing: true,
                     };
@@ -488,6 +554,28 @@ mod tests {
             fixed,
             r#"<topology version="2.0"><object type="Machine" cpuset="0x00000001" nodeset="0x00000001"><object type="PU" os_index="0" cpuset="0x00000001" complete_cpuset="0x00000001" nodeset="0x00000001" complete_nodeset="0x00000001"/></object></topology>"#
         );
+    }
+
+    #[test]
+    fn normalize_writes_what_hwloc_writes() {
+        let xml = "<?xml version='1.0'?>\n<!-- licence -->\n<!-- more -->\n\
+                   <!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n\n  <topology version=\"2.0\">\n\
+                   <!-- inner --><object type=\"Machine\"/><?pi x?>\n</topology>\n";
+        let out = normalize(xml).expect("changed");
+        assert_eq!(
+            out,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+             <!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n\
+             <topology version=\"2.0\">\n<object type=\"Machine\"/>\n</topology>\n"
+        );
+        // Already in hwloc's shape: nothing to do. Comments inside values are text.
+        let canonical = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<topology>\n\
+                         <info name=\"a\" value=\"&lt;!-- x --&gt;\"/>\n</topology>\n";
+        assert_eq!(normalize(canonical), None);
+        assert_eq!(normalize(&out), None);
+        // Not hwloc XML, or malformed: left for hwloc to report.
+        assert_eq!(normalize("<html></html>"), None);
+        assert_eq!(normalize("<topology version=\"2.0\"><!-- open"), None);
     }
 
     #[test]
