@@ -10,17 +10,54 @@
 //!    `LIBCLANG_PATH` (a folder holding `libclang.so`, e.g. `/usr/lib/llvm-16/lib`) or
 //!    clang-sys's default search (`llvm-config --libdir`, `/usr/lib/llvm-*/lib`, ...).
 
+use std::collections::HashSet;
 use std::env;
 use std::path::{Path, PathBuf};
 
+/// Types the `#define` constants by what they are: the error numbers are exactly the macros
+/// `rdma/fi_errno.h` defines (`FI_EAGAIN`, `FI_ENOKEY`, ...), compared with negated
+/// `int`/`ssize_t` returns, so `i32`; every other `FI_*`/`FID_*` macro is a capability, mode
+/// or flag bit, a 64-bit mask. A name prefix cannot tell them apart: 2.x added
+/// `FI_EXACT_DIRECTED_RECV (1ULL << 48)`, a flag that starts like an error name.
 #[derive(Debug)]
-struct IntTypes;
+struct IntTypes {
+    errnos: HashSet<String>,
+}
+
+impl IntTypes {
+    /// The macro names `#define`d in `fi_errno.h` (lines commented out with `//` excluded).
+    fn from_headers(include_paths: &[PathBuf]) -> Self {
+        let header = include_paths
+            .iter()
+            .map(|p| p.join("rdma/fi_errno.h"))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from("/usr/include/rdma/fi_errno.h"));
+        println!("cargo:rerun-if-changed={}", header.display());
+        let text = std::fs::read_to_string(&header).unwrap_or_else(|e| {
+            panic!(
+                "reading {}: {e}; the libfabric headers look incomplete (reinstall                  libfabric-dev, or point PKG_CONFIG_PATH at a complete install)",
+                header.display()
+            )
+        });
+        let errnos = text
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("#define"))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+            .collect::<HashSet<_>>();
+        assert!(
+            errnos.contains("FI_EAGAIN"),
+            "{} defines no FI_EAGAIN: not libfabric's error header",
+            header.display()
+        );
+        IntTypes { errnos }
+    }
+}
 
 impl bindgen::callbacks::ParseCallbacks for IntTypes {
     fn int_macro(&self, name: &str, _value: i64) -> Option<bindgen::callbacks::IntKind> {
         use bindgen::callbacks::IntKind;
-        if name.starts_with("FI_E") && !name.starts_with("FI_EP_") {
-            // Error numbers (FI_EAGAIN, ...) are compared with negated `int`/`ssize_t` returns.
+        if self.errnos.contains(name) {
             Some(IntKind::I32)
         } else if name.starts_with("FI_") || name.starts_with("FID_") {
             // Capability, mode and flag bits are 64-bit masks.
@@ -71,7 +108,7 @@ fn main() {
         .header("csrc/rs_fi.h")
         .clang_arg("-Icsrc")
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
-        .parse_callbacks(Box::new(IntTypes))
+        .parse_callbacks(Box::new(IntTypes::from_headers(&include_paths)))
         .allowlist_function("fi_.*")
         .allowlist_function("rs_fi_.*")
         .allowlist_type("fi_.*|fid.*|rs_fi_.*")
