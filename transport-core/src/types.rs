@@ -233,6 +233,14 @@ pub struct Caps {
     pub gpu_memory: bool,
     /// Link speed in Gbit/s, where the NIC reports it.
     pub link_gbps: Option<f64>,
+    /// Whether a WRITE the target refuses (a wrong remote key, a range past the region)
+    /// comes back to the initiator as an error completion.
+    ///
+    /// Where `false` the target still refuses it, so its memory is never written, but the
+    /// initiator is not told: libfabric's `shm` answers nothing (1.x) or reports success
+    /// (2.x), and a provider asked for transmit completions only reports the local send.
+    /// Code that must learn of a bad key there needs its own acknowledgement.
+    pub remote_write_errors: bool,
 }
 
 #[cfg(test)]

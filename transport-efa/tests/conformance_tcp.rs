@@ -16,3 +16,15 @@ fn open(_side: usize) -> Result<Endpoint> {
 }
 
 transport_conformance::suite!(open);
+
+/// tcp reports a refused WRITE when the initiator waits for delivery (the default off EFA),
+/// and says it does not when asked for transmit completions only.
+#[test]
+fn tcp_reports_remote_write_errors_with_delivery_complete() {
+    let ep = open(0).expect("open tcp");
+    assert!(ep.caps().remote_write_errors);
+    let mut nic = NicDesc::provider("tcp").with_option("write_completion", "transmit");
+    nic.device = Some("lo".into());
+    let ep = Endpoint::open(&nic).expect("open tcp, transmit completions");
+    assert!(!ep.caps().remote_write_errors);
+}

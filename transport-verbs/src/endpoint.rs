@@ -708,6 +708,8 @@ impl Transport for Endpoint {
                 cq_data_size: 4,
                 gpu_memory: crate::gpu_possible(),
                 link_gbps: pinfo.gbps,
+                // RC: the responder's NAK comes back as IBV_WC_REM_ACCESS_ERR.
+                remote_write_errors: true,
             },
             imm_depth,
             chain_bytes,
