@@ -170,6 +170,8 @@ pub fn client<T: Transport>(
         )));
     }
     side.connect(welcome.nics)?;
+    // The server announced its endpoints before its welcome: take that in now.
+    side.settle()?;
     for p in &plan.runs {
         check_size(plan, &side, p.size, true)?;
     }
@@ -641,6 +643,10 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
     loop {
         match ctrl.recv(cfg.session_timeout, "the client's next request")? {
             Msg::Request(r) => {
+                if runs == 0 {
+                    // The client announced its endpoints before its first request.
+                    side.settle()?;
+                }
                 let done = serve_request(&mut side, ctrl, cfg, &r)?;
                 ctrl.send(&Msg::Done(done))?;
                 runs += 1;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use transport_core::{
-    Caps, EndpointAddr, HostBuffer, Memory, MemoryRegion, NicDesc, PeerId, Transport,
+    Caps, Completion, EndpointAddr, HostBuffer, Memory, MemoryRegion, NicDesc, PeerId, Transport,
 };
 
 use crate::buffers;
@@ -262,6 +262,32 @@ impl<T: Transport> Side<T> {
             self.peers.push(p);
         }
         self.remote = remote;
+        Ok(())
+    }
+
+    /// Poll every endpoint once, expecting nothing, after the peer's side has added this
+    /// side's endpoints and before either side posts work.
+    ///
+    /// Each backend endpoint may announce itself to a new peer from `add_peer` (libfabric
+    /// 2.x's `shm` sends a connection request; see `transport_efa::Endpoint`'s crate docs).
+    /// Polling once processes the peer's announcement before any operation of the peer
+    /// depends on it: 2.x `shm` lets a side that processed the other's request post at
+    /// once, with addresses its peer only records when it processes that side's own
+    /// request, so between endpoints of one process (`loopback`) a large first SEND or a
+    /// delivery-complete WRITE could reach a peer that had not, and crash it. Elsewhere it
+    /// is one empty poll.
+    pub fn settle(&mut self) -> Result<()> {
+        let mut buf: [Completion; 4] = Default::default();
+        for (i, ep) in self.eps.iter_mut().enumerate() {
+            let n = ep
+                .poll(&mut buf)
+                .ctx(|| format!("polling NIC {i} before the first run"))?;
+            if let Some(c) = buf[..n].first() {
+                return Err(Error::Protocol(format!(
+                    "NIC {i}: a completion before any work was posted: {c:?}"
+                )));
+            }
+        }
         Ok(())
     }
 

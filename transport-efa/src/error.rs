@@ -37,6 +37,13 @@ pub(crate) fn runtime_version() -> String {
     format!("{}.{}", fi::fi_major(v), fi::fi_minor(v))
 }
 
+/// The major version of the libfabric library in use.
+pub(crate) fn runtime_major() -> u32 {
+    // SAFETY: fi_version takes no arguments and only returns a number.
+    let v = unsafe { fi::fi_version() };
+    fi::fi_major(v)
+}
+
 /// A C string owned by libfabric (or NULL) as a Rust string.
 ///
 /// # Safety

@@ -245,6 +245,8 @@ pub struct Endpoint {
     /// Completion semantics added to every WRITE (`FI_DELIVERY_COMPLETE` or nothing).
     write_flags: u64,
     gpu_reason: Option<String>,
+    /// Send the provider's connection request from `add_peer` (see [`Endpoint::announce`]).
+    announce_peers: bool,
 }
 
 // SAFETY: the endpoint owns its libfabric objects; every call on them takes `&mut self`, so
@@ -420,6 +422,15 @@ impl Endpoint {
         };
         let (tx, rx) = (depth(v.tx_size), depth(v.rx_size));
         let max = v.max_msg_size.min(MAX_TRANSFER);
+        let write_flags = match opts.write_completion {
+            select::WriteCompletion::Delivery => fi::FI_DELIVERY_COMPLETE,
+            select::WriteCompletion::Transmit => 0,
+            // EFA reports a remote failure (bad key, bad range) to the initiator with the
+            // device's acknowledgement; elsewhere (tcp, shm) the default completion only says
+            // the data left the local buffer, and a remote failure would go unseen.
+            select::WriteCompletion::Auto if v.core() == "efa" => 0,
+            select::WriteCompletion::Auto => fi::FI_DELIVERY_COMPLETE,
+        };
         let caps = Caps {
             max_msg_size: max,
             max_write_size: max,
@@ -429,15 +440,7 @@ impl Endpoint {
             cq_data_size: v.cq_data_size,
             gpu_memory: sel.gpu_reason.is_none() && v.caps & fi::FI_HMEM != 0,
             link_gbps: (v.link_speed > 0).then(|| v.link_speed as f64 / 1e9),
-        };
-        let write_flags = match opts.write_completion {
-            select::WriteCompletion::Delivery => fi::FI_DELIVERY_COMPLETE,
-            select::WriteCompletion::Transmit => 0,
-            // EFA reports a remote failure (bad key, bad range) to the initiator with the
-            // device's acknowledgement; elsewhere (tcp, shm) the default completion only says
-            // the data left the local buffer, and a remote failure would go unseen.
-            select::WriteCompletion::Auto if v.core() == "efa" => 0,
-            select::WriteCompletion::Auto => fi::FI_DELIVERY_COMPLETE,
+            remote_write_errors: remote_write_errors(v.core(), write_flags),
         };
         let mut requested_mr_mode = if opts.mr_strict {
             MrMode::STRICT
@@ -464,6 +467,7 @@ impl Endpoint {
             requested_mr_mode,
             write_flags,
             gpu_reason: sel.gpu_reason.clone(),
+            announce_peers: v.core() == "shm" && error::runtime_major() >= 2,
         };
         if v.cq_data_size < select::CQ_DATA_SIZE {
             return Err(Error::Unsupported(format!(
@@ -586,6 +590,46 @@ impl Endpoint {
             return bad(format!("an address of {} bytes", own.len()));
         }
         Ok(())
+    }
+
+    /// Make the provider send its connection request to a new peer now, before this
+    /// endpoint is next polled: a zero-length WRITE, which libfabric 2.x's `shm` answers with
+    /// `-FI_EAGAIN` after queueing its request (`smr_verify_peer`).
+    ///
+    /// Why: in libfabric 2.x's `shm`, a peer endpoint of the same process is mapped by a
+    /// shortcut in `smr_map_to_region` that skips `smr_map_to_endpoint`, so the only other
+    /// place that records where the peer mapped our region (`peer_data[id].local_region`)
+    /// is the processing of our connection request. A side that processes the other's
+    /// request first counts itself connected without ever sending its own, and its first
+    /// command that the peer must hand back (any delivery-complete WRITE, any message above
+    /// the inject size) carries an address computed from 0: the peer dereferences a bare
+    /// offset and dies of SIGSEGV in `smr_progress_cmd`. When each side sends its own
+    /// request before it polls, both requests are processed and both addresses set.
+    ///
+    /// Harmless elsewhere: between processes the request just goes out earlier. Where the
+    /// pair is already connected (this endpoint processed the peer's request before
+    /// `add_peer`), the WRITE executes: zero bytes to key 0, which the target refuses or
+    /// ignores, with a context-free completion that [`Transport::poll`] skips. That order
+    /// (poll a peer's request before adding it) is the one this cannot repair.
+    fn announce(&mut self, dest: fi::fi_addr_t) {
+        // SAFETY: ep is enabled and dest was just inserted into its AV; a zero-length WRITE
+        // reads no buffer (NULL, no descriptor needed for 0 bytes) and its NULL context is
+        // never dereferenced by us (not a slab slot).
+        let ret = unsafe {
+            fi::rs_fi_write(
+                self.ep,
+                ptr::null(),
+                0,
+                ptr::null_mut(),
+                dest,
+                0,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        // -FI_EAGAIN is the expected answer; 0 means the pair was already connected; any
+        // error shows up again, with its text, on the first real post to this peer.
+        let _ = ret;
     }
 
     /// The destination of `peer`.
@@ -846,6 +890,9 @@ impl Transport for Endpoint {
             )));
         }
         self.peers.push(fi_addr);
+        if self.announce_peers {
+            self.announce(fi_addr);
+        }
         Ok(PeerId(id))
     }
 
@@ -1068,6 +1115,25 @@ impl Transport for Endpoint {
 
     fn caps(&self) -> &Caps {
         &self.caps
+    }
+}
+
+/// Whether a WRITE the target refuses comes back to the initiator as an error completion
+/// ([`Caps::remote_write_errors`]).
+///
+/// - `efa`: the device's acknowledgement carries the target's verdict.
+/// - Others with `FI_DELIVERY_COMPLETE` (`tcp`): the initiator's completion waits for the
+///   target, which answers with an error; without it (`write_completion=transmit`) the
+///   completion only says the data left.
+/// - `shm`, whatever the flags: the target checks the key and range (`ofi_mr_map_verify` in
+///   `smr_progress_cmd_rma`) and drops a bad WRITE, but answers nothing on 1.x and hands the
+///   command back as a success on 2.x (read in 1.17.1, 2.1.0 and 2.6.0's sources; no
+///   `mr_mode` bit changes that path). The target memory is safe; the initiator is not told.
+fn remote_write_errors(core: &str, write_flags: u64) -> bool {
+    match core {
+        "shm" => false,
+        "efa" => true,
+        _ => write_flags & fi::FI_DELIVERY_COMPLETE != 0,
     }
 }
 
