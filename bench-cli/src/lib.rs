@@ -16,6 +16,8 @@ pub mod cli;
 pub mod config;
 pub mod ctrl;
 pub mod error;
+pub mod gate;
+pub mod instances;
 pub mod pin;
 pub mod plan;
 pub mod proto;
