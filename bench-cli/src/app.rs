@@ -20,6 +20,10 @@ use crate::topo_glue;
 
 /// Run the command line; print the result or the error; the process exit code.
 pub fn main_with(cli: Cli) -> ExitCode {
+    if let Command::Doctor(a) = &cli.cmd {
+        // Its own exit statuses: 0 ok, 1 warnings, 2 failures.
+        return crate::doctor::main(a);
+    }
     set_provider_env(&cli);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -38,7 +42,7 @@ fn set_provider_env(cli: &Cli) {
         Command::Server(a) => tcp(&a.common.provider),
         Command::Client(a) => tcp(&a.common.provider),
         Command::Compare(a) => a.pairs.iter().any(|p| tcp(&p.provider)),
-        Command::Topo(_) => false,
+        Command::Topo(_) | Command::Doctor(_) => false,
     };
     if uses_tcp && std::env::var_os("FI_TCP_IFACE").is_none() {
         // Before any thread or libfabric call exists.
@@ -53,6 +57,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Server(a) => server(a),
         Command::Client(a) => client(a),
         Command::Compare(a) => compare(a),
+        // main_with runs doctor itself (it has exit statuses of its own).
+        Command::Doctor(_) => Ok(()),
     }
 }
 

@@ -29,6 +29,9 @@ pub enum Command {
     Client(ClientArgs),
     /// Run one workload over several backend:provider pairs (in loopback), side by side.
     Compare(CompareArgs),
+    /// Check this node before a run: RDMA devices and links, libfabric, GPU memory paths,
+    /// PCIe, IOMMU, NUMA placement, FI_*/NCCL_* settings. Exit 0 ok, 1 warnings, 2 failures.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 #[derive(Debug, Args)]

@@ -15,6 +15,7 @@ pub mod buffers;
 pub mod cli;
 pub mod config;
 pub mod ctrl;
+pub mod doctor;
 pub mod error;
 pub mod gate;
 pub mod instances;
