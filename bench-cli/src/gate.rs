@@ -240,7 +240,11 @@ pub fn evaluate(spec: &GateSpec, runs: &[&RunReport]) -> GateResult {
         let (mut node_line, mut node_need) = (Some(0.0), Some(0.0));
         for n in &r.per_nic {
             let k = share[n.nic.as_str()] as f64;
-            let line = spec.expect.map(|i| i.nic_gbps).or(n.link_gbps).map(|l| l / k);
+            let line = spec
+                .expect
+                .map(|i| i.nic_gbps)
+                .or(n.link_gbps)
+                .map(|l| l / k);
             let need_pct = match (line, pct) {
                 (Some(l), Some(p)) => Some(l * p / 100.0),
                 _ => None,
@@ -382,7 +386,11 @@ pub fn render(g: &GateResult) -> String {
     let _ = writeln!(
         out,
         "gate: {}",
-        if g.pass { "PASS".to_string() } else { g.summary() }
+        if g.pass {
+            "PASS".to_string()
+        } else {
+            g.summary()
+        }
     );
     out
 }
@@ -452,7 +460,9 @@ mod tests {
     }
 
     fn p5() -> GateSpec {
-        GateSpec::from_flags(Some("p5"), None, None).unwrap().unwrap()
+        GateSpec::from_flags(Some("p5"), None, None)
+            .unwrap()
+            .unwrap()
     }
 
     #[test]
@@ -524,7 +534,11 @@ mod tests {
         let unknown = run(65536, vec![nic(0, 0, "shm", 30.0, None)]);
         let g = evaluate(&spec, &[&unknown]);
         assert!(!g.pass);
-        assert!(g.rows[0].note.as_deref().unwrap().contains("line rate unknown"));
+        assert!(g.rows[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("line rate unknown"));
     }
 
     #[test]

@@ -54,8 +54,8 @@ struct File {
 
 /// Parse a table in the shipped format, checking every entry.
 pub fn parse(text: &str) -> Result<Vec<Instance>> {
-    let f: File = toml::from_str(text)
-        .map_err(|e| Error::Unavailable(format!("instance table: {e}")))?;
+    let f: File =
+        toml::from_str(text).map_err(|e| Error::Unavailable(format!("instance table: {e}")))?;
     for i in &f.instance {
         let bad = |what: &str| {
             Err(Error::Unavailable(format!(

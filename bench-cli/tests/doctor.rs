@@ -61,21 +61,43 @@ impl Fx {
         }
     }
     #[allow(clippy::too_many_arguments)]
-    fn pci(&self, addr: &str, vendor: &str, device: &str, class: &str, driver: &str, numa: i32, gts: f64, width: u32) {
+    fn pci(
+        &self,
+        addr: &str,
+        vendor: &str,
+        device: &str,
+        class: &str,
+        driver: &str,
+        numa: i32,
+        gts: f64,
+        width: u32,
+    ) {
         let b = format!("/sys/bus/pci/devices/{addr}");
         self.file(&format!("{b}/vendor"), vendor)
             .file(&format!("{b}/device"), device)
             .file(&format!("{b}/class"), class)
             .file(&format!("{b}/numa_node"), &numa.to_string())
-            .file(&format!("{b}/current_link_speed"), &format!("{gts:.1} GT/s PCIe"))
-            .file(&format!("{b}/max_link_speed"), &format!("{gts:.1} GT/s PCIe"))
+            .file(
+                &format!("{b}/current_link_speed"),
+                &format!("{gts:.1} GT/s PCIe"),
+            )
+            .file(
+                &format!("{b}/max_link_speed"),
+                &format!("{gts:.1} GT/s PCIe"),
+            )
             .file(&format!("{b}/current_link_width"), &width.to_string())
             .file(&format!("{b}/max_link_width"), &width.to_string());
-        self.link(&format!("{b}/driver"), &format!("../../../bus/pci/drivers/{driver}"));
+        self.link(
+            &format!("{b}/driver"),
+            &format!("../../../bus/pci/drivers/{driver}"),
+        );
     }
     fn ib(&self, name: &str, addr: &str, rate: &str) {
         let b = format!("/sys/class/infiniband/{name}");
-        self.link(&format!("{b}/device"), &format!("../../../bus/pci/devices/{addr}"));
+        self.link(
+            &format!("{b}/device"),
+            &format!("../../../bus/pci/devices/{addr}"),
+        );
         self.file(&format!("{b}/ports/1/state"), "4: ACTIVE")
             .file(&format!("{b}/ports/1/phys_state"), "5: LinkUp")
             .file(&format!("{b}/ports/1/rate"), rate);
@@ -101,7 +123,8 @@ impl Fx {
 }
 
 const OPEN_DRIVER: &str = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri May 31 09:30:47 UTC 2024";
-const PROPRIETARY_DRIVER: &str = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023";
+const PROPRIETARY_DRIVER: &str =
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023";
 
 /// The EFA PCI address of NIC `j` of GPU `g` on the fake p5.
 fn efa_addr(g: usize, j: usize) -> String {
@@ -114,15 +137,25 @@ fn p5(name: &str) -> Fx {
     let fx = Fx::new(name);
     fx.file("/sys/class/dmi/id/product_name", "p5.48xlarge")
         .file("/sys/class/dmi/id/sys_vendor", "Amazon EC2");
-    fx.common(&["efa", "nvidia", "efa_nv_peermem"], "unlimited", Some(OPEN_DRIVER));
+    fx.common(
+        &["efa", "nvidia", "efa_nv_peermem"],
+        "unlimited",
+        Some(OPEN_DRIVER),
+    );
     for g in 0..8 {
         let numa = (g / 4) as i32;
         let gpu = format!("0000:{:02x}:00.0", 0x10 + g * 0x10);
-        fx.pci(&gpu, "0x10de", "0x2330", "0x030200", "nvidia", numa, 32.0, 16);
+        fx.pci(
+            &gpu, "0x10de", "0x2330", "0x030200", "nvidia", numa, 32.0, 16,
+        );
         for j in 0..4 {
             let a = efa_addr(g, j);
             fx.pci(&a, "0x1d0f", "0xefa1", "0x020000", "efa", numa, 32.0, 16);
-            fx.ib(&format!("rdmap{}s0", 0x10 + g * 0x10 + 1 + j), &a, "100 Gb/sec (4X EDR)");
+            fx.ib(
+                &format!("rdmap{}s0", 0x10 + g * 0x10 + 1 + j),
+                &a,
+                "100 Gb/sec (4X EDR)",
+            );
         }
     }
     fx
@@ -166,7 +199,11 @@ fn expect(r: &Report, id: &str, want: Status) {
 #[test]
 fn healthy_p5_is_all_ok() {
     let fx = p5("p5");
-    let r = run(&fx, &[("FI_PROVIDER", "efa"), ("NCCL_DEBUG", "INFO")], Some(efa_libfabric()));
+    let r = run(
+        &fx,
+        &[("FI_PROVIDER", "efa"), ("NCCL_DEBUG", "INFO")],
+        Some(efa_libfabric()),
+    );
     assert_eq!(r.instance.as_deref(), Some("p5"));
     for id in [
         "instance",
@@ -207,7 +244,11 @@ fn p5_with_a_missing_efa_and_a_link_at_x8_fails() {
     assert!(c.fix.is_some());
     expect(&r, "pcie.width", Status::Fail);
     let w = r.get("pcie.width").unwrap();
-    assert!(w.summary.contains("GPU 0000:40:00.0 x8 of x16"), "{}", w.summary);
+    assert!(
+        w.summary.contains("GPU 0000:40:00.0 x8 of x16"),
+        "{}",
+        w.summary
+    );
     expect(&r, "env.fi-provider-not-efa", Status::Fail);
     // What is still fine stays ok.
     expect(&r, "rdma.links", Status::Ok);
@@ -239,13 +280,28 @@ fn connectx(name: &str, driver: &str) -> Fx {
     let fx = Fx::new(name);
     fx.file("/sys/class/dmi/id/product_name", "PowerEdge XE8640")
         .file("/sys/class/dmi/id/sys_vendor", "Dell Inc.");
-    fx.common(&["mlx5_core", "mlx5_ib", "nvidia"], "unlimited", Some(driver));
+    fx.common(
+        &["mlx5_core", "mlx5_ib", "nvidia"],
+        "unlimited",
+        Some(driver),
+    );
     for g in 0..4 {
         let numa = (g / 2) as i32;
         let gpu = format!("0000:{:02x}:00.0", 0x20 + g * 0x20);
-        fx.pci(&gpu, "0x10de", "0x2330", "0x030200", "nvidia", numa, 32.0, 16);
+        fx.pci(
+            &gpu, "0x10de", "0x2330", "0x030200", "nvidia", numa, 32.0, 16,
+        );
         let nic = format!("0000:{:02x}:00.0", 0x21 + g * 0x20);
-        fx.pci(&nic, "0x15b3", "0x1021", "0x020700", "mlx5_core", numa, 32.0, 16);
+        fx.pci(
+            &nic,
+            "0x15b3",
+            "0x1021",
+            "0x020700",
+            "mlx5_core",
+            numa,
+            32.0,
+            16,
+        );
         fx.ib(&format!("mlx5_{g}"), &nic, "400 Gb/sec (4X NDR)");
     }
     fx
@@ -255,7 +311,16 @@ fn connectx(name: &str, driver: &str) -> Fx {
 fn connectx_without_peermem_fails_gpu_registration() {
     let fx = connectx("cx", PROPRIETARY_DRIVER);
     // A switch port with ACS P2P request/completion redirect on, config space readable.
-    fx.pci("0000:1f:00.0", "0x15b3", "0x1976", "0x060400", "pcieport", 0, 32.0, 16);
+    fx.pci(
+        "0000:1f:00.0",
+        "0x15b3",
+        "0x1976",
+        "0x060400",
+        "pcieport",
+        0,
+        32.0,
+        16,
+    );
     let mut cfg = vec![0u8; 4096];
     cfg[0x100..0x104].copy_from_slice(&(0x000du32 | (1 << 16)).to_le_bytes());
     cfg[0x106..0x108].copy_from_slice(&0x001du16.to_le_bytes());
@@ -263,12 +328,21 @@ fn connectx_without_peermem_fails_gpu_registration() {
     let r = run(&fx, &[("NCCL_IB_DISABLE", "1")], None);
     assert_eq!(r.instance, None);
     let inst = &r.get("instance").unwrap().summary;
-    assert!(inst.contains("ConnectX host (4 mlx5") && inst.contains("cx7-400"), "{inst}");
+    assert!(
+        inst.contains("ConnectX host (4 mlx5") && inst.contains("cx7-400"),
+        "{inst}"
+    );
     expect(&r, "rdma.count", Status::Ok);
     expect(&r, "gpu.peermem", Status::Warn);
     expect(&r, "gpu.dmabuf", Status::Warn);
     expect(&r, "gpu.path", Status::Fail);
-    assert!(r.get("gpu.path").unwrap().fix.as_deref().unwrap().contains("nvidia_peermem"));
+    assert!(r
+        .get("gpu.path")
+        .unwrap()
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("nvidia_peermem"));
     expect(&r, "libfabric", Status::Skip);
     expect(&r, "pcie.acs", Status::Warn);
     assert!(r.get("pcie.acs").unwrap().summary.contains("0000:1f:00.0"));
@@ -289,7 +363,11 @@ fn connectx_with_open_modules_uses_dmabuf() {
     expect(&r, "gpu.path", Status::Ok);
     assert!(r.get("gpu.path").unwrap().summary.contains("dmabuf"));
     expect(&r, "numa.nic", Status::Warn);
-    assert!(r.get("numa.nic").unwrap().summary.contains("0000:80:00.0 (NUMA 1)"));
+    assert!(r
+        .get("numa.nic")
+        .unwrap()
+        .summary
+        .contains("0000:80:00.0 (NUMA 1)"));
     assert_eq!(r.exit_code, 1);
 }
 
@@ -297,7 +375,16 @@ fn connectx_with_open_modules_uses_dmabuf() {
 fn cpu_only(name: &str) -> Fx {
     let fx = Fx::new(name);
     fx.common(&["virtio_net"], "8388608", None);
-    fx.pci("0000:00:03.0", "0x1af4", "0x1000", "0x020000", "virtio-pci", -1, 2.5, 1);
+    fx.pci(
+        "0000:00:03.0",
+        "0x1af4",
+        "0x1000",
+        "0x020000",
+        "virtio-pci",
+        -1,
+        2.5,
+        1,
+    );
     fx
 }
 
@@ -310,7 +397,13 @@ fn cpu_only_box_warns() {
     expect(&r, "rdma.devices", Status::Warn);
     expect(&r, "memlock", Status::Warn);
     assert!(r.get("memlock").unwrap().summary.contains("8192 KiB"));
-    for id in ["rdma.count", "gpu.memory", "pcie.links", "pcie.acs", "numa.nic"] {
+    for id in [
+        "rdma.count",
+        "gpu.memory",
+        "pcie.links",
+        "pcie.acs",
+        "numa.nic",
+    ] {
         expect(&r, id, Status::Skip);
     }
     expect(&r, "env.fi-provider-efa-absent", Status::Fail);
@@ -371,7 +464,12 @@ fn cli_exit_codes_follow_the_worst_check() {
 fn cli_bad_root_is_a_usage_error() {
     let o = doctor_cli(&["--root", "/nonexistent/rdma-bench-root"], &[]);
     assert_eq!(o.code, Some(2));
-    assert!(o.stderr.contains("--root /nonexistent/rdma-bench-root: not a directory"), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("--root /nonexistent/rdma-bench-root: not a directory"),
+        "{}",
+        o.stderr
+    );
     let o = doctor_cli(&["--topology", "/nonexistent.xml"], &[]);
     assert_eq!(o.code, Some(2));
     assert!(o.stderr.contains("--topology"), "{}", o.stderr);
@@ -396,7 +494,11 @@ fn cli_live_runs_without_error() {
     }
     let text = doctor_cli(&[], &[]);
     assert_eq!(text.code, o.code);
-    assert!(text.stdout.contains("rdma-bench doctor:"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("rdma-bench doctor:"),
+        "{}",
+        text.stdout
+    );
 }
 
 /// The real p5 hwloc export (when ../shared/topologies is there) with the healthy p5 tree:
@@ -419,7 +521,19 @@ fn p5_topology_from_hwloc_export() {
     });
     eprintln!("{}", doctor::render(&r));
     expect(&r, "numa.nic", Status::Ok);
-    assert!(r.get("numa.nic").unwrap().summary.contains("4 per GPU, topo"));
-    let o = doctor_cli(&["--root", &root_arg(&fx), "--topology", xml.to_str().unwrap()], &[]);
+    assert!(r
+        .get("numa.nic")
+        .unwrap()
+        .summary
+        .contains("4 per GPU, topo"));
+    let o = doctor_cli(
+        &[
+            "--root",
+            &root_arg(&fx),
+            "--topology",
+            xml.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(o.code, Some(0), "{}", o.stdout);
 }

@@ -207,11 +207,14 @@ fn gpus(f: &Facts) -> Check {
         return check(
             "gpus",
             Status::Warn,
-            format!("{} NVIDIA GPU(s) but the nvidia driver is not loaded", g.len()),
+            format!(
+                "{} NVIDIA GPU(s) but the nvidia driver is not loaded",
+                g.len()
+            ),
             Some("install or load the NVIDIA driver (modprobe nvidia)"),
         );
     }
-    let drv = f.nvidia.as_deref().unwrap_or("");
+    let drv = f.nvidia.as_deref().map(nvidia_short).unwrap_or_default();
     check(
         "gpus",
         Status::Ok,
@@ -226,6 +229,25 @@ fn gpus(f: &Facts) -> Check {
         ),
         None,
     )
+}
+
+/// `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07 ...` ->
+/// `NVIDIA driver 550.90.07, open kernel module`.
+fn nvidia_short(v: &str) -> String {
+    let ver = v
+        .split_whitespace()
+        .find(|t| {
+            t.split('.').count() >= 2
+                && t.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .unwrap_or("?");
+    let kind = if v.contains("Open Kernel Module") {
+        "open kernel module"
+    } else {
+        "proprietary kernel module"
+    };
+    format!("NVIDIA driver {ver}, {kind}")
 }
 
 fn rdma_devices(f: &Facts) -> Check {
@@ -499,7 +521,10 @@ fn gpu_memory(f: &Facts, lf: Option<&lf::Libfabric>) -> Vec<Check> {
     });
     // dmabuf: Linux >= 5.12 exports, NVIDIA's open kernel modules export GPU memory.
     let kernel = f.kernel.as_deref().and_then(sys::kernel_version);
-    let open = f.nvidia.as_deref().map(|v| v.contains("Open Kernel Module"));
+    let open = f
+        .nvidia
+        .as_deref()
+        .map(|v| v.contains("Open Kernel Module"));
     let (dmabuf, why) = match (kernel, open) {
         (Some(k), _) if k < (5, 12) => (false, format!("kernel {}.{} is older than 5.12", k.0, k.1)),
         (_, Some(false)) => (false, "the NVIDIA driver is the proprietary kernel module (dmabuf export needs the open modules, r515+)".into()),
@@ -520,7 +545,9 @@ fn gpu_memory(f: &Facts, lf: Option<&lf::Libfabric>) -> Vec<Check> {
             "dmabuf {}: {why}; whether the NIC driver takes it shows only at registration",
             if dmabuf { "possible" } else { "not available" }
         ),
-        (!dmabuf).then_some("use the NVIDIA open kernel modules on Linux >= 5.12, or load a peermem module"),
+        (!dmabuf).then_some(
+            "use the NVIDIA open kernel modules on Linux >= 5.12, or load a peermem module",
+        ),
     ));
     // libfabric's own CUDA support.
     if let Some(l) = lf {
@@ -581,11 +608,10 @@ fn gpu_memory(f: &Facts, lf: Option<&lf::Libfabric>) -> Vec<Check> {
 }
 
 fn pcie_links(f: &Facts) -> Vec<Check> {
-    let nic_pci: Vec<(&str, &str)> = f
-        .ib
-        .iter()
-        .filter_map(|d| d.pci.as_deref().map(|p| (d.name.as_str(), p)))
-        .collect();
+    let nic_pci: Vec<(&str, &str)> =
+        f.ib.iter()
+            .filter_map(|d| d.pci.as_deref().map(|p| (d.name.as_str(), p)))
+            .collect();
     let mut devs: Vec<(String, bool, &sys::PciDev)> = f
         .gpus()
         .into_iter()
@@ -640,7 +666,11 @@ fn pcie_links(f: &Facts) -> Vec<Check> {
         out.push(check(
             "pcie.speed",
             Status::Warn,
-            format!("{} NIC link(s) below their top speed: {}", slow.len(), short_list(&slow)),
+            format!(
+                "{} NIC link(s) below their top speed: {}",
+                slow.len(),
+                short_list(&slow)
+            ),
             Some("the link trained down: check `lspci -vv` LnkSta and the slot; reseat or replace"),
         ));
     }
@@ -654,7 +684,10 @@ fn pcie_links(f: &Facts) -> Vec<Check> {
             );
         }
         if unknown > 0 {
-            let _ = write!(s, "; {unknown} without link attributes (virtual functions?)");
+            let _ = write!(
+                s,
+                "; {unknown} without link attributes (virtual functions?)"
+            );
         }
         out.push(check(
             "pcie.links",
@@ -763,6 +796,14 @@ fn acs(sys: &Sys, f: &Facts) -> Check {
             }
         }
     }
+    if bridges.is_empty() {
+        return check(
+            "pcie.acs",
+            Status::Skip,
+            "no PCIe bridge listed: nothing between GPU and NIC to redirect peer-to-peer",
+            None,
+        );
+    }
     if read == 0 {
         return check(
             "pcie.acs",
@@ -816,11 +857,15 @@ fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
             None,
         )];
     }
-    let nic_numa: Vec<Option<u32>> = f
-        .ib
-        .iter()
-        .map(|d| d.pci.as_ref().and_then(|a| f.pci.get(a)).and_then(|p| p.numa))
-        .collect();
+    let nic_numa: Vec<Option<u32>> =
+        f.ib.iter()
+            .map(|d| {
+                d.pci
+                    .as_ref()
+                    .and_then(|a| f.pci.get(a))
+                    .and_then(|p| p.numa)
+            })
+            .collect();
     let mut far = Vec::new();
     for g in &gpus {
         let Some(n) = g.numa else { continue };
@@ -832,7 +877,10 @@ fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
         check_vec(
             "numa.nic",
             Status::Ok,
-            format!("every GPU has an RDMA NIC on its NUMA node ({} GPU(s), from sysfs)", gpus.len()),
+            format!(
+                "every GPU has an RDMA NIC on its NUMA node ({} GPU(s), from sysfs)",
+                gpus.len()
+            ),
             None,
         )
     } else {
@@ -910,7 +958,10 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
         return check(
             "numa.nic",
             Status::Warn,
-            format!("GPUs with fewer NICs than the instance has per GPU: {}", short_list(&few)),
+            format!(
+                "GPUs with fewer NICs than the instance has per GPU: {}",
+                short_list(&few)
+            ),
             Some("a NIC is missing: see rdma.count"),
         );
     }
@@ -943,7 +994,13 @@ pub fn render(r: &Report) -> String {
     );
     let w = r.checks.iter().map(|c| c.id.len()).max().unwrap_or(8);
     for c in &r.checks {
-        let _ = writeln!(out, "  {:<4}  {:<w$}  {}", c.status.label(), c.id, c.summary);
+        let _ = writeln!(
+            out,
+            "  {:<4}  {:<w$}  {}",
+            c.status.label(),
+            c.id,
+            c.summary
+        );
         if let Some(fix) = &c.fix {
             let _ = writeln!(out, "  {:<4}  {:<w$}  fix: {fix}", "", "");
         }
@@ -978,9 +1035,9 @@ pub fn inputs(a: &DoctorArgs) -> Result<Inputs> {
         )));
     }
     let topology = match (&a.topology, &a.root) {
-        (Some(x), _) => Some(
-            topo::from_xml(x).map_err(|e| Error::Usage(format!("--topology: {e}")))?,
-        ),
+        (Some(x), _) => {
+            Some(topo::from_xml(x).map_err(|e| Error::Usage(format!("--topology: {e}")))?)
+        }
         // Live: hwloc's view; a failure leaves the sysfs fallback.
         (None, None) => topo::discover().ok(),
         (None, Some(_)) => None,

@@ -112,7 +112,12 @@ pub struct Port {
 impl Port {
     /// `100 Gb/sec (4X EDR)` -> 100.
     pub fn gbps(&self) -> Option<f64> {
-        self.rate.as_deref()?.split_whitespace().next()?.parse().ok()
+        self.rate
+            .as_deref()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     }
     pub fn active(&self) -> bool {
         self.state.as_deref().is_some_and(|s| s.contains("ACTIVE"))
@@ -188,7 +193,9 @@ pub fn parse_memlock(limits: &str) -> Option<Limit> {
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max locked memory"))?;
-    let soft = line["Max locked memory".len()..].split_whitespace().next()?;
+    let soft = line["Max locked memory".len()..]
+        .split_whitespace()
+        .next()?;
     if soft == "unlimited" {
         Some(Limit::Unlimited)
     } else {
@@ -279,7 +286,9 @@ pub fn gather(sys: &Sys) -> Facts {
     modules.sort();
     modules.dedup();
     f.modules = modules;
-    f.memlock = sys.read("/proc/self/limits").and_then(|l| parse_memlock(&l));
+    f.memlock = sys
+        .read("/proc/self/limits")
+        .and_then(|l| parse_memlock(&l));
     f.cmdline = sys.read("/proc/cmdline").unwrap_or_default();
     f.iommu_groups = sys.list("/sys/kernel/iommu_groups").len();
     f.kernel = sys.read("/proc/sys/kernel/osrelease");
