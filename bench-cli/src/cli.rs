@@ -148,6 +148,8 @@ pub struct LoopbackArgs {
     pub common: Common,
     #[command(flatten)]
     pub work: WorkloadArgs,
+    #[command(flatten)]
+    pub out: crate::outputs::OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -183,6 +185,8 @@ pub struct ClientArgs {
     /// Keep trying to reach the server for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub connect_timeout: f64,
+    #[command(flatten)]
+    pub out: crate::outputs::OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -199,4 +203,6 @@ pub struct CompareArgs {
         default_value = "efa:shm,efa:tcp"
     )]
     pub pairs: Vec<Pair>,
+    #[command(flatten)]
+    pub out: crate::outputs::OutputArgs,
 }

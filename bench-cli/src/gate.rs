@@ -371,7 +371,7 @@ pub fn render(g: &GateResult) -> String {
             r.gpu.map_or("-".into(), |g| g.to_string()),
             r.gbps,
             opt(r.line_gbps, 1),
-            opt(r.need_gbps, 1),
+            opt(r.need_gbps, 2),
             opt(r.pct, 1),
             if r.pass { "ok" } else { "FAIL" },
             r.note
