@@ -24,6 +24,7 @@ pub mod outputs;
 pub mod pin;
 pub mod plan;
 pub mod plot;
+pub mod progress;
 pub mod proto;
 pub mod report;
 pub mod session;
