@@ -173,10 +173,11 @@ pub fn finish(
             .as_ref()
             .map(|(_, t)| plot::topology_svg(t))
             .transpose()?;
+        // The node check is of this machine, whatever topology the page shows.
         let doctor = crate::doctor::inputs(&crate::doctor::DoctorArgs {
             json: false,
             root: None,
-            topology: o.report_topology.clone(),
+            topology: None,
         })
         .ok()
         .map(|i| crate::doctor::run(&i));

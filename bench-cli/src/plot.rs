@@ -145,6 +145,7 @@ pub fn bandwidth_svg(
         chart
             .configure_mesh()
             .x_labels(labels.min(24))
+            .light_line_style(BLACK.mix(0.04))
             .x_label_formatter(&xfmt)
             .y_desc("Gbit/s")
             .x_desc(match axis {
@@ -274,14 +275,18 @@ pub fn topology_svg(t: &topo::Topology) -> Result<String> {
                 small.clone().color(&WHITE),
             ))
             .map_err(perr)?;
-            for (j, n) in c.nics.iter().enumerate() {
-                let y = 100 + j as i32 * 34;
+            // The link first, the NIC boxes over it.
+            if let Some(last) = c.nics.len().checked_sub(1) {
                 let mid = (gx0 + gx1) / 2;
+                let y = 100 + last as i32 * 34;
                 root.draw(&PathElement::new(
                     vec![(mid, gy1), (mid, y)],
                     BLACK.mix(0.5),
                 ))
                 .map_err(perr)?;
+            }
+            for (j, n) in c.nics.iter().enumerate() {
+                let y = 100 + j as i32 * 34;
                 root.draw(&Rectangle::new(
                     [(gx0, y), (gx1, y + 24)],
                     RGBColor(0x1f, 0x5f, 0xa8).filled(),
