@@ -170,7 +170,7 @@ pub fn render(p: &Page<'_>) -> String {
             esc(source)
         );
         if let Some(svg) = &p.topology_svg {
-            let _ = write!(o, "<div class=\"fig\">{svg}</div>\n");
+            let _ = writeln!(o, "<div class=\"fig\">{svg}</div>");
         }
         if t.gpus().is_empty() {
             o.push_str("<table><tr><th>NUMA</th><th class=\"l\">NICs</th><th>cores</th></tr>\n");

@@ -285,7 +285,7 @@ fn connectx(name: &str, driver: &str) -> Fx {
         "unlimited",
         Some(driver),
     );
-    for g in 0..4 {
+    for g in 0..4usize {
         let numa = (g / 2) as i32;
         let gpu = format!("0000:{:02x}:00.0", 0x20 + g * 0x20);
         fx.pci(

@@ -701,7 +701,7 @@ fn pcie_links(f: &Facts) -> Vec<Check> {
 
 fn iommu(f: &Facts) -> Check {
     let cmd = f.cmdline.split_whitespace().collect::<Vec<_>>();
-    let pt = cmd.iter().any(|a| *a == "iommu=pt");
+    let pt = cmd.contains(&"iommu=pt");
     let forced = cmd
         .iter()
         .find(|a| a.starts_with("intel_iommu=on") || a.starts_with("amd_iommu=on"));
