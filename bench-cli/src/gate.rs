@@ -255,7 +255,7 @@ pub fn evaluate(spec: &GateSpec, runs: &[&RunReport]) -> GateResult {
             };
             let note = if need.is_none() {
                 Some("line rate unknown: give --expect TYPE or --min-gbps".to_string())
-            } else if k > 1.0 {
+            } else if k > 1.0 && line.is_some() {
                 Some(format!("NIC shared by {k} endpoints"))
             } else {
                 None
@@ -389,7 +389,11 @@ pub fn render(g: &GateResult) -> String {
         if g.pass {
             "PASS".to_string()
         } else {
-            g.summary()
+            format!(
+                "FAIL, {} of {} rows short",
+                g.failed().count(),
+                g.rows.len()
+            )
         }
     );
     out
