@@ -7,9 +7,12 @@ PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libude
       libibverbs-dev libclang-16-dev clang-16)
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
+# ci/test.sh only: the headless browser that opens rdma-bench's --report page
+# (bench-cli/tests/outputs.rs; it skips without one).
+TEST_PKGS=(chromium)
 
 want=()
-for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"}; do
+for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"} ${SETUP_TEST:+"${TEST_PKGS[@]}"}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || want+=("$p")
 done
 if [ ${#want[@]} -gt 0 ]; then

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${SKIP_VM:-}" ] || export SETUP_VM=1
+export SETUP_TEST=1
 source ci/setup.sh
 t0=$SECONDS
 step() { echo; echo "==> $* ($((SECONDS - t0)) s)"; }

@@ -12,6 +12,8 @@ use crate::cli::{
 };
 use crate::config::Backend;
 use crate::error::{Error, Result};
+use crate::gate::GateResult;
+use crate::outputs::{self, Done};
 use crate::plan::Plan;
 use crate::report::{self, RunReport};
 use crate::session::{self, ClientOut, ServerCfg};
@@ -20,6 +22,10 @@ use crate::topo_glue;
 
 /// Run the command line; print the result or the error; the process exit code.
 pub fn main_with(cli: Cli) -> ExitCode {
+    if let Command::Doctor(a) = &cli.cmd {
+        // Its own exit statuses: 0 ok, 1 warnings, 2 failures.
+        return crate::doctor::main(a);
+    }
     set_provider_env(&cli);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -38,7 +44,7 @@ fn set_provider_env(cli: &Cli) {
         Command::Server(a) => tcp(&a.common.provider),
         Command::Client(a) => tcp(&a.common.provider),
         Command::Compare(a) => a.pairs.iter().any(|p| tcp(&p.provider)),
-        Command::Topo(_) => false,
+        Command::Topo(_) | Command::Doctor(_) => false,
     };
     if uses_tcp && std::env::var_os("FI_TCP_IFACE").is_none() {
         // Before any thread or libfabric call exists.
@@ -53,6 +59,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Server(a) => server(a),
         Command::Client(a) => client(a),
         Command::Compare(a) => compare(a),
+        // main_with runs doctor itself (it has exit statuses of its own).
+        Command::Doctor(_) => Ok(()),
     }
 }
 
@@ -131,9 +139,9 @@ fn default_provider(c: &Common) -> Option<String> {
     }
 }
 
-fn print_runs(reports: &[RunReport], json: bool, ladder: bool) {
+fn print_runs(reports: &[RunReport], json: bool, ladder: bool, gate: Option<&GateResult>) {
     if json {
-        println!("{}", report::to_json(reports));
+        println!("{}", outputs::with_gate(report::to_json(reports), gate));
     } else {
         print!("{}", report::render(reports, ladder));
     }
@@ -141,6 +149,7 @@ fn print_runs(reports: &[RunReport], json: bool, ladder: bool) {
 
 fn loopback(a: LoopbackArgs) -> Result<()> {
     let plan = Plan::new(&a.work, true)?;
+    let gate = a.out.prepare(plan.workload.name())?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
     let out = dispatch(
         a.common.backend,
@@ -151,8 +160,16 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    print_runs(&out.reports, a.common.json, plan.ladder);
-    Ok(())
+    let done = Done::of(&out.reports, plan.ladder);
+    let verdict = outputs::judge(gate.as_ref(), &done);
+    print_runs(&out.reports, a.common.json, plan.ladder, verdict.as_ref());
+    outputs::finish(
+        &a.out,
+        gate.as_ref(),
+        &done,
+        verdict.as_ref(),
+        a.common.json,
+    )
 }
 
 struct Serve<'a> {
@@ -218,6 +235,7 @@ fn client(a: ClientArgs) -> Result<()> {
         ));
     }
     let plan = Plan::new(&a.work, false)?;
+    let gate = a.out.prepare(plan.workload.name())?;
     let cfg = side_cfg(
         &a.common,
         a.common.provider.clone(),
@@ -237,8 +255,16 @@ fn client(a: ClientArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    print_runs(&out.reports, a.common.json, plan.ladder);
-    Ok(())
+    let done = Done::of(&out.reports, plan.ladder);
+    let verdict = outputs::judge(gate.as_ref(), &done);
+    print_runs(&out.reports, a.common.json, plan.ladder, verdict.as_ref());
+    outputs::finish(
+        &a.out,
+        gate.as_ref(),
+        &done,
+        verdict.as_ref(),
+        a.common.json,
+    )
 }
 
 struct Noop;
@@ -262,16 +288,19 @@ struct CompareRow<'a> {
 struct CompareOut<'a> {
     workload: String,
     pairs: Vec<CompareRow<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gate: Option<&'a GateResult>,
 }
 
 fn compare(a: CompareArgs) -> Result<()> {
-    if a.work.ladder || a.work.sizes.len() > 1 {
+    if a.work.ladder {
         return Err(Error::Usage(
-            "compare runs one workload at one size per pair: use -s, not --sizes or --ladder"
+            "compare runs one workload per pair at one size (-s) or a few (--sizes), not --ladder"
                 .into(),
         ));
     }
     let plan = Plan::new(&a.work, true)?;
+    let gate = a.out.prepare(plan.workload.name())?;
     let mut rows: Vec<(String, std::result::Result<RunReport, String>)> = Vec::new();
     for p in &a.pairs {
         let Some(backend) = Backend::parse(&p.backend) else {
@@ -292,7 +321,8 @@ fn compare(a: CompareArgs) -> Result<()> {
             )
         });
         let r = match r {
-            Ok(mut out) => out.reports.pop().ok_or_else(|| "no result".to_string()),
+            Ok(out) if out.reports.is_empty() => Err("no result".to_string()),
+            Ok(out) => Ok(out.reports),
             Err(e) => Err(e.to_string()),
         };
         if a.common.verbose > 0 {
@@ -301,8 +331,25 @@ fn compare(a: CompareArgs) -> Result<()> {
                 if r.is_ok() { "ok" } else { "failed" }
             );
         }
-        rows.push((p.to_string(), r));
+        // One row per size.
+        match r {
+            Ok(reports) => rows.extend(reports.into_iter().map(|r| (p.to_string(), Ok(r)))),
+            Err(e) => rows.push((p.to_string(), Err(e))),
+        }
     }
+    let done = Done {
+        runs: rows
+            .iter()
+            .filter_map(|(p, r)| r.as_ref().ok().map(|r| (p.clone(), r)))
+            .collect(),
+        failures: rows
+            .iter()
+            .filter_map(|(p, r)| r.as_ref().err().map(|e| (p.clone(), e.clone())))
+            .collect(),
+        ladder: false,
+        workload: plan.workload.to_string(),
+    };
+    let verdict = outputs::judge(gate.as_ref(), &done);
     if a.common.json {
         let out = CompareOut {
             workload: plan.workload.to_string(),
@@ -314,6 +361,7 @@ fn compare(a: CompareArgs) -> Result<()> {
                     run: r.as_ref().ok(),
                 })
                 .collect(),
+            gate: verdict.as_ref(),
         };
         println!(
             "{}",
@@ -322,13 +370,20 @@ fn compare(a: CompareArgs) -> Result<()> {
     } else {
         print!("{}", report::render_compare(&rows));
     }
+    let finished = outputs::finish(
+        &a.out,
+        gate.as_ref(),
+        &done,
+        verdict.as_ref(),
+        a.common.json,
+    );
     let failed: Vec<&str> = rows
         .iter()
         .filter(|(_, r)| r.is_err())
         .map(|(p, _)| p.as_str())
         .collect();
     if failed.is_empty() {
-        Ok(())
+        finished
     } else {
         Err(Error::Protocol(format!(
             "pair(s) failed: {}",

@@ -29,6 +29,9 @@ pub enum Command {
     Client(ClientArgs),
     /// Run one workload over several backend:provider pairs (in loopback), side by side.
     Compare(CompareArgs),
+    /// Check this node before a run: RDMA devices and links, libfabric, GPU memory paths,
+    /// PCIe, IOMMU, NUMA placement, FI_*/NCCL_* settings. Exit 0 ok, 1 warnings, 2 failures.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 #[derive(Debug, Args)]
@@ -145,6 +148,8 @@ pub struct LoopbackArgs {
     pub common: Common,
     #[command(flatten)]
     pub work: WorkloadArgs,
+    #[command(flatten)]
+    pub out: crate::outputs::OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +185,8 @@ pub struct ClientArgs {
     /// Keep trying to reach the server for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub connect_timeout: f64,
+    #[command(flatten)]
+    pub out: crate::outputs::OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -196,4 +203,6 @@ pub struct CompareArgs {
         default_value = "efa:shm,efa:tcp"
     )]
     pub pairs: Vec<Pair>,
+    #[command(flatten)]
+    pub out: crate::outputs::OutputArgs,
 }

@@ -44,6 +44,10 @@ pub enum Error {
     /// Not available in this build or on this machine.
     #[error("{0}")]
     Unavailable(String),
+    /// The run worked but fell short of a gate (`--expect`, `--min-pct`, `--min-gbps`;
+    /// exit status 3).
+    #[error("{0}")]
+    Gate(String),
 }
 
 impl Error {
@@ -51,6 +55,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) => 2,
+            Error::Gate(_) => 3,
             _ => 1,
         }
     }

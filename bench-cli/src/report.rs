@@ -1,13 +1,13 @@
 //! Results: the JSON object scripts read and the tables people read.
 
 use std::fmt::Write as _;
-use std::io::IsTerminal;
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::config::Knobs;
 use crate::units::human_bytes;
+
+pub use crate::progress::Progress;
 
 /// One NIC's share of a run.
 #[derive(Clone, Debug, Serialize)]
@@ -277,60 +277,4 @@ pub fn render_compare(rows: &[(String, Result<RunReport, String>)]) -> String {
         }
     }
     out
-}
-
-/// A progress line on stderr for runs longer than two seconds, only on a terminal and never
-/// with `--json`.
-pub struct Progress {
-    enabled: bool,
-    start: Instant,
-    last: Instant,
-    shown: bool,
-    what: String,
-}
-
-impl Progress {
-    pub fn new(what: impl Into<String>, json: bool) -> Self {
-        let now = Instant::now();
-        Progress {
-            enabled: !json && std::io::stderr().is_terminal(),
-            start: now,
-            last: now,
-            shown: false,
-            what: what.into(),
-        }
-    }
-    /// Report `done` of `total`; prints at most twice a second, after the first two seconds.
-    pub fn update(&mut self, done: u64, total: u64) {
-        if !self.enabled {
-            return;
-        }
-        let now = Instant::now();
-        if now.duration_since(self.start) < Duration::from_secs(2)
-            || now.duration_since(self.last) < Duration::from_millis(500)
-        {
-            return;
-        }
-        self.last = now;
-        self.shown = true;
-        let pct = (100 * done).checked_div(total).unwrap_or(0);
-        eprint!(
-            "\r{}: {pct:>3}% ({done}/{total}), {:.1} s ",
-            self.what,
-            now.duration_since(self.start).as_secs_f64()
-        );
-    }
-    /// Clear the line if one was printed.
-    pub fn finish(&mut self) {
-        if self.shown {
-            eprint!("\r{:width$}\r", "", width = self.what.len() + 40);
-            self.shown = false;
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        self.finish();
-    }
 }

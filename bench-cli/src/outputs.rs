@@ -1,0 +1,216 @@
+//! What happens after the runs: the gate (`--expect`, `--min-pct`, `--min-gbps`), the plot
+//! (`--plot FILE.svg`) and the page (`--report FILE.html`). Shared by loopback, client and
+//! compare.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::error::{Error, Result, TransportContext};
+use crate::gate::{self, GateResult, GateSpec};
+use crate::html;
+use crate::plot;
+use crate::report::RunReport;
+
+/// Gate, plot and report flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct OutputArgs {
+    /// Gate against an instance type's line rates (p5, p5e, p5en, p6-b200, p4d, cx7-400):
+    /// every NIC, GPU and the node must reach its threshold (exit status 3 if one does not).
+    #[arg(long, value_name = "TYPE")]
+    pub expect: Option<String>,
+    /// Gate: percent of line rate each NIC, GPU and the node must reach (the table's
+    /// threshold with --expect, else each NIC's reported link speed).
+    #[arg(long, value_name = "PCT")]
+    pub min_pct: Option<f64>,
+    /// Gate: Gbit/s each NIC endpoint must reach (works where no line rate is known, e.g. shm).
+    #[arg(long, value_name = "GBPS")]
+    pub min_gbps: Option<f64>,
+    /// Draw bandwidth against size (--sizes), stage (--ladder) or pair (compare) into an SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Write one self-contained HTML page: tables, gate, plot, topology, node check.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
+    /// The hwloc XML export the report's topology section shows (default: this machine).
+    #[arg(long, value_name = "FILE", requires = "report")]
+    pub report_topology: Option<PathBuf>,
+}
+
+fn check_dir(flag: &str, p: &Path) -> Result<()> {
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(d) = dir {
+        if !d.is_dir() {
+            return Err(Error::Usage(format!(
+                "{flag} {}: directory {} does not exist",
+                p.display(),
+                d.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl OutputArgs {
+    /// Check the flags before anything runs; the gate they ask for.
+    pub fn prepare(&self, workload: &str) -> Result<Option<GateSpec>> {
+        let spec = GateSpec::from_flags(self.expect.as_deref(), self.min_pct, self.min_gbps)?;
+        if spec.is_some() {
+            gate::check_workload(workload)?;
+        }
+        if let Some(p) = &self.plot {
+            if workload == "lat" {
+                return Err(Error::Usage(
+                    "--plot draws bandwidth: use it with --workload write, send or rate".into(),
+                ));
+            }
+            check_dir("--plot", p)?;
+        }
+        if let Some(p) = &self.report {
+            check_dir("--report", p)?;
+        }
+        if let Some(x) = &self.report_topology {
+            if !x.is_file() {
+                return Err(Error::Usage(format!(
+                    "--report-topology {}: no such file",
+                    x.display()
+                )));
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// The runs of one command, each with the label of its line (provider or pair).
+pub struct Done<'a> {
+    pub runs: Vec<(String, &'a RunReport)>,
+    pub failures: Vec<(String, String)>,
+    pub ladder: bool,
+    pub workload: String,
+}
+
+impl<'a> Done<'a> {
+    /// A loopback or client command's runs, labelled `backend/provider`.
+    pub fn of(runs: &'a [RunReport], ladder: bool) -> Self {
+        Done {
+            runs: runs
+                .iter()
+                .map(|r| (format!("{}/{}", r.backend, r.provider), r))
+                .collect(),
+            failures: Vec::new(),
+            ladder,
+            workload: runs.first().map(|r| r.workload.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+/// Judge the runs against the gate, if any.
+pub fn judge(spec: Option<&GateSpec>, d: &Done<'_>) -> Option<GateResult> {
+    let spec = spec?;
+    let all: Vec<RunReport> = d.runs.iter().map(|(_, r)| (*r).clone()).collect();
+    let picked = gate::pick(&all);
+    Some(gate::evaluate(spec, &picked))
+}
+
+/// The line rate the plot marks: the gate's node line, else the runs' own.
+fn line_rate(
+    d: &Done<'_>,
+    g: Option<&GateResult>,
+    spec: Option<&GateSpec>,
+) -> Option<(f64, String)> {
+    if let (Some(g), Some(s)) = (g, spec) {
+        let node = g.rows.iter().rev().find(|r| r.scope == "node")?;
+        let what = s
+            .expect
+            .map_or("link speed".to_string(), |i| i.name.clone());
+        return node.line_gbps.map(|l| (l, what));
+    }
+    d.runs
+        .iter()
+        .filter_map(|(_, r)| r.line_rate_gbps)
+        .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+        .map(|l| (l, "reported link speed".into()))
+}
+
+/// Write the plot and the report, print the gate table (unless `json`), and fail when the
+/// gate does.
+pub fn finish(
+    o: &OutputArgs,
+    spec: Option<&GateSpec>,
+    d: &Done<'_>,
+    gate: Option<&GateResult>,
+    json: bool,
+) -> Result<()> {
+    if let (Some(g), false) = (gate, json) {
+        print!("{}", gate::render(g));
+    }
+    let plot_svg = if o.plot.is_some() || o.report.is_some() {
+        let (axis, series) = plot::from_runs(d.runs.iter().map(|(l, r)| (l.clone(), *r)), d.ladder);
+        let title = match &axis {
+            plot::XAxis::Size => format!("{} bandwidth by message size", d.workload),
+            plot::XAxis::Stages(_) => format!("{} bandwidth by ladder stage", d.workload),
+        };
+        (!series.is_empty())
+            .then(|| plot::bandwidth_svg(&title, &axis, &series, line_rate(d, gate, spec)))
+            .transpose()?
+    } else {
+        None
+    };
+    if let (Some(p), Some(svg)) = (&o.plot, &plot_svg) {
+        std::fs::write(p, svg).ctx(|| format!("writing --plot {}", p.display()))?;
+    }
+    if let Some(p) = &o.report {
+        let topology = match &o.report_topology {
+            Some(x) => Some((
+                format!("from {}", x.display()),
+                topo::from_xml(x).map_err(|e| Error::Usage(format!("--report-topology: {e}")))?,
+            )),
+            None => topo::discover()
+                .ok()
+                .map(|t| ("this machine (hwloc)".to_string(), t)),
+        };
+        let topology_svg = topology
+            .as_ref()
+            .map(|(_, t)| plot::topology_svg(t))
+            .transpose()?;
+        // The node check is of this machine, whatever topology the page shows.
+        let doctor = crate::doctor::inputs(&crate::doctor::DoctorArgs {
+            json: false,
+            root: None,
+            topology: None,
+        })
+        .ok()
+        .map(|i| crate::doctor::run(&i));
+        let page = html::Page {
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            runs: d.runs.clone(),
+            failures: d.failures.clone(),
+            gate,
+            plot_svg,
+            topology,
+            topology_svg,
+            doctor,
+        };
+        std::fs::write(p, html::render(&page))
+            .ctx(|| format!("writing --report {}", p.display()))?;
+    }
+    match gate {
+        Some(g) if !g.pass => Err(Error::Gate(g.summary())),
+        _ => Ok(()),
+    }
+}
+
+/// `--json` output with the gate's verdict added as `gate`.
+pub fn with_gate(json: String, gate: Option<&GateResult>) -> String {
+    let Some(g) = gate else { return json };
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert(
+                "gate".into(),
+                serde_json::to_value(g).unwrap_or(serde_json::Value::Null),
+            );
+            serde_json::to_string_pretty(&m).unwrap_or(json)
+        }
+        _ => json,
+    }
+}
