@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source ci/setup.sh
 cargo build --release -p bench-cli --bin rdma-bench
-exec target/release/rdma-bench loopback "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/rdma-bench" loopback "$@"

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libudev-dev
-      libibverbs-dev libclang-16-dev clang-16)
+      libibverbs-dev libclang-16-dev clang-16 xz-utils)
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
 # ci/test.sh only: the headless browser that opens rdma-bench's --report page

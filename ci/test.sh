@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Every test: formatting, clippy, the host test suite (libfabric shm/tcp conformance, topo
-# fixtures, rdma-bench), then the verbs tests inside a Soft-RoCE VM.
-#   ci/test.sh            all of it
-#   SKIP_VM=1 ci/test.sh  everything but the VM
+# fixtures, rdma-bench) against the system libfabric (Debian 12: 1.17), the transport-efa and
+# rdma-bench suites again against libfabric 2.1.0 and 2.6.0 (built once from
+# ../shared/libfabric and cached by ci/libfabric.sh), then the verbs tests inside a
+# Soft-RoCE VM.
+#   ci/test.sh                              all of it
+#   SKIP_VM=1 ci/test.sh                    everything but the VM
+#   LIBFABRIC_VERSIONS="2.6.0" ci/test.sh   another set of libfabric releases ("" for none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${SKIP_VM:-}" ] || export SETUP_VM=1
@@ -15,10 +19,21 @@ step "cargo fmt --check"
 cargo fmt --all --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-step "cargo test (host)"
-cargo test --workspace
+step "cargo test (host, libfabric $(pkg-config --modversion libfabric))"
+LIBFABRIC_EXPECT=$(pkg-config --modversion libfabric | cut -d. -f1,2) cargo test --workspace
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+for v in ${LIBFABRIC_VERSIONS-2.1.0 2.6.0}; do
+  step "libfabric $v: build (cached), then the transport-efa and rdma-bench tests"
+  if [ ! -f ../shared/libfabric/libfabric-$v.tar.xz ] && [ -z "${LIBFABRIC_SRC:-}" ]; then
+    echo "libfabric $v: SKIPPED, no ../shared/libfabric/libfabric-$v.tar.xz beside the checkout"
+    continue
+  fi
+  prefix=$(ci/libfabric.sh "$v")
+  PKG_CONFIG_PATH=$prefix/lib/pkgconfig LD_LIBRARY_PATH=$prefix/lib \
+    LIBFABRIC_EXPECT=${v%.*} \
+    cargo test --target-dir "${CARGO_TARGET_DIR:-target}-lf-$v" -p transport-efa -p bench-cli
+done
 if [ -z "${SKIP_VM:-}" ]; then
   step "verbs tests inside the Soft-RoCE VM"
   ci/verbs-vm-test.sh

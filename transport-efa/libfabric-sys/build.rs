@@ -72,7 +72,12 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc/rs_fi.c");
     println!("cargo:rerun-if-changed=csrc/rs_fi.h");
+    // pkg-config is asked without cargo metadata, so name its inputs here: another
+    // PKG_CONFIG_PATH (another libfabric) must regenerate the bindings.
     for var in [
+        "PKG_CONFIG_PATH",
+        "PKG_CONFIG_LIBDIR",
+        "PKG_CONFIG_SYSROOT_DIR",
         "LIBCLANG_PATH",
         "LIBFABRIC_NO_PKG_CONFIG",
         "LIBFABRIC_INCLUDE_DIR",

@@ -371,6 +371,12 @@ impl Endpoint {
         runtime_version()
     }
 
+    /// The libfabric version whose headers this crate was built against, as `major.minor`.
+    pub fn libfabric_header_version() -> String {
+        let (major, minor) = fi::HEADER_VERSION;
+        format!("{major}.{minor}")
+    }
+
     /// Every libfabric provider present on this host (any endpoint type), e.g. for a
     /// `--provider` help text.
     pub fn available_providers() -> Vec<String> {

@@ -28,3 +28,19 @@ fn tcp_reports_remote_write_errors_with_delivery_complete() {
     let ep = Endpoint::open(&nic).expect("open tcp, transmit completions");
     assert!(!ep.caps().remote_write_errors);
 }
+
+/// CI builds and tests against several libfabric releases; `LIBFABRIC_EXPECT=2.6` makes
+/// sure the headers the bindings came from and the library loaded are that release, not a
+/// stale build or the system's 1.17 picked up by accident.
+#[test]
+fn built_and_running_against_the_expected_libfabric() {
+    let (headers, runtime) = (
+        Endpoint::libfabric_header_version(),
+        Endpoint::libfabric_version(),
+    );
+    eprintln!("libfabric: headers {headers}, library {runtime}");
+    if let Ok(want) = std::env::var("LIBFABRIC_EXPECT") {
+        assert_eq!(headers, want, "bindings generated from other headers");
+        assert_eq!(runtime, want, "another libfabric loaded at run time");
+    }
+}

@@ -1,5 +1,10 @@
 //! GPU memory (feature `cuda`): registration where the provider has `FI_HMEM`, and a clear
-//! `Unsupported` error where it has not. Skipped without a CUDA driver and device.
+//! `Unsupported` error where it has not. Skipped without a CUDA driver and device, saying so
+//! on stderr (`--nocapture` shows it).
+//!
+//! `REQUIRE_CUDA_PROVIDER=1` (set on the GPU host, with a CUDA-enabled libfabric 2.x) turns
+//! every skip and every "cannot register here" into a failure: the GPU-to-GPU WRITE over
+//! `shm` must then run and verify.
 
 #![cfg(feature = "cuda")]
 
@@ -13,12 +18,26 @@ use transport_efa::Endpoint;
 
 const LEN: usize = 1 << 20;
 
+fn required() -> bool {
+    std::env::var_os("REQUIRE_CUDA_PROVIDER").is_some()
+}
+
 fn gpu_present() -> bool {
     if !cuda_driver_present() || cuda_device_count().unwrap_or(0) == 0 {
-        eprintln!("skipped: no CUDA driver or device");
+        assert!(
+            !required(),
+            "REQUIRE_CUDA_PROVIDER is set, but no CUDA driver or device"
+        );
+        eprintln!("SKIPPED: no CUDA driver or device on this machine");
         return false;
     }
     true
+}
+
+/// A skip for want of a CUDA-capable provider: fatal under `REQUIRE_CUDA_PROVIDER`.
+fn no_cuda_provider(why: &str) {
+    assert!(!required(), "REQUIRE_CUDA_PROVIDER is set: {why}");
+    eprintln!("SKIPPED: {why}");
 }
 
 /// tcp on libfabric 1.x has no FI_HMEM: registering GPU memory is refused, naming why.
@@ -56,8 +75,8 @@ fn gpu_write_with_immediate_over_shm() {
     let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("shm hmem=on does not open: {e}");
             assert!(matches!(e, Error::Unsupported(_)), "{e}");
+            no_cuda_provider(&format!("shm hmem=on does not open: {e}"));
             return;
         }
     };
@@ -75,8 +94,8 @@ fn gpu_write_with_immediate_over_shm() {
         Err(e) => {
             // A libfabric without CUDA support (Debian's, Ubuntu's) offers FI_HMEM on shm
             // but cannot register CUDA memory: that must be a clear Unsupported.
-            eprintln!("shm cannot register GPU memory here: {e}");
             assert!(matches!(e, Error::Unsupported(_)), "{e}");
+            no_cuda_provider(&format!("shm cannot register GPU memory here: {e}"));
             return;
         }
     };

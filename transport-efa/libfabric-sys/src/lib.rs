@@ -42,6 +42,11 @@ pub const fn fi_minor(version: u32) -> u32 {
     version & 0xffff
 }
 
+/// The libfabric version whose headers these bindings were generated from, `(major, minor)`
+/// (`FI_MAJOR_VERSION`, `FI_MINOR_VERSION`). The library loaded at run time may differ:
+/// `fi_version()` says which.
+pub const HEADER_VERSION: (u32, u32) = (FI_MAJOR_VERSION as u32, FI_MINOR_VERSION as u32);
+
 /// `FI_ADDR_UNSPEC` / `FI_ADDR_NOTAVAIL`: no address (`((uint64_t) -1)`).
 pub const FI_ADDR_UNSPEC_: fi_addr_t = u64::MAX;
 
