@@ -8,6 +8,15 @@ use transport_core::{
 };
 
 use crate::buffers;
+
+/// Smallest GPU data region registered. Measured on an H100 with libfabric 2.6.0's `shm`
+/// (CUDA build): between two endpoints of one process, each with a 64-byte CUDA region (an
+/// 8-byte `lat`), the 8-byte WRITEs with immediate were checked against the wrong region
+/// (`ofi_mr_map_verify`: target range outside the registered one) and dropped, so the
+/// ping-pong timed out. Every region up to 2 KiB failed so, 4 KiB and up worked, and so did
+/// separate processes; with this floor, 8-byte `lat` runs (p50 18.7 us one-way). Regions of
+/// at least this size cost nothing that matters and keep small-message runs working.
+pub const GPU_MIN_REGION: usize = 64 * 1024;
 use crate::config::{Backend, MemKind};
 use crate::error::{Error, Result, TransportContext};
 use crate::proto::{NicWire, CTRL_LEN, MAX_NICS};
@@ -209,6 +218,11 @@ impl<T: Transport> Side<T> {
                 )));
             }
         }
+        // GPU regions are never smaller than GPU_MIN_REGION (see there).
+        let data_len = match mem {
+            MemKind::Cuda => data_len.max(GPU_MIN_REGION),
+            MemKind::Host => data_len,
+        };
         for i in 0..self.eps.len() {
             let gpu = self.gpu_of(i);
             let m = buffers::alloc(mem, gpu, data_len)?;
