@@ -237,8 +237,9 @@ pub struct Caps {
     /// comes back to the initiator as an error completion.
     ///
     /// Where `false` the target still refuses it, so its memory is never written, but the
-    /// initiator is not told: libfabric's `shm` answers nothing (1.x) or reports success
-    /// (2.x), and a provider asked for transmit completions only reports the local send.
+    /// initiator is not told: libfabric's `shm` answers nothing (1.17, 2.1) or reports
+    /// success (2.6), and a provider asked for transmit completions only reports the local
+    /// send.
     /// Code that must learn of a bad key there needs its own acknowledgement.
     pub remote_write_errors: bool,
 }

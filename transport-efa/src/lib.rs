@@ -1132,9 +1132,10 @@ impl Transport for Endpoint {
 ///   target, which answers with an error; without it (`write_completion=transmit`) the
 ///   completion only says the data left.
 /// - `shm`, whatever the flags: the target checks the key and range (`ofi_mr_map_verify` in
-///   `smr_progress_cmd_rma`) and drops a bad WRITE, but answers nothing on 1.x and hands the
-///   command back as a success on 2.x (read in 1.17.1, 2.1.0 and 2.6.0's sources; no
-///   `mr_mode` bit changes that path). The target memory is safe; the initiator is not told.
+///   `smr_progress_cmd_rma`) and drops a bad WRITE, but answers nothing on 1.17 and 2.1 and
+///   hands the command back as a success on 2.6 (read in 1.17.1, 2.1.0 and 2.6.0's sources,
+///   and run on each; no `mr_mode` bit changes that path). The target memory is safe; the
+///   initiator is not told.
 fn remote_write_errors(core: &str, write_flags: u64) -> bool {
     match core {
         "shm" => false,
