@@ -39,6 +39,7 @@ fn set_provider_env(cli: &Cli) {
         Command::Client(a) => tcp(&a.common.provider),
         Command::Compare(a) => a.pairs.iter().any(|p| tcp(&p.provider)),
         Command::Topo(_) => false,
+        Command::Run(a) => tcp(&a.common.provider),
     };
     if uses_tcp && std::env::var_os("FI_TCP_IFACE").is_none() {
         // Before any thread or libfabric call exists.
@@ -53,6 +54,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Server(a) => server(a),
         Command::Client(a) => client(a),
         Command::Compare(a) => compare(a),
+        Command::Run(a) => crate::ranks::run(a),
     }
 }
 
@@ -69,7 +71,11 @@ fn idle(c: &Common) -> Result<Duration> {
     Ok(Duration::from_secs_f64(c.idle_timeout))
 }
 
-fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Result<SideCfg> {
+pub(crate) fn side_cfg(
+    c: &Common,
+    provider: Option<String>,
+    devices: Vec<String>,
+) -> Result<SideCfg> {
     let cfg = SideCfg {
         backend: c.backend,
         provider: match c.backend {

@@ -29,6 +29,8 @@ pub enum Command {
     Client(ClientArgs),
     /// Run one workload over several backend:provider pairs (in loopback), side by side.
     Compare(CompareArgs),
+    /// One rank of N, started by srun, mpirun or torchrun-style env: all-to-all, incast, ...
+    Run(crate::ranks::RunArgs),
 }
 
 #[derive(Debug, Args)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use transport_core::RemoteMr;
 
-use crate::config::{Knobs, LatOp, MemKind, Workload};
+use crate::config::{Knobs, LatOp, MemKind, Pattern, Workload};
 use crate::error::{Error, Result};
 
 /// First field of `Hello` and `Welcome`.
@@ -116,6 +116,112 @@ pub struct Done {
     pub cores: Vec<u32>,
 }
 
+// ---------------------------------------------------------------------------------------
+// `rdma-bench run`: N ranks meet at rank 0.
+//
+// Each rank connects to rank 0 and sends `Join` (who it is, and the options every rank must
+// share), then `Links` (one entry per endpoint it opened for a peer). Rank 0 checks every
+// `Join` against its own, answers each rank with `Links` (the peer ends of its endpoints, in
+// the same order), and from then on releases `Barrier`s and collects a `RankDone` per rank
+// and run. A rank that fails sends `Error`; rank 0 then sends every other rank `Abort`
+// naming it, and so when a rank's control connection closes without `Bye`.
+
+/// Most ranks one job may have (every rank keeps a control connection to rank 0).
+pub const MAX_RANKS: u32 = 4096;
+/// Most endpoints (links) one rank may announce.
+pub const MAX_LINKS: usize = 1 << 16;
+/// Most runs (sizes, ladder stages) in one job.
+pub const MAX_RUNS: usize = 256;
+
+/// One run as every rank must see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub stage: Option<String>,
+    pub size: u64,
+    /// Pages per GPU and peer.
+    pub pages: u64,
+    pub iters: u64,
+    pub knobs: Knobs,
+}
+
+/// The options every rank of a job must share; rank 0 refuses a rank whose differ.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankSpec {
+    /// rdma-bench's own version.
+    pub build: String,
+    pub backend: String,
+    pub provider: String,
+    pub pattern: Pattern,
+    pub workload: Workload,
+    /// GPUs (NIC groups) per rank.
+    pub gpus: u32,
+    pub nics_per_gpu: u32,
+    pub mem: MemKind,
+    pub seed: u64,
+    pub verify: bool,
+    pub runs: Vec<RunSpec>,
+}
+
+/// A rank's opening message to rank 0.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Join {
+    pub magic: String,
+    pub version: u32,
+    pub rank: u32,
+    pub world: u32,
+    pub local_rank: u32,
+    pub host: String,
+    pub pid: u32,
+    pub spec: RankSpec,
+}
+
+/// One endpoint of a link: this rank's NIC `nic` towards rank `peer`, for sending or receiving.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkWire {
+    pub peer: u32,
+    pub nic: u32,
+    /// The endpoint WRITEs (true) or receives WRITEs (false).
+    pub send: bool,
+    /// NIC name as opened.
+    pub name: String,
+    pub addr: Vec<u8>,
+    /// The receive region (receiving endpoints only).
+    pub mr: Option<RemoteMr>,
+    pub max_write_size: u64,
+}
+
+/// A rank's endpoints (rank to rank 0), or the peer ends of them (rank 0 to a rank).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Links {
+    pub rank: u32,
+    pub links: Vec<LinkWire>,
+}
+
+/// What one link measured in the timed phase.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkStats {
+    pub peer: u32,
+    pub nic: u32,
+    pub send: bool,
+    pub bytes: u64,
+    pub ops: u64,
+    pub seconds: f64,
+}
+
+/// One rank's result of one run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankDone {
+    pub rank: u32,
+    pub id: u32,
+    /// The rank's timed phase, first thread start to last thread end.
+    pub seconds: f64,
+    pub verified: bool,
+    /// NIC names, by NIC index.
+    pub nics: Vec<String>,
+    pub links: Vec<LinkStats>,
+    pub cores: Vec<u32>,
+}
+
 /// Every control message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -127,6 +233,11 @@ pub enum Msg {
     Done(Done),
     Error { message: String },
     Bye,
+    Join(Join),
+    Links(Links),
+    Barrier { id: u32 },
+    RankDone(RankDone),
+    Abort { rank: u32, message: String },
 }
 
 impl Msg {
@@ -140,6 +251,11 @@ impl Msg {
             Msg::Done(_) => "done",
             Msg::Error { .. } => "error",
             Msg::Bye => "bye",
+            Msg::Join(_) => "join",
+            Msg::Links(_) => "links",
+            Msg::Barrier { .. } => "barrier",
+            Msg::RankDone(_) => "rank_done",
+            Msg::Abort { .. } => "abort",
         }
     }
 }
@@ -277,36 +393,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_magic(&w.magic, w.version)?;
             check_nics(&w.nics)
         }
-        Msg::Request(r) => {
-            if r.size == 0 {
-                return Err(proto("request of size 0"));
-            }
-            if r.iters == 0 || r.iters > MAX_ITERS {
-                return Err(proto(format!("request of {} iterations", r.iters)));
-            }
-            if r.workload == Workload::Lat && r.iters > MAX_LAT_ITERS {
-                return Err(proto(format!(
-                    "{} latency round trips (limit {MAX_LAT_ITERS})",
-                    r.iters
-                )));
-            }
-            if r.count == 0 || r.count > MAX_ITERS {
-                return Err(proto(format!("request count {}", r.count)));
-            }
-            if r.knobs.batch == 0 || r.knobs.batch > MAX_BATCH {
-                return Err(proto(format!(
-                    "batch {} (allowed: 1..={MAX_BATCH})",
-                    r.knobs.batch
-                )));
-            }
-            if r.knobs.warmup > MAX_WARMUP {
-                return Err(proto(format!(
-                    "warm-up {} over {MAX_WARMUP}",
-                    r.knobs.warmup
-                )));
-            }
-            Ok(())
-        }
+        Msg::Request(r) => check_run(r.workload, r.size, r.count, r.iters, &r.knobs),
         Msg::Error { message } => {
             if message.len() > MAX_TEXT {
                 return Err(proto("error text too long"));
@@ -327,8 +414,131 @@ pub fn validate(msg: &Msg) -> Result<()> {
             }
             Ok(())
         }
-        Msg::Ready { .. } | Msg::Bye => Ok(()),
+        Msg::Ready { .. } | Msg::Bye | Msg::Barrier { .. } => Ok(()),
+        Msg::Join(j) => {
+            check_magic(&j.magic, j.version)?;
+            check_name("host name", &j.host)?;
+            if j.world < 2 || j.world > MAX_RANKS || j.rank >= j.world {
+                return Err(proto(format!(
+                    "rank {} of a job of {} (allowed: 2..={MAX_RANKS} ranks)",
+                    j.rank, j.world
+                )));
+            }
+            let sp = &j.spec;
+            check_name("build", &sp.build)?;
+            check_name("backend", &sp.backend)?;
+            check_name("provider", &sp.provider)?;
+            let nics = (sp.gpus as u64).checked_mul(sp.nics_per_gpu as u64);
+            if sp.gpus == 0 || sp.nics_per_gpu == 0 || nics.map_or(true, |n| n > MAX_NICS as u64) {
+                return Err(proto(format!(
+                    "{} GPUs x {} NICs per rank (allowed: 1..={MAX_NICS} NICs)",
+                    sp.gpus, sp.nics_per_gpu
+                )));
+            }
+            if sp.runs.is_empty() || sp.runs.len() > MAX_RUNS {
+                return Err(proto(format!(
+                    "{} runs (allowed: 1..={MAX_RUNS})",
+                    sp.runs.len()
+                )));
+            }
+            for r in &sp.runs {
+                if let Some(s) = &r.stage {
+                    check_name("stage", s)?;
+                }
+                check_run(sp.workload, r.size, r.pages, r.iters, &r.knobs)?;
+            }
+            Ok(())
+        }
+        Msg::Links(l) => {
+            if l.rank >= MAX_RANKS || l.links.len() > MAX_LINKS {
+                return Err(proto(format!(
+                    "links of rank {}: {} entries (allowed: up to {MAX_LINKS})",
+                    l.rank,
+                    l.links.len()
+                )));
+            }
+            for (i, k) in l.links.iter().enumerate() {
+                check_name("NIC name", &k.name)?;
+                if k.peer >= MAX_RANKS || k.nic as usize >= MAX_NICS {
+                    return Err(proto(format!(
+                        "link {i}: peer {} NIC {} out of range",
+                        k.peer, k.nic
+                    )));
+                }
+                if k.addr.is_empty() || k.addr.len() > MAX_ADDR {
+                    return Err(proto(format!(
+                        "link {i}: address of {} bytes (allowed: 1..={MAX_ADDR})",
+                        k.addr.len()
+                    )));
+                }
+                match (&k.mr, k.send) {
+                    (Some(m), false) if m.addr.checked_add(m.len).is_some() => {}
+                    (None, true) => {}
+                    _ => {
+                        return Err(proto(format!(
+                            "link {i}: a receiving link carries one region that does not wrap, \
+                             a sending link none"
+                        )))
+                    }
+                }
+            }
+            Ok(())
+        }
+        Msg::RankDone(d) => {
+            if d.rank >= MAX_RANKS || d.links.len() > MAX_LINKS || d.nics.len() > MAX_NICS {
+                return Err(proto("rank result out of bounds"));
+            }
+            if d.cores.len() > MAX_NICS {
+                return Err(proto("rank result lists too many cores"));
+            }
+            for n in &d.nics {
+                check_name("NIC name", n)?;
+            }
+            if !d.seconds.is_finite() || d.seconds < 0.0 {
+                return Err(proto("rank result with a bad duration"));
+            }
+            for l in &d.links {
+                if !l.seconds.is_finite() || l.seconds < 0.0 || l.nic as usize >= d.nics.len() {
+                    return Err(proto("rank result with a bad link"));
+                }
+            }
+            Ok(())
+        }
+        Msg::Abort { rank, message } => {
+            if *rank >= MAX_RANKS || message.len() > MAX_TEXT {
+                return Err(proto("abort message out of bounds"));
+            }
+            Ok(())
+        }
     }
+}
+
+/// The numbers of one run (a server request, or a run of a rank job).
+fn check_run(workload: Workload, size: u64, count: u64, iters: u64, knobs: &Knobs) -> Result<()> {
+    if size == 0 {
+        return Err(proto("request of size 0"));
+    }
+    if iters == 0 || iters > MAX_ITERS {
+        return Err(proto(format!("request of {iters} iterations")));
+    }
+    if workload == Workload::Lat && iters > MAX_LAT_ITERS {
+        return Err(proto(format!(
+            "{iters} latency round trips (limit {MAX_LAT_ITERS})"
+        )));
+    }
+    if count == 0 || count > MAX_ITERS {
+        return Err(proto(format!("request count {count}")));
+    }
+    if knobs.batch == 0 || knobs.batch > MAX_BATCH {
+        return Err(proto(format!(
+            "batch {} (allowed: 1..={MAX_BATCH})",
+            knobs.batch
+        )));
+    }
+    if knobs.warmup > MAX_WARMUP {
+        return Err(proto(format!("warm-up {} over {MAX_WARMUP}", knobs.warmup)));
+    }
+    Ok(())
 }
 
 fn check_magic(magic: &str, version: u32) -> Result<()> {
