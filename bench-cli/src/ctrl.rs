@@ -171,6 +171,9 @@ impl Ctrl {
                         return;
                     }
                     let why = match &ev {
+                        Event::Gone(Error::PeerGone(m)) if !said_bye => {
+                            Some(format!("{name} is gone ({m})"))
+                        }
                         Event::Gone(e) if !said_bye => Some(format!("{name} is gone ({e})")),
                         Event::Gone(_) => None,
                         Event::Msg(Msg::Abort { message, .. }) => Some(message.clone()),
@@ -183,8 +186,10 @@ impl Ctrl {
                     if fatal {
                         live2.mark_gone();
                     }
-                    if let (Some(why), Some(hook)) = (&why, on_gone.take()) {
-                        hook(why);
+                    if let Some(why) = &why {
+                        if let Some(hook) = on_gone.take() {
+                            hook(why);
+                        }
                     }
                     let closed = tx.send(ev).is_err();
                     if fatal {

@@ -22,6 +22,31 @@ use crate::proto::{self, Frame, Join, LinkWire, Links, Msg, RankDone};
 /// consequence of another rank dying; the job should name that rank).
 const BLAME_WAIT: Duration = Duration::from_secs(1);
 
+/// How long rank 0 keeps answering late ranks after the rendezvous failed.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// The rendezvous failed: tell ranks that connect late, so they exit at once instead of
+/// waiting for a rank 0 that is gone.
+fn linger(listener: &TcpListener, mut left: usize, for_: Duration, why: &str) {
+    let start = Instant::now();
+    while left > 0 && start.elapsed() < for_ {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = read_one(&mut s, Duration::from_secs(1), "its join message");
+                let _ = proto::write_msg(
+                    &mut s,
+                    &Msg::Error {
+                        message: format!("the job failed at the rendezvous: {why}"),
+                    },
+                );
+                left -= 1;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
 /// Who a rank is, as rank 0 saw it join.
 #[derive(Clone, Debug)]
 pub struct Member {
@@ -51,16 +76,18 @@ fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
     }
 }
 
-/// Record the first failure of the job and tell every other rank.
-fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) {
+/// Record the first failure of the job and tell every other rank; false when the job had
+/// already failed.
+fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> bool {
     {
         let mut f = lock(failed);
         if f.is_some() {
-            return;
+            return false;
         }
         *f = Some((rank, message.clone()));
     }
     broadcast(writers, Some(rank), &Msg::Abort { rank, message });
+    true
 }
 
 /// Rank 0's side: a control connection per rank.
@@ -133,51 +160,44 @@ fn read_one(s: &mut TcpStream, timeout: Duration, what: &str) -> Result<Msg> {
     }
 }
 
-/// Differences between two ranks' options, as `name: here X, there Y`.
+/// Differences between two ranks' options, as `name: rank 0 has X, it has Y`.
 fn spec_diff(mine: &proto::RankSpec, theirs: &proto::RankSpec) -> Vec<String> {
     let (a, b) = (
         serde_json::to_value(mine).unwrap_or_default(),
         serde_json::to_value(theirs).unwrap_or_default(),
     );
     let mut out = Vec::new();
-    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
-        for (k, va) in a {
-            let vb = b.get(k).cloned().unwrap_or_default();
-            if *va != vb {
-                let name = match k.as_str() {
-                    "build" => "rdma-bench version",
-                    "runs" => "runs (--size/--sizes, --pages, -n, --warmup and the ladder's knobs)",
-                    other => other,
-                };
-                let short = |v: &serde_json::Value| {
-                    let s = v.to_string();
-                    if s.len() > 200 {
-                        format!("{}...", &s[..s.floor_char_boundary_compat(200)])
-                    } else {
-                        s
-                    }
-                };
-                out.push(format!(
-                    "{name}: rank 0 has {}, it has {}",
-                    short(va),
-                    short(&vb)
-                ));
-            }
-        }
-    }
+    json_diff("", &a, &b, &mut out);
     out
 }
 
-/// `str::floor_char_boundary` is unstable; this is the same for our use.
-trait FloorBoundary {
-    fn floor_char_boundary_compat(&self, i: usize) -> usize;
-}
-impl FloorBoundary for String {
-    fn floor_char_boundary_compat(&self, mut i: usize) -> usize {
-        while i > 0 && !self.is_char_boundary(i) {
-            i -= 1;
+fn json_diff(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    if out.len() >= 8 || a == b {
+        return;
+    }
+    let name = |k: &str| match k {
+        "build" => "rdma-bench version".to_string(),
+        k if path.is_empty() => k.to_string(),
+        k => format!("{path}.{k}"),
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, va) in x {
+                json_diff(&name(k), va, y.get(k).unwrap_or(&Value::Null), out);
+            }
         }
-        i
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (va, vb)) in x.iter().zip(y).enumerate() {
+                json_diff(&format!("{path}[{i}]"), va, vb, out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => out.push(format!(
+            "{path}: rank 0 has {} entries, it has {}",
+            x.len(),
+            y.len()
+        )),
+        _ => out.push(format!("{path}: rank 0 has {a}, it has {b}")),
     }
 }
 
@@ -231,7 +251,10 @@ impl Hub {
         match hub.accept_all(listener, me, timeout, grace) {
             Ok(()) => Ok(hub),
             Err(e) => {
-                fail_job(&hub.writers, &hub.failed, 0, format!("rank 0: {e}"));
+                let msg = format!("rank 0: {e}");
+                let _ = fail_job(&hub.writers, &hub.failed, 0, msg.clone());
+                let joined = hub.members.len();
+                linger(listener, world as usize - joined, timeout.min(LINGER), &msg);
                 Err(e)
             }
         }
@@ -324,7 +347,7 @@ impl Hub {
             let diff = spec_diff(&me.spec, &join.spec);
             if !diff.is_empty() {
                 let why = format!(
-                    "it was started with other options ({}); start every rank with the same \
+                    "it was started with other options: {}; start every rank with the same \
                      rdma-bench and flags",
                     diff.join("; ")
                 );
@@ -339,8 +362,9 @@ impl Hub {
                     watchdog: Some(Watchdog::Exit(grace)),
                     live: Some(self.live.clone()),
                     on_gone: Some(Box::new(move |why: &str| {
-                        eprintln!("rdma-bench: rank 0: {why}; aborting the job");
-                        fail_job(&writers, &failed, r, why.to_string());
+                        if fail_job(&writers, &failed, r, why.to_string()) {
+                            eprintln!("rdma-bench: rank 0: {why}; aborting the job");
+                        }
                     })),
                     name: Some(format!("rank {r} (on {}, pid {})", join.host, join.pid)),
                 },
@@ -665,7 +689,7 @@ impl Coord {
                 if let Err(f) = h.check_failed() {
                     return f;
                 }
-                fail_job(&h.writers, &h.failed, 0, format!("rank 0: {e}"));
+                let _ = fail_job(&h.writers, &h.failed, 0, format!("rank 0: {e}"));
                 e
             }
             Coord::Leaf(l) => {
