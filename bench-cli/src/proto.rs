@@ -714,9 +714,140 @@ mod tests {
         }
     }
 
+    fn join() -> Join {
+        Join {
+            magic: MAGIC.into(),
+            version: VERSION,
+            rank: 1,
+            world: 4,
+            local_rank: 1,
+            host: "node01".into(),
+            pid: 42,
+            spec: RankSpec {
+                build: "0.1.0".into(),
+                backend: "efa".into(),
+                provider: "shm".into(),
+                pattern: Pattern::AllToAll,
+                workload: Workload::Write,
+                gpus: 2,
+                nics_per_gpu: 2,
+                mem: MemKind::Host,
+                seed: 1,
+                verify: true,
+                runs: vec![RunSpec {
+                    stage: None,
+                    size: 4096,
+                    pages: 16,
+                    iters: 3,
+                    knobs: Knobs::baseline(),
+                }],
+            },
+        }
+    }
+
+    fn link(send: bool) -> LinkWire {
+        LinkWire {
+            peer: 2,
+            nic: 1,
+            send,
+            name: "rdmap0".into(),
+            addr: vec![9; 32],
+            mr: (!send).then_some(RemoteMr {
+                addr: 4096,
+                len: 1 << 20,
+                key: 3,
+            }),
+            max_write_size: 1 << 30,
+        }
+    }
+
+    fn links() -> Links {
+        Links {
+            rank: 1,
+            links: vec![link(true), link(false)],
+        }
+    }
+
+    fn rank_done() -> RankDone {
+        RankDone {
+            rank: 3,
+            id: 0,
+            seconds: 0.5,
+            verified: true,
+            nics: vec!["a".into(), "b".into()],
+            links: vec![LinkStats {
+                peer: 0,
+                nic: 1,
+                send: true,
+                bytes: 10,
+                ops: 1,
+                seconds: 0.25,
+            }],
+            cores: vec![3],
+        }
+    }
+
+    #[test]
+    fn rank_messages_bounds() {
+        for m in [
+            Msg::Join(join()),
+            Msg::Links(links()),
+            Msg::RankDone(rank_done()),
+        ] {
+            validate(&m).unwrap();
+        }
+        let bad_join = |f: fn(&mut Join)| {
+            let mut j = join();
+            f(&mut j);
+            validate(&Msg::Join(j)).unwrap_err().to_string()
+        };
+        assert!(bad_join(|j| j.version = 9).contains("version mismatch"));
+        assert!(bad_join(|j| j.world = 1).contains("rank"));
+        assert!(bad_join(|j| j.rank = 4).contains("rank 4"));
+        assert!(bad_join(|j| j.world = MAX_RANKS + 1).contains("rank"));
+        assert!(bad_join(|j| j.spec.runs.clear()).contains("runs"));
+        assert!(bad_join(|j| j.spec.runs[0].size = 0).contains("size 0"));
+        assert!(bad_join(|j| j.spec.gpus = 0).contains("GPUs"));
+        assert!(bad_join(|j| j.host = "h".repeat(MAX_NAME + 1)).contains("host"));
+        let bad_links = |f: fn(&mut Links)| {
+            let mut l = links();
+            f(&mut l);
+            validate(&Msg::Links(l)).is_err()
+        };
+        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr));
+        assert!(bad_links(|l| l.links[1].mr = None));
+        assert!(bad_links(
+            |l| l.links[1].mr.as_mut().unwrap().addr = u64::MAX
+        ));
+        assert!(bad_links(|l| l.links[0].addr.clear()));
+        assert!(bad_links(|l| l.links[0].peer = MAX_RANKS));
+        let mut d = rank_done();
+        d.links[0].nic = 2;
+        assert!(
+            validate(&Msg::RankDone(d)).is_err(),
+            "NIC index past the names"
+        );
+        let mut d = rank_done();
+        d.seconds = f64::NAN;
+        assert!(validate(&Msg::RankDone(d)).is_err());
+        assert!(validate(&Msg::Abort {
+            rank: 0,
+            message: "x".repeat(MAX_TEXT + 1)
+        })
+        .is_err());
+    }
+
     #[test]
     fn round_trip() {
         for m in [
+            Msg::Join(join()),
+            Msg::Links(links()),
+            Msg::Barrier { id: 7 },
+            Msg::RankDone(rank_done()),
+            Msg::Abort {
+                rank: 2,
+                message: "rank 2 is gone".into(),
+            },
             Msg::Hello(hello()),
             Msg::Request(request()),
             Msg::Ready { id: 3 },
@@ -807,8 +938,16 @@ mod tests {
         fn mutated_frames_never_panic(
             flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
             cut in any::<usize>(),
+            kind in 0usize..5,
         ) {
-            let mut f = encode(&Msg::Hello(hello())).unwrap();
+            let m = match kind {
+                0 => Msg::Hello(hello()),
+                1 => Msg::Join(join()),
+                2 => Msg::Links(links()),
+                3 => Msg::RankDone(rank_done()),
+                _ => Msg::Abort { rank: 1, message: "gone".into() },
+            };
+            let mut f = encode(&m).unwrap();
             for (at, b) in flips {
                 let i = at % f.len();
                 f[i] ^= b;
@@ -851,6 +990,58 @@ mod tests {
             r.knobs.warmup = warmup;
             let body = serde_json::to_vec(&Msg::Request(r)).unwrap();
             let _ = decode_body(&body);
+        }
+
+        /// Any field values in a well-formed join are checked, not trusted.
+        #[test]
+        fn any_join_fields_never_panic(
+            rank in any::<u32>(), world in any::<u32>(), gpus in any::<u32>(), npg in any::<u32>(),
+            runs in 0usize..4, size in any::<u64>(), pages in any::<u64>(), iters in any::<u64>(),
+            batch in any::<u32>(), host_len in 0usize..400,
+        ) {
+            let mut j = join();
+            j.rank = rank;
+            j.world = world;
+            j.spec.gpus = gpus;
+            j.spec.nics_per_gpu = npg;
+            j.host = "h".repeat(host_len);
+            j.spec.runs = (0..runs).map(|_| RunSpec {
+                stage: Some("s".into()),
+                size,
+                pages,
+                iters,
+                knobs: Knobs { batch, ..Knobs::baseline() },
+            }).collect();
+            let body = serde_json::to_vec(&Msg::Join(j)).unwrap();
+            let _ = decode_body(&body);
+        }
+
+        /// Any links and results are checked, not trusted.
+        #[test]
+        fn any_links_and_results_never_panic(
+            n in 0usize..6, peer in any::<u32>(), nic in any::<u32>(), send in any::<bool>(),
+            addr_len in 0usize..5000, with_mr in any::<bool>(), mr_addr in any::<u64>(),
+            mr_len in any::<u64>(), secs in any::<f64>(), names in 0usize..4,
+        ) {
+            let l = Links {
+                rank: peer,
+                links: (0..n).map(|_| LinkWire {
+                    peer,
+                    nic,
+                    send,
+                    name: "n".into(),
+                    addr: vec![0; addr_len],
+                    mr: with_mr.then_some(RemoteMr { addr: mr_addr, len: mr_len, key: 1 }),
+                    max_write_size: mr_len,
+                }).collect(),
+            };
+            let _ = decode_body(&serde_json::to_vec(&Msg::Links(l)).unwrap());
+            let mut d = rank_done();
+            d.rank = peer;
+            d.seconds = secs;
+            d.nics = (0..names).map(|i| i.to_string()).collect();
+            d.links = (0..n).map(|_| LinkStats { peer, nic, send, bytes: mr_len, ops: 1, seconds: secs }).collect();
+            let _ = decode_body(&serde_json::to_vec(&Msg::RankDone(d)).unwrap());
         }
     }
 }
