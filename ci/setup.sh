@@ -7,9 +7,11 @@ PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libude
       libibverbs-dev libclang-16-dev clang-16)
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
+# The launchers rdma-bench run is tested under (ci/launchers-test.sh): Open MPI and Slurm.
+LAUNCHER_PKGS=(openmpi-bin slurmctld slurmd slurm-client munge python3)
 
 want=()
-for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"}; do
+for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"} ${SETUP_LAUNCHERS:+"${LAUNCHER_PKGS[@]}"}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || want+=("$p")
 done
 if [ ${#want[@]} -gt 0 ]; then

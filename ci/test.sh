@@ -18,6 +18,8 @@ step "cargo test (host)"
 cargo test --workspace
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)"
+ci/launchers-test.sh
 if [ -z "${SKIP_VM:-}" ]; then
   step "verbs tests inside the Soft-RoCE VM"
   ci/verbs-vm-test.sh

@@ -214,9 +214,6 @@ fn ranks_main<T: Transport>(
     let (cfg, plan) = (j.cfg, j.plan);
     let npg = cfg.nics_per_gpu;
     let nics = cfg.gpus.len() * npg;
-    let bad = || Error::Usage(format!("--pattern {} with {world} ranks", j.pattern));
-    let targets = j.pattern.targets(rank, world).ok_or_else(bad)?;
-    let sources = j.pattern.sources(rank, world).ok_or_else(bad)?;
     let len = |jj: usize| {
         (0..plan.runs.len())
             .map(|i| {
@@ -226,7 +223,7 @@ fn ranks_main<T: Transport>(
             .max()
             .unwrap_or(0)
     };
-    *links = data::open_links::<T>(cfg, &targets, &sources, len)?;
+    *links = data::open_links::<T>(cfg, j.pattern, rank, world, len)?;
     for (k, l) in links.iter().enumerate() {
         let lim = l.ep.caps().max_write_size as u64;
         if let Some(p) = plan.runs.iter().find(|p| lim > 0 && p.size > lim) {

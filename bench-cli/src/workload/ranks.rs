@@ -45,6 +45,11 @@ pub struct Link<T: Transport> {
     pub peer: Option<PeerId>,
     /// Sending: the peer's landing region.
     pub remote: Option<RemoteMr>,
+    /// Receiving: the low 16 bits of the peer's immediates (its sending link's index).
+    pub tag: u32,
+    /// Receiving: immediates of the next phase that arrived while this rank still waited
+    /// for the barrier that starts it (the peer was released first).
+    pub early: u64,
 }
 
 /// Index of the sending link of `rank` towards `target` on NIC `nic`: sending links come
@@ -62,13 +67,19 @@ pub fn page_key(rank: u32, g: usize) -> u64 {
     (u64::from(rank) << 16) | g as u64
 }
 
-/// Open every link of this rank and register its region: `len(j)` bytes for NIC `j` of a GPU.
+/// Open every link of rank `rank` and register its region: `len(j)` bytes for NIC `j` of a
+/// GPU.
 pub fn open_links<T: Transport>(
     cfg: &SideCfg,
-    targets: &[u32],
-    sources: &[u32],
+    pattern: crate::config::Pattern,
+    rank: u32,
+    world: u32,
     len: impl Fn(usize) -> u64,
 ) -> Result<Vec<Link<T>>> {
+    let bad = || Error::Usage(format!("--pattern {pattern} with {world} ranks"));
+    let targets = pattern.targets(rank, world).ok_or_else(bad)?;
+    let sources = pattern.sources(rank, world).ok_or_else(bad)?;
+    let (targets, sources) = (&targets[..], &sources[..]);
     let npg = cfg.nics_per_gpu;
     let nics = cfg.gpus.len() * npg;
     let mut links = Vec::with_capacity((targets.len() + sources.len()) * nics);
@@ -86,6 +97,17 @@ pub fn open_links<T: Transport>(
                         T::BACKEND
                     )
                 })?;
+                let tag = if send {
+                    0
+                } else {
+                    let src_targets = pattern.targets(peer_rank, world).ok_or_else(bad)?;
+                    let t = send_link_index(&src_targets, rank, nics, nic).ok_or_else(|| {
+                        Error::Protocol(format!(
+                            "rank {peer_rank} does not write to rank {rank} in {pattern}"
+                        ))
+                    })?;
+                    t as u32 & 0xffff
+                };
                 let n = len(j);
                 if n > MAX_DATA {
                     return Err(Error::Usage(format!(
@@ -113,6 +135,8 @@ pub fn open_links<T: Transport>(
                     send,
                     peer: None,
                     remote: None,
+                    tag,
+                    early: 0,
                 });
             }
         }
@@ -177,6 +201,8 @@ pub struct ImmSink<'a, T: Transport> {
     bytes_per_rep: u64,
     reps: u64,
     got: u64,
+    /// Immediates that arrived before the phase started.
+    carry: u64,
     last: Option<Instant>,
 }
 
@@ -187,6 +213,8 @@ pub struct SinkParts<'a, T: Transport> {
     pub tag: u32,
     pub active: bool,
     pub bytes_per_rep: u64,
+    /// Immediates already received for this phase.
+    pub early: u64,
 }
 
 impl<'a, T: Transport> ImmSink<'a, T> {
@@ -199,6 +227,7 @@ impl<'a, T: Transport> ImmSink<'a, T> {
             bytes_per_rep: p.bytes_per_rep,
             reps: 0,
             got: 0,
+            carry: p.early,
             last: None,
         }
     }
@@ -207,7 +236,7 @@ impl<'a, T: Transport> ImmSink<'a, T> {
 impl<T: Transport> NicWork for ImmSink<'_, T> {
     fn start_phase(&mut self, iters: u64) {
         self.reps = if self.active { iters } else { 0 };
-        self.got = 0;
+        self.got = std::mem::take(&mut self.carry);
         self.last = None;
     }
 
@@ -397,8 +426,6 @@ impl Phase<'_> {
     pub fn run<T: Transport>(&self, links: &mut [Link<T>], iters: u64) -> Result<ActiveOut> {
         let used = self.layout.used;
         let size = self.layout.page_size;
-        let nics = self.gpus.len() * self.npg;
-        let targets = |r| self.pattern.targets(r, self.world).unwrap_or_default();
         let n_links = links.len();
         let mut per_rep = 0u64;
         let mut parts: Vec<(usize, LinkParts<'_, T>)> = Vec::with_capacity(links.len());
@@ -439,14 +466,14 @@ impl Phase<'_> {
                     }),
                 ));
             } else {
-                let src_targets = targets(l.peer_rank);
-                let tag =
-                    send_link_index(&src_targets, self.rank, nics, l.nic).ok_or_else(|| {
-                        Error::Protocol(format!(
-                            "rank {} does not write to rank {} in this pattern",
-                            l.peer_rank, self.rank
-                        ))
-                    })?;
+                let early = std::mem::take(&mut l.early);
+                if early > 0 && !active {
+                    return Err(Error::Protocol(format!(
+                        "link {k} received {early} immediate(s) from rank {} in a run it \
+                         takes no part in",
+                        l.peer_rank
+                    )));
+                }
                 if active {
                     per_rep += 1;
                 }
@@ -454,10 +481,11 @@ impl Phase<'_> {
                     g,
                     LinkParts::Recv(SinkParts {
                         link: k,
+                        tag: l.tag,
                         ep: &mut l.ep,
-                        tag: tag as u32 & 0xffff,
                         active,
                         bytes_per_rep: self.layout.slots(j) * size as u64,
+                        early,
                     }),
                 ));
             }
@@ -503,13 +531,19 @@ impl Phase<'_> {
     }
 }
 
-/// Poll every link between phases: nothing may arrive then (every WRITE of the phase has
-/// completed and every immediate was counted); polling keeps the providers progressing.
+/// Poll every link between phases, so the providers keep progressing. A sending link has
+/// nothing left to complete; a receiving link may see the next phase's first immediates
+/// (its peer left the barrier first): they are kept for that phase.
 pub fn poll_idle<T: Transport>(links: &mut [Link<T>], buf: &mut [Completion]) -> Result<()> {
     for (k, l) in links.iter_mut().enumerate() {
         let n = l.ep.poll(buf).ctx(|| format!("polling link {k}"))?;
-        if let Some(c) = buf[..n].first() {
-            return Err(super::unexpected(c, &format!("link {k} between phases")));
+        for c in &buf[..n] {
+            match c.kind {
+                CompletionKind::RemoteWrite { imm } if !l.send && imm & 0xffff == l.tag => {
+                    l.early += 1;
+                }
+                _ => return Err(super::unexpected(c, &format!("link {k} between phases"))),
+            }
         }
     }
     Ok(())
