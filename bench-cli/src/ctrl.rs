@@ -76,6 +76,9 @@ pub enum Watchdog {
     Warn(Duration),
 }
 
+/// See [`CtrlOpts::on_gone`].
+pub type OnGone = Box<dyn FnOnce(&str) + Send>;
+
 /// What a control connection does beyond reading and writing (see [`Ctrl::with`]).
 #[derive(Default)]
 pub struct CtrlOpts {
@@ -85,7 +88,7 @@ pub struct CtrlOpts {
     pub live: Option<Liveness>,
     /// Called once, from the reader thread, with the reason, when the peer goes without
     /// having said `Bye`, sends `Error`, or sends `Abort`.
-    pub on_gone: Option<Box<dyn FnOnce(&str) + Send>>,
+    pub on_gone: Option<OnGone>,
     /// What to call the peer in messages (default: "the peer").
     pub name: Option<String>,
 }

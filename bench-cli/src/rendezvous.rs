@@ -90,6 +90,14 @@ fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> 
     true
 }
 
+/// The job's first failure, as an error.
+fn check(failed: &Failure) -> Result<()> {
+    if let Some((rank, message)) = lock(failed).clone() {
+        return Err(Error::RankFailed { rank, message });
+    }
+    Ok(())
+}
+
 /// Rank 0's side: a control connection per rank.
 pub struct Hub {
     ctrls: Vec<Option<Ctrl>>,
@@ -392,10 +400,7 @@ impl Hub {
     }
 
     fn check_failed(&self) -> Result<()> {
-        if let Some((rank, message)) = lock(&self.failed).clone() {
-            return Err(Error::RankFailed { rank, message });
-        }
-        Ok(())
+        check(&self.failed)
     }
 
     /// Wait until every other rank sent what `want` accepts, polling (`poll`) meanwhile.
@@ -413,17 +418,15 @@ impl Hub {
         while have < n {
             poll()?;
             self.check_failed()?;
-            for r in 1..n {
-                if got[r].is_some() {
-                    continue;
-                }
-                let Some(c) = self.ctrls[r].as_mut() else {
+            let failed = &self.failed;
+            for (r, (slot, c)) in got.iter_mut().zip(self.ctrls.iter_mut()).enumerate() {
+                let Some(c) = c.as_mut().filter(|_| slot.is_none()) else {
                     continue;
                 };
                 match c.try_recv() {
                     Ok(Some(m)) => {
                         if let Some(v) = want(r as u32, m)? {
-                            got[r] = Some(v);
+                            *slot = Some(v);
                             have += 1;
                         }
                     }
@@ -431,7 +434,7 @@ impl Hub {
                     Err(e) => {
                         // The reader's hook has recorded it (or will in a moment).
                         std::thread::sleep(Duration::from_millis(50));
-                        self.check_failed()?;
+                        check(failed)?;
                         return Err(Error::RankFailed {
                             rank: r as u32,
                             message: e.to_string(),
