@@ -10,9 +10,12 @@ VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
 # ci/test.sh only: the headless browser that opens rdma-bench's --report page
 # (bench-cli/tests/outputs.rs; it skips without one).
 TEST_PKGS=(chromium)
+# The launchers rdma-bench run is tested under (ci/launchers-test.sh): Open MPI and Slurm.
+LAUNCHER_PKGS=(openmpi-bin slurmctld slurmd slurm-client munge python3)
 
 want=()
-for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"} ${SETUP_TEST:+"${TEST_PKGS[@]}"}; do
+for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"} ${SETUP_TEST:+"${TEST_PKGS[@]}"} \
+         ${SETUP_LAUNCHERS:+"${LAUNCHER_PKGS[@]}"}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || want+=("$p")
 done
 if [ ${#want[@]} -gt 0 ]; then

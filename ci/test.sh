@@ -34,6 +34,8 @@ for v in ${LIBFABRIC_VERSIONS-2.1.0 2.6.0}; do
     LIBFABRIC_EXPECT=${v%.*} \
     cargo test --target-dir "${CARGO_TARGET_DIR:-target}-lf-$v" -p transport-efa -p bench-cli
 done
+step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)"
+ci/launchers-test.sh
 if [ -z "${SKIP_VM:-}" ]; then
   step "verbs tests inside the Soft-RoCE VM"
   ci/verbs-vm-test.sh

@@ -66,6 +66,11 @@ if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
   echo '$B -n 5 --pages 64 || { echo "=== FAILED: rdma-bench write"; fail=1; }'
   echo '$B --workload send -n 200 || { echo "=== FAILED: rdma-bench send"; fail=1; }'
   echo '$B --workload lat -n 200 || { echo "=== FAILED: rdma-bench lat"; fail=1; }'
+  echo 'echo "=== rdma-bench run over verbs: 2 ranks (rank 0 on rxe0, rank 1 on rxe1), pairwise, verified"'
+  echo 'R="timeout 120 ./bin/rdma-bench run --backend verbs --pattern pairwise --rendezvous 127.0.0.1:29700 -n 5 --pages 64"'
+  echo 'RANK=1 WORLD_SIZE=2 $R --devices rxe1 > /tmp/rank1.log 2>&1 & r1=$!'
+  echo 'RANK=0 WORLD_SIZE=2 $R --devices rxe0 || { echo "=== FAILED: rdma-bench run rank 0"; fail=1; }'
+  echo 'wait $r1 || { cat /tmp/rank1.log; echo "=== FAILED: rdma-bench run rank 1"; fail=1; }'
   echo 'exit $fail'
 } > "$RUN/run-tests.sh"
 

@@ -45,6 +45,7 @@ fn set_provider_env(cli: &Cli) {
         Command::Client(a) => tcp(&a.common.provider),
         Command::Compare(a) => a.pairs.iter().any(|p| tcp(&p.provider)),
         Command::Topo(_) | Command::Doctor(_) => false,
+        Command::Run(a) => tcp(&a.common.provider),
     };
     if uses_tcp && std::env::var_os("FI_TCP_IFACE").is_none() {
         // Before any thread or libfabric call exists.
@@ -61,6 +62,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Compare(a) => compare(a),
         // main_with runs doctor itself (it has exit statuses of its own).
         Command::Doctor(_) => Ok(()),
+        Command::Run(a) => crate::ranks::run(a),
     }
 }
 
@@ -77,7 +79,11 @@ fn idle(c: &Common) -> Result<Duration> {
     Ok(Duration::from_secs_f64(c.idle_timeout))
 }
 
-fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Result<SideCfg> {
+pub(crate) fn side_cfg(
+    c: &Common,
+    provider: Option<String>,
+    devices: Vec<String>,
+) -> Result<SideCfg> {
     let cfg = SideCfg {
         backend: c.backend,
         provider: match c.backend {

@@ -32,6 +32,8 @@ pub enum Command {
     /// Check this node before a run: RDMA devices and links, libfabric, GPU memory paths,
     /// PCIe, IOMMU, NUMA placement, FI_*/NCCL_* settings. Exit 0 ok, 1 warnings, 2 failures.
     Doctor(crate::doctor::DoctorArgs),
+    /// One rank of N, started by srun, mpirun or torchrun-style env: all-to-all, incast, ...
+    Run(crate::ranks::RunArgs),
 }
 
 #[derive(Debug, Args)]

@@ -105,6 +105,65 @@ impl fmt::Display for LatOp {
     }
 }
 
+/// Who WRITEs to whom in `rdma-bench run` (N ranks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pattern {
+    /// Rank i with rank i xor 1, both ways.
+    Pairwise,
+    /// Every rank WRITEs a slice into every other rank, one immediate per peer (MoE dispatch).
+    AllToAll,
+    /// Every other rank into rank 0.
+    Incast,
+    /// The first half with the second half: rank i with rank i + N/2, both ways.
+    Bisection,
+}
+
+impl Pattern {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Pairwise => "pairwise",
+            Pattern::AllToAll => "all-to-all",
+            Pattern::Incast => "incast",
+            Pattern::Bisection => "bisection",
+        }
+    }
+
+    /// The ranks `rank` WRITEs to, in a job of `world`; `None` for a pattern the job size
+    /// does not allow.
+    pub fn targets(self, rank: u32, world: u32) -> Option<Vec<u32>> {
+        match self {
+            Pattern::Pairwise | Pattern::Bisection if world % 2 != 0 => None,
+            Pattern::Pairwise => Some(vec![rank ^ 1]),
+            Pattern::Bisection => {
+                let h = world / 2;
+                Some(vec![if rank < h { rank + h } else { rank - h }])
+            }
+            Pattern::AllToAll => Some((0..world).filter(|&r| r != rank).collect()),
+            Pattern::Incast => Some(if rank == 0 { Vec::new() } else { vec![0] }),
+        }
+    }
+
+    /// The ranks that WRITE to `rank`.
+    pub fn sources(self, rank: u32, world: u32) -> Option<Vec<u32>> {
+        match self {
+            Pattern::Incast => Some(if rank == 0 {
+                (1..world).collect()
+            } else {
+                Vec::new()
+            }),
+            // The others are symmetric.
+            _ => self.targets(rank, world),
+        }
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How many threads drive the NICs of the active side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -167,5 +226,40 @@ impl Knobs {
         k.lazy = true;
         out.push(("+lazy posting", k));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pattern;
+
+    #[test]
+    fn patterns() {
+        assert_eq!(Pattern::Pairwise.targets(2, 4), Some(vec![3]));
+        assert_eq!(Pattern::Pairwise.targets(3, 4), Some(vec![2]));
+        assert_eq!(Pattern::Pairwise.targets(0, 3), None);
+        assert_eq!(Pattern::Bisection.targets(1, 4), Some(vec![3]));
+        assert_eq!(Pattern::Bisection.targets(3, 4), Some(vec![1]));
+        assert_eq!(Pattern::AllToAll.targets(1, 4), Some(vec![0, 2, 3]));
+        assert_eq!(Pattern::AllToAll.sources(1, 4), Some(vec![0, 2, 3]));
+        assert_eq!(Pattern::Incast.targets(0, 4), Some(vec![]));
+        assert_eq!(Pattern::Incast.targets(2, 4), Some(vec![0]));
+        assert_eq!(Pattern::Incast.sources(0, 4), Some(vec![1, 2, 3]));
+        assert_eq!(Pattern::Incast.sources(3, 4), Some(vec![]));
+        // Every WRITE has a receiver that expects it.
+        for p in [
+            Pattern::Pairwise,
+            Pattern::AllToAll,
+            Pattern::Incast,
+            Pattern::Bisection,
+        ] {
+            for w in [2u32, 4, 6] {
+                for r in 0..w {
+                    for t in p.targets(r, w).unwrap() {
+                        assert!(p.sources(t, w).unwrap().contains(&r), "{p} {r}->{t} of {w}");
+                    }
+                }
+            }
+        }
     }
 }

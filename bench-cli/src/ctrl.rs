@@ -76,6 +76,23 @@ pub enum Watchdog {
     Warn(Duration),
 }
 
+/// See [`CtrlOpts::on_gone`].
+pub type OnGone = Box<dyn FnOnce(&str) + Send>;
+
+/// What a control connection does beyond reading and writing (see [`Ctrl::with`]).
+#[derive(Default)]
+pub struct CtrlOpts {
+    pub watchdog: Option<Watchdog>,
+    /// Share this liveness flag (rank 0: one flag for every rank's connection, so the data
+    /// path stops when any rank goes).
+    pub live: Option<Liveness>,
+    /// Called once, from the reader thread, with the reason, when the peer goes without
+    /// having said `Bye`, sends `Error`, or sends `Abort`.
+    pub on_gone: Option<OnGone>,
+    /// What to call the peer in messages (default: "the peer").
+    pub name: Option<String>,
+}
+
 /// One side's end of a control connection.
 pub struct Ctrl {
     stream: TcpStream,
@@ -96,6 +113,27 @@ impl Ctrl {
 
     /// Like [`Ctrl::new`], with a [`Watchdog`] for a data path stuck after the peer left.
     pub fn watched(stream: TcpStream, watchdog: Option<Watchdog>) -> Result<Self> {
+        Self::with(
+            stream,
+            CtrlOpts {
+                watchdog,
+                ..CtrlOpts::default()
+            },
+        )
+    }
+
+    /// Take over a connected stream with the extras of `opts`.
+    ///
+    /// The peer counts as gone when its connection closes or fails, and also when it sends
+    /// `Abort` (rank 0 telling a rank that the job is over).
+    pub fn with(stream: TcpStream, opts: CtrlOpts) -> Result<Self> {
+        let CtrlOpts {
+            watchdog,
+            live,
+            mut on_gone,
+            name,
+        } = opts;
+        let name = name.unwrap_or_else(|| "the peer".into());
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -109,30 +147,63 @@ impl Ctrl {
             .ctx(|| "setting the read timeout")?;
         let mut rd = stream.try_clone().ctx(|| "cloning the control socket")?;
         let (tx, rx) = mpsc::channel();
-        let live = Liveness::default();
+        let live = live.unwrap_or_default();
         let stop = Arc::new(AtomicBool::new(false));
         let (live2, stop2) = (live.clone(), stop.clone());
         let reader = std::thread::Builder::new()
             .name("ctrl-reader".into())
-            .spawn(move || loop {
-                let r = proto::read_frame(&mut rd, IO_TIMEOUT, || !stop2.load(Ordering::Relaxed));
-                let ev = match r {
-                    Ok(Frame::Msg(m)) => Event::Msg(m),
-                    Ok(Frame::Idle) => return,
-                    Ok(Frame::Eof) => {
-                        Event::Gone(Error::PeerGone("the control connection closed".into()))
+            .spawn(move || {
+                let mut said_bye = false;
+                loop {
+                    let r =
+                        proto::read_frame(&mut rd, IO_TIMEOUT, || !stop2.load(Ordering::Relaxed));
+                    let ev = match r {
+                        Ok(Frame::Msg(m)) => {
+                            said_bye |= matches!(m, Msg::Bye);
+                            Event::Msg(m)
+                        }
+                        Ok(Frame::Idle) => return,
+                        Ok(Frame::Eof) => {
+                            Event::Gone(Error::PeerGone("the control connection closed".into()))
+                        }
+                        Err(e) => Event::Gone(e),
+                    };
+                    let last = matches!(ev, Event::Gone(_));
+                    if last && stop2.load(Ordering::Relaxed) {
+                        // This side closed the connection.
+                        return;
                     }
-                    Err(e) => Event::Gone(e),
-                };
-                let last = matches!(ev, Event::Gone(_));
-                if last {
-                    live2.mark_gone();
-                }
-                if tx.send(ev).is_err() || last {
-                    if let (true, Some(w)) = (last, watchdog) {
-                        let _ = watch(&live2, &stop2, w);
+                    let why = match &ev {
+                        Event::Gone(Error::PeerGone(m)) if !said_bye => {
+                            Some(format!("{name} is gone ({m})"))
+                        }
+                        Event::Gone(e) if !said_bye => Some(format!("{name} is gone ({e})")),
+                        Event::Gone(_) => None,
+                        Event::Msg(Msg::Abort { message, .. }) => Some(message.clone()),
+                        Event::Msg(Msg::Error { message }) => {
+                            Some(format!("{name} failed: {message}"))
+                        }
+                        Event::Msg(_) => None,
+                    };
+                    let fatal = last || why.is_some();
+                    if fatal {
+                        live2.mark_gone();
                     }
-                    return;
+                    if let Some(why) = &why {
+                        if let Some(hook) = on_gone.take() {
+                            hook(why);
+                        }
+                    }
+                    let closed = tx.send(ev).is_err();
+                    if fatal {
+                        if let Some(w) = watchdog {
+                            let why = why.unwrap_or_else(|| format!("{name} left"));
+                            let _ = watch(&live2, &stop2, w, &why);
+                        }
+                    }
+                    if closed || last {
+                        return;
+                    }
                 }
             })
             .ctx(|| "starting the control reader thread")?;
@@ -228,7 +299,7 @@ impl Ctrl {
 
 /// The peer is gone: give the data path `grace` to notice, then act if it is still busy.
 /// Returns whether it acted (with `Exit` it does not return then).
-fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog) -> bool {
+fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str) -> bool {
     let grace = match w {
         Watchdog::Exit(g) | Watchdog::Warn(g) => g,
     };
@@ -243,7 +314,7 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog) -> bool {
         return false;
     }
     let what = format!(
-        "the peer left {:.0} s ago and the transfer is still inside a provider call that has \
+        "{why}; {:.0} s later the transfer is still inside a provider call that has \
          not returned (libfabric shm spins forever when a peer dies holding its queue lock)",
         grace.as_secs_f64()
     );
@@ -276,14 +347,17 @@ mod tests {
         let w = Watchdog::Warn(Duration::from_millis(50));
         let live = Liveness::default();
         let stop = AtomicBool::new(false);
-        assert!(!watch(&live, &stop, w), "idle data path: nothing to do");
+        assert!(
+            !watch(&live, &stop, w, "x"),
+            "idle data path: nothing to do"
+        );
         let busy = live.busy();
         assert!(
-            watch(&live, &stop, w),
+            watch(&live, &stop, w, "x"),
             "busy after the grace period: report"
         );
         stop.store(true, Ordering::Relaxed);
-        assert!(!watch(&live, &stop, w), "the session closed normally");
+        assert!(!watch(&live, &stop, w, "x"), "the session closed normally");
         drop(busy);
         assert!(!live.is_busy());
     }

@@ -41,6 +41,9 @@ pub enum Error {
     /// Bytes that arrived differ from what was sent.
     #[error("verification failed: {0}")]
     Verify(String),
+    /// Another rank of an `rdma-bench run` job failed or died; the job is over.
+    #[error("rank {rank} failed, aborting the job: {message}")]
+    RankFailed { rank: u32, message: String },
     /// Not available in this build or on this machine.
     #[error("{0}")]
     Unavailable(String),

@@ -6,6 +6,8 @@
 //! - [`side`], [`session`]: endpoints and regions of one side; client, server and loopback.
 //! - [`workload`]: the workloads, generic over the trait; [`backend`]: the one dispatch.
 //! - [`report`]: tables and JSON; [`buffers`]: memory, pattern, verification.
+//! - [`ranks`] (`rdma-bench run`, N ranks): [`launch`] finds the rank in the launcher's
+//!   environment, [`rendezvous`] meets the others at rank 0.
 
 #![forbid(unsafe_code)]
 
@@ -20,12 +22,15 @@ pub mod error;
 pub mod gate;
 pub mod html;
 pub mod instances;
+pub mod launch;
 pub mod outputs;
 pub mod pin;
 pub mod plan;
 pub mod plot;
 pub mod progress;
 pub mod proto;
+pub mod ranks;
+pub mod rendezvous;
 pub mod report;
 pub mod session;
 pub mod side;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use transport_core::RemoteMr;
 
-use crate::config::{Knobs, LatOp, MemKind, Workload};
+use crate::config::{Knobs, LatOp, MemKind, Pattern, Workload};
 use crate::error::{Error, Result};
 
 /// First field of `Hello` and `Welcome`.
@@ -116,6 +116,112 @@ pub struct Done {
     pub cores: Vec<u32>,
 }
 
+// ---------------------------------------------------------------------------------------
+// `rdma-bench run`: N ranks meet at rank 0.
+//
+// Each rank connects to rank 0 and sends `Join` (who it is, and the options every rank must
+// share), then `Links` (one entry per endpoint it opened for a peer). Rank 0 checks every
+// `Join` against its own, answers each rank with `Links` (the peer ends of its endpoints, in
+// the same order), and from then on releases `Barrier`s and collects a `RankDone` per rank
+// and run. A rank that fails sends `Error`; rank 0 then sends every other rank `Abort`
+// naming it, and so when a rank's control connection closes without `Bye`.
+
+/// Most ranks one job may have (every rank keeps a control connection to rank 0).
+pub const MAX_RANKS: u32 = 4096;
+/// Most endpoints (links) one rank may announce.
+pub const MAX_LINKS: usize = 1 << 16;
+/// Most runs (sizes, ladder stages) in one job.
+pub const MAX_RUNS: usize = 256;
+
+/// One run as every rank must see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub stage: Option<String>,
+    pub size: u64,
+    /// Pages per GPU and peer.
+    pub pages: u64,
+    pub iters: u64,
+    pub knobs: Knobs,
+}
+
+/// The options every rank of a job must share; rank 0 refuses a rank whose differ.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankSpec {
+    /// rdma-bench's own version.
+    pub build: String,
+    pub backend: String,
+    pub provider: String,
+    pub pattern: Pattern,
+    pub workload: Workload,
+    /// GPUs (NIC groups) per rank.
+    pub gpus: u32,
+    pub nics_per_gpu: u32,
+    pub mem: MemKind,
+    pub seed: u64,
+    pub verify: bool,
+    pub runs: Vec<RunSpec>,
+}
+
+/// A rank's opening message to rank 0.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Join {
+    pub magic: String,
+    pub version: u32,
+    pub rank: u32,
+    pub world: u32,
+    pub local_rank: u32,
+    pub host: String,
+    pub pid: u32,
+    pub spec: RankSpec,
+}
+
+/// One endpoint of a link: this rank's NIC `nic` towards rank `peer`, for sending or receiving.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkWire {
+    pub peer: u32,
+    pub nic: u32,
+    /// The endpoint WRITEs (true) or receives WRITEs (false).
+    pub send: bool,
+    /// NIC name as opened.
+    pub name: String,
+    pub addr: Vec<u8>,
+    /// The receive region (receiving endpoints only).
+    pub mr: Option<RemoteMr>,
+    pub max_write_size: u64,
+}
+
+/// A rank's endpoints (rank to rank 0), or the peer ends of them (rank 0 to a rank).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Links {
+    pub rank: u32,
+    pub links: Vec<LinkWire>,
+}
+
+/// What one link measured in the timed phase.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkStats {
+    pub peer: u32,
+    pub nic: u32,
+    pub send: bool,
+    pub bytes: u64,
+    pub ops: u64,
+    pub seconds: f64,
+}
+
+/// One rank's result of one run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankDone {
+    pub rank: u32,
+    pub id: u32,
+    /// The rank's timed phase, first thread start to last thread end.
+    pub seconds: f64,
+    pub verified: bool,
+    /// NIC names, by NIC index.
+    pub nics: Vec<String>,
+    pub links: Vec<LinkStats>,
+    pub cores: Vec<u32>,
+}
+
 /// Every control message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -127,6 +233,11 @@ pub enum Msg {
     Done(Done),
     Error { message: String },
     Bye,
+    Join(Join),
+    Links(Links),
+    Barrier { id: u32 },
+    RankDone(RankDone),
+    Abort { rank: u32, message: String },
 }
 
 impl Msg {
@@ -140,6 +251,11 @@ impl Msg {
             Msg::Done(_) => "done",
             Msg::Error { .. } => "error",
             Msg::Bye => "bye",
+            Msg::Join(_) => "join",
+            Msg::Links(_) => "links",
+            Msg::Barrier { .. } => "barrier",
+            Msg::RankDone(_) => "rank_done",
+            Msg::Abort { .. } => "abort",
         }
     }
 }
@@ -277,36 +393,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_magic(&w.magic, w.version)?;
             check_nics(&w.nics)
         }
-        Msg::Request(r) => {
-            if r.size == 0 {
-                return Err(proto("request of size 0"));
-            }
-            if r.iters == 0 || r.iters > MAX_ITERS {
-                return Err(proto(format!("request of {} iterations", r.iters)));
-            }
-            if r.workload == Workload::Lat && r.iters > MAX_LAT_ITERS {
-                return Err(proto(format!(
-                    "{} latency round trips (limit {MAX_LAT_ITERS})",
-                    r.iters
-                )));
-            }
-            if r.count == 0 || r.count > MAX_ITERS {
-                return Err(proto(format!("request count {}", r.count)));
-            }
-            if r.knobs.batch == 0 || r.knobs.batch > MAX_BATCH {
-                return Err(proto(format!(
-                    "batch {} (allowed: 1..={MAX_BATCH})",
-                    r.knobs.batch
-                )));
-            }
-            if r.knobs.warmup > MAX_WARMUP {
-                return Err(proto(format!(
-                    "warm-up {} over {MAX_WARMUP}",
-                    r.knobs.warmup
-                )));
-            }
-            Ok(())
-        }
+        Msg::Request(r) => check_run(r.workload, r.size, r.count, r.iters, &r.knobs),
         Msg::Error { message } => {
             if message.len() > MAX_TEXT {
                 return Err(proto("error text too long"));
@@ -327,8 +414,131 @@ pub fn validate(msg: &Msg) -> Result<()> {
             }
             Ok(())
         }
-        Msg::Ready { .. } | Msg::Bye => Ok(()),
+        Msg::Ready { .. } | Msg::Bye | Msg::Barrier { .. } => Ok(()),
+        Msg::Join(j) => {
+            check_magic(&j.magic, j.version)?;
+            check_name("host name", &j.host)?;
+            if j.world < 2 || j.world > MAX_RANKS || j.rank >= j.world {
+                return Err(proto(format!(
+                    "rank {} of a job of {} (allowed: 2..={MAX_RANKS} ranks)",
+                    j.rank, j.world
+                )));
+            }
+            let sp = &j.spec;
+            check_name("build", &sp.build)?;
+            check_name("backend", &sp.backend)?;
+            check_name("provider", &sp.provider)?;
+            let nics = (sp.gpus as u64).checked_mul(sp.nics_per_gpu as u64);
+            if sp.gpus == 0 || sp.nics_per_gpu == 0 || nics.map_or(true, |n| n > MAX_NICS as u64) {
+                return Err(proto(format!(
+                    "{} GPUs x {} NICs per rank (allowed: 1..={MAX_NICS} NICs)",
+                    sp.gpus, sp.nics_per_gpu
+                )));
+            }
+            if sp.runs.is_empty() || sp.runs.len() > MAX_RUNS {
+                return Err(proto(format!(
+                    "{} runs (allowed: 1..={MAX_RUNS})",
+                    sp.runs.len()
+                )));
+            }
+            for r in &sp.runs {
+                if let Some(s) = &r.stage {
+                    check_name("stage", s)?;
+                }
+                check_run(sp.workload, r.size, r.pages, r.iters, &r.knobs)?;
+            }
+            Ok(())
+        }
+        Msg::Links(l) => {
+            if l.rank >= MAX_RANKS || l.links.len() > MAX_LINKS {
+                return Err(proto(format!(
+                    "links of rank {}: {} entries (allowed: up to {MAX_LINKS})",
+                    l.rank,
+                    l.links.len()
+                )));
+            }
+            for (i, k) in l.links.iter().enumerate() {
+                check_name("NIC name", &k.name)?;
+                if k.peer >= MAX_RANKS || k.nic as usize >= MAX_NICS {
+                    return Err(proto(format!(
+                        "link {i}: peer {} NIC {} out of range",
+                        k.peer, k.nic
+                    )));
+                }
+                if k.addr.is_empty() || k.addr.len() > MAX_ADDR {
+                    return Err(proto(format!(
+                        "link {i}: address of {} bytes (allowed: 1..={MAX_ADDR})",
+                        k.addr.len()
+                    )));
+                }
+                match (&k.mr, k.send) {
+                    (Some(m), false) if m.addr.checked_add(m.len).is_some() => {}
+                    (None, true) => {}
+                    _ => {
+                        return Err(proto(format!(
+                            "link {i}: a receiving link carries one region that does not wrap, \
+                             a sending link none"
+                        )))
+                    }
+                }
+            }
+            Ok(())
+        }
+        Msg::RankDone(d) => {
+            if d.rank >= MAX_RANKS || d.links.len() > MAX_LINKS || d.nics.len() > MAX_NICS {
+                return Err(proto("rank result out of bounds"));
+            }
+            if d.cores.len() > MAX_NICS {
+                return Err(proto("rank result lists too many cores"));
+            }
+            for n in &d.nics {
+                check_name("NIC name", n)?;
+            }
+            if !d.seconds.is_finite() || d.seconds < 0.0 {
+                return Err(proto("rank result with a bad duration"));
+            }
+            for l in &d.links {
+                if !l.seconds.is_finite() || l.seconds < 0.0 || l.nic as usize >= d.nics.len() {
+                    return Err(proto("rank result with a bad link"));
+                }
+            }
+            Ok(())
+        }
+        Msg::Abort { rank, message } => {
+            if *rank >= MAX_RANKS || message.len() > MAX_TEXT {
+                return Err(proto("abort message out of bounds"));
+            }
+            Ok(())
+        }
     }
+}
+
+/// The numbers of one run (a server request, or a run of a rank job).
+fn check_run(workload: Workload, size: u64, count: u64, iters: u64, knobs: &Knobs) -> Result<()> {
+    if size == 0 {
+        return Err(proto("request of size 0"));
+    }
+    if iters == 0 || iters > MAX_ITERS {
+        return Err(proto(format!("request of {iters} iterations")));
+    }
+    if workload == Workload::Lat && iters > MAX_LAT_ITERS {
+        return Err(proto(format!(
+            "{iters} latency round trips (limit {MAX_LAT_ITERS})"
+        )));
+    }
+    if count == 0 || count > MAX_ITERS {
+        return Err(proto(format!("request count {count}")));
+    }
+    if knobs.batch == 0 || knobs.batch > MAX_BATCH {
+        return Err(proto(format!(
+            "batch {} (allowed: 1..={MAX_BATCH})",
+            knobs.batch
+        )));
+    }
+    if knobs.warmup > MAX_WARMUP {
+        return Err(proto(format!("warm-up {} over {MAX_WARMUP}", knobs.warmup)));
+    }
+    Ok(())
 }
 
 fn check_magic(magic: &str, version: u32) -> Result<()> {
@@ -504,9 +714,140 @@ mod tests {
         }
     }
 
+    fn join() -> Join {
+        Join {
+            magic: MAGIC.into(),
+            version: VERSION,
+            rank: 1,
+            world: 4,
+            local_rank: 1,
+            host: "node01".into(),
+            pid: 42,
+            spec: RankSpec {
+                build: "0.1.0".into(),
+                backend: "efa".into(),
+                provider: "shm".into(),
+                pattern: Pattern::AllToAll,
+                workload: Workload::Write,
+                gpus: 2,
+                nics_per_gpu: 2,
+                mem: MemKind::Host,
+                seed: 1,
+                verify: true,
+                runs: vec![RunSpec {
+                    stage: None,
+                    size: 4096,
+                    pages: 16,
+                    iters: 3,
+                    knobs: Knobs::baseline(),
+                }],
+            },
+        }
+    }
+
+    fn link(send: bool) -> LinkWire {
+        LinkWire {
+            peer: 2,
+            nic: 1,
+            send,
+            name: "rdmap0".into(),
+            addr: vec![9; 32],
+            mr: (!send).then_some(RemoteMr {
+                addr: 4096,
+                len: 1 << 20,
+                key: 3,
+            }),
+            max_write_size: 1 << 30,
+        }
+    }
+
+    fn links() -> Links {
+        Links {
+            rank: 1,
+            links: vec![link(true), link(false)],
+        }
+    }
+
+    fn rank_done() -> RankDone {
+        RankDone {
+            rank: 3,
+            id: 0,
+            seconds: 0.5,
+            verified: true,
+            nics: vec!["a".into(), "b".into()],
+            links: vec![LinkStats {
+                peer: 0,
+                nic: 1,
+                send: true,
+                bytes: 10,
+                ops: 1,
+                seconds: 0.25,
+            }],
+            cores: vec![3],
+        }
+    }
+
+    #[test]
+    fn rank_messages_bounds() {
+        for m in [
+            Msg::Join(join()),
+            Msg::Links(links()),
+            Msg::RankDone(rank_done()),
+        ] {
+            validate(&m).unwrap();
+        }
+        let bad_join = |f: fn(&mut Join)| {
+            let mut j = join();
+            f(&mut j);
+            validate(&Msg::Join(j)).unwrap_err().to_string()
+        };
+        assert!(bad_join(|j| j.version = 9).contains("version mismatch"));
+        assert!(bad_join(|j| j.world = 1).contains("rank"));
+        assert!(bad_join(|j| j.rank = 4).contains("rank 4"));
+        assert!(bad_join(|j| j.world = MAX_RANKS + 1).contains("rank"));
+        assert!(bad_join(|j| j.spec.runs.clear()).contains("runs"));
+        assert!(bad_join(|j| j.spec.runs[0].size = 0).contains("size 0"));
+        assert!(bad_join(|j| j.spec.gpus = 0).contains("GPUs"));
+        assert!(bad_join(|j| j.host = "h".repeat(MAX_NAME + 1)).contains("host"));
+        let bad_links = |f: fn(&mut Links)| {
+            let mut l = links();
+            f(&mut l);
+            validate(&Msg::Links(l)).is_err()
+        };
+        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr));
+        assert!(bad_links(|l| l.links[1].mr = None));
+        assert!(bad_links(
+            |l| l.links[1].mr.as_mut().unwrap().addr = u64::MAX
+        ));
+        assert!(bad_links(|l| l.links[0].addr.clear()));
+        assert!(bad_links(|l| l.links[0].peer = MAX_RANKS));
+        let mut d = rank_done();
+        d.links[0].nic = 2;
+        assert!(
+            validate(&Msg::RankDone(d)).is_err(),
+            "NIC index past the names"
+        );
+        let mut d = rank_done();
+        d.seconds = f64::NAN;
+        assert!(validate(&Msg::RankDone(d)).is_err());
+        assert!(validate(&Msg::Abort {
+            rank: 0,
+            message: "x".repeat(MAX_TEXT + 1)
+        })
+        .is_err());
+    }
+
     #[test]
     fn round_trip() {
         for m in [
+            Msg::Join(join()),
+            Msg::Links(links()),
+            Msg::Barrier { id: 7 },
+            Msg::RankDone(rank_done()),
+            Msg::Abort {
+                rank: 2,
+                message: "rank 2 is gone".into(),
+            },
             Msg::Hello(hello()),
             Msg::Request(request()),
             Msg::Ready { id: 3 },
@@ -597,8 +938,16 @@ mod tests {
         fn mutated_frames_never_panic(
             flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
             cut in any::<usize>(),
+            kind in 0usize..5,
         ) {
-            let mut f = encode(&Msg::Hello(hello())).unwrap();
+            let m = match kind {
+                0 => Msg::Hello(hello()),
+                1 => Msg::Join(join()),
+                2 => Msg::Links(links()),
+                3 => Msg::RankDone(rank_done()),
+                _ => Msg::Abort { rank: 1, message: "gone".into() },
+            };
+            let mut f = encode(&m).unwrap();
             for (at, b) in flips {
                 let i = at % f.len();
                 f[i] ^= b;
@@ -641,6 +990,58 @@ mod tests {
             r.knobs.warmup = warmup;
             let body = serde_json::to_vec(&Msg::Request(r)).unwrap();
             let _ = decode_body(&body);
+        }
+
+        /// Any field values in a well-formed join are checked, not trusted.
+        #[test]
+        fn any_join_fields_never_panic(
+            rank in any::<u32>(), world in any::<u32>(), gpus in any::<u32>(), npg in any::<u32>(),
+            runs in 0usize..4, size in any::<u64>(), pages in any::<u64>(), iters in any::<u64>(),
+            batch in any::<u32>(), host_len in 0usize..400,
+        ) {
+            let mut j = join();
+            j.rank = rank;
+            j.world = world;
+            j.spec.gpus = gpus;
+            j.spec.nics_per_gpu = npg;
+            j.host = "h".repeat(host_len);
+            j.spec.runs = (0..runs).map(|_| RunSpec {
+                stage: Some("s".into()),
+                size,
+                pages,
+                iters,
+                knobs: Knobs { batch, ..Knobs::baseline() },
+            }).collect();
+            let body = serde_json::to_vec(&Msg::Join(j)).unwrap();
+            let _ = decode_body(&body);
+        }
+
+        /// Any links and results are checked, not trusted.
+        #[test]
+        fn any_links_and_results_never_panic(
+            n in 0usize..6, peer in any::<u32>(), nic in any::<u32>(), send in any::<bool>(),
+            addr_len in 0usize..5000, with_mr in any::<bool>(), mr_addr in any::<u64>(),
+            mr_len in any::<u64>(), secs in any::<f64>(), names in 0usize..4,
+        ) {
+            let l = Links {
+                rank: peer,
+                links: (0..n).map(|_| LinkWire {
+                    peer,
+                    nic,
+                    send,
+                    name: "n".into(),
+                    addr: vec![0; addr_len],
+                    mr: with_mr.then_some(RemoteMr { addr: mr_addr, len: mr_len, key: 1 }),
+                    max_write_size: mr_len,
+                }).collect(),
+            };
+            let _ = decode_body(&serde_json::to_vec(&Msg::Links(l)).unwrap());
+            let mut d = rank_done();
+            d.rank = peer;
+            d.seconds = secs;
+            d.nics = (0..names).map(|i| i.to_string()).collect();
+            d.links = (0..n).map(|_| LinkStats { peer, nic, send, bytes: mr_len, ops: 1, seconds: secs }).collect();
+            let _ = decode_body(&serde_json::to_vec(&Msg::RankDone(d)).unwrap());
         }
     }
 }

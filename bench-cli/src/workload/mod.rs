@@ -7,6 +7,7 @@
 //! [`CHECK_EVERY`] turns.
 
 pub mod lat;
+pub mod ranks;
 pub mod send;
 pub mod write;
 

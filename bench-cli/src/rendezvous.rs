@@ -1,0 +1,813 @@
+//! The meeting point of `rdma-bench run`: every rank keeps one control connection to rank 0
+//! (the versioned protocol of [`crate::proto`], over [`Ctrl`]).
+//!
+//! Rank 0 ([`Hub`]) accepts the other ranks, checks that each was started with the same
+//! version and options, routes endpoint addresses and regions between them, releases
+//! barriers and collects results. When a rank dies (its connection closes without `Bye`) or
+//! fails (it sends `Error`), the connection's reader thread tells every other rank at once
+//! with `Abort`, naming the rank; the data path of every rank sees its liveness flag drop, and
+//! the control-connection watchdog ends a rank stuck inside a provider call.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::ctrl::{Ctrl, CtrlOpts, Liveness, Watchdog, IO_TIMEOUT};
+use crate::error::{Error, Result, TransportContext};
+use crate::launch::Rendezvous;
+use crate::proto::{self, Frame, Join, LinkWire, Links, Msg, RankDone};
+
+/// How long a rank waits for an abort after its own data path failed (the failure may be a
+/// consequence of another rank dying; the job should name that rank).
+const BLAME_WAIT: Duration = Duration::from_secs(1);
+
+/// How long rank 0 keeps answering late ranks after the rendezvous failed.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// The rendezvous failed: tell ranks that connect late, so they exit at once instead of
+/// waiting for a rank 0 that is gone.
+fn linger(listener: &TcpListener, mut left: usize, for_: Duration, why: &str) {
+    let start = Instant::now();
+    while left > 0 && start.elapsed() < for_ {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = read_one(&mut s, Duration::from_secs(1), "its join message");
+                let _ = proto::write_msg(
+                    &mut s,
+                    &Msg::Error {
+                        message: format!("the job failed at the rendezvous: {why}"),
+                    },
+                );
+                left -= 1;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Who a rank is, as rank 0 saw it join.
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub rank: u32,
+    pub host: String,
+    pub local_rank: u32,
+    pub pid: u32,
+}
+
+type Writers = Arc<Mutex<Vec<Option<TcpStream>>>>;
+type Failure = Arc<Mutex<Option<(u32, String)>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Send `msg` to every rank but `except` (errors ignored: the job is ending).
+fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
+    let mut w = lock(writers);
+    for (r, s) in w.iter_mut().enumerate() {
+        if Some(r as u32) == except {
+            continue;
+        }
+        if let Some(s) = s {
+            let _ = proto::write_msg(s, msg);
+        }
+    }
+}
+
+/// Record the first failure of the job and tell every other rank; false when the job had
+/// already failed.
+fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> bool {
+    {
+        let mut f = lock(failed);
+        if f.is_some() {
+            return false;
+        }
+        *f = Some((rank, message.clone()));
+    }
+    broadcast(writers, Some(rank), &Msg::Abort { rank, message });
+    true
+}
+
+/// The job's first failure, as an error.
+fn check(failed: &Failure) -> Result<()> {
+    if let Some((rank, message)) = lock(failed).clone() {
+        return Err(Error::RankFailed { rank, message });
+    }
+    Ok(())
+}
+
+/// Rank 0's side: a control connection per rank.
+pub struct Hub {
+    ctrls: Vec<Option<Ctrl>>,
+    writers: Writers,
+    live: Liveness,
+    failed: Failure,
+    pub members: Vec<Member>,
+}
+
+/// Another rank's side: its connection to rank 0.
+pub struct Leaf {
+    ctrl: Ctrl,
+    rank: u32,
+}
+
+/// Either side.
+pub enum Coord {
+    Root(Hub),
+    Leaf(Leaf),
+}
+
+/// Listen where the other ranks will look for rank 0: the rendezvous address where it is
+/// this machine's, else every interface on its port.
+pub fn listen(rdv: &Rendezvous) -> Result<TcpListener> {
+    let addrs: Vec<SocketAddr> = (rdv.host.as_str(), rdv.port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            Error::Usage(format!(
+                "rendezvous {rdv} (from {}): cannot resolve {}: {e}",
+                rdv.from, rdv.host
+            ))
+        })?
+        .collect();
+    let mut last = None;
+    for a in &addrs {
+        match TcpListener::bind(a) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    // The name may resolve to an address of another interface (or a NAT): any interface.
+    match TcpListener::bind(("0.0.0.0", rdv.port)) {
+        Ok(l) => Ok(l),
+        Err(e) => Err(Error::Io {
+            what: format!(
+                "rank 0 listening on {rdv} (from {}){}; is another job using the port? pick \
+                 one with --rendezvous HOST:PORT or MASTER_PORT",
+                rdv.from,
+                last.map(|l| format!(" ({l})")).unwrap_or_default()
+            ),
+            source: e,
+        }),
+    }
+}
+
+/// Read one message from a stream that has no reader thread yet, within `timeout`.
+fn read_one(s: &mut TcpStream, timeout: Duration, what: &str) -> Result<Msg> {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .ctx(|| "setting a read timeout")?;
+    let start = Instant::now();
+    match proto::read_frame(s, IO_TIMEOUT, || start.elapsed() < timeout)? {
+        Frame::Msg(m) => Ok(m),
+        Frame::Eof => Err(Error::PeerGone(format!("closed before sending {what}"))),
+        Frame::Idle => Err(Error::Timeout {
+            what: what.to_string(),
+            after: timeout,
+        }),
+    }
+}
+
+/// Differences between two ranks' options, as `name: rank 0 has X, it has Y`.
+fn spec_diff(mine: &proto::RankSpec, theirs: &proto::RankSpec) -> Vec<String> {
+    let (a, b) = (
+        serde_json::to_value(mine).unwrap_or_default(),
+        serde_json::to_value(theirs).unwrap_or_default(),
+    );
+    let mut out = Vec::new();
+    json_diff("", &a, &b, &mut out);
+    out
+}
+
+fn json_diff(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    if out.len() >= 8 || a == b {
+        return;
+    }
+    let name = |k: &str| match k {
+        "build" => "rdma-bench version".to_string(),
+        k if path.is_empty() => k.to_string(),
+        k => format!("{path}.{k}"),
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, va) in x {
+                json_diff(&name(k), va, y.get(k).unwrap_or(&Value::Null), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (va, vb)) in x.iter().zip(y).enumerate() {
+                json_diff(&format!("{path}[{i}]"), va, vb, out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => out.push(format!(
+            "{path}: rank 0 has {} entries, it has {}",
+            x.len(),
+            y.len()
+        )),
+        _ => out.push(format!("{path}: rank 0 has {a}, it has {b}")),
+    }
+}
+
+/// The peer end of each of `mine`'s links, from every rank's announced links.
+fn route(rank: u32, mine: &[LinkWire], all: &HashMap<u32, Links>) -> Result<Vec<LinkWire>> {
+    let mut out = Vec::with_capacity(mine.len());
+    for l in mine {
+        let other = all
+            .get(&l.peer)
+            .and_then(|p| {
+                p.links
+                    .iter()
+                    .find(|k| k.peer == rank && k.nic == l.nic && k.send != l.send)
+            })
+            .ok_or_else(|| {
+                Error::Protocol(format!(
+                    "rank {} announced no {} endpoint for rank {rank} on NIC {}",
+                    l.peer,
+                    if l.send { "receiving" } else { "sending" },
+                    l.nic
+                ))
+            })?;
+        let mut w = other.clone();
+        w.peer = l.peer;
+        out.push(w);
+    }
+    Ok(out)
+}
+
+impl Hub {
+    /// Accept every other rank's `Join` and check it against this rank's.
+    pub fn accept(
+        listener: &TcpListener,
+        me: &Join,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<Hub> {
+        let world = me.world;
+        let mut hub = Hub {
+            ctrls: (0..world).map(|_| None).collect(),
+            writers: Arc::new(Mutex::new((0..world).map(|_| None).collect())),
+            live: Liveness::default(),
+            failed: Arc::new(Mutex::new(None)),
+            members: vec![Member {
+                rank: 0,
+                host: me.host.clone(),
+                local_rank: me.local_rank,
+                pid: me.pid,
+            }],
+        };
+        match hub.accept_all(listener, me, timeout, grace) {
+            Ok(()) => Ok(hub),
+            Err(e) => {
+                let msg = format!("rank 0: {e}");
+                let _ = fail_job(&hub.writers, &hub.failed, 0, msg.clone());
+                let joined = hub.members.len();
+                linger(listener, world as usize - joined, timeout.min(LINGER), &msg);
+                Err(e)
+            }
+        }
+    }
+
+    fn accept_all(
+        &mut self,
+        listener: &TcpListener,
+        me: &Join,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<()> {
+        listener
+            .set_nonblocking(true)
+            .ctx(|| "making the rendezvous listener non-blocking")?;
+        let start = Instant::now();
+        let world = me.world;
+        let mut joined = vec![false; world as usize];
+        joined[0] = true;
+        while joined.iter().any(|j| !j) {
+            self.check_failed()?;
+            let (mut s, from) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() > timeout {
+                        let missing: Vec<usize> =
+                            (0..world as usize).filter(|&r| !joined[r]).collect();
+                        return Err(Error::Timeout {
+                            what: format!(
+                                "rank(s) {missing:?} of {world} to join at the rendezvous; \
+                                 were all ranks started, with the same rendezvous address?"
+                            ),
+                            after: timeout,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::Io {
+                        what: "accepting a rank".into(),
+                        source: e,
+                    })
+                }
+            };
+            s.set_nonblocking(false)
+                .ctx(|| "configuring a rank's connection")?;
+            let join = match read_one(&mut s, IO_TIMEOUT, "its join message") {
+                Ok(Msg::Join(j)) => j,
+                Ok(m) => {
+                    let e = format!("a rank connecting from {from} sent {} first", m.kind());
+                    let _ = proto::write_msg(&mut s, &Msg::Error { message: e.clone() });
+                    return Err(Error::Protocol(e));
+                }
+                Err(e) => {
+                    let _ = proto::write_msg(
+                        &mut s,
+                        &Msg::Error {
+                            message: format!("rank 0 refused this rank: {e}"),
+                        },
+                    );
+                    return Err(Error::Protocol(format!(
+                        "a rank connecting from {from} was refused: {e}"
+                    )));
+                }
+            };
+            let refuse = |s: &mut TcpStream, why: String| -> Error {
+                let _ = proto::write_msg(
+                    s,
+                    &Msg::Error {
+                        message: format!("rank 0 refused rank {}: {why}", join.rank),
+                    },
+                );
+                Error::Protocol(format!(
+                    "rank {} (on {}, pid {}) was refused: {why}",
+                    join.rank, join.host, join.pid
+                ))
+            };
+            if join.world != world {
+                let why = format!(
+                    "it belongs to a job of {} ranks, rank 0 to one of {world}",
+                    join.world
+                );
+                return Err(refuse(&mut s, why));
+            }
+            if joined[join.rank as usize] {
+                let why = format!("rank {} joined twice; check the launcher", join.rank);
+                return Err(refuse(&mut s, why));
+            }
+            let diff = spec_diff(&me.spec, &join.spec);
+            if !diff.is_empty() {
+                let why = format!(
+                    "it was started with other options: {}; start every rank with the same \
+                     rdma-bench and flags",
+                    diff.join("; ")
+                );
+                return Err(refuse(&mut s, why));
+            }
+            let r = join.rank;
+            let wr = s.try_clone().ctx(|| "cloning a rank's connection")?;
+            let (writers, failed) = (self.writers.clone(), self.failed.clone());
+            let ctrl = Ctrl::with(
+                s,
+                CtrlOpts {
+                    watchdog: Some(Watchdog::Exit(grace)),
+                    live: Some(self.live.clone()),
+                    on_gone: Some(Box::new(move |why: &str| {
+                        if fail_job(&writers, &failed, r, why.to_string()) {
+                            eprintln!("rdma-bench: rank 0: {why}; aborting the job");
+                        }
+                    })),
+                    name: Some(format!("rank {r} (on {}, pid {})", join.host, join.pid)),
+                },
+            )?;
+            lock(&self.writers)[r as usize] = Some(wr);
+            self.ctrls[r as usize] = Some(ctrl);
+            self.members.push(Member {
+                rank: r,
+                host: join.host.clone(),
+                local_rank: join.local_rank,
+                pid: join.pid,
+            });
+            joined[r as usize] = true;
+        }
+        self.members.sort_by_key(|m| m.rank);
+        Ok(())
+    }
+
+    fn send(&self, rank: u32, msg: &Msg) -> Result<()> {
+        let mut w = lock(&self.writers);
+        match w.get_mut(rank as usize).and_then(|s| s.as_mut()) {
+            Some(s) => proto::write_msg(s, msg),
+            None => Err(Error::Protocol(format!("rank {rank} is not connected"))),
+        }
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        check(&self.failed)
+    }
+
+    /// Wait until every other rank sent what `want` accepts, polling (`poll`) meanwhile.
+    fn collect<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut want: impl FnMut(u32, Msg) -> Result<Option<T>>,
+        poll: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<(u32, T)>> {
+        let start = Instant::now();
+        let n = self.ctrls.len();
+        let mut got: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let mut have = 1;
+        while have < n {
+            poll()?;
+            self.check_failed()?;
+            let failed = &self.failed;
+            for (r, (slot, c)) in got.iter_mut().zip(self.ctrls.iter_mut()).enumerate() {
+                let Some(c) = c.as_mut().filter(|_| slot.is_none()) else {
+                    continue;
+                };
+                match c.try_recv() {
+                    Ok(Some(m)) => {
+                        if let Some(v) = want(r as u32, m)? {
+                            *slot = Some(v);
+                            have += 1;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // The reader's hook has recorded it (or will in a moment).
+                        std::thread::sleep(Duration::from_millis(50));
+                        check(failed)?;
+                        return Err(Error::RankFailed {
+                            rank: r as u32,
+                            message: e.to_string(),
+                        });
+                    }
+                }
+            }
+            if start.elapsed() > timeout {
+                let missing: Vec<usize> = (1..n).filter(|&r| got[r].is_none()).collect();
+                return Err(Error::Timeout {
+                    what: format!("rank(s) {missing:?} to {what}"),
+                    after: timeout,
+                });
+            }
+            std::thread::yield_now();
+        }
+        Ok(got
+            .into_iter()
+            .enumerate()
+            .filter_map(|(r, v)| v.map(|v| (r as u32, v)))
+            .collect())
+    }
+}
+
+/// Rank 0's connection closing is rank 0's failure.
+fn leaf_err(e: Error) -> Error {
+    match e {
+        Error::PeerGone(m) => Error::RankFailed {
+            rank: 0,
+            message: format!("rank 0 is gone ({m})"),
+        },
+        e => e,
+    }
+}
+
+fn unexpected(what: &str, m: &Msg) -> Error {
+    Error::Protocol(format!("expected {what}, got {}", m.kind()))
+}
+
+impl Leaf {
+    /// Connect to rank 0 (retrying until `timeout`) and join.
+    pub fn join(rdv: &Rendezvous, me: &Join, timeout: Duration, grace: Duration) -> Result<Leaf> {
+        let stream = crate::session::connect(&rdv.to_string(), timeout).map_err(|e| match e {
+            Error::Timeout { after, .. } => Error::Timeout {
+                what: format!(
+                    "rank 0 at {rdv} (from {}); is rank 0 running, and is that its host?",
+                    rdv.from
+                ),
+                after,
+            },
+            e => e,
+        })?;
+        let mut ctrl = Ctrl::with(
+            stream,
+            CtrlOpts {
+                watchdog: Some(Watchdog::Exit(grace)),
+                name: Some("rank 0".into()),
+                ..CtrlOpts::default()
+            },
+        )?;
+        ctrl.send(&Msg::Join(me.clone()))?;
+        Ok(Leaf {
+            ctrl,
+            rank: me.rank,
+        })
+    }
+
+    /// The next message; `Abort` becomes the failure of the rank it names.
+    fn recv(&mut self, timeout: Duration, what: &str) -> Result<Msg> {
+        match self.ctrl.recv(timeout, what) {
+            Ok(Msg::Abort { rank, message }) => Err(Error::RankFailed { rank, message }),
+            Ok(m) => Ok(m),
+            Err(e) => Err(leaf_err(e)),
+        }
+    }
+
+    /// Like `recv`, polling meanwhile.
+    fn recv_polling(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        poll: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Msg> {
+        let start = Instant::now();
+        loop {
+            poll()?;
+            let m = self.ctrl.try_recv().map_err(leaf_err)?;
+            match m {
+                Some(Msg::Abort { rank, message }) => {
+                    return Err(Error::RankFailed { rank, message })
+                }
+                Some(m) => return Ok(m),
+                None => {}
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: what.to_string(),
+                    after: timeout,
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Coord {
+    /// Every rank's endpoints to rank 0; back to each rank the peer ends of its own.
+    pub fn exchange(&mut self, mine: Links, timeout: Duration) -> Result<Vec<LinkWire>> {
+        match self {
+            Coord::Root(h) => {
+                let rest = h.collect(
+                    timeout,
+                    "send their endpoints",
+                    |r, m| match m {
+                        Msg::Links(l) if l.rank == r => Ok(Some(l)),
+                        m => Err(Error::Protocol(format!(
+                            "rank {r}: expected its endpoints, got {}",
+                            m.kind()
+                        ))),
+                    },
+                    &mut || Ok(()),
+                )?;
+                let world = h.ctrls.len() as u32;
+                let mut all: HashMap<u32, Links> = rest.into_iter().collect();
+                all.insert(0, mine);
+                for r in 1..world {
+                    let routed = route(r, &all[&r].links, &all)?;
+                    h.send(
+                        r,
+                        &Msg::Links(Links {
+                            rank: r,
+                            links: routed,
+                        }),
+                    )?;
+                }
+                route(0, &all[&0].links, &all)
+            }
+            Coord::Leaf(l) => {
+                l.ctrl.send(&Msg::Links(mine.clone()))?;
+                let m = l.recv(timeout, "the peers' endpoints from rank 0")?;
+                let Msg::Links(got) = m else {
+                    return Err(unexpected("the peers' endpoints", &m));
+                };
+                if got.rank != l.rank
+                    || got.links.len() != mine.links.len()
+                    || got
+                        .links
+                        .iter()
+                        .zip(&mine.links)
+                        .any(|(a, b)| a.peer != b.peer || a.nic != b.nic || a.send == b.send)
+                {
+                    return Err(Error::Protocol(
+                        "rank 0 answered with endpoints that do not match this rank's".into(),
+                    ));
+                }
+                Ok(got.links)
+            }
+        }
+    }
+
+    /// The flag the data path watches: rank 0's connection (a rank), any rank's (rank 0).
+    pub fn liveness(&self) -> Liveness {
+        match self {
+            Coord::Root(h) => h.live.clone(),
+            Coord::Leaf(l) => l.ctrl.liveness(),
+        }
+    }
+
+    /// Every rank waits here until all have arrived at barrier `id`.
+    pub fn barrier(
+        &mut self,
+        id: u32,
+        timeout: Duration,
+        poll: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        match self {
+            Coord::Root(h) => {
+                h.collect(
+                    timeout,
+                    &format!("reach barrier {id}"),
+                    |r, m| match m {
+                        Msg::Barrier { id: got } if got == id => Ok(Some(())),
+                        m => Err(Error::Protocol(format!(
+                            "rank {r}: expected barrier {id}, got {}",
+                            m.kind()
+                        ))),
+                    },
+                    poll,
+                )?;
+                broadcast(&h.writers, None, &Msg::Barrier { id });
+                Ok(())
+            }
+            Coord::Leaf(l) => {
+                l.ctrl.send(&Msg::Barrier { id })?;
+                match l.recv_polling(timeout, &format!("barrier {id}"), poll)? {
+                    Msg::Barrier { id: got } if got == id => Ok(()),
+                    m => Err(unexpected(&format!("barrier {id}"), &m)),
+                }
+            }
+        }
+    }
+
+    /// Rank 0 gets every rank's result (its own first); the others send theirs.
+    pub fn gather(
+        &mut self,
+        mine: RankDone,
+        timeout: Duration,
+        poll: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Option<Vec<RankDone>>> {
+        match self {
+            Coord::Root(h) => {
+                let id = mine.id;
+                let rest = h.collect(
+                    timeout,
+                    &format!("send their results of run {id}"),
+                    |r, m| match m {
+                        Msg::RankDone(d) if d.rank == r && d.id == id => Ok(Some(d)),
+                        m => Err(Error::Protocol(format!(
+                            "rank {r}: expected its result of run {id}, got {}",
+                            m.kind()
+                        ))),
+                    },
+                    poll,
+                )?;
+                let mut all = vec![mine];
+                all.extend(rest.into_iter().map(|(_, d)| d));
+                Ok(Some(all))
+            }
+            Coord::Leaf(l) => {
+                l.ctrl.send(&Msg::RankDone(mine))?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// This rank's own failure `e`, or the failure of the rank that caused it: tell the job,
+    /// and return the error to print.
+    pub fn fail(&mut self, e: Error) -> Error {
+        if let Error::RankFailed { .. } = e {
+            return e;
+        }
+        match self {
+            Coord::Root(h) => {
+                // A dead rank may be why this side failed: give its hook a moment.
+                let start = Instant::now();
+                while start.elapsed() < BLAME_WAIT {
+                    if let Err(f) = h.check_failed() {
+                        return f;
+                    }
+                    if !h.live.gone() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                if let Err(f) = h.check_failed() {
+                    return f;
+                }
+                let _ = fail_job(&h.writers, &h.failed, 0, format!("rank 0: {e}"));
+                e
+            }
+            Coord::Leaf(l) => {
+                let start = Instant::now();
+                loop {
+                    match l.ctrl.try_recv() {
+                        Ok(Some(Msg::Abort { rank, message })) => {
+                            return Error::RankFailed { rank, message }
+                        }
+                        Ok(Some(_)) => continue,
+                        Ok(None) => {}
+                        Err(Error::PeerGone(m)) => {
+                            return Error::RankFailed {
+                                rank: 0,
+                                message: format!("rank 0 is gone ({m})"),
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                    if start.elapsed() > BLAME_WAIT {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                l.ctrl.send_error(&format!("rank {}: {e}", l.rank));
+                e
+            }
+        }
+    }
+
+    /// The end of a good job: everyone leaves together (rank 0 last).
+    pub fn finish(
+        &mut self,
+        id: u32,
+        timeout: Duration,
+        poll: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        self.barrier(id, timeout, poll)?;
+        match self {
+            Coord::Root(h) => {
+                let _ = h.collect(
+                    IO_TIMEOUT,
+                    "say goodbye",
+                    |_, m| match m {
+                        Msg::Bye => Ok(Some(())),
+                        m => Err(unexpected("bye", &m)),
+                    },
+                    &mut || Ok(()),
+                );
+                Ok(())
+            }
+            Coord::Leaf(l) => l.ctrl.send(&Msg::Bye),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(peer: u32, nic: u32, send: bool) -> LinkWire {
+        LinkWire {
+            peer,
+            nic,
+            send,
+            name: "x".into(),
+            addr: vec![peer as u8, nic as u8, send as u8],
+            mr: (!send).then_some(transport_core::RemoteMr {
+                addr: 64,
+                len: 64,
+                key: 1,
+            }),
+            max_write_size: 0,
+        }
+    }
+
+    #[test]
+    fn routing_pairs_each_sender_with_its_receiver() {
+        let mut all = HashMap::new();
+        // Incast of 3 ranks, one NIC: 1 and 2 send to 0.
+        all.insert(
+            0,
+            Links {
+                rank: 0,
+                links: vec![link(1, 0, false), link(2, 0, false)],
+            },
+        );
+        all.insert(
+            1,
+            Links {
+                rank: 1,
+                links: vec![link(0, 0, true)],
+            },
+        );
+        all.insert(
+            2,
+            Links {
+                rank: 2,
+                links: vec![link(0, 0, true)],
+            },
+        );
+        let r1 = route(1, &all[&1].links, &all).unwrap();
+        assert_eq!(
+            r1[0].addr,
+            vec![1, 0, 0],
+            "rank 1 writes to 0's receiver for 1"
+        );
+        assert!(r1[0].mr.is_some());
+        let r0 = route(0, &all[&0].links, &all).unwrap();
+        assert_eq!(r0[1].addr, vec![0, 0, 1]);
+        assert_eq!(r0[1].peer, 2);
+        all.get_mut(&2).unwrap().links.clear();
+        assert!(route(0, &all[&0].links, &all)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 2"));
+    }
+}

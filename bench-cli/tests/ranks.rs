@@ -1,0 +1,293 @@
+//! `rdma-bench run` as 4 processes on 127.0.0.1 with torchrun-style variables (no launcher
+//! needed): every pattern, shm and tcp, a killed rank, mismatched options and version.
+#![cfg(feature = "efa")]
+
+mod common;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bench_cli::config::{Knobs, MemKind, Pattern, Workload};
+use bench_cli::proto::{self, Join, Msg, RankSpec, RunSpec};
+use common::*;
+
+const SMALL_RUN: &[&str] = &["-s", "4K", "--pages", "16", "-n", "3"];
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Start rank `rank` of `world` with torchrun-style variables (and nothing of a launcher).
+fn spawn_rank(rank: u32, world: u32, port: u16, args: &[&str]) -> Child {
+    let mut c = Command::new(bin());
+    c.arg("run").args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OMPI_") || k.starts_with("SLURM_") || k.starts_with("PMI_") {
+            c.env_remove(k);
+        }
+    }
+    c.env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting rdma-bench run")
+}
+
+/// A whole job; every rank's output, rank by rank.
+fn job(world: u32, args: &[&str]) -> Vec<Out> {
+    let port = free_port();
+    let kids: Vec<Child> = (0..world)
+        .map(|r| spawn_rank(r, world, port, args))
+        .collect();
+    kids.into_iter().map(|k| wait(k, T)).collect()
+}
+
+fn check_job(outs: Vec<Out>, pattern: &str) -> serde_json::Value {
+    let mut outs = outs.into_iter();
+    let v = outs.next().unwrap().expect_ok().json();
+    for (r, o) in outs.enumerate() {
+        let o = o.expect_ok();
+        assert!(o.stdout.is_empty(), "rank {} printed:\n{}", r + 1, o.stdout);
+    }
+    assert_eq!(v["pattern"], pattern);
+    assert_eq!(v["world"], 4);
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["launcher"], "torchrun");
+    v
+}
+
+const PER_PEER: u64 = 16 * 4096 * 3;
+
+#[test]
+fn all_to_all_over_shm_and_tcp() {
+    for prov in ["shm", "tcp"] {
+        let mut a = vec!["--provider", prov, "--pattern", "all-to-all", "--json"];
+        a.extend_from_slice(SMALL_RUN);
+        let v = check_job(job(4, &a), "all-to-all");
+        assert!(v["provider"].as_str().unwrap().contains(prov), "{v}");
+        let run = &v["runs"][0];
+        let ranks = run["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 4);
+        for (i, r) in ranks.iter().enumerate() {
+            assert_eq!(r["rank"], i as u64);
+            assert_eq!(r["tx_bytes"], 3 * PER_PEER, "{prov}: {r}");
+            assert_eq!(r["rx_bytes"], 3 * PER_PEER, "{prov}: {r}");
+            assert!(r["tx_gbps"].as_f64().unwrap() > 0.0);
+        }
+        assert_eq!(run["nics"].as_array().unwrap().len(), 4);
+        assert_eq!(run["bytes"], 12 * PER_PEER);
+        let t = &run["tx_gbps"];
+        assert!(t["min"].as_f64().unwrap() <= t["median"].as_f64().unwrap());
+        assert!(t["median"].as_f64().unwrap() <= t["max"].as_f64().unwrap());
+        assert!(run["slowest_rank"]["rank"].as_u64().unwrap() < 4);
+        assert!(!run["slowest_nic"]["name"].is_null());
+    }
+}
+
+#[test]
+fn pairwise_incast_bisection() {
+    for (pattern, tx, rx) in [
+        ("pairwise", [1, 1, 1, 1], [1, 1, 1, 1]),
+        ("incast", [0, 1, 1, 1], [3, 0, 0, 0]),
+        ("bisection", [1, 1, 1, 1], [1, 1, 1, 1]),
+    ] {
+        let mut a = vec!["--provider", "shm", "--pattern", pattern, "--json"];
+        a.extend_from_slice(SMALL_RUN);
+        let v = check_job(job(4, &a), pattern);
+        let ranks = v["runs"][0]["ranks"].as_array().unwrap().clone();
+        for (i, r) in ranks.iter().enumerate() {
+            assert_eq!(r["tx_bytes"], tx[i] * PER_PEER, "{pattern}: {r}");
+            assert_eq!(r["rx_bytes"], rx[i] * PER_PEER, "{pattern}: {r}");
+        }
+    }
+    // The table, with two NIC groups and a thread each, over two sizes.
+    let a = [
+        "--provider",
+        "shm",
+        "--pattern",
+        "pairwise",
+        "--gpus",
+        "0,1",
+        "--threads",
+        "per-gpu",
+        "--sizes",
+        "4K,16K",
+        "--pages",
+        "8",
+        "-n",
+        "2",
+    ];
+    let outs = job(4, &a);
+    let t = outs.into_iter().next().unwrap().expect_ok().stdout;
+    for want in [
+        "pairwise write over efa/shm: 4 ranks",
+        "2 GPU(s) x 1 NIC(s) per rank",
+        "every byte verified",
+        "size 4K",
+        "size 16K",
+        "tx Gbit/s across ranks: min",
+        "slowest rank:",
+        "slowest NIC: rank",
+    ] {
+        assert!(t.contains(want), "{want:?} missing:\n{t}");
+    }
+}
+
+#[test]
+fn a_killed_rank_stops_every_other_rank_naming_it() {
+    let port = free_port();
+    let args = [
+        "--provider",
+        "shm",
+        "-s",
+        "4K",
+        "--pages",
+        "16",
+        "-n",
+        "100000000",
+        "--idle-timeout",
+        "3",
+        "--rendezvous-timeout",
+        "20",
+    ];
+    let mut kids: Vec<Option<Child>> = (0..4)
+        .map(|r| Some(spawn_rank(r, 4, port, &args)))
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut victim = kids[2].take().unwrap();
+    victim.kill().expect("kill");
+    let _ = victim.wait();
+    let t = Instant::now();
+    for (r, k) in kids.into_iter().enumerate() {
+        let Some(k) = k else { continue };
+        let o = wait(k, Duration::from_secs(30));
+        assert!(!o.ok(), "rank {r} succeeded:\n{}", o.stdout);
+        assert!(
+            o.stderr.contains("rank 2"),
+            "rank {r} does not name rank 2:\n{}",
+            o.stderr
+        );
+    }
+    // Well within the idle timeout (3 s) plus the watchdog's grace.
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+fn mismatched_options_are_refused() {
+    let port = free_port();
+    let kids: Vec<Child> = (0..4)
+        .map(|r| {
+            let pages = if r == 2 { "32" } else { "16" };
+            spawn_rank(
+                r,
+                4,
+                port,
+                &["--provider", "shm", "-s", "4K", "--pages", pages, "-n", "2"],
+            )
+        })
+        .collect();
+    for (r, k) in kids.into_iter().enumerate() {
+        let o = wait(k, T);
+        assert!(!o.ok(), "rank {r} succeeded");
+        assert!(
+            o.stderr.contains("pages: rank 0 has 16, it has 32"),
+            "rank {r}:\n{}",
+            o.stderr
+        );
+        if r != 2 {
+            assert!(o.stderr.contains("rank 2"), "rank {r}:\n{}", o.stderr);
+        }
+    }
+}
+
+/// A rank speaking another protocol version is refused with a message that says so.
+#[test]
+fn mismatched_version_is_refused() {
+    let port = free_port();
+    let root = spawn_rank(
+        0,
+        2,
+        port,
+        &["--provider", "shm", "--rendezvous-timeout", "20"],
+    );
+    let start = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("rank 0 does not listen: {e}"),
+        }
+    };
+    let join = Join {
+        magic: proto::MAGIC.into(),
+        version: proto::VERSION + 1,
+        rank: 1,
+        world: 2,
+        local_rank: 0,
+        host: "elsewhere".into(),
+        pid: 1,
+        spec: RankSpec {
+            build: "0.0.0".into(),
+            backend: "efa".into(),
+            provider: "shm".into(),
+            pattern: Pattern::AllToAll,
+            workload: Workload::Write,
+            gpus: 1,
+            nics_per_gpu: 1,
+            mem: MemKind::Host,
+            seed: 1,
+            verify: true,
+            runs: vec![RunSpec {
+                stage: None,
+                size: 4096,
+                pages: 1,
+                iters: 1,
+                knobs: Knobs::baseline(),
+            }],
+        },
+    };
+    s.write_all(&proto::encode(&Msg::Join(join)).unwrap())
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.contains("version mismatch"), "{text}");
+    wait(root, T).expect_err("version mismatch");
+}
+
+#[test]
+fn no_launcher_and_odd_pairs_are_usage_errors() {
+    let mut c = Command::new(bin());
+    c.args(["run", "--provider", "shm"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OMPI_")
+            || k.starts_with("SLURM_")
+            || k.starts_with("PMI_")
+            || ["RANK", "WORLD_SIZE", "MASTER_ADDR"].contains(&k.as_str())
+        {
+            c.env_remove(k);
+        }
+    }
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no launcher"));
+    let port = free_port();
+    let o = wait(
+        spawn_rank(0, 3, port, &["--provider", "shm", "--pattern", "pairwise"]),
+        T,
+    );
+    assert_eq!(o.code, Some(2));
+    assert!(o.stderr.contains("even number"), "{}", o.stderr);
+}

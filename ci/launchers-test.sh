@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# `rdma-bench run` under the real engines, on this one machine, over 127.0.0.1:
+#   1. Open MPI: mpirun --oversubscribe -np 4, libfabric shm and tcp;
+#   2. Slurm: a one-node cluster (munged, slurmctld, slurmd from Debian's packages, own
+#      config, key and state in a temp dir, removed on exit), srun -n 4: rank, size, local
+#      rank and the rendezvous host all come from Slurm's environment;
+#   3. a rank killed under mpirun: every other rank exits non-zero naming it.
+# Every step is bounded by a timeout. Needs the packages SETUP_LAUNCHERS=1 ci/setup.sh
+# installs (openmpi-bin, slurmctld, slurmd, slurm-client, munge).
+#   ci/launchers-test.sh           uses target/debug/rdma-bench (built when missing)
+#   RDMA_BENCH=path ci/launchers-test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export SETUP_LAUNCHERS=1
+source ci/setup.sh
+
+if [ -z "${RDMA_BENCH:-}" ]; then
+  cargo build -q -p bench-cli --bin rdma-bench
+  RDMA_BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/debug/rdma-bench
+fi
+B=$RDMA_BENCH
+ARGS=(-s 4K --pages 16 -n 5 --idle-timeout 5 --rendezvous-timeout 30)
+TMP=$(mktemp -d /tmp/rdma-bench-launchers.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() { echo "launchers-test: FAILED: $*" >&2; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+export FI_TCP_IFACE=lo
+
+# ---- 1. Open MPI ---------------------------------------------------------------------------
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI's own wire-up stays on loopback too.
+MPI=(mpirun --oversubscribe -np 4 --mca btl self --mca oob_tcp_if_include lo)
+for prov in shm tcp; do
+  echo "=== mpirun -np 4 rdma-bench run --provider $prov --pattern all-to-all" >&2
+  timeout 120 "${MPI[@]}" "$B" run --provider "$prov" --pattern all-to-all \
+    --rendezvous "127.0.0.1:$(free_port)" "${ARGS[@]}" > "$TMP/mpi-$prov.out" ||
+    fail "mpirun over $prov (rc $?)"
+  cat "$TMP/mpi-$prov.out"
+  grep -q "4 ranks (Open MPI)" "$TMP/mpi-$prov.out" || fail "mpirun $prov: no 4-rank table"
+  grep -q "every byte verified" "$TMP/mpi-$prov.out" || fail "mpirun $prov: not verified"
+done
+
+echo "=== mpirun -np 4, rank 2 killed mid-run" >&2
+# Each rank's shell records how its rdma-bench ended; rank 2's kills its own after 3 s. The
+# shells exit normally, and mpirun is told not to end the job itself on a non-zero exit:
+# what ends the other ranks is rdma-bench's own abort.
+set +e
+timeout 60 "${MPI[@]}" --mca orte_abort_on_non_zero_status 0 sh -c '
+  r=$OMPI_COMM_WORLD_RANK; out=$1; shift
+  "$@" 2> "$out/kill-$r.err" &
+  p=$!
+  if [ "$r" = 2 ]; then sleep 3; kill -9 $p; date +%s.%N > "$out/killed-at"; fi
+  wait $p; echo "$? $(date +%s.%N)" > "$out/kill-$r.rc"' sh "$TMP" \
+  "$B" run --provider shm --rendezvous "127.0.0.1:$(free_port)" \
+  -s 4K --pages 16 -n 100000000 --idle-timeout 3 > "$TMP/kill.out"
+rc=$?
+set -e
+[ $rc -ne 124 ] || fail "killed rank: mpirun hung"
+[ -s "$TMP/killed-at" ] || fail "killed rank: rank 2 was not killed (rc $rc)"
+for r in 0 1 3; do
+  cat "$TMP/kill-$r.err" >&2
+  read -r code at < "$TMP/kill-$r.rc" || fail "killed rank: rank $r left no status"
+  [ "$code" -ne 0 ] || fail "killed rank: rank $r exited 0"
+  grep -q "rank 2 failed, aborting the job" "$TMP/kill-$r.err" || fail "rank $r did not name rank 2"
+  awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN { exit !(a - k < 10) }' ||
+    fail "rank $r took $(awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN{print a-k}') s"
+  echo "rank $r: exit $code, $(awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN{printf "%.2f", a-k}') s after rank 2 was killed" >&2
+done
+
+# ---- 2. Slurm: one node, in a temp dir ------------------------------------------------------
+echo "=== slurm: munged, slurmctld, slurmd (one node: localhost)" >&2
+S=$TMP/slurm; mkdir -p "$S"/{state,spool,log,munge}; chmod 700 "$S/munge"
+dd if=/dev/urandom of="$S/munge/key" bs=1024 count=1 status=none; chmod 400 "$S/munge/key"
+munged --force -S "$S/munge/sock" --key-file "$S/munge/key" --pid-file "$S/munge/pid" \
+  --log-file "$S/munge/log" --seed-file "$S/munge/seed" || fail "munged did not start"
+PIDS+=("$(cat "$S/munge/pid")")
+CPORT=$(free_port); DPORT=$(free_port)
+cat > "$S/slurm.conf" <<EOF
+ClusterName=rdmabench
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$CPORT
+SlurmdPort=$DPORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$S/munge/sock
+StateSaveLocation=$S/state
+SlurmdSpoolDir=$S/spool
+SlurmctldPidFile=$S/slurmctld.pid
+SlurmdPidFile=$S/slurmd.pid
+SlurmctldLogFile=$S/log/slurmctld.log
+SlurmdLogFile=$S/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=10 State=UP OverSubscribe=FORCE
+EOF
+export SLURM_CONF=$S/slurm.conf
+slurmctld -i || fail "slurmctld did not start: $(tail -5 "$S/log/slurmctld.log")"
+sleep 0.5; PIDS+=("$(cat "$S/slurmctld.pid")")
+slurmd -N localhost || fail "slurmd did not start: $(tail -5 "$S/log/slurmd.log")"
+sleep 0.5; PIDS+=("$(cat "$S/slurmd.pid")")
+for _ in $(seq 60); do
+  sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)' && break; sleep 0.5
+done
+sinfo -h -o %t | grep -qE '^(idle|mix|alloc)' ||
+  fail "the node did not come up: $(sinfo 2>&1; tail -5 "$S/log/slurmd.log")"
+
+for pat in all-to-all incast; do
+  echo "=== srun -n 4 rdma-bench run --provider shm --pattern $pat" >&2
+  # Rank, size, local rank and rendezvous host (the step's first node) all from Slurm.
+  timeout 120 srun -n 4 --overcommit --time=5 "$B" run --provider shm --pattern "$pat" \
+    "${ARGS[@]}" > "$TMP/srun-$pat.out" || fail "srun $pat (rc $?)"
+  cat "$TMP/srun-$pat.out"
+  grep -q "4 ranks (Slurm)" "$TMP/srun-$pat.out" || fail "srun $pat: no 4-rank table"
+  grep -q "every byte verified" "$TMP/srun-$pat.out" || fail "srun $pat: not verified"
+done
+echo "launchers-test: mpirun and srun passed" >&2
