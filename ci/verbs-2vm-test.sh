@@ -87,12 +87,10 @@ listening() {  # is something listening on 127.0.0.1:P (TCP state 0A)?
   awk -v p="$(printf '0100007F:%04X' $P)" '$2 == p && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp
 }
 
-declare -A PID RC
-cleanup() {
+declare -A PID RC ENDED
+cleanup() {  # end whatever is left of either VM's process group (a qemu may outlive run-vm.sh)
   for n in 0 1; do
-    if [ -n "${PID[$n]:-}" ] && kill -0 "${PID[$n]}" 2>/dev/null; then
-      kill -TERM -- "-${PID[$n]}" 2>/dev/null || true
-    fi
+    if [ -n "${PID[$n]:-}" ]; then kill -KILL -- "-${PID[$n]}" 2>/dev/null || true; fi
   done
 }
 trap cleanup EXIT
@@ -128,6 +126,7 @@ while :; do
     for n in 0 1; do
       if [ -z "${RC[$n]:-}" ]; then
         say "vm$n still running ${VM2_GRACE:-30} s after the other failed: ending it"
+        ENDED[$n]=1
         kill -TERM -- "-${PID[$n]}" 2>/dev/null || true
         sleep 2; kill -KILL -- "-${PID[$n]}" 2>/dev/null || true
       fi
@@ -136,7 +135,7 @@ while :; do
   fi
   sleep 0.5
 done
-trap - EXIT
+cleanup; trap - EXIT
 
 for n in 0 1; do
   echo "---------------- vm$n (rank $n) ----------------"
@@ -146,11 +145,11 @@ echo "---------------- summary ----------------"
 rc=0
 for n in 0 1; do
   wall=$(sed -n 's/^run-vm.sh: guest rc .*, wall \(.*\)$/\1/p' "$RUN/logs/vm$n.log" | tail -1)
-  case ${RC[$n]} in
-    0) what="passed" ;;
-    125) what="VM FAILED to boot, died or timed out"; rc=125 ;;
-    *) what="rank FAILED"; [ $rc -ne 0 ] || rc=1 ;;
-  esac
+  if [ "${RC[$n]}" -eq 0 ]; then what="passed"
+  elif [ -n "${ENDED[$n]:-}" ]; then what="ended by this script after the other VM failed"; [ $rc -ne 0 ] || rc=1
+  elif [ "${RC[$n]}" -eq 125 ]; then what="VM FAILED to boot, died or timed out"; rc=125
+  else what="rank FAILED"; [ $rc -ne 0 ] || rc=1
+  fi
   printf 'verbs-2vm-test: vm%s (rank %s, eth0 10.99.1.%s, rxe0): guest rc %s, VM wall %s: %s\n' \
     "$n" "$n" $((n + 1)) "${RC[$n]}" "${wall:-?}" "$what"
 done
