@@ -3,9 +3,9 @@
 # fixtures, rdma-bench) against the system libfabric (Debian 12: 1.17), the transport-efa and
 # rdma-bench suites again against libfabric 2.1.0 and 2.6.0 (built once from
 # ../shared/libfabric and cached by ci/libfabric.sh), then the verbs tests inside a
-# Soft-RoCE VM.
+# Soft-RoCE VM and rdma-bench run between two of them.
 #   ci/test.sh                              all of it
-#   SKIP_VM=1 ci/test.sh                    everything but the VM
+#   SKIP_VM=1 ci/test.sh                    everything but the VMs
 #   LIBFABRIC_VERSIONS="2.6.0" ci/test.sh   another set of libfabric releases ("" for none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,5 +39,7 @@ ci/launchers-test.sh
 if [ -z "${SKIP_VM:-}" ]; then
   step "verbs tests inside the Soft-RoCE VM"
   ci/verbs-vm-test.sh
+  step "rdma-bench run over verbs between two Soft-RoCE VMs (ci/verbs-2vm-test.sh)"
+  ci/verbs-2vm-test.sh
 fi
 step "all tests passed"

@@ -97,6 +97,10 @@ pub(crate) fn side_cfg(
         verbose: c.verbose,
         idle: idle(c)?,
         hints: topo_glue::hints(),
+        verbs_opts: match (c.backend, std::env::var(crate::side::VERBS_OPTS_ENV)) {
+            (Backend::Verbs, Ok(v)) => crate::side::parse_verbs_opts(&v)?,
+            _ => Default::default(),
+        },
     };
     cfg.check()?;
     Ok(cfg)

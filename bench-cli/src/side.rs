@@ -1,6 +1,7 @@
 //! One side of a session: its endpoints (one per NIC, `nics_per_gpu` per GPU), its registered
 //! regions, and the peer's NICs once the handshake is done.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use transport_core::{
@@ -37,6 +38,30 @@ pub struct SideCfg {
     pub verbose: u8,
     pub idle: Duration,
     pub hints: Option<Hints>,
+    /// Extra options for every verbs NIC (`NicDesc::options`), from [`VERBS_OPTS_ENV`].
+    pub verbs_opts: BTreeMap<String, String>,
+}
+
+/// `key=value,...` options handed to every verbs NIC: transport-verbs' `NicDesc::options`
+/// (`timeout`, `retry_cnt`, `rnr_retry`, `min_rnr_timer`, `sl`, `traffic_class`, ...).
+pub const VERBS_OPTS_ENV: &str = "RDMA_BENCH_VERBS_OPTS";
+
+/// Parse [`VERBS_OPTS_ENV`]'s value: comma-separated `key=value` pairs.
+pub fn parse_verbs_opts(s: &str) -> Result<BTreeMap<String, String>> {
+    let mut m = BTreeMap::new();
+    for kv in s.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                m.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "{VERBS_OPTS_ENV}: {kv:?} is not key=value (e.g. timeout=20,retry_cnt=7)"
+                )))
+            }
+        }
+    }
+    Ok(m)
 }
 
 impl SideCfg {
@@ -111,6 +136,10 @@ impl SideCfg {
             provider: match self.backend {
                 Backend::Efa => self.provider.clone(),
                 Backend::Verbs => None,
+            },
+            options: match self.backend {
+                Backend::Efa => BTreeMap::new(),
+                Backend::Verbs => self.verbs_opts.clone(),
             },
             ..NicDesc::default()
         }
@@ -311,5 +340,24 @@ impl<T: Transport> Side<T> {
             .first()
             .map(|e| e.provider().to_string())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_verbs_opts;
+
+    #[test]
+    fn verbs_opts() {
+        let m = parse_verbs_opts(" timeout=20, retry_cnt = 7,").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m["timeout"].as_str(), m["retry_cnt"].as_str()),
+            ("20", "7")
+        );
+        assert!(parse_verbs_opts("").unwrap().is_empty());
+        for bad in ["timeout", "=3", "timeout="] {
+            assert!(parse_verbs_opts(bad).is_err(), "{bad}");
+        }
     }
 }

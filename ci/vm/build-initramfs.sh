@@ -85,7 +85,8 @@ done
 MODS="ib_core ib_uverbs udp_tunnel ip6_udp_tunnel crc32_generic rdma_rxe veth
       configfs iw_cm ib_cm rdma_cm rdma_ucm ib_umad
       virtio virtio_ring virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
-      netfs fscache 9pnet 9pnet_virtio 9p"
+      netfs fscache 9pnet 9pnet_virtio 9p
+      virtio_net"
 MD=$X/lib/modules/$KV
 ORDER=()
 add_mod() {   # resolve deps (modules.dep lists deps; load them first)
@@ -144,7 +145,7 @@ printf '/usr/lib/x86_64-linux-gnu\n/usr/local/lib\n' > "$ROOT/etc/ld.so.conf"
 /sbin/ldconfig -r "$ROOT" 2>/dev/null || ldconfig -r "$ROOT"
 echo 'root:x:0:0:root:/root:/bin/sh' > "$ROOT/etc/passwd"
 echo 'root:x:0:' > "$ROOT/etc/group"
-printf '127.0.0.1 localhost\n10.99.0.1 node0\n10.99.0.2 node1\n' > "$ROOT/etc/hosts"
+printf '127.0.0.1 localhost\n10.99.0.1 node0\n10.99.0.2 node1\n10.99.1.1 vm0\n10.99.1.2 vm1\n' > "$ROOT/etc/hosts"
 echo "$KV" > "$ROOT/etc/kernel-version"
 
 install -m 0755 "$HERE/init" "$ROOT/init"

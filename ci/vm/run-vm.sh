@@ -20,6 +20,10 @@
 #      SOFTROCE_PASS_ENV="VAR ..." variables exported into CMD's environment
 #                        (default: RUST_BACKTRACE RUST_LOG RUST_TEST_THREADS RUST_TEST_NOCAPTURE)
 #      SOFTROCE_EXTRA_INITRD=file.cpio  appended to the initramfs (alternative to 9p)
+#      SOFTROCE_NETDEV=<qemu -netdev spec without id>  adds a virtio-net NIC (eth0 in the guest,
+#                        MAC SOFTROCE_MAC if set) on that backend, e.g. "dgram,local.type=inet,...";
+#                        with SOFTROCE_APPEND="SOFTROCE_NODE=0|1" the guest puts rxe0 on it instead
+#                        of the veth pair (two-VM mode, see ci/verbs-2vm-test.sh)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 VMDIR=$(cd "$HERE/.." && pwd)/.vm
@@ -69,12 +73,19 @@ if [ ${#CMD[@]} -gt 0 ]; then
            -virtfs "local,path=$TMP/ctl,mount_tag=ctl,security_model=none,id=ctl")
 fi
 
+NET_ARGS=()
+if [ -n "${SOFTROCE_NETDEV:-}" ]; then
+  # romfile=: no iPXE option ROM for SeaBIOS to run (no network boot here)
+  NET_ARGS=(-netdev "$SOFTROCE_NETDEV,id=n0"
+            -device "virtio-net-pci,netdev=n0,romfile=${SOFTROCE_MAC:+,mac=$SOFTROCE_MAC}")
+fi
+
 START=$(date +%s.%N)
 timeout --foreground -k 5 "${SOFTROCE_TIMEOUT:-900}" \
   qemu-system-x86_64 "${ACCEL_ARGS[@]}" -smp "${SOFTROCE_SMP:-2}" -m "${SOFTROCE_MEM:-2G}" \
     -nodefaults -no-user-config -display none -serial stdio -no-reboot \
     -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
-    "${FS_ARGS[@]}" \
+    "${FS_ARGS[@]}" "${NET_ARGS[@]}" \
     -kernel "$KERNEL" -initrd "$INITRD" \
     -append "console=ttyS0 quiet panic=-1 mitigations=off ${SOFTROCE_APPEND:-}" </dev/null
 QRC=$?
