@@ -23,6 +23,7 @@ pub struct Libfabric {
 }
 
 /// The mapped libfabric, from `/proc/self/maps` (this process, never under `--root`).
+#[cfg(feature = "efa")]
 fn library_path() -> Option<String> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines()
@@ -36,6 +37,7 @@ fn library_path() -> Option<String> {
         .map(str::to_string)
 }
 
+#[cfg(feature = "efa")]
 fn names_libcuda(path: &str) -> Option<bool> {
     let bytes = std::fs::read(path).ok()?;
     let needle = b"libcuda.so";
