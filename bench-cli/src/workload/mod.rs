@@ -217,8 +217,12 @@ pub fn drive<W: NicWork>(
             } else if last_progress.elapsed() > ctx.idle {
                 return Err(Error::Timeout {
                     what: format!(
-                        "completions on NIC(s) {:?} (no progress)",
-                        nics.iter().map(|n| n.nic()).collect::<Vec<_>>()
+                        "completions on NIC(s) {:?} (no progress; unfinished: {:?})",
+                        nics.iter().map(|n| n.nic()).collect::<Vec<_>>(),
+                        nics.iter()
+                            .filter(|n| !n.finished())
+                            .map(|n| n.nic())
+                            .collect::<Vec<_>>()
                     ),
                     after: ctx.idle,
                 });

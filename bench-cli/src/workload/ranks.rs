@@ -203,6 +203,8 @@ pub struct ImmSink<'a, T: Transport> {
     got: u64,
     /// Immediates that arrived before the phase started.
     carry: u64,
+    /// Immediates of this phase that arrived before it started, not yet reported as ops.
+    owed: u64,
     last: Option<Instant>,
 }
 
@@ -228,6 +230,7 @@ impl<'a, T: Transport> ImmSink<'a, T> {
             reps: 0,
             got: 0,
             carry: p.early,
+            owed: 0,
             last: None,
         }
     }
@@ -236,7 +239,11 @@ impl<'a, T: Transport> ImmSink<'a, T> {
 impl<T: Transport> NicWork for ImmSink<'_, T> {
     fn start_phase(&mut self, iters: u64) {
         self.reps = if self.active { iters } else { 0 };
-        self.got = std::mem::take(&mut self.carry);
+        self.got = 0;
+        // Counted by the first poll, like any other completion: the loop that drives the
+        // phase ends on the sum of the ops every poll reports, so ops counted only here
+        // would leave it waiting for completions that already came.
+        self.owed = std::mem::take(&mut self.carry);
         self.last = None;
     }
 
@@ -255,6 +262,18 @@ impl<T: Transport> NicWork for ImmSink<'_, T> {
             slots: n,
             ..Polled::default()
         };
+        if self.owed > 0 {
+            let k = std::mem::take(&mut self.owed);
+            self.got += k;
+            if self.got > self.reps {
+                return Err(too_many(self.link, self.reps));
+            }
+            if self.got == self.reps {
+                self.last = Some(Instant::now());
+            }
+            p.ops += k;
+            p.bytes += k * self.bytes_per_rep;
+        }
         for c in &buf[..n] {
             match c.kind {
                 CompletionKind::RemoteWrite { imm } if imm & 0xffff == self.tag => {
