@@ -72,6 +72,9 @@ trap cleanup EXIT
 remove_root
 mkdir -p "$ROOT"
 tar -C "$ROOT" -xf "$TARBALL"
+# tar restores the mode of the tree's top, a mktemp folder (0700): the root's / must be
+# traversable by its non-root users (apt's _apt, munge's postinst under su).
+chmod 755 "$ROOT"
 cp /etc/apt/sources.list.d/debian.sources "$ROOT/etc/apt/sources.list.d/" 2>/dev/null || true
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
 CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
