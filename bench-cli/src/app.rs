@@ -85,6 +85,7 @@ fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Resul
             Backend::Verbs => None,
         },
         devices,
+        options: c.nic_opts.clone(),
         gpus: c.gpus.0.clone(),
         nics_per_gpu: c.nics_per_gpu,
         mem: c.mem,

@@ -339,7 +339,8 @@ fn run_one<T: Transport>(
                         t,
                         depth,
                         size,
-                    );
+                    )
+                    .single_buffer(plan.single_buffer);
                     r.prepost(i)?;
                     rn.push(r);
                 }
@@ -350,13 +351,12 @@ fn run_one<T: Transport>(
             if plan.verify {
                 for (i, mr) in side.data.iter().enumerate() {
                     if i % npg < used {
-                        buffers::verify_messages(
-                            mr,
-                            plan.seed,
-                            size,
-                            depth.min(total) as usize,
-                            i,
-                        )?;
+                        let slots = if plan.single_buffer {
+                            1
+                        } else {
+                            depth.min(total) as usize
+                        };
+                        buffers::verify_messages(mr, plan.seed, size, slots, i)?;
                     }
                 }
             }

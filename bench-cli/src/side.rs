@@ -22,6 +22,8 @@ pub struct SideCfg {
     pub backend: Backend,
     pub provider: Option<String>,
     pub devices: Vec<String>,
+    /// Backend options for every NIC (`--nic-opt`).
+    pub options: Vec<(String, String)>,
     pub gpus: Vec<usize>,
     pub nics_per_gpu: usize,
     pub mem: MemKind,
@@ -103,6 +105,7 @@ impl SideCfg {
                 Backend::Efa => self.provider.clone(),
                 Backend::Verbs => None,
             },
+            options: self.options.iter().cloned().collect(),
             ..NicDesc::default()
         }
     }
