@@ -36,7 +36,9 @@
 //! - `write_completion=auto|delivery|transmit`: when a WRITE completes at the initiator.
 //!   `delivery` (`FI_DELIVERY_COMPLETE`: the target has the data, so a bad key or range comes
 //!   back as an error completion) is the default everywhere but `efa`, whose device
-//!   acknowledgement already reports remote failures (`transmit`, the provider default).
+//!   acknowledgement already reports remote failures, and `shm`, which reports none either
+//!   way and pays for `delivery` with its slow segmented protocol up to 4 KiB (both
+//!   `transmit`, the provider default).
 //! - `fabric=NAME`: only that libfabric fabric (e.g. `efa-direct`; by default `efa` prefers
 //!   the `efa` fabric, the full RDM protocol).
 //!
@@ -70,7 +72,10 @@
 //!   between processes that may die needs the same. `tcp` reports a dead peer as an error
 //!   completion ("Connection reset by peer").
 //! - `shm` drops a WRITE whose key or range the target cannot verify without answering the
-//!   initiator (a bounded wait then times out; no success is ever reported). `tcp` grants
+//!   initiator. A WRITE that waits for the target's answer (above 4 KiB, or any size with
+//!   `write_completion=delivery`) then never completes, nor does any later operation to that
+//!   peer; one of up to 4 KiB under the default transmit completion completes as sent and
+//!   the pair goes on working (`tests/conformance_shm.rs`). `tcp` grants
 //!   no memory registration mode bits at all, so `mr_mode=strict` is a request there.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -426,9 +431,12 @@ impl Endpoint {
             select::WriteCompletion::Delivery => fi::FI_DELIVERY_COMPLETE,
             select::WriteCompletion::Transmit => 0,
             // EFA reports a remote failure (bad key, bad range) to the initiator with the
-            // device's acknowledgement; elsewhere (tcp, shm) the default completion only says
-            // the data left the local buffer, and a remote failure would go unseen.
-            select::WriteCompletion::Auto if v.core() == "efa" => 0,
+            // device's acknowledgement. shm never reports one, whatever the flags (see
+            // `remote_write_errors`), and FI_DELIVERY_COMPLETE only costs there: it moves
+            // WRITEs of up to 4 KiB from the inject buffer to the segmented (SAR) protocol
+            // (`smr_select_proto`). Elsewhere (tcp) the default completion only says the data
+            // left the local buffer, and a remote failure would go unseen.
+            select::WriteCompletion::Auto if matches!(v.core(), "efa" | "shm") => 0,
             select::WriteCompletion::Auto => fi::FI_DELIVERY_COMPLETE,
         };
         let caps = Caps {
