@@ -45,9 +45,7 @@ fn recovery_delivery() -> Recovery {
 
 fn pair_with(write_completion: &'static str) -> transport_conformance::Pair<Endpoint> {
     let open = |_| {
-        Endpoint::open(
-            &NicDesc::provider("shm").with_option("write_completion", write_completion),
-        )
+        Endpoint::open(&NicDesc::provider("shm").with_option("write_completion", write_completion))
     };
     match transport_conformance::connect(&open) {
         Ok(Some(p)) => p,
