@@ -145,7 +145,8 @@ pub struct WorkloadArgs {
     /// Operations posted per loop turn.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub batch: u32,
-    /// Drain completions, then post queued work once per poll until the queue is full.
+    /// Drain every NIC's completions, then post queued work, --batch at a time per NIC in
+    /// turn, until every queue is full.
     #[arg(long)]
     pub lazy: bool,
     /// Warm-up iterations before timing (write/rate/send: 1 repeat, lat: 100).

@@ -243,8 +243,9 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog) -> bool {
         return false;
     }
     let what = format!(
-        "the peer left {:.0} s ago and the transfer is still inside a provider call that has \
-         not returned (libfabric shm spins forever when a peer dies holding its queue lock)",
+        "the peer is gone (its control connection closed {:.0} s ago) and the transfer is \
+         still inside a provider call that has not returned (libfabric shm spins forever when \
+         a peer dies holding its queue lock)",
         grace.as_secs_f64()
     );
     match w {
