@@ -8,6 +8,8 @@
 #   ci/compare-ref.sh --rows shm-write,tcp-send --sizes 64K --rounds 5
 #   ci/compare-ref.sh --quick          smoke test (CI): one size, one round, short runs, no VM
 #   ci/compare-ref.sh --libfabric 2.6.0   against ci/libfabric.sh's 2.6.0 build and its fabtests
+#   ci/compare-ref.sh --ladder         rdma-bench loopback --ladder on shm and tcp, ROUNDS times,
+#                                      best per stage (no reference tool)
 #
 # Rows (ours | reference; the exact command lines are printed with --show-commands and in the
 # JSON; both sides of a reference run on this host, server first, client on 127.0.0.1):
@@ -35,7 +37,8 @@
 # for whole scheduler ticks, which swamps the difference being measured. Both tools therefore
 # run under SCHED_FIFO priority 10 (`chrt -f 10`; the kernel's RT throttling still leaves 5%
 # of each second to everything else) where that is allowed; RT=0 runs them as they are.
-# Env: RDMA_BENCH (a prebuilt rdma-bench to use), ROUNDS, BYTES, VM_BYTES, SKIP_VM=1, RT=0.
+# Env: RDMA_BENCH (a prebuilt rdma-bench to use), OURS_ARGS (more rdma-bench flags), ROUNDS,
+#      BYTES, VM_BYTES, SKIP_VM=1, RT=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -44,7 +47,7 @@ ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs
 SIZES=4K,64K,1M
 ROUNDS=${ROUNDS:-3}
 MODE=both
-JSON=0; QUICK=0; SHOW=0; LFV=
+JSON=0; QUICK=0; SHOW=0; LFV=; LADDER=0
 BYTES=${BYTES:-$((1 << 30))}
 VM_BYTES=${VM_BYTES:-$((128 << 20))}
 while [ $# -gt 0 ]; do
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --show-commands) SHOW=1; shift ;;
     --libfabric) LFV=$2; shift 2 ;;
+    --ladder) LADDER=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare-ref: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -102,6 +106,21 @@ if [ "${RT:-1}" = 1 ] && chrt -f 10 true 2>/dev/null; then PRIO=(chrt -f 10); fi
 [ ${#PRIO[@]} -gt 0 ] || log "running without real-time priority: expect noisy figures on a busy machine"
 
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
+
+if [ $LADDER = 1 ]; then
+  # every stage of the ladder, ROUNDS times per provider; best Gbit/s per stage
+  for prov in shm tcp; do
+    for r in $(seq 1 "$ROUNDS"); do
+      "${PRIO[@]}" "$RB" loopback --provider "$prov" --ladder --no-verify -n 60 --json 2>/dev/null |
+        jq -r --arg p "$prov" '.runs | to_entries[] | "\($p)\t\(.key)\t\(.value.stage)\t\(.value.gbps)"'
+    done
+  done | sort -t$'\t' -k1,1 -k2,2n -k4,4gr | awk -F'\t' '
+    BEGIN {printf "%-5s %-20s %9s %s\n", "prov", "stage", "Gbit/s", "(best of '"$ROUNDS"')"}
+    !seen[$1 FS $2]++ {
+      flag = ($1 == last && $4 < prev) ? "  below the stage before" : ""
+      printf "%-5s %-20s %9.2f%s\n", $1, $3, $4, flag; last = $1; prev = $4}'
+  exit 0
+fi
 PORT=$((20000 + RANDOM % 20000))
 
 # ours ROW SIZE MODE -> Gbit/s on stdout; the command in $OUT/cmd
@@ -113,6 +132,8 @@ ours() {
   esac
   case $row in *-write) wl=write ;; *) wl=send ;; esac
   local args=(loopback --provider "$prov" --workload "$wl" -s "$size" --no-verify --json)
+  # shellcheck disable=SC2206
+  [ -z "${OURS_ARGS:-}" ] || args+=($OURS_ARGS)
   if [ "$mode" = single ]; then
     args+=(--single-buffer -n "$n")
   elif [ $wl = write ]; then
