@@ -66,7 +66,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ $QUICK = 1 ]; then
-  ROUNDS=1; SIZES=64K; BYTES=$((16 << 20)); SKIP_VM=1
+  ROUNDS=1; SIZES=64K; BYTES=$((16 << 20)); SKIP_VM=1; MODE=single
   [ "$ROWS" = shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
 fi
 case $MODE in single) MODES=(single) ;; paged) MODES=(paged) ;; both) MODES=(single paged) ;;
