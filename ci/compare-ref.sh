@@ -38,7 +38,8 @@
 # run under SCHED_FIFO priority 10 (`chrt -f 10`; the kernel's RT throttling still leaves 5%
 # of each second to everything else) where that is allowed; RT=0 runs them as they are.
 # Env: RDMA_BENCH (a prebuilt rdma-bench to use), OURS_ARGS (more rdma-bench flags), ROUNDS,
-#      BYTES, VM_BYTES, SKIP_VM=1, RT=0.
+#      BYTES, VM_BYTES, SKIP_VM=1, RT=0, VM_REUSE=1 (report the last VM run's raw results
+#      in ci/.vm/compare-ref/raw again instead of booting the VM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -211,14 +212,16 @@ for row in "${ROWV[@]}"; do
 done
 
 # ---- the verbs row, inside the Soft-RoCE VM ---------------------------------------------
-if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
+VD=$ROOT/ci/.vm/compare-ref
+if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ] && [ -n "${VM_REUSE:-}" ]; then
+  log "VM_REUSE: reading the verbs results of the last VM run in $VD/raw"
+elif [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
   export SETUP_VM=1
   source ci/setup.sh >/dev/null
   ci/vm/build-initramfs.sh >&2
   log "building rdma-bench with the verbs backend only (the VM has no libfabric)"
   VMT=${CARGO_TARGET_DIR:-$ROOT/target}/vm
   cargo build --release -q -p bench-cli --no-default-features --features verbs --target-dir "$VMT" >&2
-  VD=$ROOT/ci/.vm/compare-ref
   rm -rf "$VD"; mkdir -p "$VD/bin" "$VD/lib" "$VD/raw"
   cp "$VMT/release/rdma-bench" "$VD/bin/"
   for l in libhwloc.so.15 libudev.so.1; do
@@ -237,7 +240,8 @@ if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
           if [ "$mode" = single ]; then ma="--single-buffer -n $n"; else ma="-n $reps"; fi
           f=raw/rb.$size.$mode.$r
           echo "echo '\$ rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma' > $f.cmd"
-          echo "timeout 300 ./bin/rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma --json > $f.json 2> $f.err"
+          # TCG moves tens of Mbit/s: a 256-page repeat of 1 MiB takes longer than the default idle timeout
+          echo "timeout 600 ./bin/rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma --idle-timeout 120 --json > $f.json 2> $f.err"
         done
         f=raw/ib.$size.$r
         echo "echo \"\\\$ taskset -c 0 ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n   # server; client: taskset -c 1 ib_write_bw -d rxe1 -x \$G1 ... 10.99.0.1\" > $f.cmd"
@@ -252,6 +256,8 @@ if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
   log "running the verbs row in the VM (several minutes under TCG)"
   SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1800} ci/vm/run-vm.sh --share "$VD" -- sh run.sh >&2 ||
     log "the VM run failed; verbs rows may be missing"
+fi
+if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
   for size in "${SIZEV[@]}"; do
     best_t=0; ct=
     for f in "$VD"/raw/ib."$size".*.txt; do
@@ -263,9 +269,10 @@ if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
     for mode in "${MODES[@]}"; do
       best_o=0; co=
       for f in "$VD"/raw/rb."$size"."$mode".*.json; do
-        [ -s "$f" ] || continue
+        co=$(sed 's/^\$ //' "${f%.json}.cmd")
+        [ -s "$f" ] || { log "verbs $size $mode: $(tail -1 "${f%.json}.err")"; continue; }
         v=$(jq -r '.gbps' "$f" 2>/dev/null || echo 0)
-        best_o=$(max "$best_o" "$v"); co=$(sed 's/^\$ //' "${f%.json}.cmd")
+        best_o=$(max "$best_o" "$v")
       done
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' verbs "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
     done
