@@ -8,8 +8,8 @@ PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libude
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
 # ci/test.sh only: the headless browser that opens rdma-bench's --report page
-# (bench-cli/tests/outputs.rs; it skips without one).
-TEST_PKGS=(chromium)
+# (bench-cli/tests/outputs.rs; it skips without one), and jq for ci/compare-ref.sh --quick.
+TEST_PKGS=(chromium jq)
 # The launchers rdma-bench run is tested under (ci/launchers-test.sh): Open MPI and Slurm.
 LAUNCHER_PKGS=(openmpi-bin slurmctld slurmd slurm-client munge python3)
 

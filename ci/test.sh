@@ -21,6 +21,9 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (host, libfabric $(pkg-config --modversion libfabric))"
 LIBFABRIC_EXPECT=$(pkg-config --modversion libfabric | cut -d. -f1,2) cargo test --workspace
+step "ci/compare-ref.sh --quick (smoke: every host row runs on both sides)"
+RT=0 RDMA_BENCH=${CARGO_TARGET_DIR:-target}/debug/rdma-bench ci/compare-ref.sh --quick --json |
+  jq -e '.rows | length == 4 and all(.ours_gbps > 0 and .ref_gbps > 0)' >/dev/null
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 for v in ${LIBFABRIC_VERSIONS-2.1.0 2.6.0}; do

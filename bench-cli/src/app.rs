@@ -91,6 +91,7 @@ pub(crate) fn side_cfg(
             Backend::Verbs => None,
         },
         devices,
+        options: c.nic_opts.clone(),
         gpus: c.gpus.0.clone(),
         nics_per_gpu: c.nics_per_gpu,
         mem: c.mem,

@@ -36,6 +36,13 @@ pub enum Command {
     Run(crate::ranks::RunArgs),
 }
 
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?}: expected KEY=VALUE")),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct TopoArgs {
     /// Read an hwloc XML export instead of this machine.
@@ -61,6 +68,10 @@ pub struct Common {
     /// the first half to one side and the second half to the other.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// Backend option for every NIC, KEY=VALUE, repeatable: passed to the backend as is, e.g.
+    /// efa: write_completion=auto|delivery|transmit, mr_mode=strict, hmem=auto|on|off.
+    #[arg(long = "nic-opt", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub nic_opts: Vec<(String, String)>,
     /// GPUs to use, e.g. 0 or 0-7 or 0,2. With host memory on a machine without GPUs, these
     /// name logical NIC groups (0-15), each with its own endpoints.
     #[arg(long, value_name = "LIST", default_value = "0")]
@@ -104,8 +115,14 @@ pub struct WorkloadArgs {
     #[arg(short = 'n', long = "iters", value_name = "N")]
     pub iters: Option<u64>,
     /// Pages per GPU (write: 256, rate: 4096).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "single_buffer")]
     pub pages: Option<u64>,
+    /// One buffer per side, reused by every operation, as fi_rma_bw, fi_*_bw and ib_write_bw
+    /// do: write and rate post every WRITE (each with an immediate) from and into one page
+    /// (`--pages 1`, `-n` counts WRITEs); send receives every message into one buffer. The
+    /// default spreads the work over pages or receive slots that do not stay in cache.
+    #[arg(long)]
+    pub single_buffer: bool,
     /// Seed of the random page order and of the data pattern.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -127,10 +144,14 @@ pub struct WorkloadArgs {
     /// Per-thread state instead of shared atomic counters.
     #[arg(long)]
     pub sharded: bool,
-    /// Operations posted per loop turn.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Operations posted per loop turn (one post_writes call: FI_MORE / a verbs post list).
+    /// 16 by default: on tcp every poll is a trip through the kernel, and posting one
+    /// operation per poll halves the rate at 4 KiB; shm neither gains nor loses. The
+    /// ladder's baseline posts one.
+    #[arg(long, value_name = "N", default_value_t = 16)]
     pub batch: u32,
-    /// Drain completions, then post queued work once per poll until the queue is full.
+    /// Drain every NIC's completions, then post queued work, --batch at a time per NIC in
+    /// turn, until every queue is full.
     #[arg(long)]
     pub lazy: bool,
     /// Warm-up iterations before timing (write/rate/send: 1 repeat, lat: 100).

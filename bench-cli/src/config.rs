@@ -188,7 +188,8 @@ pub struct Knobs {
     pub sharded: bool,
     /// Operations handed to the NIC per loop turn (one `post_writes` call).
     pub batch: u32,
-    /// Drain the completion queue, then post queued work until the queue is full.
+    /// Drain every completion queue, then post queued work (`batch` per NIC in turn) until
+    /// every queue is full.
     pub lazy: bool,
 }
 

@@ -26,6 +26,9 @@ pub struct Plan {
     pub seed: u64,
     pub verify: bool,
     pub ladder: bool,
+    /// One buffer per side (`--single-buffer`): one page (write, rate), one receive buffer
+    /// (send).
+    pub single_buffer: bool,
     pub runs: Vec<Planned>,
 }
 
@@ -74,7 +77,11 @@ impl Plan {
                 crate::proto::MAX_LAT_ITERS
             )));
         }
-        let pages = w.pages.unwrap_or(dpages).max(1);
+        let pages = if w.single_buffer {
+            1
+        } else {
+            w.pages.unwrap_or(dpages).max(1)
+        };
         if matches!(w.workload, Workload::Write | Workload::Rate) && pages > u32::MAX as u64 {
             return Err(Error::Usage("--pages: at most 2^32-1".into()));
         }
@@ -125,6 +132,7 @@ impl Plan {
                 w.verify || verify_default
             },
             ladder: w.ladder,
+            single_buffer: w.single_buffer,
             runs,
         })
     }

@@ -678,14 +678,13 @@ impl Coord {
         }
         match self {
             Coord::Root(h) => {
-                // A dead rank may be why this side failed: give its hook a moment.
+                // A dead rank may be why this side failed: give its hook a moment. The data
+                // path can see a dead peer (shm answers a WRITE to it with EIO) before the
+                // control reader sees its socket close, so wait the whole moment.
                 let start = Instant::now();
                 while start.elapsed() < BLAME_WAIT {
                     if let Err(f) = h.check_failed() {
                         return f;
-                    }
-                    if !h.live.gone() {
-                        break;
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }

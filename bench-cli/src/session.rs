@@ -27,6 +27,14 @@ const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_RECV_DEPTH: u64 = 256;
 /// Largest data region one side allocates per NIC.
 const MAX_DATA: u64 = 1 << 36;
+/// How long the control connection's watchdog lets the data path notice a departed peer on
+/// its own. A data path that is not stuck sees it within a few loop turns (it reads the
+/// liveness flag every few hundred); one that is still busy after this is inside a provider
+/// call that does not return (libfabric 1.x shm, a peer killed holding a queue lock).
+const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
+/// How long a failed transfer waits for the control connection to say whether the peer left
+/// (a transfer error and the peer's departure arrive in either order).
+const GONE_WAIT: Duration = Duration::from_secs(1);
 
 /// The server's configuration.
 #[derive(Clone, Debug)]
@@ -130,8 +138,7 @@ pub fn client<T: Transport>(
     stream: TcpStream,
     json: bool,
 ) -> Result<ClientOut> {
-    let grace = cfg.idle + Duration::from_secs(5);
-    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(grace)))?;
+    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(WATCHDOG_GRACE)))?;
     let mut side = Side::<T>::open(cfg)?;
     for p in &plan.runs {
         check_size(plan, &side, p.size, false)?;
@@ -339,7 +346,8 @@ fn run_one<T: Transport>(
                         t,
                         depth,
                         size,
-                    );
+                    )
+                    .single_buffer(plan.single_buffer);
                     r.prepost(i)?;
                     rn.push(r);
                 }
@@ -350,13 +358,12 @@ fn run_one<T: Transport>(
             if plan.verify {
                 for (i, mr) in side.data.iter().enumerate() {
                     if i % npg < used {
-                        buffers::verify_messages(
-                            mr,
-                            plan.seed,
-                            size,
-                            depth.min(total) as usize,
-                            i,
-                        )?;
+                        let slots = if plan.single_buffer {
+                            1
+                        } else {
+                            depth.min(total) as usize
+                        };
+                        buffers::verify_messages(mr, plan.seed, size, slots, i)?;
                     }
                 }
             }
@@ -580,15 +587,32 @@ fn accept_loop<T: Transport>(
 
 /// One client session; returns the number of runs served.
 pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream) -> Result<u64> {
-    let grace = cfg.side.idle + Duration::from_secs(5);
-    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Warn(grace)))?;
-    let r = session_inner::<T>(cfg, &mut ctrl);
+    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Warn(WATCHDOG_GRACE)))?;
+    let r = session_inner::<T>(cfg, &mut ctrl).map_err(|e| peer_gone_cause(e, &ctrl));
     if let Err(e) = &r {
         if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) {
             ctrl.send_error(&format!("server: {e}"));
         }
     }
     r
+}
+
+/// A transfer that failed because the peer left (an error completion for a WRITE into a
+/// process that is gone) is reported as the peer's departure, with the provider's error.
+fn peer_gone_cause(e: Error, ctrl: &Ctrl) -> Error {
+    if !matches!(e, Error::Transport { .. }) {
+        return e;
+    }
+    let live = ctrl.liveness();
+    let start = Instant::now();
+    while !live.gone() && start.elapsed() < GONE_WAIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if live.gone() {
+        Error::PeerGone(format!("the client is gone; the transfer failed with: {e}"))
+    } else {
+        e
+    }
 }
 
 fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> {

@@ -32,6 +32,8 @@ pub struct SideCfg {
     pub backend: Backend,
     pub provider: Option<String>,
     pub devices: Vec<String>,
+    /// Backend options for every NIC (`--nic-opt`).
+    pub options: Vec<(String, String)>,
     pub gpus: Vec<usize>,
     pub nics_per_gpu: usize,
     pub mem: MemKind,
@@ -137,9 +139,14 @@ impl SideCfg {
                 Backend::Efa => self.provider.clone(),
                 Backend::Verbs => None,
             },
-            options: match self.backend {
-                Backend::Efa => BTreeMap::new(),
-                Backend::Verbs => self.verbs_opts.clone(),
+            options: {
+                // --nic-opt wins over RDMA_BENCH_VERBS_OPTS.
+                let mut o = match self.backend {
+                    Backend::Efa => BTreeMap::new(),
+                    Backend::Verbs => self.verbs_opts.clone(),
+                };
+                o.extend(self.options.iter().cloned());
+                o
             },
             ..NicDesc::default()
         }

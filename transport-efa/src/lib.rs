@@ -36,7 +36,9 @@
 //! - `write_completion=auto|delivery|transmit`: when a WRITE completes at the initiator.
 //!   `delivery` (`FI_DELIVERY_COMPLETE`: the target has the data, so a bad key or range comes
 //!   back as an error completion) is the default everywhere but `efa`, whose device
-//!   acknowledgement already reports remote failures (`transmit`, the provider default).
+//!   acknowledgement already reports remote failures, and `shm`, which reports none either
+//!   way and pays for `delivery` with its slow segmented protocol up to 4 KiB (both
+//!   `transmit`, the provider default).
 //! - `fabric=NAME`: only that libfabric fabric (e.g. `efa-direct`; by default `efa` prefers
 //!   the `efa` fabric, the full RDM protocol).
 //!
@@ -70,7 +72,10 @@
 //!   between processes that may die needs the same. `tcp` reports a dead peer as an error
 //!   completion ("Connection reset by peer").
 //! - `shm` drops a WRITE whose key or range the target cannot verify without answering the
-//!   initiator (a bounded wait then times out; no success is ever reported). `tcp` grants
+//!   initiator. A WRITE that waits for the target's answer (above 4 KiB, or any size with
+//!   `write_completion=delivery`) then never completes, nor does any later operation to that
+//!   peer; one of up to 4 KiB under the default transmit completion completes as sent and
+//!   the pair goes on working (`tests/conformance_shm.rs`). `tcp` grants
 //!   no memory registration mode bits at all, so `mr_mode=strict` is a request there.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -432,9 +437,12 @@ impl Endpoint {
             select::WriteCompletion::Delivery => fi::FI_DELIVERY_COMPLETE,
             select::WriteCompletion::Transmit => 0,
             // EFA reports a remote failure (bad key, bad range) to the initiator with the
-            // device's acknowledgement; elsewhere (tcp, shm) the default completion only says
-            // the data left the local buffer, and a remote failure would go unseen.
-            select::WriteCompletion::Auto if v.core() == "efa" => 0,
+            // device's acknowledgement. shm never reports one, whatever the flags (see
+            // `remote_write_errors`), and FI_DELIVERY_COMPLETE only costs there: it moves
+            // WRITEs of up to 4 KiB from the inject buffer to the segmented (SAR) protocol
+            // (`smr_select_proto`). Elsewhere (tcp) the default completion only says the data
+            // left the local buffer, and a remote failure would go unseen.
+            select::WriteCompletion::Auto if matches!(v.core(), "efa" | "shm") => 0,
             select::WriteCompletion::Auto => fi::FI_DELIVERY_COMPLETE,
         };
         let caps = Caps {
@@ -680,7 +688,7 @@ impl Endpoint {
     }
 
     /// Map a post's return code; a post that did not happen gives its slot back.
-    #[inline]
+    #[inline(always)]
     fn posted(&mut self, call: &'static str, ret: isize, slot: *mut c_void) -> Result<Post> {
         if ret == 0 {
             Ok(Post::Posted)
@@ -706,32 +714,57 @@ impl Endpoint {
     }
 
     /// Validate one WRITE; returns (dest, local address, descriptor).
-    #[inline]
+    ///
+    /// The hot path: every condition is evaluated without a branch of its own and checked
+    /// once; which one failed is worked out again, out of line, only on failure.
+    #[inline(always)]
     fn write_args(
         &self,
         peer: PeerId,
         buf: &LocalSlice<'_, Mr>,
         remote: &RemoteSlice,
     ) -> Result<(fi::fi_addr_t, *mut c_void, *mut c_void)> {
-        let dest = self.dest(peer)?;
-        let (addr, desc) = self.local(buf)?;
+        let mr = buf.mr;
+        let end = buf.offset.wrapping_add(buf.len);
+        let ok = (mr.domain_id == self.domain.id)
+            & (end >= buf.offset)
+            & (end <= mr.len)
+            & (buf.len <= self.caps.max_write_size)
+            & (buf.len as u64 <= remote.len);
+        match self.peers.get(peer.0 as usize) {
+            Some(&dest) if ok => Ok((
+                dest,
+                (mr.base as usize + buf.offset) as *mut c_void,
+                mr.desc,
+            )),
+            _ => Err(self.write_error(peer, buf, remote)),
+        }
+    }
+
+    /// Why [`Self::write_args`] refused a WRITE (the first failed check, in order).
+    #[cold]
+    #[inline(never)]
+    fn write_error(&self, peer: PeerId, buf: &LocalSlice<'_, Mr>, remote: &RemoteSlice) -> Error {
+        if let Err(e) = self.dest(peer) {
+            return e;
+        }
+        if let Err(e) = self.local(buf) {
+            return e;
+        }
         if buf.len > self.caps.max_write_size {
-            return Err(invalid(format_args!(
+            return invalid(format_args!(
                 "a {}-byte WRITE exceeds the largest the endpoint offers ({} bytes)",
                 buf.len, self.caps.max_write_size
-            )));
+            ));
         }
-        if (buf.len as u64) > remote.len {
-            return Err(invalid(format_args!(
-                "a {}-byte WRITE does not fit the {}-byte remote range",
-                buf.len, remote.len
-            )));
-        }
-        Ok((dest, addr, desc))
+        invalid(format_args!(
+            "a {}-byte WRITE does not fit the {}-byte remote range",
+            buf.len, remote.len
+        ))
     }
 
     /// Post one WRITE with libfabric flags (FI_MORE for batches).
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn write_one(
         &mut self,
@@ -775,7 +808,7 @@ impl Endpoint {
     }
 
     /// Map one successful CQ entry; `None` for entries that are none of ours to report.
-    #[inline]
+    #[inline(always)]
     fn completion(&mut self, e: &fi::fi_cq_data_entry) -> Option<Completion> {
         let remote_data = e.flags & fi::FI_REMOTE_CQ_DATA != 0;
         match self.slab.release(e.op_context) {
@@ -1090,11 +1123,14 @@ impl Transport for Endpoint {
         let ret = unsafe { fi::rs_fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) };
         if ret > 0 {
             let mut n = 0;
-            for slot in entries.iter().take(ret as usize) {
-                // SAFETY: the provider wrote the first `ret` entries.
+            for slot in &entries[..(ret as usize).min(want)] {
+                // SAFETY: the provider wrote the first `ret` entries (at most `want`).
                 let e = unsafe { slot.assume_init_ref() };
                 if let Some(c) = self.completion(e) {
-                    out[n] = c;
+                    // n < ret <= want <= out.len(): the check never fails.
+                    if let Some(o) = out.get_mut(n) {
+                        *o = c;
+                    }
                     n += 1;
                 }
             }

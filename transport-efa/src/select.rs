@@ -36,7 +36,7 @@ pub(crate) struct Options {
 /// Completion semantics of WRITEs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum WriteCompletion {
-    /// `transmit` on efa, `delivery` elsewhere.
+    /// `transmit` on efa and shm, `delivery` elsewhere.
     #[default]
     Auto,
     /// `FI_DELIVERY_COMPLETE`.

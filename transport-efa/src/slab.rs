@@ -47,8 +47,41 @@ struct Slot {
 pub(crate) struct Slab {
     base: NonNull<Slot>,
     len: usize,
-    tx_free: Vec<u32>,
-    rx_free: Vec<u32>,
+    tx_free: Stack,
+    rx_free: Stack,
+}
+
+/// A stack of free slot indexes with a fixed capacity: every index it can ever hold.
+struct Stack {
+    items: Box<[u32]>,
+    len: usize,
+}
+
+impl Stack {
+    /// Full, with `range` in pop order lowest first.
+    fn full(range: std::ops::Range<u32>) -> Self {
+        let items: Box<[u32]> = range.rev().collect();
+        Stack {
+            len: items.len(),
+            items,
+        }
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) -> Option<u32> {
+        let len = self.len.checked_sub(1)?;
+        self.len = len;
+        self.items.get(len).copied()
+    }
+
+    /// Push an index taken from this stack: there is always room (a slot is released once).
+    #[inline(always)]
+    fn push(&mut self, idx: u32) {
+        if let Some(top) = self.items.get_mut(self.len) {
+            *top = idx;
+            self.len += 1;
+        }
+    }
 }
 
 impl Slab {
@@ -67,8 +100,8 @@ impl Slab {
         // non-null pointer).
         let base = unsafe { NonNull::new_unchecked(raw.cast::<Slot>()) };
         // Pop order: lowest index first (irrelevant, but stable for debugging).
-        let tx_free: Vec<u32> = (0..tx as u32).rev().collect();
-        let rx_free: Vec<u32> = (tx as u32..len as u32).rev().collect();
+        let tx_free = Stack::full(0..tx as u32);
+        let rx_free = Stack::full(tx as u32..len as u32);
         Slab {
             base,
             len,
@@ -80,11 +113,11 @@ impl Slab {
     /// Free send-side slots.
     #[inline]
     pub fn tx_free(&self) -> usize {
-        self.tx_free.len()
+        self.tx_free.len
     }
 
     /// Take a slot for `kind`; `None` where that side is full.
-    #[inline]
+    #[inline(always)]
     pub fn acquire(&mut self, kind: Kind, user: u64) -> Option<*mut c_void> {
         let idx = if kind == Kind::Recv {
             self.rx_free.pop()?
@@ -103,7 +136,7 @@ impl Slab {
     }
 
     /// The slot index of a context pointer, where it is one of ours.
-    #[inline]
+    #[inline(always)]
     fn index_of(&self, ctx: *mut c_void) -> Option<usize> {
         let base = self.base.as_ptr() as usize;
         let off = (ctx as usize).checked_sub(base)?;
@@ -117,7 +150,7 @@ impl Slab {
     /// Give back the slot `ctx` points at (an operation completed or was not posted),
     /// returning its user context and kind. `None` where `ctx` is not a busy slot of ours
     /// (NULL for remote-write completions).
-    #[inline]
+    #[inline(always)]
     pub fn release(&mut self, ctx: *mut c_void) -> Option<(u64, Kind)> {
         let idx = self.index_of(ctx)?;
         // SAFETY: idx < len, so the slot is inside the allocation. The provider has finished
@@ -132,7 +165,7 @@ impl Slab {
             ((*slot).user, k)
         };
         // The stacks were allocated with every index on them, so pushing back a busy slot's
-        // index stays within capacity: no allocation.
+        // index always has room.
         if kind == Kind::Recv {
             self.rx_free.push(idx as u32);
         } else {

@@ -156,11 +156,10 @@ pub fn drive<W: NicWork>(
     let mut seen = u64::MAX;
     let mut last_progress = Instant::now();
     loop {
-        for n in nics.iter_mut() {
-            let mut posted = 0u64;
-            let mut got = Polled::default();
-            if knobs.lazy {
-                // Drain the completion queue first...
+        let (mut posted, mut got) = (0u64, Polled::default());
+        if knobs.lazy {
+            // Drain every NIC's completion queue first...
+            for n in nics.iter_mut() {
                 loop {
                     let p = n.poll(buf)?;
                     got.ops += p.ops;
@@ -169,30 +168,40 @@ pub fn drive<W: NicWork>(
                         break;
                     }
                 }
-                // ...then post the queued work until the NIC says it is full.
-                loop {
+            }
+            // ...then post the queued work until every NIC says it is full, `batch` at a
+            // time per NIC in turn: no NIC waits while another one is filled to the brim
+            // (on a memory-copy provider the peer copies while we post).
+            loop {
+                let mut more = false;
+                for n in nics.iter_mut() {
                     let k = n.post(batch)?;
                     posted += k as u64;
-                    if k < batch {
-                        break;
-                    }
+                    more |= k == batch;
                 }
-            } else {
-                posted = n.post(batch)? as u64;
-                got = n.poll(buf)?;
+                if !more {
+                    break;
+                }
             }
-            if knobs.sharded {
-                local.posted += posted;
-                local.completed += got.ops;
-                local.bytes += got.bytes;
-            } else {
-                if posted > 0 {
-                    shared.posted.fetch_add(posted, Ordering::Relaxed);
-                }
-                if got.ops > 0 {
-                    shared.completed.fetch_add(got.ops, Ordering::Relaxed);
-                    shared.bytes.fetch_add(got.bytes, Ordering::Relaxed);
-                }
+        } else {
+            for n in nics.iter_mut() {
+                posted += n.post(batch)? as u64;
+                let p = n.poll(buf)?;
+                got.ops += p.ops;
+                got.bytes += p.bytes;
+            }
+        }
+        if knobs.sharded {
+            local.posted += posted;
+            local.completed += got.ops;
+            local.bytes += got.bytes;
+        } else {
+            if posted > 0 {
+                shared.posted.fetch_add(posted, Ordering::Relaxed);
+            }
+            if got.ops > 0 {
+                shared.completed.fetch_add(got.ops, Ordering::Relaxed);
+                shared.bytes.fetch_add(got.bytes, Ordering::Relaxed);
             }
         }
         let done = if knobs.sharded {

@@ -176,6 +176,8 @@ pub struct RecvNic<'a, T: Transport> {
     pub total: u64,
     pub depth: u64,
     pub size: usize,
+    /// Every receive into the first slot (`--single-buffer`).
+    single: bool,
     posted: u64,
     received: u64,
     pending_credit: u64,
@@ -205,6 +207,7 @@ impl<'a, T: Transport> RecvNic<'a, T> {
             total,
             depth,
             size,
+            single: false,
             posted: 0,
             received: 0,
             pending_credit: 0,
@@ -213,15 +216,22 @@ impl<'a, T: Transport> RecvNic<'a, T> {
         }
     }
 
+    /// Post every receive into the first slot, as fi_*_bw do (`--single-buffer`).
+    pub fn single_buffer(mut self, on: bool) -> Self {
+        self.single = on;
+        self
+    }
+
     /// The receives the sender may use up front: `min(depth, total)`.
     pub fn initial(&self) -> u64 {
         self.depth.min(self.total)
     }
 
     fn slot(&self, s: u32) -> LocalSlice<'a, T::Mr> {
+        let s = if self.single { 0 } else { s as usize };
         LocalSlice {
             mr: self.data,
-            offset: s as usize * self.size,
+            offset: s * self.size,
             len: self.size,
         }
     }

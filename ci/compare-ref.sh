@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# rdma-bench next to the provider's own tools, on the same fabric of this machine: each row
+# runs rdma-bench and the reference tool alternately, ROUNDS times, and keeps the best
+# Gbit/s of each; the table shows ours, theirs and ours / theirs.
+#
+#   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 3 rounds, VM row included
+#   ci/compare-ref.sh --json           one JSON object instead of the table
+#   ci/compare-ref.sh --rows shm-write,tcp-send --sizes 64K --rounds 5
+#   ci/compare-ref.sh --quick          smoke test (CI): one size, one round, short runs, no VM
+#   ci/compare-ref.sh --libfabric 2.6.0   against ci/libfabric.sh's 2.6.0 build and its fabtests
+#   ci/compare-ref.sh --ladder         rdma-bench loopback --ladder on shm and tcp, ROUNDS times,
+#                                      best per stage (no reference tool)
+#
+# Rows (ours | reference; the exact command lines are printed with --show-commands and in the
+# JSON; both sides of a reference run on this host, server first, client on 127.0.0.1):
+#   shm-write  rdma-bench loopback --provider shm --workload write -s SIZE --no-verify MODE
+#              | fi_rma_bw -p shm -o writedata -S SIZE -I N -W 64 -E=PORT -B PORT'
+#   tcp-write  same, --provider tcp (FI_TCP_IFACE=lo) | fi_rma_bw -p tcp -o writedata ...
+#   shm-send   rdma-bench loopback --provider shm --workload send ... | fi_rdm_tagged_bw -p shm
+#   tcp-send   rdma-bench loopback --provider tcp --workload send ... | fi_msg_bw -p tcp
+#              -B PORT (server), -P PORT 127.0.0.1 (client): FI_EP_MSG, the tcp provider's own
+#              connected endpoint, without ofi_rxm
+#   tcp-send-rdm  same ours | fi_rdm_tagged_bw -p tcp (FI_EP_RDM through ofi_rxm, like ours)
+#   verbs      inside the Soft-RoCE VM (ci/vm), rxe0 <-> rxe1:
+#              rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s SIZE --no-verify MODE
+#              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N (server, client)
+#
+# MODE (--mode): `single` is rdma-bench --single-buffer (one source and one target buffer,
+# every WRITE with an immediate, receives into one buffer: what fi_rma_bw, fi_*_bw and
+# ib_write_bw do); `paged` is rdma-bench's default (256 pages per repeat in random order, one
+# immediate per repeat; 256 x SIZE bytes of buffer per side); `both` (default) runs both.
+# The reference tool is the same for both modes.
+#
+# Every run moves about BYTES bytes (default 1 GiB on the host, 128 MiB in the VM; --quick:
+# 16 MiB): N = BYTES / SIZE operations (paged: N / 256 repeats, at least 2).
+# Scheduling: on a shared machine, other jobs preempt the busy-polling threads of both tools
+# for whole scheduler ticks, which swamps the difference being measured. Both tools therefore
+# run under SCHED_FIFO priority 10 (`chrt -f 10`; the kernel's RT throttling still leaves 5%
+# of each second to everything else) where that is allowed; RT=0 runs them as they are.
+# Env: RDMA_BENCH (a prebuilt rdma-bench to use), OURS_ARGS (more rdma-bench flags), ROUNDS,
+#      BYTES, VM_BYTES, SKIP_VM=1, RT=0, VM_REUSE=1 (report the last VM run's raw results
+#      in ci/.vm/compare-ref/raw again instead of booting the VM).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs
+SIZES=4K,64K,1M
+ROUNDS=${ROUNDS:-3}
+MODE=both
+JSON=0; QUICK=0; SHOW=0; LFV=; LADDER=0
+BYTES=${BYTES:-$((1 << 30))}
+VM_BYTES=${VM_BYTES:-$((128 << 20))}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rows) ROWS=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --mode) MODE=$2; shift 2 ;;
+    --json) JSON=1; shift ;;
+    --quick) QUICK=1; shift ;;
+    --show-commands) SHOW=1; shift ;;
+    --libfabric) LFV=$2; shift 2 ;;
+    --ladder) LADDER=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare-ref: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ $QUICK = 1 ]; then
+  ROUNDS=1; SIZES=64K; BYTES=$((16 << 20)); SKIP_VM=1; MODE=single
+  [ "$ROWS" = shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
+fi
+case $MODE in single) MODES=(single) ;; paged) MODES=(paged) ;; both) MODES=(single paged) ;;
+  *) echo "compare-ref: --mode single|paged|both" >&2; exit 2 ;; esac
+IFS=, read -r -a ROWV <<< "$ROWS"
+IFS=, read -r -a SIZEV <<< "$SIZES"
+
+log() { echo "compare-ref: $*" >&2; }
+bytes_of() {  # 4K -> 4096
+  local s=${1^^}
+  case $s in *K) echo $(( ${s%K} << 10 )) ;; *M) echo $(( ${s%M} << 20 )) ;; *G) echo $(( ${s%G} << 30 )) ;; *) echo "$s" ;; esac
+}
+
+# ---- the tools -------------------------------------------------------------------------
+source ci/setup.sh >/dev/null
+if [ -n "$LFV" ]; then
+  PREFIX=$(ci/libfabric.sh "$LFV")
+  FT=$PREFIX/bin
+  export LD_LIBRARY_PATH=$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  TD=$ROOT/target-$LFV
+  BUILD_ENV=(env PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig)
+else
+  FT=$(ci/libfabric.sh 1.17 --fabtests)/bin
+  TD=${CARGO_TARGET_DIR:-$ROOT/target}
+  BUILD_ENV=(env)
+fi
+if [ -n "${RDMA_BENCH:-}" ]; then
+  RB=$RDMA_BENCH
+else
+  log "building rdma-bench (release)"
+  "${BUILD_ENV[@]}" cargo build --release -q -p bench-cli --bin rdma-bench --target-dir "$TD" >&2
+  RB=$TD/release/rdma-bench
+fi
+export FI_TCP_IFACE=${FI_TCP_IFACE:-lo}
+PRIO=()
+if [ "${RT:-1}" = 1 ] && chrt -f 10 true 2>/dev/null; then PRIO=(chrt -f 10); fi
+[ ${#PRIO[@]} -gt 0 ] || log "running without real-time priority: expect noisy figures on a busy machine"
+
+OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
+
+if [ $LADDER = 1 ]; then
+  # every stage of the ladder, ROUNDS times per provider; best Gbit/s per stage
+  for prov in shm tcp; do
+    for r in $(seq 1 "$ROUNDS"); do
+      "${PRIO[@]}" "$RB" loopback --provider "$prov" --ladder --no-verify -n 60 --json 2>/dev/null |
+        jq -r --arg p "$prov" '.runs | to_entries[] | "\($p)\t\(.key)\t\(.value.stage)\t\(.value.gbps)"'
+    done
+  done | sort -t$'\t' -k1,1 -k2,2n -k4,4gr | awk -F'\t' '
+    BEGIN {printf "%-5s %-20s %9s %s\n", "prov", "stage", "Gbit/s", "(best of '"$ROUNDS"')"}
+    !seen[$1 FS $2]++ {
+      flag = ($1 == last && $4 < prev) ? "  below the stage before" : ""
+      printf "%-5s %-20s %9.2f%s\n", $1, $3, $4, flag; last = $1; prev = $4}'
+  exit 0
+fi
+PORT=$((20000 + RANDOM % 20000))
+
+# ours ROW SIZE MODE -> Gbit/s on stdout; the command in $OUT/cmd
+ours() {
+  local row=$1 size=$2 mode=$3 b n prov wl
+  b=$(bytes_of "$size"); n=$(( BYTES / b )); [ $n -ge 8 ] || n=8
+  case $row in
+    shm-*) prov=shm ;; tcp-*) prov=tcp ;;
+  esac
+  case $row in *-write) wl=write ;; *) wl=send ;; esac
+  local args=(loopback --provider "$prov" --workload "$wl" -s "$size" --no-verify --json)
+  # shellcheck disable=SC2206
+  [ -z "${OURS_ARGS:-}" ] || args+=($OURS_ARGS)
+  if [ "$mode" = single ]; then
+    args+=(--single-buffer -n "$n")
+  elif [ $wl = write ]; then
+    local reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
+    args+=(-n "$reps")
+  else
+    args+=(-n "$n")
+  fi
+  echo "$RB ${args[*]}" > "$OUT/cmd"
+  "${PRIO[@]}" "$RB" "${args[@]}" > "$OUT/ours.json" 2> "$OUT/ours.err" ||
+    { log "rdma-bench failed: $(tail -2 "$OUT/ours.err")"; echo 0; return; }
+  jq -r '.gbps' "$OUT/ours.json"
+}
+
+# theirs ROW SIZE -> Gbit/s on stdout (client's MB/s x 8 / 1000); the command in $OUT/cmd
+theirs() {
+  local row=$1 size=$2 b n tool
+  b=$(bytes_of "$size"); n=$(( BYTES / b )); [ $n -ge 128 ] || n=128
+  PORT=$((PORT + 3))
+  local common=(-S "$b" -I "$n")
+  case $row in
+    shm-write) tool=(fi_rma_bw -p shm -o writedata -W 64) ;;
+    tcp-write) tool=(fi_rma_bw -p tcp -o writedata -W 64) ;;
+    shm-send) tool=(fi_rdm_tagged_bw -p shm -W 64) ;;
+    tcp-send) tool=(fi_msg_bw -p tcp -W 64) ;;
+    tcp-send-rdm) tool=(fi_rdm_tagged_bw -p tcp -W 64) ;;
+  esac
+  local srv cli
+  if [ "$row" = tcp-send ]; then
+    # FI_EP_MSG: the server listens on -B, the client connects to -P (no out-of-band exchange)
+    srv=("$FT/${tool[0]}" "${tool[@]:1}" "${common[@]}" -B "$PORT")
+    cli=("$FT/${tool[0]}" "${tool[@]:1}" "${common[@]}" -P "$PORT" 127.0.0.1)
+    echo "${tool[*]} ${common[*]} -B $PORT   # server; client: -P $PORT 127.0.0.1" > "$OUT/cmd"
+  else
+    # FI_EP_RDM: addresses go over the -E socket; shm names its region after -B, so the two
+    # sides need distinct ones
+    srv=("$FT/${tool[0]}" "${tool[@]:1}" "${common[@]}" -E="$PORT" -B $((PORT + 1)))
+    cli=("$FT/${tool[0]}" "${tool[@]:1}" "${common[@]}" -E="$PORT" -B $((PORT + 2)) 127.0.0.1)
+    echo "${tool[*]} ${common[*]} -E=$PORT -B $((PORT + 1))   # server; client: -B $((PORT + 2)) 127.0.0.1" > "$OUT/cmd"
+  fi
+  "${PRIO[@]}" timeout 60 "${srv[@]}" > "$OUT/srv.txt" 2>&1 &
+  local spid=$!
+  sleep 0.3
+  local ok=1
+  "${PRIO[@]}" timeout 60 "${cli[@]}" > "$OUT/cli.txt" 2>&1 || ok=0
+  wait $spid || ok=0
+  [ $ok = 1 ] || { log "${tool[0]} failed: $(tail -2 "$OUT/cli.txt" "$OUT/srv.txt" | tr '\n' ' ')"; echo 0; return; }
+  awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$OUT/cli.txt"
+}
+
+max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
+
+RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd
+: > "$RESULTS"
+for row in "${ROWV[@]}"; do
+  [ "$row" = verbs ] && continue
+  for size in "${SIZEV[@]}"; do
+    for mode in "${MODES[@]}"; do
+      best_o=0; best_t=0; co=; ct=
+      for r in $(seq 1 "$ROUNDS"); do
+        # alternate which tool goes first, so a slow start or a noisy neighbour hits both
+        if [ $((r % 2)) = 1 ]; then
+          o=$(ours "$row" "$size" "$mode"); co=$(cat "$OUT/cmd")
+          t=$(theirs "$row" "$size"); ct=$(cat "$OUT/cmd")
+        else
+          t=$(theirs "$row" "$size"); ct=$(cat "$OUT/cmd")
+          o=$(ours "$row" "$size" "$mode"); co=$(cat "$OUT/cmd")
+        fi
+        log "$row $size $mode round $r: ours $o, theirs $t Gbit/s"
+        best_o=$(max "$best_o" "$o"); best_t=$(max "$best_t" "$t")
+      done
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
+    done
+  done
+done
+
+# ---- the verbs row, inside the Soft-RoCE VM ---------------------------------------------
+VD=$ROOT/ci/.vm/compare-ref
+if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ] && [ -n "${VM_REUSE:-}" ]; then
+  log "VM_REUSE: reading the verbs results of the last VM run in $VD/raw"
+elif [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
+  export SETUP_VM=1
+  source ci/setup.sh >/dev/null
+  ci/vm/build-initramfs.sh >&2
+  log "building rdma-bench with the verbs backend only (the VM has no libfabric)"
+  VMT=${CARGO_TARGET_DIR:-$ROOT/target}/vm
+  cargo build --release -q -p bench-cli --no-default-features --features verbs --target-dir "$VMT" >&2
+  rm -rf "$VD"; mkdir -p "$VD/bin" "$VD/lib" "$VD/raw"
+  cp "$VMT/release/rdma-bench" "$VD/bin/"
+  for l in libhwloc.so.15 libudev.so.1; do
+    p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
+    if [ -n "$p" ]; then cp -L "$p" "$VD/lib/"; fi
+  done
+  {
+    echo '#!/bin/sh'
+    echo '# generated by ci/compare-ref.sh; runs inside the VM'
+    echo 'G0=$SOFTROCE_GID0; G1=$SOFTROCE_GID1'
+    for size in "${SIZEV[@]}"; do
+      b=$(bytes_of "$size"); n=$(( VM_BYTES / b )); [ $n -ge 64 ] || n=64
+      reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
+      for r in $(seq 1 "$ROUNDS"); do
+        for mode in "${MODES[@]}"; do
+          if [ "$mode" = single ]; then ma="--single-buffer -n $n"; else ma="-n $reps"; fi
+          f=raw/rb.$size.$mode.$r
+          echo "echo '\$ rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma' > $f.cmd"
+          # TCG moves tens of Mbit/s: a 256-page repeat of 1 MiB takes longer than the default idle timeout
+          echo "timeout 600 ./bin/rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma --idle-timeout 120 --json > $f.json 2> $f.err"
+        done
+        f=raw/ib.$size.$r
+        echo "echo \"\\\$ taskset -c 0 ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n   # server; client: taskset -c 1 ib_write_bw -d rxe1 -x \$G1 ... 10.99.0.1\" > $f.cmd"
+        echo "taskset -c 0 ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n > $f.srv 2>&1 &"
+        echo 'spid=$!; sleep 1'
+        echo "timeout 300 taskset -c 1 ib_write_bw -d rxe1 -x \$G1 -F --report_gbits -s $b -n $n 10.99.0.1 > $f.txt 2>&1"
+        echo 'wait $spid'
+      done
+    done
+    echo 'exit 0'
+  } > "$VD/run.sh"
+  log "running the verbs row in the VM (several minutes under TCG)"
+  SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1800} ci/vm/run-vm.sh --share "$VD" -- sh run.sh >&2 ||
+    log "the VM run failed; verbs rows may be missing"
+fi
+if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
+  for size in "${SIZEV[@]}"; do
+    best_t=0; ct=
+    for f in "$VD"/raw/ib."$size".*.txt; do
+      [ -f "$f" ] || continue
+      v=$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 && $2 ~ /^[0-9]+$/ {print $4}' "$f" | tail -1)
+      case $v in ''|*[!0-9.]*) continue ;; esac
+      best_t=$(max "$best_t" "$v"); ct=$(sed 's/^\$ //' "${f%.txt}.cmd")
+    done
+    for mode in "${MODES[@]}"; do
+      best_o=0; co=
+      for f in "$VD"/raw/rb."$size"."$mode".*.json; do
+        co=$(sed 's/^\$ //' "${f%.json}.cmd")
+        [ -s "$f" ] || { log "verbs $size $mode: $(tail -1 "${f%.json}.err")"; continue; }
+        v=$(jq -r '.gbps' "$f" 2>/dev/null || echo 0)
+        best_o=$(max "$best_o" "$v")
+      done
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' verbs "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
+    done
+  done
+fi
+
+# ---- report ------------------------------------------------------------------------------
+ref_name() {
+  case $1 in
+    shm-write|tcp-write) echo "fi_rma_bw -o writedata" ;;
+    shm-send|tcp-send-rdm) echo fi_rdm_tagged_bw ;;
+    tcp-send) echo "fi_msg_bw (FI_EP_MSG)" ;;
+    verbs) echo "ib_write_bw (VM)" ;;
+  esac
+}
+if [ $JSON = 1 ]; then
+  jq -n --arg host "$(uname -n)" --arg cpus "$(nproc)" --arg rounds "$ROUNDS" \
+    --arg bytes "$BYTES" --arg libfabric "${LFV:-system}" --rawfile tsv "$RESULTS" '
+    {host: $host, cpus: ($cpus | tonumber), rounds: ($rounds | tonumber),
+     bytes_per_run: ($bytes | tonumber), libfabric: $libfabric,
+     rows: [$tsv | split("\n")[] | select(length > 0) | split("\t") |
+       {row: .[0], size: .[1], mode: .[2], ours_gbps: (.[3] | tonumber),
+        ref_gbps: (.[4] | tonumber),
+        ratio: (if (.[4] | tonumber) > 0 then ((.[3] | tonumber) / (.[4] | tonumber)) else null end),
+        ours_cmd: .[5], ref_cmd: .[6]}]}'
+else
+  printf '%-13s %5s %-7s %9s %9s %7s  %s\n' row size mode "ours" "ref" "ratio" "reference (Gbit/s, best of $ROUNDS)"
+  while IFS=$'\t' read -r row size mode o t co ct; do
+    ratio=$(awk -v a="$o" -v b="$t" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
+    printf '%-13s %5s %-7s %9.2f %9.2f %7s  %s\n' "$row" "$size" "$mode" "$o" "$t" "$ratio" "$(ref_name "$row")"
+  done < "$RESULTS"
+  if [ $SHOW = 1 ]; then
+    echo; echo "commands (last round of each row):"
+    while IFS=$'\t' read -r row size mode o t co ct; do
+      echo "  $row $size $mode:"; echo "    ours: $co"; echo "    ref:  $ct"
+    done < "$RESULTS"
+  fi
+fi
