@@ -77,6 +77,9 @@ tar -C "$ROOT" -xf "$TARBALL"
 chmod 755 "$ROOT"
 cp /etc/apt/sources.list.d/debian.sources "$ROOT/etc/apt/sources.list.d/" 2>/dev/null || true
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+# A real install names its own host in /etc/hosts (Debian's installer does); debootstrap does
+# not, and MPI and Slurm look the name up.
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$(uname -n)" > "$ROOT/etc/hosts"
 CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 [ -f "$CA" ] && cp -L "$CA" "$ROOT/etc/host-ca.crt"
 

@@ -50,7 +50,8 @@ done
 echo "=== mpirun -np 4, rank 2 killed mid-run" >&2
 # Each rank's shell records how its rdma-bench ended; rank 2's kills its own after 3 s. The
 # shells exit normally, and mpirun is told not to end the job itself on a non-zero exit:
-# what ends the other ranks is rdma-bench's own abort.
+# what ends the other ranks is rdma-bench's own abort. Should rank 2 die before it joined
+# (a slow start), rank 0 names it when the rendezvous times out (20 s here), still bounded.
 set +e
 timeout 60 "${MPI[@]}" --mca orte_abort_on_non_zero_status 0 sh -c '
   r=$OMPI_COMM_WORLD_RANK; out=$1; shift
@@ -58,18 +59,25 @@ timeout 60 "${MPI[@]}" --mca orte_abort_on_non_zero_status 0 sh -c '
   p=$!
   if [ "$r" = 2 ]; then sleep 3; kill -9 $p; date +%s.%N > "$out/killed-at"; fi
   wait $p; echo "$? $(date +%s.%N)" > "$out/kill-$r.rc"' sh "$TMP" \
-  "$B" run --provider shm --rendezvous "127.0.0.1:$(free_port)" \
+  "$B" run -v --provider shm --rendezvous "127.0.0.1:$(free_port)" --rendezvous-timeout 20 \
   -s 4K --pages 16 -n 100000000 --idle-timeout 3 > "$TMP/kill.out"
 rc=$?
 set -e
-[ $rc -ne 124 ] || fail "killed rank: mpirun hung"
-[ -s "$TMP/killed-at" ] || fail "killed rank: rank 2 was not killed (rc $rc)"
+kill_report() {
+  for r in 0 1 2 3; do
+    echo "--- rank $r: $(cat "$TMP/kill-$r.rc" 2>/dev/null || echo 'no status')" >&2
+    cat "$TMP/kill-$r.err" >&2 2>/dev/null || true
+  done
+  ps -eo pid,stat,etime,args | grep "[r]dma-bench run" >&2 || true
+}
+[ $rc -ne 124 ] || { kill_report; fail "killed rank: mpirun hung"; }
+[ -s "$TMP/killed-at" ] || { kill_report; fail "killed rank: rank 2 was not killed (rc $rc)"; }
 for r in 0 1 3; do
   cat "$TMP/kill-$r.err" >&2
-  read -r code at < "$TMP/kill-$r.rc" || fail "killed rank: rank $r left no status"
+  read -r code at < "$TMP/kill-$r.rc" || { kill_report; fail "killed rank: rank $r left no status"; }
   [ "$code" -ne 0 ] || fail "killed rank: rank $r exited 0"
-  grep -q "rank 2 failed, aborting the job" "$TMP/kill-$r.err" || fail "rank $r did not name rank 2"
-  awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN { exit !(a - k < 10) }' ||
+  grep -q "rank 2" "$TMP/kill-$r.err" || fail "rank $r did not name rank 2"
+  awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN { exit !(a - k < 25) }' ||
     fail "rank $r took $(awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN{print a-k}') s"
   echo "rank $r: exit $code, $(awk -v a="$at" -v k="$(cat "$TMP/killed-at")" 'BEGIN{printf "%.2f", a-k}') s after rank 2 was killed" >&2
 done
