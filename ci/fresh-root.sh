@@ -84,7 +84,7 @@ CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 [ -f "$CA" ] && cp -L "$CA" "$ROOT/etc/host-ca.crt"
 
 mount -t proc proc "$ROOT/proc"
-mnt /sys /sys
+mkdir -p "$ROOT/sys"; mount --rbind /sys "$ROOT/sys"; mount --make-rslave "$ROOT/sys"
 mkdir -p "$ROOT/dev"; mount --rbind /dev "$ROOT/dev"; mount --make-rslave "$ROOT/dev"
 mnt "$RH" "$RH" ro
 mnt "$CH" "$CH"
