@@ -6,7 +6,9 @@ set -euo pipefail
 PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libudev-dev
       libibverbs-dev libclang-16-dev clang-16 xz-utils)
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
-VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils)
+# iproute2 and perftest: their libraries (libmnl, libibumad, libpci...) are copied into the
+# VM from this machine.
+VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils iproute2 perftest)
 # ci/test.sh only: the headless browser that opens rdma-bench's --report page
 # (bench-cli/tests/outputs.rs; it skips without one), and jq for ci/compare-ref.sh --quick.
 TEST_PKGS=(chromium jq)

@@ -135,6 +135,11 @@ for b in $BINS $PROVIDERS $EXTRA_LIBS; do
     *.so*) copy_lib "$b" ;;
     *) cp "$b" "$ROOT/usr/bin/" ;;
   esac
+  # a library the building machine lacks would be missing in the VM: say which, and stop
+  if ldd "$b" | grep -q "not found"; then
+    echo "build-initramfs: $b needs $(ldd "$b" | awk '/not found/{print $1}' | tr '\n' ' ')on this machine (SETUP_VM=1 ci/setup.sh installs them)" >&2
+    exit 1
+  fi
   ldd "$b" | awk '/=> \//{print $3}' | while read -r l; do copy_lib "$l"; done
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$ROOT/usr/lib64/ld-linux-x86-64.so.2"
