@@ -150,6 +150,21 @@ fn default_provider(c: &Common) -> Option<String> {
     }
 }
 
+/// Print the runs, judge them against the gate, write the plot and report: the end of a
+/// loopback and of a client run alike.
+fn report_runs(
+    reports: &[RunReport],
+    ladder: bool,
+    out: &outputs::OutputArgs,
+    gate: Option<&crate::gate::GateSpec>,
+    json: bool,
+) -> Result<()> {
+    let done = Done::of(reports, ladder);
+    let verdict = outputs::judge(gate, &done);
+    print_runs(reports, json, ladder, verdict.as_ref());
+    outputs::finish(out, gate, &done, verdict.as_ref(), json)
+}
+
 fn print_runs(reports: &[RunReport], json: bool, ladder: bool, gate: Option<&GateResult>) {
     if json {
         println!("{}", outputs::with_gate(report::to_json(reports), gate));
@@ -171,14 +186,11 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    let done = Done::of(&out.reports, plan.ladder);
-    let verdict = outputs::judge(gate.as_ref(), &done);
-    print_runs(&out.reports, a.common.json, plan.ladder, verdict.as_ref());
-    outputs::finish(
+    report_runs(
+        &out.reports,
+        plan.ladder,
         &a.out,
         gate.as_ref(),
-        &done,
-        verdict.as_ref(),
         a.common.json,
     )
 }
@@ -266,14 +278,11 @@ fn client(a: ClientArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    let done = Done::of(&out.reports, plan.ladder);
-    let verdict = outputs::judge(gate.as_ref(), &done);
-    print_runs(&out.reports, a.common.json, plan.ladder, verdict.as_ref());
-    outputs::finish(
+    report_runs(
+        &out.reports,
+        plan.ladder,
         &a.out,
         gate.as_ref(),
-        &done,
-        verdict.as_ref(),
         a.common.json,
     )
 }
