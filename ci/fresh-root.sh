@@ -86,6 +86,9 @@ CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 mount -t proc proc "$ROOT/proc"
 mkdir -p "$ROOT/sys"; mount --rbind /sys "$ROOT/sys"; mount --make-rslave "$ROOT/sys"
 mkdir -p "$ROOT/dev"; mount --rbind /dev "$ROOT/dev"; mount --make-rslave "$ROOT/dev"
+# A /dev/shm of its own, as a booted system has: libfabric's shm regions left by processes
+# the tests kill stay inside the run, and the host's leftovers cannot collide with its names.
+mount -t tmpfs -o mode=1777,size=4g tmpfs "$ROOT/dev/shm"
 mnt "$RH" "$RH" ro
 mnt "$CH" "$CH"
 mnt "$REPO" "$REPO"

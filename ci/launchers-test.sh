@@ -58,7 +58,8 @@ timeout 60 "${MPI[@]}" --mca orte_abort_on_non_zero_status 0 sh -c '
   "$@" 2> "$out/kill-$r.err" &
   p=$!
   if [ "$r" = 2 ]; then sleep 3; kill -9 $p; date +%s.%N > "$out/killed-at"; fi
-  wait $p; echo "$? $(date +%s.%N)" > "$out/kill-$r.rc"' sh "$TMP" \
+  wait $p; echo "$? $(date +%s.%N)" > "$out/kill-$r.rc"
+  rm -f /dev/shm/"$p:$(id -u):"*' sh "$TMP" \
   "$B" run -v --provider shm --rendezvous "127.0.0.1:$(free_port)" --rendezvous-timeout 20 \
   -s 4K --pages 16 -n 100000000 --idle-timeout 3 > "$TMP/kill.out"
 rc=$?

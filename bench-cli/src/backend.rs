@@ -20,6 +20,7 @@ pub fn dispatch<W: WithTransport>(backend: Backend, w: W) -> Result<W::Output> {
         Backend::Efa => {
             #[cfg(feature = "efa")]
             {
+                crate::ctrl::on_abandon(transport_efa::remove_shm_regions_of_this_process);
                 w.call::<transport_efa::Endpoint>()
             }
             #[cfg(not(feature = "efa"))]

@@ -14,6 +14,15 @@ use crate::proto::{self, Frame, Msg};
 
 /// How often a blocked read wakes up to look at the stop flag.
 const READ_TICK: Duration = Duration::from_millis(100);
+
+/// What the chosen backend releases when the watchdog exits the process with endpoints
+/// still open (set once, where the backend is chosen).
+static ON_ABANDON: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Have the watchdog call `release` before it exits a process whose transfer is stuck.
+pub fn on_abandon(release: fn()) {
+    let _ = ON_ABANDON.set(release);
+}
 /// Bound on writing one message and on receiving the rest of a started one.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -321,6 +330,9 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str) -> bool {
     match w {
         Watchdog::Exit(_) => {
             eprintln!("rdma-bench: error: {what}; exiting");
+            if let Some(release) = ON_ABANDON.get() {
+                release();
+            }
             std::process::exit(1);
         }
         Watchdog::Warn(_) => eprintln!("rdma-bench: session abandoned: {what}"),

@@ -164,8 +164,7 @@ fn a_killed_rank_stops_every_other_rank_naming_it() {
         .collect();
     std::thread::sleep(Duration::from_secs(3));
     let mut victim = kids[2].take().unwrap();
-    victim.kill().expect("kill");
-    let _ = victim.wait();
+    reap(&mut victim);
     let t = Instant::now();
     for (r, k) in kids.into_iter().enumerate() {
         let Some(k) = k else { continue };

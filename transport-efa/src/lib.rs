@@ -311,6 +311,27 @@ fn check(call: &'static str, ret: i32, v: &select::View) -> Result<()> {
     }
 }
 
+/// Removes the shared-memory regions this process's `shm` endpoints created
+/// (`/dev/shm/<pid>:<uid>:*`), for a process about to exit without closing them, such as
+/// one whose worker is stuck inside the provider after a peer died: libfabric unlinks a
+/// region only when its endpoint closes (its exit handler frees the names, not the files),
+/// so otherwise each endpoint leaves its region, 16 MiB by default, until reboot. Peers
+/// that already mapped a region keep their mapping. Never call it while this process will
+/// go on using an `shm` endpoint.
+pub fn remove_shm_regions_of_this_process() {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let prefix = format!("{}:{uid}:", std::process::id());
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Raw handles for the benchmark that compares this backend with bare libfabric calls.
 /// Not a supported API: nothing outside this crate's benches should use it.
 #[doc(hidden)]
@@ -523,7 +544,19 @@ impl Endpoint {
                 fi::rs_fi_ep_bind(ep.ep, fi::rs_fi_av_fid(ep.av), 0),
                 &v,
             )?;
-            check("fi_enable", fi::rs_fi_enable(ep.ep), &v)?;
+            let mut ret = fi::rs_fi_enable(ep.ep);
+            // shm names its region after the process id and an endpoint counter, and treats
+            // an existing file of that name as busy when its recorded pid is alive or its
+            // layout version differs. A region left by a killed process whose pid this
+            // process now has (or by another libfabric release) therefore fails fi_enable
+            // with -FI_EBUSY on 1.x-2.5; the provider unlinks that stale file in the same
+            // failing call, so a second fi_enable creates the region afresh. 2.6 retries
+            // under a random name by itself. A live endpoint cannot own the name: it
+            // carries this process's pid and a counter this process never reuses.
+            if ret == -fi::FI_EBUSY && v.core() == "shm" {
+                ret = fi::rs_fi_enable(ep.ep);
+            }
+            check("fi_enable", ret, &v)?;
         }
 
         let mut name = vec![0u8; 256];

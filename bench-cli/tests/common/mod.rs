@@ -87,8 +87,7 @@ pub fn wait(mut child: Child, timeout: Duration) -> Out {
             break st.code();
         }
         if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
+            reap(&mut child);
             panic!(
                 "rdma-bench ran past {timeout:?}; stderr:\n{}",
                 err.join().unwrap_or_default()
@@ -101,6 +100,39 @@ pub fn wait(mut child: Child, timeout: Duration) -> Out {
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
         elapsed: start.elapsed(),
+    }
+}
+
+/// Kill a child, reap it, and remove the libfabric shm regions it can no longer remove
+/// itself (`/dev/shm/<pid>:<uid>:*`): a later process given the same pid would otherwise
+/// find them under its own endpoints' names.
+pub fn reap(child: &mut Child) {
+    let pid = child.id();
+    let _ = child.kill();
+    let _ = child.wait();
+    remove_shm_regions(pid);
+}
+
+/// The libfabric shm regions process `pid` of this user has in /dev/shm.
+pub fn shm_regions_of(pid: u32) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return Vec::new();
+    };
+    let prefix = format!("{pid}:{uid}:");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Remove the shm regions a dead process `pid` of this user left in /dev/shm.
+pub fn remove_shm_regions(pid: u32) {
+    for path in shm_regions_of(pid) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -145,7 +177,7 @@ impl Server {
         let line = match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(l) => l,
             Err(_) => {
-                let _ = child.kill();
+                reap(&mut child);
                 panic!(
                     "server printed no address; log:\n{}",
                     log.lock().map(|l| l.clone()).unwrap_or_default()
@@ -184,8 +216,7 @@ impl Server {
     }
 
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
 }
 
