@@ -8,8 +8,8 @@
 #   ci/compare-ref.sh --rows shm-write,tcp-send --sizes 64K --rounds 5
 #   ci/compare-ref.sh --quick          smoke test (CI): one size, one round, short runs, no VM
 #   ci/compare-ref.sh --libfabric 2.6.0   against ci/libfabric.sh's 2.6.0 build and its fabtests
-#   ci/compare-ref.sh --ladder         rdma-bench loopback --ladder on shm and tcp, ROUNDS times,
-#                                      best per stage (no reference tool)
+#   ci/compare-ref.sh --ladder         rdma-bench loopback --ladder --rounds ROUNDS on shm and tcp:
+#                                      median per stage and its spread (no reference tool)
 #
 # Rows (ours | reference; the exact command lines are printed with --show-commands and in the
 # JSON; both sides of a reference run on this host, server first, client on 127.0.0.1):
@@ -109,17 +109,12 @@ if [ "${RT:-1}" = 1 ] && chrt -f 10 true 2>/dev/null; then PRIO=(chrt -f 10); fi
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
 
 if [ $LADDER = 1 ]; then
-  # every stage of the ladder, ROUNDS times per provider; best Gbit/s per stage
+  # every stage of the ladder, ROUNDS interleaved rounds per provider (rdma-bench --rounds):
+  # the median per stage, the spread of its rounds, and each step against that spread
   for prov in shm tcp; do
-    for r in $(seq 1 "$ROUNDS"); do
-      "${PRIO[@]}" "$RB" loopback --provider "$prov" --ladder --no-verify -n 60 --json 2>/dev/null |
-        jq -r --arg p "$prov" '.runs | to_entries[] | "\($p)\t\(.key)\t\(.value.stage)\t\(.value.gbps)"'
-    done
-  done | sort -t$'\t' -k1,1 -k2,2n -k4,4gr | awk -F'\t' '
-    BEGIN {printf "%-5s %-20s %9s %s\n", "prov", "stage", "Gbit/s", "(best of '"$ROUNDS"')"}
-    !seen[$1 FS $2]++ {
-      flag = ($1 == last && $4 < prev) ? "  below the stage before" : ""
-      printf "%-5s %-20s %9.2f%s\n", $1, $3, $4, flag; last = $1; prev = $4}'
+    "${PRIO[@]}" "$RB" loopback --provider "$prov" --ladder --no-verify -n "${LADDER_ITERS:-60}" \
+      --rounds "$ROUNDS"
+  done
   exit 0
 fi
 PORT=$((20000 + RANDOM % 20000))

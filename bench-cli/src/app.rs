@@ -153,12 +153,15 @@ fn default_provider(c: &Common) -> Option<String> {
 /// Print the runs, judge them against the gate, write the plot and report: the end of a
 /// loopback and of a client run alike.
 fn report_runs(
-    reports: &[RunReport],
-    ladder: bool,
+    reports: Vec<RunReport>,
+    plan: &Plan,
     out: &outputs::OutputArgs,
     gate: Option<&crate::gate::GateSpec>,
     json: bool,
 ) -> Result<()> {
+    let ladder = plan.ladder;
+    let reports = report::combine_rounds(reports, plan.rounds);
+    let reports = &reports[..];
     let done = Done::of(reports, ladder);
     let verdict = outputs::judge(gate, &done);
     print_runs(reports, json, ladder, verdict.as_ref());
@@ -186,13 +189,7 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    report_runs(
-        &out.reports,
-        plan.ladder,
-        &a.out,
-        gate.as_ref(),
-        a.common.json,
-    )
+    report_runs(out.reports, &plan, &a.out, gate.as_ref(), a.common.json)
 }
 
 struct Serve<'a> {
@@ -278,13 +275,7 @@ fn client(a: ClientArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    report_runs(
-        &out.reports,
-        plan.ladder,
-        &a.out,
-        gate.as_ref(),
-        a.common.json,
-    )
+    report_runs(out.reports, &plan, &a.out, gate.as_ref(), a.common.json)
 }
 
 struct Noop;
@@ -320,6 +311,12 @@ fn compare(a: CompareArgs) -> Result<()> {
         ));
     }
     let plan = Plan::new(&a.work, true)?;
+    if plan.rounds > 1 {
+        return Err(Error::Usage(
+            "--rounds: loopback and client repeat a plan in rounds; compare runs it once per pair"
+                .into(),
+        ));
+    }
     let gate = a.out.prepare(plan.workload.name())?;
     let mut rows: Vec<(String, std::result::Result<RunReport, String>)> = Vec::new();
     for p in &a.pairs {

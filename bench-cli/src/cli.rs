@@ -163,6 +163,11 @@ pub struct WorkloadArgs {
     /// Run the optimisation ladder: each stage adds one knob to the previous.
     #[arg(long, conflicts_with = "sizes")]
     pub ladder: bool,
+    /// Run every stage or size R times, interleaved (the whole list once per round), and
+    /// report each one's median round with the lowest and highest beside it: a step the
+    /// spread covers is noise, not a step.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    pub rounds: u32,
 }
 
 #[derive(Debug, Args)]

@@ -448,6 +448,7 @@ mod tests {
             p50_us: None,
             p99_us: None,
             max_us: None,
+            rounds: Vec::new(),
         }
     }
 

@@ -29,8 +29,13 @@ pub struct Plan {
     /// One buffer per side (`--single-buffer`): one page (write, rate), one receive buffer
     /// (send).
     pub single_buffer: bool,
+    /// Rounds (`--rounds`): `runs` holds the list this many times over, round after round.
+    pub rounds: u32,
     pub runs: Vec<Planned>,
 }
+
+/// Most rounds one command may ask for.
+pub const MAX_ROUNDS: u32 = 100;
 
 /// Defaults per workload: (size, pages, iterations, warm-up).
 pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
@@ -93,7 +98,13 @@ impl Plan {
         if let Some(z) = sizes.iter().find(|&&s| s == 0) {
             return Err(Error::Usage(format!("size {z}: must be at least 1 byte")));
         }
-        let runs = if w.ladder {
+        if w.rounds == 0 || w.rounds > MAX_ROUNDS {
+            return Err(Error::Usage(format!(
+                "--rounds {}: allowed 1..={MAX_ROUNDS}",
+                w.rounds
+            )));
+        }
+        let runs: Vec<Planned> = if w.ladder {
             if w.workload == Workload::Lat {
                 return Err(Error::Usage(
                     "--ladder measures bandwidth: use it with --workload write, rate or send"
@@ -122,6 +133,12 @@ impl Plan {
                 })
                 .collect()
         };
+        let per_round = runs.len();
+        let runs = runs
+            .into_iter()
+            .cycle()
+            .take(per_round * w.rounds as usize)
+            .collect();
         Ok(Plan {
             workload: w.workload,
             op: w.op,
@@ -133,6 +150,7 @@ impl Plan {
             },
             ladder: w.ladder,
             single_buffer: w.single_buffer,
+            rounds: w.rounds,
             runs,
         })
     }

@@ -81,6 +81,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         ));
     }
     let plan = Plan::new(&a.work, true)?;
+    if plan.rounds > 1 {
+        return Err(Error::Usage(
+            "--rounds: loopback and client repeat a plan in rounds; rdma-bench run runs it once"
+                .into(),
+        ));
+    }
     if !matches!(plan.workload, Workload::Write | Workload::Rate) {
         return Err(Error::Usage(format!(
             "rdma-bench run moves pages with WRITE: use --workload write or rate, not {}",

@@ -66,6 +66,66 @@ pub struct RunReport {
     pub p99_us: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_us: Option<f64>,
+    /// With `--rounds`: this run is the median round, and these are every round's figures
+    /// in the order they ran (Gbit/s; p50 one-way us for `lat`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<f64>,
+}
+
+impl RunReport {
+    /// The figure rounds are ranked by: Gbit/s, or the p50 latency for `lat`.
+    fn figure(&self) -> f64 {
+        if self.workload == "lat" {
+            self.p50_us.unwrap_or(f64::INFINITY)
+        } else {
+            self.gbps
+        }
+    }
+
+    /// Lowest and highest figure over the rounds, where there were several.
+    pub fn spread(&self) -> Option<(f64, f64)> {
+        (self.rounds.len() > 1).then(|| {
+            self.rounds
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                })
+        })
+    }
+}
+
+/// Fold `rounds` interleaved rounds (`runs` holds the list of one round `rounds` times over)
+/// into one report per entry of the list: the median round (the lower middle one for an
+/// even count: the figure a reader can rely on), carrying every round's figure.
+pub fn combine_rounds(runs: Vec<RunReport>, rounds: u32) -> Vec<RunReport> {
+    let rounds = rounds.max(1) as usize;
+    if rounds == 1 || runs.len() % rounds != 0 {
+        return runs;
+    }
+    let per_round = runs.len() / rounds;
+    let mut slots: Vec<Vec<RunReport>> = (0..per_round).map(|_| Vec::new()).collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        slots[i % per_round].push(r);
+    }
+    slots
+        .into_iter()
+        .filter_map(|mut all| {
+            let figures: Vec<f64> = all.iter().map(RunReport::figure).collect();
+            // Better first: higher Gbit/s, lower latency.
+            let lat = all.first().is_some_and(|r| r.workload == "lat");
+            all.sort_by(|a, b| {
+                let (x, y) = (a.figure(), b.figure());
+                if lat {
+                    x.total_cmp(&y)
+                } else {
+                    y.total_cmp(&x)
+                }
+            });
+            let mut median = all.into_iter().nth(rounds / 2)?;
+            median.rounds = figures;
+            Some(median)
+        })
+        .collect()
 }
 
 /// Gbit/s of `bytes` in `seconds`.
@@ -129,6 +189,21 @@ fn headline(r: &RunReport) -> String {
     s
 }
 
+/// A ladder step from `prev` to `r`: the change of the median in percent, "~" in front
+/// where the two stages' rounds overlap (the step is within the noise).
+fn step(prev: &RunReport, r: &RunReport) -> String {
+    let pct = if prev.gbps > 0.0 {
+        100.0 * (r.gbps / prev.gbps - 1.0)
+    } else {
+        0.0
+    };
+    let overlap = match (prev.spread(), r.spread()) {
+        (Some((plo, phi)), Some((lo, hi))) => lo <= phi && plo <= hi,
+        _ => false,
+    };
+    format!("{}{pct:+.0}%", if overlap { "~" } else { "" })
+}
+
 /// The human tables for a list of runs of one command.
 pub fn render(runs: &[RunReport], ladder: bool) -> String {
     let mut out = String::new();
@@ -149,7 +224,7 @@ pub fn render(runs: &[RunReport], ladder: bool) -> String {
             first.op.as_deref().unwrap_or("")
         );
         for r in runs {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
                 human_bytes(r.size),
@@ -159,19 +234,29 @@ pub fn render(runs: &[RunReport], ladder: bool) -> String {
                 opt(r.p99_us, 2),
                 opt(r.max_us, 2)
             );
+            if let Some((lo, hi)) = r.spread() {
+                let _ = write!(out, "   p50 of {} rounds: {lo:.2}-{hi:.2}", r.rounds.len());
+            }
+            out.push('\n');
         }
         return out;
     }
     if ladder {
         let base = first.gbps;
-        let _ = writeln!(
+        let spread = first.spread().is_some();
+        let _ = write!(
             out,
             "{:<20} {:>10} {:>8} {:>9} {:>8}",
             "stage", "Gbit/s", "% line", "x base", "Mops"
         );
+        if spread {
+            let _ = write!(out, " {:>15} {:>8}", "rounds min-max", "step");
+        }
+        out.push('\n');
+        let mut prev: Option<&RunReport> = None;
         for r in runs {
             let x = if base > 0.0 { r.gbps / base } else { 0.0 };
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{:<20} {:>10.2} {:>8} {:>9.2} {:>8.3}",
                 r.stage.as_deref().unwrap_or(""),
@@ -180,16 +265,37 @@ pub fn render(runs: &[RunReport], ladder: bool) -> String {
                 x,
                 r.mops
             );
+            if let Some((lo, hi)) = r.spread() {
+                let _ = write!(out, " {:>15}", format!("{lo:.2}-{hi:.2}"));
+                if let Some(p) = prev {
+                    let _ = write!(out, " {:>8}", step(p, r));
+                }
+            }
+            out.push('\n');
+            prev = Some(r);
+        }
+        if spread {
+            let _ = writeln!(
+                out,
+                "(median of {} interleaved rounds; step: change of the median, \"~\" where the \
+                 two stages' rounds overlap)",
+                first.rounds.len()
+            );
         }
         return out;
     }
-    let _ = writeln!(
+    let spread = first.spread().is_some();
+    let _ = write!(
         out,
         "{:>8} {:>14} {:>10} {:>10} {:>8} {:>9} {:>9}",
         "size", "bytes", "seconds", "Gbit/s", "% line", "Mops", "verified"
     );
+    if spread {
+        let _ = write!(out, " {:>15}", "rounds min-max");
+    }
+    out.push('\n');
     for r in runs {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:>8} {:>14} {:>10.4} {:>10.2} {:>8} {:>9.3} {:>9}",
             human_bytes(r.size),
@@ -200,6 +306,13 @@ pub fn render(runs: &[RunReport], ladder: bool) -> String {
             r.mops,
             if r.verified { "yes" } else { "no" }
         );
+        if let Some((lo, hi)) = r.spread() {
+            let _ = write!(out, " {:>15}", format!("{lo:.2}-{hi:.2}"));
+        }
+        out.push('\n');
+    }
+    if spread {
+        let _ = writeln!(out, "(median of {} interleaved rounds)", first.rounds.len());
     }
     if runs.len() == 1 && !first.per_nic.is_empty() {
         let _ = writeln!(

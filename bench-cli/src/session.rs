@@ -438,6 +438,7 @@ fn build_report<T: Transport>(
         p50_us: None,
         p99_us: None,
         max_us: None,
+        rounds: Vec::new(),
     };
     if let Some(mut rtts) = lat {
         let secs = rtts.iter().sum::<u64>() as f64 / 1e9;

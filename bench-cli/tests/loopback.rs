@@ -121,6 +121,53 @@ fn ladder_runs_every_stage() {
 }
 
 #[test]
+fn rounds_report_the_median_round_of_each_size_and_stage() {
+    let v = run(
+        &args(&[
+            "--sizes", "4K,64K", "-n", "2", "--pages", "8", "--rounds", "3", "--json",
+        ]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "one report per size, not per round");
+    for (r, size) in runs.iter().zip([4096, 65536]) {
+        assert_eq!(r["size"], size);
+        assert_eq!(r["verified"], true);
+        let mut rounds: Vec<f64> = r["rounds"]
+            .as_array()
+            .expect("rounds")
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(rounds.len(), 3);
+        rounds.sort_by(f64::total_cmp);
+        assert_eq!(r["gbps"].as_f64().unwrap(), rounds[1], "the median round");
+    }
+
+    let o = run(
+        &args(&[
+            "--ladder", "-n", "2", "--pages", "8", "-s", "4K", "--rounds", "2",
+        ]),
+        T,
+    )
+    .expect_ok();
+    assert!(o.stdout.contains("rounds min-max"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("median of 2 interleaved rounds"),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(o.stdout.matches("+lazy posting").count(), 1, "{}", o.stdout);
+
+    for bad in ["0", "101"] {
+        let o = run(&args(&["--rounds", bad]), T);
+        assert_eq!(o.code, Some(2), "--rounds {bad}: {}", o.stderr);
+    }
+}
+
+#[test]
 fn latency_both_ops() {
     for op in ["write-imm", "send"] {
         let v = run(
