@@ -125,7 +125,7 @@ fn killed_server_is_reported_by_the_client() {
     );
     // However it ended (an error, or the watchdog's exit with its worker stuck inside the
     // provider), the client leaves no shm region behind in /dev/shm.
-    let left = shm_regions_of(client_pid);
+    let left = transport_efa::shm_regions_of(client_pid);
     assert!(left.is_empty(), "the client left {left:?}\n{}", o.stderr);
 }
 

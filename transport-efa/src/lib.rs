@@ -311,25 +311,37 @@ fn check(call: &'static str, ret: i32, v: &select::View) -> Result<()> {
     }
 }
 
-/// Removes the shared-memory regions this process's `shm` endpoints created
-/// (`/dev/shm/<pid>:<uid>:*`), for a process about to exit without closing them, such as
-/// one whose worker is stuck inside the provider after a peer died: libfabric unlinks a
-/// region only when its endpoint closes (its exit handler frees the names, not the files),
-/// so otherwise each endpoint leaves its region, 16 MiB by default, until reboot. Peers
-/// that already mapped a region keep their mapping. Never call it while this process will
-/// go on using an `shm` endpoint.
-pub fn remove_shm_regions_of_this_process() {
+/// The shared-memory regions process `pid` of this user has in /dev/shm: libfabric's `shm`
+/// names its endpoints' regions `<pid>:<uid>:<n>` (2.6 may add `:<seed>`).
+pub fn shm_regions_of(pid: u32) -> Vec<std::path::PathBuf> {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    let prefix = format!("{}:{uid}:", std::process::id());
+    let prefix = format!("{pid}:{uid}:");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return;
+        return Vec::new();
     };
-    for entry in dir.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
-            let _ = std::fs::remove_file(entry.path());
-        }
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Removes the `shm` regions of process `pid`, which is gone (killed) or about to exit
+/// without closing its endpoints: libfabric unlinks a region only when its endpoint closes
+/// (its exit handler frees the names, not the files), so otherwise each endpoint leaves its
+/// region, 16 MiB by default, until reboot, under a name the next process given that pid
+/// takes. Peers that already mapped a region keep their mapping.
+pub fn remove_shm_regions_of(pid: u32) {
+    for path in shm_regions_of(pid) {
+        let _ = std::fs::remove_file(path);
     }
+}
+
+/// [`remove_shm_regions_of`] this process, for one about to exit with a worker stuck inside
+/// the provider after a peer died. Never call it while this process will go on using an
+/// `shm` endpoint.
+pub fn remove_shm_regions_of_this_process() {
+    remove_shm_regions_of(std::process::id());
 }
 
 /// Raw handles for the benchmark that compares this backend with bare libfabric calls.

@@ -178,22 +178,8 @@ impl Drop for Peer {
         let pid = self.0.id();
         let _ = self.0.kill();
         let _ = self.0.wait();
-        // The killed peer cannot remove its shm regions (`/dev/shm/<pid>:<uid>:*`); a later
-        // process given its pid would find them under its own endpoints' names.
-        use std::os::unix::fs::MetadataExt;
-        let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
-            return;
-        };
-        let prefix = format!("{pid}:{uid}:");
-        for entry in std::fs::read_dir("/dev/shm")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        // The killed peer cannot remove its shm regions itself.
+        transport_efa::remove_shm_regions_of(pid);
     }
 }
 

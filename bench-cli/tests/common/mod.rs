@@ -107,33 +107,12 @@ pub fn wait(mut child: Child, timeout: Duration) -> Out {
 /// itself (`/dev/shm/<pid>:<uid>:*`): a later process given the same pid would otherwise
 /// find them under its own endpoints' names.
 pub fn reap(child: &mut Child) {
+    #[cfg(feature = "efa")]
     let pid = child.id();
     let _ = child.kill();
     let _ = child.wait();
-    remove_shm_regions(pid);
-}
-
-/// The libfabric shm regions process `pid` of this user has in /dev/shm.
-pub fn shm_regions_of(pid: u32) -> Vec<std::path::PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
-        return Vec::new();
-    };
-    let prefix = format!("{pid}:{uid}:");
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect()
-}
-
-/// Remove the shm regions a dead process `pid` of this user left in /dev/shm.
-pub fn remove_shm_regions(pid: u32) {
-    for path in shm_regions_of(pid) {
-        let _ = std::fs::remove_file(path);
-    }
+    #[cfg(feature = "efa")]
+    transport_efa::remove_shm_regions_of(pid);
 }
 
 /// Run `rdma-bench ARGS` to completion within `timeout`.
