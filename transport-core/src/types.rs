@@ -79,6 +79,7 @@ pub struct RemoteMr {
 
 impl RemoteMr {
     /// The sub-range `[offset, offset + len)`; an error where it does not fit.
+    #[inline]
     pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(RemoteSlice {
@@ -86,13 +87,19 @@ impl RemoteMr {
                 len,
                 key: self.key,
             }),
-            _ => Err(Error::InvalidArgument(format!(
-                "remote range {offset}+{len} does not fit the {}-byte remote region",
-                self.len
-            ))),
+            _ => Err(self.out_of_range(offset, len)),
         }
     }
+    #[cold]
+    #[inline(never)]
+    fn out_of_range(&self, offset: u64, len: u64) -> Error {
+        Error::InvalidArgument(format!(
+            "remote range {offset}+{len} does not fit the {}-byte remote region",
+            self.len
+        ))
+    }
     /// The whole region.
+    #[inline]
     pub fn all(&self) -> RemoteSlice {
         RemoteSlice {
             addr: self.addr,
@@ -135,16 +142,15 @@ impl<M> fmt::Debug for LocalSlice<'_, M> {
 
 impl<'a, M: MemoryRegion> LocalSlice<'a, M> {
     /// `[offset, offset + len)` of `mr`; an error where it does not fit.
+    #[inline]
     pub fn new(mr: &'a M, offset: usize, len: usize) -> Result<Self> {
         match offset.checked_add(len) {
             Some(end) if end <= mr.len() => Ok(Self { mr, offset, len }),
-            _ => Err(Error::InvalidArgument(format!(
-                "local range {offset}+{len} does not fit the {}-byte region",
-                mr.len()
-            ))),
+            _ => Err(local_out_of_range(offset, len, mr.len())),
         }
     }
     /// The whole region.
+    #[inline]
     pub fn all(mr: &'a M) -> Self {
         Self {
             mr,
@@ -152,6 +158,14 @@ impl<'a, M: MemoryRegion> LocalSlice<'a, M> {
             len: mr.len(),
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn local_out_of_range(offset: usize, len: usize, region: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "local range {offset}+{len} does not fit the {region}-byte region"
+    ))
 }
 
 /// One WRITE in a batch for [`crate::Transport::post_writes`].

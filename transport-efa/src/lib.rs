@@ -1080,6 +1080,7 @@ impl Transport for Endpoint {
         Ok(mem)
     }
 
+    #[inline]
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, Mr>, ctx: u64) -> Result<Post> {
         let dest = self.dest(peer)?;
         let (addr, desc) = self.local(&buf)?;
@@ -1098,6 +1099,7 @@ impl Transport for Endpoint {
         self.posted("fi_send", ret, slot)
     }
 
+    #[inline]
     fn post_recv(&mut self, buf: LocalSlice<'_, Mr>, ctx: u64) -> Result<Post> {
         let (addr, desc) = self.local(&buf)?;
         let Some(slot) = self.slab.acquire(Kind::Recv, ctx) else {
@@ -1109,6 +1111,7 @@ impl Transport for Endpoint {
         self.posted("fi_recv", ret, slot)
     }
 
+    #[inline]
     fn post_write(
         &mut self,
         peer: PeerId,
@@ -1130,6 +1133,7 @@ impl Transport for Endpoint {
     /// Every operation is checked before any is posted, so an invalid one fails the call with
     /// nothing posted. A provider error after some were posted returns their count; the error
     /// comes back when the rest is posted.
+    #[inline]
     fn post_writes(&mut self, ops: &[WriteOp<'_, Mr>]) -> Result<usize> {
         let n = ops.len().min(self.slab.tx_free());
         for op in &ops[..n] {
@@ -1157,6 +1161,7 @@ impl Transport for Endpoint {
         Ok(n)
     }
 
+    #[inline]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         if out.is_empty() {
             return Ok(0);
@@ -1168,15 +1173,16 @@ impl Transport for Endpoint {
         let ret = unsafe { fi::rs_fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) };
         if ret > 0 {
             let mut n = 0;
+            // ret <= want <= out.len(), so every mapped entry has a place in `out`.
+            let mut dst = out.iter_mut();
             for slot in &entries[..(ret as usize).min(want)] {
                 // SAFETY: the provider wrote the first `ret` entries (at most `want`).
                 let e = unsafe { slot.assume_init_ref() };
                 if let Some(c) = self.completion(e) {
-                    // n < ret <= want <= out.len(): the check never fails.
-                    if let Some(o) = out.get_mut(n) {
+                    if let Some(o) = dst.next() {
                         *o = c;
+                        n += 1;
                     }
-                    n += 1;
                 }
             }
             return Ok(n);
@@ -1344,15 +1350,18 @@ impl Drop for Mr {
 }
 
 impl MemoryRegion for Mr {
+    #[inline]
     fn memory(&self) -> &Memory {
         &self.mem
     }
     fn memory_mut(&mut self) -> MemoryMut<'_> {
         MemoryMut::new(&mut self.mem)
     }
+    #[inline]
     fn remote(&self) -> RemoteMr {
         self.remote
     }
+    #[inline]
     fn len(&self) -> usize {
         self.len
     }

@@ -4,8 +4,9 @@
 //! starts with a `struct fi_context2` (scratch space providers that need `FI_CONTEXT` /
 //! `FI_CONTEXT2` write into) and holds the caller's `u64` context and the operation kind, so
 //! a completion maps back to both with pointer arithmetic. The slab is sized at open time
-//! (send queue depth + receive queue depth); free slots are kept on two index stacks whose
-//! capacity never grows, so the hot path never allocates. A full stack is a full queue.
+//! (send queue depth + receive queue depth); free slots are chained through the slots
+//! themselves on two lists (send side, receive side), so taking and giving back a slot is a
+//! few loads and stores and the hot path never allocates. An empty list is a full queue.
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
@@ -34,11 +35,18 @@ impl Kind {
     }
 }
 
-#[repr(C)]
+/// The end of a free list.
+const NONE: u32 = u32::MAX;
+
+/// 128 bytes (a power of two: a context pointer maps back to its index with a mask and a
+/// shift, no division), aligned to a cache line so no two slots share one.
+#[repr(C, align(64))]
 struct Slot {
     /// Must be first: the pointer handed to libfabric is the slot's address.
     fi_ctx: fi::fi_context2,
     user: u64,
+    /// The next free slot on this slot's list while it is free.
+    next: u32,
     kind: Kind,
 }
 
@@ -47,88 +55,70 @@ struct Slot {
 pub(crate) struct Slab {
     base: NonNull<Slot>,
     len: usize,
-    tx_free: Stack,
-    rx_free: Stack,
-}
-
-/// A stack of free slot indexes with a fixed capacity: every index it can ever hold.
-struct Stack {
-    items: Box<[u32]>,
-    len: usize,
-}
-
-impl Stack {
-    /// Full, with `range` in pop order lowest first.
-    fn full(range: std::ops::Range<u32>) -> Self {
-        let items: Box<[u32]> = range.rev().collect();
-        Stack {
-            len: items.len(),
-            items,
-        }
-    }
-
-    #[inline(always)]
-    fn pop(&mut self) -> Option<u32> {
-        let len = self.len.checked_sub(1)?;
-        self.len = len;
-        self.items.get(len).copied()
-    }
-
-    /// Push an index taken from this stack: there is always room (a slot is released once).
-    #[inline(always)]
-    fn push(&mut self, idx: u32) {
-        if let Some(top) = self.items.get_mut(self.len) {
-            *top = idx;
-            self.len += 1;
-        }
-    }
+    /// Heads of the free lists: send side (SEND, WRITE) and receive side. Only indexes below
+    /// `len` are ever linked.
+    tx_head: u32,
+    rx_head: u32,
+    tx_free: usize,
 }
 
 impl Slab {
     /// `tx` send-side slots (SEND, WRITE) and `rx` receive slots.
     pub fn new(tx: usize, rx: usize) -> Self {
         let len = tx + rx;
+        assert!(len < NONE as usize, "slab of {len} slots");
+        // Each side's slots linked in index order, lowest first.
         let slots: Vec<Slot> = (0..len)
-            .map(|_| Slot {
-                fi_ctx: fi::fi_context2::default(),
-                user: 0,
-                kind: Kind::Free,
+            .map(|i| {
+                let next = i + 1;
+                let end = if i < tx { tx } else { len };
+                Slot {
+                    fi_ctx: fi::fi_context2::default(),
+                    user: 0,
+                    next: if next < end { next as u32 } else { NONE },
+                    kind: Kind::Free,
+                }
             })
             .collect();
         let raw = Box::into_raw(slots.into_boxed_slice());
         // SAFETY: Box::into_raw never returns NULL (a zero-length slice gives a dangling,
         // non-null pointer).
         let base = unsafe { NonNull::new_unchecked(raw.cast::<Slot>()) };
-        // Pop order: lowest index first (irrelevant, but stable for debugging).
-        let tx_free = Stack::full(0..tx as u32);
-        let rx_free = Stack::full(tx as u32..len as u32);
         Slab {
             base,
             len,
-            tx_free,
-            rx_free,
+            tx_head: if tx > 0 { 0 } else { NONE },
+            rx_head: if rx > 0 { tx as u32 } else { NONE },
+            tx_free: tx,
         }
     }
 
     /// Free send-side slots.
     #[inline]
     pub fn tx_free(&self) -> usize {
-        self.tx_free.len
+        self.tx_free
     }
 
     /// Take a slot for `kind`; `None` where that side is full.
     #[inline(always)]
     pub fn acquire(&mut self, kind: Kind, user: u64) -> Option<*mut c_void> {
-        let idx = if kind == Kind::Recv {
-            self.rx_free.pop()?
-        } else {
-            self.tx_free.pop()?
-        } as usize;
-        debug_assert!(idx < self.len);
-        // SAFETY: idx < len (only valid indices are ever on the free stacks), so the slot is
+        let recv = kind == Kind::Recv;
+        let head = if recv { self.rx_head } else { self.tx_head };
+        if head == NONE {
+            return None;
+        }
+        debug_assert!((head as usize) < self.len);
+        // SAFETY: only indexes below len are ever linked (new and release), so the slot is
         // inside the allocation; it is free, so libfabric holds no pointer to it now.
         unsafe {
-            let slot = self.base.as_ptr().add(idx);
+            let slot = self.base.as_ptr().add(head as usize);
+            let next = (*slot).next;
+            if recv {
+                self.rx_head = next;
+            } else {
+                self.tx_head = next;
+                self.tx_free -= 1;
+            }
             (*slot).user = user;
             (*slot).kind = kind;
             Some(slot.cast())
@@ -138,13 +128,15 @@ impl Slab {
     /// The slot index of a context pointer, where it is one of ours.
     #[inline(always)]
     fn index_of(&self, ctx: *mut c_void) -> Option<usize> {
-        let base = self.base.as_ptr() as usize;
-        let off = (ctx as usize).checked_sub(base)?;
-        let size = std::mem::size_of::<Slot>();
-        if off % size != 0 || off / size >= self.len {
+        const SIZE: usize = std::mem::size_of::<Slot>();
+        const _: () = assert!(SIZE.is_power_of_two());
+        let off = (ctx as usize).wrapping_sub(self.base.as_ptr() as usize);
+        let idx = off / SIZE;
+        // One branch: below base wraps to a huge offset, so `idx < len` rejects it too.
+        if off % SIZE != 0 || idx >= self.len {
             return None;
         }
-        Some(off / size)
+        Some(idx)
     }
 
     /// Give back the slot `ctx` points at (an operation completed or was not posted),
@@ -154,24 +146,25 @@ impl Slab {
     pub fn release(&mut self, ctx: *mut c_void) -> Option<(u64, Kind)> {
         let idx = self.index_of(ctx)?;
         // SAFETY: idx < len, so the slot is inside the allocation. The provider has finished
-        // with it: it reported the operation's completion (or the post failed).
-        let (user, kind) = unsafe {
+        // with it: it reported the operation's completion (or the post failed). A busy slot
+        // is on no list, so linking it cannot make a cycle.
+        unsafe {
             let slot = self.base.as_ptr().add(idx);
-            let k = (*slot).kind;
-            if k == Kind::Free {
+            let kind = (*slot).kind;
+            if kind == Kind::Free {
                 return None;
             }
             (*slot).kind = Kind::Free;
-            ((*slot).user, k)
-        };
-        // The stacks were allocated with every index on them, so pushing back a busy slot's
-        // index always has room.
-        if kind == Kind::Recv {
-            self.rx_free.push(idx as u32);
-        } else {
-            self.tx_free.push(idx as u32);
+            if kind == Kind::Recv {
+                (*slot).next = self.rx_head;
+                self.rx_head = idx as u32;
+            } else {
+                (*slot).next = self.tx_head;
+                self.tx_head = idx as u32;
+                self.tx_free += 1;
+            }
+            Some(((*slot).user, kind))
         }
-        Some((user, kind))
     }
 }
 
@@ -203,5 +196,20 @@ mod tests {
         assert_eq!(s.release(std::ptr::null_mut()), None);
         assert_eq!(s.release((a as usize + 1) as *mut c_void), None);
         assert_eq!(s.tx_free(), 2);
+        // Slots come back in any order and can all be taken again, each once.
+        let mut got: Vec<_> = (0..2).map(|i| s.acquire(Kind::Write, i).unwrap()).collect();
+        assert!(s.acquire(Kind::Send, 9).is_none());
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 2);
+        assert_eq!(s.tx_free(), 0);
+    }
+
+    #[test]
+    fn empty_sides() {
+        let mut s = Slab::new(0, 0);
+        assert!(s.acquire(Kind::Write, 1).is_none());
+        assert!(s.acquire(Kind::Recv, 1).is_none());
+        assert_eq!(s.release(std::ptr::null_mut()), None);
     }
 }
