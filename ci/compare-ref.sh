@@ -16,6 +16,11 @@
 #   shm-write  rdma-bench loopback --provider shm --workload write -s SIZE --no-verify MODE
 #              | fi_rma_bw -p shm -o writedata -S SIZE -I N -W 64 -E=PORT -B PORT'
 #   tcp-write  same, --provider tcp (FI_TCP_IFACE=lo) | fi_rma_bw -p tcp -o writedata ...
+#              In the single and plain modes with --nic-opt write_completion=transmit: a WRITE
+#              completes once its data left, as fi_rma_bw's do (it asks for no completion
+#              level; tcp's default is transmit-complete). rdma-bench's own default on tcp is
+#              delivery-complete (a refused WRITE comes back as an error), which the paged
+#              mode keeps.
 #   shm-send   rdma-bench loopback --provider shm --workload send ... | fi_rdm_tagged_bw -p shm
 #   tcp-send   rdma-bench loopback --provider tcp --workload send ... | fi_msg_bw -p tcp
 #              -B PORT (server), -P PORT 127.0.0.1 (client): FI_EP_MSG, the tcp provider's own
@@ -25,11 +30,14 @@
 #              rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s SIZE --no-verify MODE
 #              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N (server, client)
 #
-# MODE (--mode): `single` is rdma-bench --single-buffer (one source and one target buffer,
-# every WRITE with an immediate, receives into one buffer: what fi_rma_bw, fi_*_bw and
-# ib_write_bw do); `paged` is rdma-bench's default (256 pages per repeat in random order, one
-# immediate per repeat; 256 x SIZE bytes of buffer per side); `both` (default) runs both.
-# The reference tool is the same for both modes.
+# MODE (--mode, a comma list): `single` is rdma-bench --single-buffer (one source and one
+# target buffer, every WRITE with an immediate, receives into one buffer: what fi_rma_bw
+# -o writedata and fi_*_bw do); `plain` (WRITE rows only) is --single-buffer --imm-every 64
+# (one WRITE in 64 carries an immediate, the others are plain WRITEs: what ib_write_bw posts,
+# whose target handles no completion at all); `paged` is rdma-bench's default (256 pages per
+# repeat in random order, one immediate per repeat; 256 x SIZE bytes of buffer per side).
+# Default `both`: single and paged, and plain as well on the verbs row, whose reference
+# (ib_write_bw) posts plain WRITEs. The reference tool is the same for every mode.
 #
 # Every run moves about BYTES bytes (default 1 GiB on the host, 128 MiB in the VM; --quick:
 # 16 MiB): N = BYTES / SIZE operations (paged: N / 256 repeats, at least 2).
@@ -70,8 +78,18 @@ if [ $QUICK = 1 ]; then
   ROUNDS=1; SIZES=64K; BYTES=$((16 << 20)); SKIP_VM=1; MODE=single
   [ "$ROWS" = shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
 fi
-case $MODE in single) MODES=(single) ;; paged) MODES=(paged) ;; both) MODES=(single paged) ;;
-  *) echo "compare-ref: --mode single|paged|both" >&2; exit 2 ;; esac
+VMODES=()
+case $MODE in both) MODES=(single paged); VMODES=(single plain paged) ;;
+  *) IFS=, read -r -a MODES <<< "$MODE"
+     for m in "${MODES[@]}"; do
+       case $m in single|plain|paged) ;;
+         *) echo "compare-ref: --mode: a comma list of single, plain, paged (or both)" >&2; exit 2 ;;
+       esac
+     done ;;
+esac
+[ ${#VMODES[@]} -gt 0 ] || VMODES=("${MODES[@]}")
+# plain: one immediate per this many WRITEs
+PLAIN_K=64
 IFS=, read -r -a ROWV <<< "$ROWS"
 IFS=, read -r -a SIZEV <<< "$SIZES"
 
@@ -130,8 +148,15 @@ ours() {
   local args=(loopback --provider "$prov" --workload "$wl" -s "$size" --no-verify --json)
   # shellcheck disable=SC2206
   [ -z "${OURS_ARGS:-}" ] || args+=($OURS_ARGS)
+  # like-for-like completion semantics with fi_rma_bw (see the header)
+  if [ "$row" = tcp-write ] && [ "$mode" != paged ]; then
+    args+=(--nic-opt write_completion=transmit)
+  fi
   if [ "$mode" = single ]; then
     args+=(--single-buffer -n "$n")
+  elif [ "$mode" = plain ]; then
+    local k=$(( n / PLAIN_K )); [ $k -ge 2 ] || k=2
+    args+=(--single-buffer --imm-every "$PLAIN_K" -n "$k")
   elif [ $wl = write ]; then
     local reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
     args+=(-n "$reps")
@@ -188,6 +213,7 @@ for row in "${ROWV[@]}"; do
   [ "$row" = verbs ] && continue
   for size in "${SIZEV[@]}"; do
     for mode in "${MODES[@]}"; do
+      [ "$mode" = plain ] && [[ $row != *-write ]] && continue
       best_o=0; best_t=0; co=; ct=
       for r in $(seq 1 "$ROUNDS"); do
         # alternate which tool goes first, so a slow start or a noisy neighbour hits both
@@ -231,8 +257,12 @@ elif [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
       b=$(bytes_of "$size"); n=$(( VM_BYTES / b )); [ $n -ge 64 ] || n=64
       reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
       for r in $(seq 1 "$ROUNDS"); do
-        for mode in "${MODES[@]}"; do
-          if [ "$mode" = single ]; then ma="--single-buffer -n $n"; else ma="-n $reps"; fi
+        for mode in "${VMODES[@]}"; do
+          case $mode in
+            single) ma="--single-buffer -n $n" ;;
+            plain) k=$(( n / PLAIN_K )); [ $k -ge 2 ] || k=2; ma="--single-buffer --imm-every $PLAIN_K -n $k" ;;
+            *) ma="-n $reps" ;;
+          esac
           f=raw/rb.$size.$mode.$r
           echo "echo '\$ rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma' > $f.cmd"
           # TCG moves tens of Mbit/s: a 256-page repeat of 1 MiB takes longer than the default idle timeout
@@ -261,7 +291,7 @@ if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
       case $v in ''|*[!0-9.]*) continue ;; esac
       best_t=$(max "$best_t" "$v"); ct=$(sed 's/^\$ //' "${f%.txt}.cmd")
     done
-    for mode in "${MODES[@]}"; do
+    for mode in "${VMODES[@]}"; do
       best_o=0; co=
       for f in "$VD"/raw/rb."$size"."$mode".*.json; do
         co=$(sed 's/^\$ //' "${f%.json}.cmd")

@@ -123,6 +123,11 @@ pub struct WorkloadArgs {
     /// default spreads the work over pages or receive slots that do not stay in cache.
     #[arg(long)]
     pub single_buffer: bool,
+    /// write and rate: one immediate per K passes over the page set. With --single-buffer,
+    /// one WRITE in K carries an immediate and the others are plain WRITEs, as ib_write_bw
+    /// posts them (the target then handles one completion per K WRITEs). Default 1.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub imm_every: u32,
     /// Seed of the random page order and of the data pattern.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

@@ -29,10 +29,15 @@ pub struct Plan {
     /// One buffer per side (`--single-buffer`): one page (write, rate), one receive buffer
     /// (send).
     pub single_buffer: bool,
+    /// Passes over the page set per immediate (`--imm-every`, write and rate).
+    pub imm_every: u32,
     /// Rounds (`--rounds`): `runs` holds the list this many times over, round after round.
     pub rounds: u32,
     pub runs: Vec<Planned>,
 }
+
+/// Most WRITEs one immediate may cover (`--imm-every` x pages).
+pub const MAX_PASS_OPS: u64 = 1 << 20;
 
 /// Most rounds one command may ask for.
 pub const MAX_ROUNDS: u32 = 100;
@@ -90,6 +95,12 @@ impl Plan {
         if matches!(w.workload, Workload::Write | Workload::Rate) && pages > u32::MAX as u64 {
             return Err(Error::Usage("--pages: at most 2^32-1".into()));
         }
+        if w.imm_every > 1 && pages.saturating_mul(u64::from(w.imm_every)) > MAX_PASS_OPS {
+            return Err(Error::Usage(format!(
+                "--imm-every {} x {pages} pages: at most {MAX_PASS_OPS} WRITEs per immediate",
+                w.imm_every
+            )));
+        }
         let sizes: Vec<u64> = if !w.sizes.is_empty() {
             w.sizes.iter().map(|s| s.0).collect()
         } else {
@@ -97,6 +108,18 @@ impl Plan {
         };
         if let Some(z) = sizes.iter().find(|&&s| s == 0) {
             return Err(Error::Usage(format!("size {z}: must be at least 1 byte")));
+        }
+        if w.imm_every == 0 || w.imm_every > crate::proto::MAX_IMM_EVERY {
+            return Err(Error::Usage(format!(
+                "--imm-every {}: allowed 1..={}",
+                w.imm_every,
+                crate::proto::MAX_IMM_EVERY
+            )));
+        }
+        if w.imm_every > 1 && !matches!(w.workload, Workload::Write | Workload::Rate) {
+            return Err(Error::Usage(
+                "--imm-every applies to --workload write and rate".into(),
+            ));
         }
         if w.rounds == 0 || w.rounds > MAX_ROUNDS {
             return Err(Error::Usage(format!(
@@ -150,6 +173,7 @@ impl Plan {
             },
             ladder: w.ladder,
             single_buffer: w.single_buffer,
+            imm_every: w.imm_every,
             rounds: w.rounds,
             runs,
         })

@@ -94,7 +94,17 @@ pub struct Request {
     pub seed: u64,
     pub op: LatOp,
     pub knobs: Knobs,
+    /// write, rate: passes over the page set per immediate (`--imm-every`).
+    #[serde(default = "one")]
+    pub imm_every: u32,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// Most passes over the page set one immediate may cover (`--imm-every`).
+pub const MAX_IMM_EVERY: u32 = 4096;
 
 /// What the server measured for one NIC.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -393,7 +403,18 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_magic(&w.magic, w.version)?;
             check_nics(&w.nics)
         }
-        Msg::Request(r) => check_run(r.workload, r.size, r.count, r.iters, &r.knobs),
+        Msg::Request(r) => {
+            if r.imm_every == 0
+                || r.imm_every > MAX_IMM_EVERY
+                || r.count.saturating_mul(u64::from(r.imm_every)) > 1 << 20
+            {
+                return Err(proto(format!(
+                    "request of --imm-every {} over {} pages",
+                    r.imm_every, r.count
+                )));
+            }
+            check_run(r.workload, r.size, r.count, r.iters, &r.knobs)
+        }
         Msg::Error { message } => {
             if message.len() > MAX_TEXT {
                 return Err(proto("error text too long"));
@@ -711,6 +732,7 @@ mod tests {
                 threads: Threads::PerGpu,
                 ..Knobs::baseline()
             },
+            imm_every: 1,
         }
     }
 
@@ -901,6 +923,21 @@ mod tests {
         r.workload = Workload::Lat;
         r.iters = MAX_LAT_ITERS + 1;
         assert!(validate(&Msg::Request(r)).is_err());
+        for (k, count) in [(0, 16), (MAX_IMM_EVERY + 1, 1), (MAX_IMM_EVERY, 1 << 20)] {
+            let mut r = request();
+            (r.imm_every, r.count) = (k, count);
+            assert!(
+                validate(&Msg::Request(r)).is_err(),
+                "imm_every {k} x {count}"
+            );
+        }
+        // A request from a peer that predates --imm-every means one pass per immediate.
+        let mut v = serde_json::to_value(Msg::Request(request())).unwrap();
+        v.as_object_mut().unwrap().remove("imm_every").unwrap();
+        match serde_json::from_value::<Msg>(v).unwrap() {
+            Msg::Request(r) => assert_eq!(r.imm_every, 1),
+            m => panic!("{}", m.kind()),
+        }
         assert!(decode_frame(&[0, 0, 0, 0]).is_err());
         assert!(decode_frame(&[0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(decode_frame(&[0, 0]).is_err());

@@ -87,6 +87,12 @@ pub fn run(a: RunArgs) -> Result<()> {
                 .into(),
         ));
     }
+    if plan.imm_every > 1 {
+        return Err(Error::Usage(
+            "--imm-every: loopback and client only; rdma-bench run posts one immediate per pass"
+                .into(),
+        ));
+    }
     if !matches!(plan.workload, Workload::Write | Workload::Rate) {
         return Err(Error::Usage(format!(
             "rdma-bench run moves pages with WRITE: use --workload write or rate, not {}",

@@ -211,6 +211,7 @@ fn request(plan: &Plan, p: &Planned, id: u32, count: u64) -> Request {
         seed: plan.seed,
         op: plan.op,
         knobs: p.knobs,
+        imm_every: plan.imm_every,
     }
 }
 
@@ -758,12 +759,9 @@ fn serve_request<T: Transport>(
                 } else {
                     Vec::new()
                 };
-                slots.push(
-                    order
-                        .into_iter()
-                        .map(|p| p / used as u32)
-                        .collect::<Vec<u32>>(),
-                );
+                // --imm-every K: the page set K times over before the immediate.
+                let order: Vec<u32> = order.into_iter().map(|p| p / used as u32).collect();
+                slots.push(order.repeat(r.imm_every as usize));
             }
             let per_rep: u64 = slots.iter().map(|s| s.len() as u64).sum();
             ctrl.send(&Msg::Ready { id: r.id })?;

@@ -168,6 +168,56 @@ fn rounds_report_the_median_round_of_each_size_and_stage() {
 }
 
 #[test]
+fn imm_every_posts_k_passes_per_immediate() {
+    // One buffer, one immediate per 8 WRITEs: -n counts immediates.
+    let v = run(
+        &args(&[
+            "--single-buffer",
+            "-s",
+            "4K",
+            "-n",
+            "5",
+            "--imm-every",
+            "8",
+            "--json",
+        ]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    assert_eq!(v["bytes"], 5 * 8 * 4096);
+    assert_eq!(v["verified"], true);
+    // Paged: the page set 3 times over per immediate, every page still verified.
+    let v = run(
+        &args(&[
+            "-s",
+            "4K",
+            "--pages",
+            "8",
+            "-n",
+            "2",
+            "--imm-every",
+            "3",
+            "--json",
+        ]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    assert_eq!(v["bytes"], 2 * 3 * 8 * 4096);
+    assert_eq!(v["verified"], true);
+    for bad in [
+        &["--imm-every", "0"][..],
+        &["--imm-every", "4097"],
+        &["--imm-every", "2", "--workload", "send"],
+        &["--imm-every", "4096", "--pages", "1024"],
+    ] {
+        let o = run(&args(bad), T);
+        assert_eq!(o.code, Some(2), "{bad:?}: {}", o.stderr);
+    }
+}
+
+#[test]
 fn latency_both_ops() {
     for op in ["write-imm", "send"] {
         let v = run(
