@@ -649,6 +649,33 @@ impl Drop for Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Raw handles (see [`raw`](crate::raw)); the endpoint keeps owning them.
+    #[doc(hidden)]
+    pub fn raw_parts(&self) -> crate::raw::Parts {
+        crate::raw::Parts {
+            cq: self.cq,
+            imm_srq: self.imm_srq,
+            imm_wr_id: TAG_IMM << TAG_SHIFT,
+            imm_batch: IMM_BATCH,
+            imm_threshold: IMM_BATCH.min(self.imm_depth / 4).max(1),
+        }
+    }
+
+    /// The data queue pair (WRITE, WRITE with immediate) of `peer` (see
+    /// [`raw`](crate::raw)).
+    #[doc(hidden)]
+    pub fn raw_data_qp(&self, peer: PeerId) -> Result<*mut sys::ibv_qp> {
+        Ok(self.peers[self.peer_index(peer)?].data.qp)
+    }
+
+    /// Whether a WRITE of `len` bytes from host memory is posted with `IBV_SEND_INLINE`.
+    #[doc(hidden)]
+    pub fn raw_inline(&self, len: usize) -> bool {
+        len <= self.caps.inject_size
+    }
+}
+
 impl Transport for Endpoint {
     type Mr = VerbsMr;
     const BACKEND: &'static str = "verbs";

@@ -135,6 +135,14 @@ impl VerbsMr {
     pub fn rkey(&self) -> u32 {
         self.rkey
     }
+
+    /// The address the NIC uses for offset 0 (an SGE's `addr`; see
+    /// [`raw`](crate::raw)).
+    #[doc(hidden)]
+    #[inline]
+    pub fn raw_addr(&self) -> u64 {
+        self.iova
+    }
 }
 
 impl Drop for VerbsMr {
