@@ -855,6 +855,7 @@ impl Transport for Endpoint {
         mr.into_memory()
     }
 
+    #[inline]
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
         self.own_region(buf.mr, "post_send")?;
         let pi = self.peer_index(peer)?;
@@ -890,6 +891,7 @@ impl Transport for Endpoint {
         Ok(Post::Posted)
     }
 
+    #[inline]
     fn post_recv(&mut self, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
         self.own_region(buf.mr, "post_recv")?;
         if buf.len > u32::MAX as usize {
@@ -923,6 +925,7 @@ impl Transport for Endpoint {
         Ok(Post::Posted)
     }
 
+    #[inline]
     fn post_write(
         &mut self,
         peer: PeerId,
@@ -959,6 +962,7 @@ impl Transport for Endpoint {
     /// Chains consecutive WRITEs to the same peer into one `ibv_post_send`: up to 32 WRs, and
     /// closes a chain once it carries `chain_bytes` (default 64 KiB) of payload. Every op is
     /// checked before anything is posted, so an `Err` means none was.
+    #[inline]
     fn post_writes(&mut self, ops: &[WriteOp<'_, VerbsMr>]) -> Result<usize> {
         for op in ops {
             self.prepare_write(op)?;
@@ -999,6 +1003,7 @@ impl Transport for Endpoint {
         Ok(i)
     }
 
+    #[inline]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         let want = out.len().min(POLL_BATCH);
         if want == 0 {
