@@ -126,6 +126,9 @@ pub struct Endpoint {
     imm_wrs: Box<[sys::ibv_recv_wr]>,
     /// Immediate receives consumed and not yet reposted.
     imm_to_post: usize,
+    /// `poll` reposts once `imm_to_post` reaches this: `IMM_BATCH`, or a quarter of a smaller
+    /// immediate SRQ.
+    imm_repost_at: usize,
     /// Application receive contexts by slot, and the free slots.
     recv_ctx: Box<[u64]>,
     recv_free: Vec<u32>,
@@ -602,6 +605,19 @@ impl Endpoint {
     }
 }
 
+/// `(slot + n) % depth` for `slot < depth` and `n <= depth`, without the division (`depth`
+/// is a run-time value, so `%` would be one per post).
+#[inline]
+fn ring_add(slot: usize, n: usize, depth: usize) -> usize {
+    debug_assert!(slot < depth && n <= depth);
+    let s = slot + n;
+    if s >= depth {
+        s - depth
+    } else {
+        s
+    }
+}
+
 /// A checked WRITE, ready to be put into a work request.
 #[derive(Clone, Copy)]
 struct Prepared {
@@ -646,6 +662,33 @@ impl Drop for Endpoint {
                 sys::ibv_destroy_cq(self.cq);
             }
         }
+    }
+}
+
+impl Endpoint {
+    /// Raw handles (see [`raw`](crate::raw)); the endpoint keeps owning them.
+    #[doc(hidden)]
+    pub fn raw_parts(&self) -> crate::raw::Parts {
+        crate::raw::Parts {
+            cq: self.cq,
+            imm_srq: self.imm_srq,
+            imm_wr_id: TAG_IMM << TAG_SHIFT,
+            imm_batch: IMM_BATCH,
+            imm_threshold: self.imm_repost_at,
+        }
+    }
+
+    /// The data queue pair (WRITE, WRITE with immediate) of `peer` (see
+    /// [`raw`](crate::raw)).
+    #[doc(hidden)]
+    pub fn raw_data_qp(&self, peer: PeerId) -> Result<*mut sys::ibv_qp> {
+        Ok(self.peers[self.peer_index(peer)?].data.qp)
+    }
+
+    /// Whether a WRITE of `len` bytes from host memory is posted with `IBV_SEND_INLINE`.
+    #[doc(hidden)]
+    pub fn raw_inline(&self, len: usize) -> bool {
+        len <= self.caps.inject_size
     }
 }
 
@@ -724,6 +767,7 @@ impl Transport for Endpoint {
             sges: vec![sys::ibv_sge::default(); POST_BATCH].into_boxed_slice(),
             imm_wrs: vec![sys::ibv_recv_wr::default(); IMM_BATCH].into_boxed_slice(),
             imm_to_post: 0,
+            imm_repost_at: IMM_BATCH.min(imm_depth / 4).max(1),
             recv_ctx: vec![0u64; rx_depth].into_boxed_slice(),
             recv_free: (0..rx_depth as u32).rev().collect(),
             responder_errors: 0,
@@ -828,6 +872,7 @@ impl Transport for Endpoint {
         mr.into_memory()
     }
 
+    #[inline]
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
         self.own_region(buf.mr, "post_send")?;
         let pi = self.peer_index(peer)?;
@@ -858,11 +903,12 @@ impl Transport for Endpoint {
         }
         let q = &mut self.peers[pi].msg;
         q.ctx[slot] = ctx;
-        q.head = (slot + 1) % depth;
+        q.head = ring_add(slot, 1, depth);
         q.outstanding += 1;
         Ok(Post::Posted)
     }
 
+    #[inline]
     fn post_recv(&mut self, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
         self.own_region(buf.mr, "post_recv")?;
         if buf.len > u32::MAX as usize {
@@ -896,6 +942,7 @@ impl Transport for Endpoint {
         Ok(Post::Posted)
     }
 
+    #[inline]
     fn post_write(
         &mut self,
         peer: PeerId,
@@ -924,7 +971,7 @@ impl Transport for Endpoint {
         }
         let q = &mut self.peers[p.peer].data;
         q.ctx[slot] = ctx;
-        q.head = (slot + 1) % depth;
+        q.head = ring_add(slot, 1, depth);
         q.outstanding += 1;
         Ok(Post::Posted)
     }
@@ -932,6 +979,7 @@ impl Transport for Endpoint {
     /// Chains consecutive WRITEs to the same peer into one `ibv_post_send`: up to 32 WRs, and
     /// closes a chain once it carries `chain_bytes` (default 64 KiB) of payload. Every op is
     /// checked before anything is posted, so an `Err` means none was.
+    #[inline]
     fn post_writes(&mut self, ops: &[WriteOp<'_, VerbsMr>]) -> Result<usize> {
         for op in ops {
             self.prepare_write(op)?;
@@ -953,16 +1001,16 @@ impl Transport for Endpoint {
                 && ops[i + n].peer.0 as usize == peer
             {
                 let p = self.prepare_write(&ops[i + n])?;
-                self.fill(n, &p, CHAN_DATA, (head + n) % depth);
+                self.fill(n, &p, CHAN_DATA, ring_add(head, n, depth));
                 bytes += p.sge.length as usize;
                 n += 1;
             }
             let took = self.post_chain(qp, n)?;
             let q = &mut self.peers[peer].data;
             for k in 0..took {
-                q.ctx[(head + k) % depth] = ops[i + k].ctx;
+                q.ctx[ring_add(head, k, depth)] = ops[i + k].ctx;
             }
-            q.head = (head + took) % depth;
+            q.head = ring_add(head, took, depth);
             q.outstanding += took;
             i += took;
             if took < n {
@@ -972,6 +1020,7 @@ impl Transport for Endpoint {
         Ok(i)
     }
 
+    #[inline]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         let want = out.len().min(POLL_BATCH);
         if want == 0 {
@@ -1055,7 +1104,7 @@ impl Transport for Endpoint {
                 }
             }
         }
-        if self.imm_to_post >= IMM_BATCH.min(self.imm_depth / 4).max(1) {
+        if self.imm_to_post >= self.imm_repost_at {
             self.repost_imm()?;
         }
         Ok(k)

@@ -88,6 +88,32 @@ pub use device::device_names;
 pub use endpoint::Endpoint;
 pub use mr::VerbsMr;
 
+/// Raw handles for the benchmark that compares this backend with bare verbs calls
+/// (`benches/hot_path.rs`). Not a supported API: nothing outside this crate's benches should
+/// use it.
+#[doc(hidden)]
+pub mod raw {
+    pub use ibverbs_sys as sys;
+
+    /// An endpoint's verbs objects. The endpoint keeps owning them; whoever posts through
+    /// them must keep the endpoint's accounting right (or not use the endpoint's own posting
+    /// and polling any more).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Parts {
+        /// The one CQ of every queue pair of the endpoint.
+        pub cq: *mut sys::ibv_cq,
+        /// The SRQ of the backend's zero-length receives that WRITE with immediate consumes
+        /// (shared by every data QP). Repost one for each immediate taken from the CQ.
+        pub imm_srq: *mut sys::ibv_srq,
+        /// `wr_id` the backend gives its own immediate receives.
+        pub imm_wr_id: u64,
+        /// Immediate receives reposted per chained `ibv_post_srq_recv` by the backend, and
+        /// the count of consumed ones at which it reposts.
+        pub imm_batch: usize,
+        pub imm_threshold: usize,
+    }
+}
+
 /// Whether GPU memory may be registrable: built with `cuda` and a CUDA driver is present.
 fn gpu_possible() -> bool {
     #[cfg(feature = "cuda")]

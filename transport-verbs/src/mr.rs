@@ -128,12 +128,22 @@ impl VerbsMr {
     }
 
     /// The local key.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.lkey
     }
     /// The remote key.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         self.rkey
+    }
+
+    /// The address the NIC uses for offset 0 (an SGE's `addr`; see
+    /// [`raw`](crate::raw)).
+    #[doc(hidden)]
+    #[inline]
+    pub fn raw_addr(&self) -> u64 {
+        self.iova
     }
 }
 
@@ -148,11 +158,13 @@ impl Drop for VerbsMr {
 }
 
 impl MemoryRegion for VerbsMr {
+    #[inline]
     fn memory(&self) -> &Memory {
         self.mem
             .as_ref()
             .expect("a region owns its memory until deregistered")
     }
+    #[inline]
     fn memory_mut(&mut self) -> MemoryMut<'_> {
         MemoryMut::new(
             self.mem
@@ -160,6 +172,7 @@ impl MemoryRegion for VerbsMr {
                 .expect("a region owns its memory until deregistered"),
         )
     }
+    #[inline]
     fn remote(&self) -> RemoteMr {
         RemoteMr {
             addr: self.iova,

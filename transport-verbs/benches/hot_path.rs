@@ -1,0 +1,306 @@
+//! The hot path on ibverbs: one 8-byte WRITE with immediate on an RC queue pair, posted and
+//! completed on both sides, through the `Transport` trait and through bare verbs calls with
+//! the same flags (signaled, inline where the backend inlines), side by side.
+//!
+//! `cargo bench -p transport-verbs --bench hot_path` (needs an RDMA device; side 0 opens
+//! `$VERBS_DEV0`, side 1 `$VERBS_DEV1`, else the first device; without one it says so and
+//! exits 0). In the Soft-RoCE VM: `ci/verbs-bench.sh`.
+//!
+//! Each iteration posts a batch of `BATCH` WRITEs and polls both CQs until every local
+//! completion and every immediate is in, so the per-operation time is the iteration time /
+//! `BATCH`. Both paths do the same work per completion: the trait path keeps local `Write`
+//! completions and `RemoteWrite` immediates and sums their contexts and immediate values; the
+//! raw path looks at each work completion's status and opcode, sums `wr_id`s and immediate
+//! values, and reposts the zero-length receives that the immediates consumed from the
+//! backend's immediate SRQ in chains of the backend's batch size, as the backend does. The
+//! difference between the two is what the trait (checks, context ring, completion mapping)
+//! costs per operation. The trait is measured twice, before and after the raw path, so the
+//! run-to-run spread is visible next to the difference. The raw path runs on its own pair of
+//! endpoints, whose own posting and polling it never uses.
+
+use std::hint::black_box;
+use std::ptr;
+
+use criterion::{criterion_group, Criterion, Throughput};
+use transport_core::{
+    Completion, CompletionKind, Error, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc, Post,
+    RemoteSlice, Result, Transport,
+};
+use transport_verbs::raw::sys;
+use transport_verbs::{Endpoint, VerbsMr};
+
+const BATCH: usize = 32;
+const LEN: usize = 8;
+const GROUP: &str = "verbs_write_imm_8B";
+
+fn open(side: usize) -> Result<Endpoint> {
+    let mut nic = NicDesc::default();
+    if let Ok(d) = std::env::var(format!("VERBS_DEV{side}")) {
+        nic.device = Some(d);
+    }
+    if let Ok(g) = std::env::var(format!("VERBS_GID{side}")) {
+        nic.gid_index = Some(g.parse().expect("VERBS_GID<side> is a GID index"));
+    }
+    Endpoint::open(&nic)
+}
+
+/// Two connected endpoints, a registered source on the first and a target region on the
+/// second.
+struct Setup {
+    a: Endpoint,
+    b: Endpoint,
+    peer: transport_core::PeerId,
+    src: VerbsMr,
+    dst: VerbsMr,
+}
+
+fn setup() -> Setup {
+    let mut p = transport_conformance::connect(&open)
+        .expect("opening and connecting two verbs endpoints")
+        .expect("main() checked that a device is there");
+    let src =
+        p.a.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
+            .unwrap();
+    let dst =
+        p.b.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
+            .unwrap();
+    Setup {
+        a: p.a,
+        b: p.b,
+        peer: p.a_to_b,
+        src,
+        dst,
+    }
+}
+
+fn trait_path(c: &mut Criterion) {
+    let Setup {
+        mut a,
+        mut b,
+        peer,
+        src,
+        dst,
+    } = setup();
+    let remote = dst.remote();
+    let mut out: [Completion; 64] = std::array::from_fn(|_| Completion::default());
+    let mut g = c.benchmark_group(GROUP);
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("trait", |bench| {
+        bench.iter(|| {
+            let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
+            while w < BATCH || imm < BATCH {
+                while posted < BATCH {
+                    let local = LocalSlice {
+                        mr: &src,
+                        offset: posted * LEN,
+                        len: LEN,
+                    };
+                    let r = RemoteSlice {
+                        addr: remote.addr + (posted * LEN) as u64,
+                        len: LEN as u64,
+                        key: remote.key,
+                    };
+                    match a.post_write(peer, local, r, Some(posted as u32), posted as u64) {
+                        Ok(Post::Posted) => posted += 1,
+                        Ok(Post::QueueFull) => break,
+                        Err(e) => panic!("post_write: {e}"),
+                    }
+                }
+                let n = a.poll(&mut out).unwrap();
+                for c in &out[..n] {
+                    match c.kind {
+                        CompletionKind::Write => {
+                            w += 1;
+                            sum = sum.wrapping_add(c.ctx);
+                        }
+                        _ => panic!("unexpected completion on the writer: {c:?}"),
+                    }
+                }
+                let n = b.poll(&mut out).unwrap();
+                for c in &out[..n] {
+                    match c.kind {
+                        CompletionKind::RemoteWrite { imm: v } => {
+                            imm += 1;
+                            sum = sum.wrapping_add(u64::from(v));
+                        }
+                        _ => panic!("unexpected completion on the target: {c:?}"),
+                    }
+                }
+            }
+            black_box(sum)
+        })
+    });
+    g.finish();
+}
+
+/// Take up to `wcs.len()` work completions from `cq`; how many.
+fn poll_cq(cq: *mut sys::ibv_cq, wcs: &mut [sys::ibv_wc; BATCH]) -> usize {
+    // SAFETY: `cq` is the live CQ of an endpoint that outlives the bench; `wcs` holds BATCH
+    // entries, the count passed.
+    let n = unsafe { sys::ibvs_poll_cq(cq, BATCH as i32, wcs.as_mut_ptr()) };
+    assert!(n >= 0, "ibv_poll_cq: {n}");
+    n as usize
+}
+
+#[cold]
+fn unexpected(side: &str, wc: &sys::ibv_wc) -> ! {
+    panic!(
+        "unexpected work completion on the {side}: status {} opcode {} wr_id {:#x}",
+        wc.status, wc.opcode, wc.wr_id
+    )
+}
+
+fn raw_path(c: &mut Criterion) {
+    // A pair of its own: the endpoints' accounting (outstanding WRs, immediate receives to
+    // repost) never sees these operations, so they must not post or poll through the trait.
+    let Setup {
+        a,
+        b,
+        peer,
+        src,
+        dst,
+    } = setup();
+    let remote = dst.remote();
+    let rkey = u32::try_from(remote.key).expect("a verbs rkey");
+    let pa = a.raw_parts();
+    let pb = b.raw_parts();
+    let qp = a.raw_data_qp(peer).unwrap();
+    let (addr, lkey) = (src.raw_addr(), src.lkey());
+    // The backend's flags for an 8-byte WRITE from host memory.
+    let send_flags = sys::IBV_SEND_SIGNALED
+        | if a.raw_inline(LEN) {
+            sys::IBV_SEND_INLINE
+        } else {
+            0
+        };
+    // The immediate receives of the backend: zero-length, chained, reposted once
+    // `imm_threshold` were consumed (as `Endpoint::poll` does).
+    let mut imm_wrs: Vec<sys::ibv_recv_wr> = (0..pb.imm_batch)
+        .map(|_| sys::ibv_recv_wr {
+            wr_id: pb.imm_wr_id,
+            next: ptr::null_mut(),
+            sg_list: ptr::null_mut(),
+            num_sge: 0,
+        })
+        .collect();
+    let base = imm_wrs.as_mut_ptr();
+    let mut imm_to_post = 0usize;
+    let mut wcs = [sys::ibv_wc::default(); BATCH];
+    let mut sge = sys::ibv_sge::default();
+    let mut wr = sys::ibv_send_wr::default();
+    let mut g = c.benchmark_group(GROUP);
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("raw_verbs", |bench| {
+        bench.iter(|| {
+            let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
+            while w < BATCH || imm < BATCH {
+                while posted < BATCH {
+                    let i = posted;
+                    sge = sys::ibv_sge {
+                        addr: addr + (i * LEN) as u64,
+                        length: LEN as u32,
+                        lkey,
+                    };
+                    wr.wr_id = i as u64;
+                    wr.next = ptr::null_mut();
+                    wr.sg_list = &mut sge;
+                    wr.num_sge = 1;
+                    wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+                    wr.send_flags = send_flags;
+                    wr.__bindgen_anon_1.imm_data = (i as u32).to_be();
+                    wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                        remote_addr: remote.addr + (i * LEN) as u64,
+                        rkey,
+                    };
+                    let mut bad = ptr::null_mut();
+                    // SAFETY: `qp` is the connected data QP of an endpoint that outlives the
+                    // bench; `wr` and `sge` live across the call (the provider copies them, and
+                    // reads the inline payload before returning); the SGE lies in `src`,
+                    // registered on that endpoint and alive for the whole bench. Each
+                    // iteration completes its BATCH WRs before the next posts, so the send
+                    // queue (tx_depth >= BATCH) never overflows.
+                    let rc = unsafe { sys::ibvs_post_send(qp, &mut wr, &mut bad) };
+                    if rc != 0 {
+                        assert!(
+                            rc == libc::ENOMEM || rc == libc::EAGAIN,
+                            "ibv_post_send: {rc}"
+                        );
+                        break;
+                    }
+                    posted += 1;
+                }
+                let n = poll_cq(pa.cq, &mut wcs);
+                for wc in &wcs[..n] {
+                    match wc.opcode {
+                        sys::IBV_WC_RDMA_WRITE if wc.status == sys::IBV_WC_SUCCESS => {
+                            w += 1;
+                            sum = sum.wrapping_add(wc.wr_id);
+                        }
+                        _ => unexpected("writer", wc),
+                    }
+                }
+                let n = poll_cq(pb.cq, &mut wcs);
+                for wc in &wcs[..n] {
+                    match wc.opcode {
+                        sys::IBV_WC_RECV_RDMA_WITH_IMM
+                            if wc.status == sys::IBV_WC_SUCCESS && wc.wr_id == pb.imm_wr_id =>
+                        {
+                            imm += 1;
+                            imm_to_post += 1;
+                            // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
+                            let v = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+                            sum = sum.wrapping_add(u64::from(v));
+                        }
+                        _ => unexpected("target", wc),
+                    }
+                }
+                while imm_to_post >= pb.imm_threshold {
+                    let n = imm_to_post.min(pb.imm_batch);
+                    for k in 0..n {
+                        // SAFETY: `k < n <= imm_batch`: `base.add(k)` and (where `k + 1 < n`)
+                        // `base.add(k + 1)` point into `imm_wrs`, which is not otherwise
+                        // borrowed while the bench runs.
+                        unsafe {
+                            (*base.add(k)).next = if k + 1 < n {
+                                base.add(k + 1)
+                            } else {
+                                ptr::null_mut()
+                            };
+                        }
+                    }
+                    let mut bad = ptr::null_mut();
+                    // SAFETY: `imm_srq` is the live immediate SRQ of `b`; the chain is `n`
+                    // initialised zero-length WRs in `imm_wrs`, alive across the call (the
+                    // provider copies them). Each replaces one the immediates consumed, so
+                    // the SRQ never holds more than the backend sized it for.
+                    let rc = unsafe { sys::ibvs_post_srq_recv(pb.imm_srq, base, &mut bad) };
+                    assert_eq!(rc, 0, "ibv_post_srq_recv");
+                    imm_to_post -= n;
+                }
+            }
+            black_box(sum)
+        })
+    });
+    g.finish();
+    drop((src, dst, a, b));
+}
+
+fn trait_path_again(c: &mut Criterion) {
+    trait_path(c)
+}
+
+criterion_group!(benches, trait_path, raw_path, trait_path_again);
+
+fn main() {
+    // No RDMA device (no RDMA stack: ENOSYS, or an empty list): nothing to measure.
+    match open(0) {
+        Err(Error::NoDevice(why)) => {
+            println!("verbs hot_path bench: skipped, no RDMA device: {why}");
+            return;
+        }
+        Err(e) => panic!("opening a verbs endpoint: {e}"),
+        Ok(ep) => drop(ep),
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
