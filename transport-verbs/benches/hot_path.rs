@@ -14,17 +14,32 @@
 //! values, and reposts the zero-length receives that the immediates consumed from the
 //! backend's immediate SRQ in chains of the backend's batch size, as the backend does. The
 //! difference between the two is what the trait (checks, context ring, completion mapping)
-//! costs per operation. The trait is measured twice, before and after the raw path, so the
-//! run-to-run spread is visible next to the difference. The raw path runs on its own pair of
-//! endpoints, whose own posting and polling it never uses.
+//! costs per operation. The raw path runs on its own pair of endpoints, whose own posting
+//! and polling it never uses.
+//!
+//! Two measurements, as in transport-efa's hot_path bench:
+//! - criterion, one function after the other (trait, raw, trait again: the spread between
+//!   the two trait runs is the host's drift);
+//! - then an interleaved A/B pass: `AB_ROUNDS` rounds, each timing `AB_ITERS` iterations of
+//!   the trait loop and then of the raw loop, both pairs of endpoints open throughout. It
+//!   prints the median and minimum ns/op of each and the median of the per-round differences,
+//!   which cancels drift slower than one round. On a shared or virtual host that paired
+//!   figure is the one to quote. `HOT_PATH_AB=ROUNDS,ITERS` changes its size; without
+//!   `--bench` (`cargo test --benches`) it is a short smoke pass.
+//!
+//! Each loop is one `#[inline(never)]` function (`TraitPath::iteration`,
+//! `RawPath::iteration`), so an instruction profiler can count them apart:
+//! `ci/verbs-bench.sh --callgrind` runs this under callgrind in the Soft-RoCE VM and prints
+//! instructions per operation of each.
 
 use std::hint::black_box;
 use std::ptr;
+use std::time::Instant;
 
-use criterion::{criterion_group, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 use transport_core::{
     Completion, CompletionKind, Error, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc, Post,
-    RemoteSlice, Result, Transport,
+    RemoteMr, RemoteSlice, Result, Transport,
 };
 use transport_verbs::raw::sys;
 use transport_verbs::{Endpoint, VerbsMr};
@@ -32,6 +47,8 @@ use transport_verbs::{Endpoint, VerbsMr};
 const BATCH: usize = 32;
 const LEN: usize = 8;
 const GROUP: &str = "verbs_write_imm_8B";
+const AB_ROUNDS: usize = 400;
+const AB_ITERS: usize = 100;
 
 fn open(side: usize) -> Result<Endpoint> {
     let mut nic = NicDesc::default();
@@ -73,64 +90,73 @@ fn setup() -> Setup {
     }
 }
 
-fn trait_path(c: &mut Criterion) {
-    let Setup {
-        mut a,
-        mut b,
-        peer,
-        src,
-        dst,
-    } = setup();
-    let remote = dst.remote();
-    let mut out: [Completion; 64] = std::array::from_fn(|_| Completion::default());
-    let mut g = c.benchmark_group(GROUP);
-    g.throughput(Throughput::Elements(BATCH as u64));
-    g.bench_function("trait", |bench| {
-        bench.iter(|| {
-            let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
-            while w < BATCH || imm < BATCH {
-                while posted < BATCH {
-                    let local = LocalSlice {
-                        mr: &src,
-                        offset: posted * LEN,
-                        len: LEN,
-                    };
-                    let r = RemoteSlice {
-                        addr: remote.addr + (posted * LEN) as u64,
-                        len: LEN as u64,
-                        key: remote.key,
-                    };
-                    match a.post_write(peer, local, r, Some(posted as u32), posted as u64) {
-                        Ok(Post::Posted) => posted += 1,
-                        Ok(Post::QueueFull) => break,
-                        Err(e) => panic!("post_write: {e}"),
-                    }
-                }
-                let n = a.poll(&mut out).unwrap();
-                for c in &out[..n] {
-                    match c.kind {
-                        CompletionKind::Write => {
-                            w += 1;
-                            sum = sum.wrapping_add(c.ctx);
-                        }
-                        _ => panic!("unexpected completion on the writer: {c:?}"),
-                    }
-                }
-                let n = b.poll(&mut out).unwrap();
-                for c in &out[..n] {
-                    match c.kind {
-                        CompletionKind::RemoteWrite { imm: v } => {
-                            imm += 1;
-                            sum = sum.wrapping_add(u64::from(v));
-                        }
-                        _ => panic!("unexpected completion on the target: {c:?}"),
-                    }
+/// The trait loop's state.
+struct TraitPath {
+    s: Setup,
+    remote: RemoteMr,
+    out: [Completion; 64],
+}
+
+impl TraitPath {
+    fn new() -> Self {
+        let s = setup();
+        let remote = s.dst.remote();
+        TraitPath {
+            s,
+            remote,
+            out: std::array::from_fn(|_| Completion::default()),
+        }
+    }
+
+    /// One iteration: BATCH WRITEs posted, their completions and immediates read.
+    #[inline(never)]
+    fn iteration(&mut self) -> u64 {
+        let Setup {
+            a, b, peer, src, ..
+        } = &mut self.s;
+        let (remote, out) = (&self.remote, &mut self.out);
+        let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
+        while w < BATCH || imm < BATCH {
+            while posted < BATCH {
+                let local = LocalSlice {
+                    mr: &*src,
+                    offset: posted * LEN,
+                    len: LEN,
+                };
+                let r = RemoteSlice {
+                    addr: remote.addr + (posted * LEN) as u64,
+                    len: LEN as u64,
+                    key: remote.key,
+                };
+                match a.post_write(*peer, local, r, Some(posted as u32), posted as u64) {
+                    Ok(Post::Posted) => posted += 1,
+                    Ok(Post::QueueFull) => break,
+                    Err(e) => panic!("post_write: {e}"),
                 }
             }
-            black_box(sum)
-        })
-    });
-    g.finish();
+            let n = a.poll(out).unwrap();
+            for c in &out[..n] {
+                match c.kind {
+                    CompletionKind::Write => {
+                        w += 1;
+                        sum = sum.wrapping_add(c.ctx);
+                    }
+                    _ => panic!("unexpected completion on the writer: {c:?}"),
+                }
+            }
+            let n = b.poll(out).unwrap();
+            for c in &out[..n] {
+                match c.kind {
+                    CompletionKind::RemoteWrite { imm: v } => {
+                        imm += 1;
+                        sum = sum.wrapping_add(u64::from(v));
+                    }
+                    _ => panic!("unexpected completion on the target: {c:?}"),
+                }
+            }
+        }
+        sum
+    }
 }
 
 /// Take up to `wcs.len()` work completions from `cq`; how many.
@@ -150,146 +176,216 @@ fn unexpected(side: &str, wc: &sys::ibv_wc) -> ! {
     )
 }
 
-fn raw_path(c: &mut Criterion) {
-    // A pair of its own: the endpoints' accounting (outstanding WRs, immediate receives to
-    // repost) never sees these operations, so they must not post or poll through the trait.
-    let Setup {
-        a,
-        b,
-        peer,
-        src,
-        dst,
-    } = setup();
-    let remote = dst.remote();
-    let rkey = u32::try_from(remote.key).expect("a verbs rkey");
-    let pa = a.raw_parts();
-    let pb = b.raw_parts();
-    let qp = a.raw_data_qp(peer).unwrap();
-    let (addr, lkey) = (src.raw_addr(), src.lkey());
-    // The backend's flags for an 8-byte WRITE from host memory.
-    let send_flags = sys::IBV_SEND_SIGNALED
-        | if a.raw_inline(LEN) {
-            sys::IBV_SEND_INLINE
-        } else {
-            0
-        };
-    // The immediate receives of the backend: zero-length, chained, reposted once
-    // `imm_threshold` were consumed (as `Endpoint::poll` does).
-    let mut imm_wrs: Vec<sys::ibv_recv_wr> = (0..pb.imm_batch)
-        .map(|_| sys::ibv_recv_wr {
-            wr_id: pb.imm_wr_id,
-            next: ptr::null_mut(),
-            sg_list: ptr::null_mut(),
-            num_sge: 0,
-        })
-        .collect();
-    let base = imm_wrs.as_mut_ptr();
-    let mut imm_to_post = 0usize;
-    let mut wcs = [sys::ibv_wc::default(); BATCH];
-    let mut sge = sys::ibv_sge::default();
-    let mut wr = sys::ibv_send_wr::default();
-    let mut g = c.benchmark_group(GROUP);
-    g.throughput(Throughput::Elements(BATCH as u64));
-    g.bench_function("raw_verbs", |bench| {
-        bench.iter(|| {
-            let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
-            while w < BATCH || imm < BATCH {
-                while posted < BATCH {
-                    let i = posted;
-                    sge = sys::ibv_sge {
-                        addr: addr + (i * LEN) as u64,
-                        length: LEN as u32,
-                        lkey,
-                    };
-                    wr.wr_id = i as u64;
-                    wr.next = ptr::null_mut();
-                    wr.sg_list = &mut sge;
-                    wr.num_sge = 1;
-                    wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
-                    wr.send_flags = send_flags;
-                    wr.__bindgen_anon_1.imm_data = (i as u32).to_be();
-                    wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                        remote_addr: remote.addr + (i * LEN) as u64,
-                        rkey,
-                    };
-                    let mut bad = ptr::null_mut();
-                    // SAFETY: `qp` is the connected data QP of an endpoint that outlives the
-                    // bench; `wr` and `sge` live across the call (the provider copies them, and
-                    // reads the inline payload before returning); the SGE lies in `src`,
-                    // registered on that endpoint and alive for the whole bench. Each
-                    // iteration completes its BATCH WRs before the next posts, so the send
-                    // queue (tx_depth >= BATCH) never overflows.
-                    let rc = unsafe { sys::ibvs_post_send(qp, &mut wr, &mut bad) };
-                    if rc != 0 {
-                        assert!(
-                            rc == libc::ENOMEM || rc == libc::EAGAIN,
-                            "ibv_post_send: {rc}"
-                        );
-                        break;
-                    }
-                    posted += 1;
+/// The raw loop's state: a pair of endpoints of its own, used through their verbs handles.
+/// The endpoints' accounting (outstanding WRs, immediate receives to repost) never sees these
+/// operations, so nothing may post or poll on them through the trait.
+struct RawPath {
+    /// Owns the endpoints and regions the raw handles below point into.
+    _s: Setup,
+    pa: transport_verbs::raw::Parts,
+    pb: transport_verbs::raw::Parts,
+    qp: *mut sys::ibv_qp,
+    addr: u64,
+    lkey: u32,
+    remote_addr: u64,
+    rkey: u32,
+    send_flags: u32,
+    /// The immediate receives of the backend: zero-length, chained, reposted once
+    /// `imm_threshold` were consumed (as `Endpoint::poll` does).
+    imm_wrs: Vec<sys::ibv_recv_wr>,
+    imm_to_post: usize,
+    wcs: [sys::ibv_wc; BATCH],
+    sge: sys::ibv_sge,
+    wr: sys::ibv_send_wr,
+}
+
+impl RawPath {
+    fn new() -> Self {
+        let s = setup();
+        let remote = s.dst.remote();
+        let rkey = u32::try_from(remote.key).expect("a verbs rkey");
+        let pa = s.a.raw_parts();
+        let pb = s.b.raw_parts();
+        let qp = s.a.raw_data_qp(s.peer).unwrap();
+        let (addr, lkey) = (s.src.raw_addr(), s.src.lkey());
+        // The backend's flags for an 8-byte WRITE from host memory.
+        let send_flags = sys::IBV_SEND_SIGNALED
+            | if s.a.raw_inline(LEN) {
+                sys::IBV_SEND_INLINE
+            } else {
+                0
+            };
+        let imm_wrs = (0..pb.imm_batch)
+            .map(|_| sys::ibv_recv_wr {
+                wr_id: pb.imm_wr_id,
+                next: ptr::null_mut(),
+                sg_list: ptr::null_mut(),
+                num_sge: 0,
+            })
+            .collect();
+        RawPath {
+            _s: s,
+            pa,
+            pb,
+            qp,
+            addr,
+            lkey,
+            remote_addr: remote.addr,
+            rkey,
+            send_flags,
+            imm_wrs,
+            imm_to_post: 0,
+            wcs: [sys::ibv_wc::default(); BATCH],
+            sge: sys::ibv_sge::default(),
+            wr: sys::ibv_send_wr::default(),
+        }
+    }
+
+    /// One iteration, as [`TraitPath::iteration`] does it.
+    #[inline(never)]
+    fn iteration(&mut self) -> u64 {
+        let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
+        while w < BATCH || imm < BATCH {
+            while posted < BATCH {
+                let i = posted;
+                self.sge = sys::ibv_sge {
+                    addr: self.addr + (i * LEN) as u64,
+                    length: LEN as u32,
+                    lkey: self.lkey,
+                };
+                let wr = &mut self.wr;
+                wr.wr_id = i as u64;
+                wr.next = ptr::null_mut();
+                wr.sg_list = &mut self.sge;
+                wr.num_sge = 1;
+                wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.send_flags = self.send_flags;
+                wr.__bindgen_anon_1.imm_data = (i as u32).to_be();
+                wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: self.remote_addr + (i * LEN) as u64,
+                    rkey: self.rkey,
+                };
+                let mut bad = ptr::null_mut();
+                // SAFETY: `qp` is the connected data QP of an endpoint that outlives the bench
+                // (owned by `_s`); `wr` and `sge` live across the call (the provider copies
+                // them, and reads the inline payload before returning); the SGE lies in `src`,
+                // registered on that endpoint and alive for the whole bench. Each iteration
+                // completes its BATCH WRs before the next posts, so the send queue
+                // (tx_depth >= BATCH) never overflows.
+                let rc = unsafe { sys::ibvs_post_send(self.qp, wr, &mut bad) };
+                if rc != 0 {
+                    assert!(
+                        rc == libc::ENOMEM || rc == libc::EAGAIN,
+                        "ibv_post_send: {rc}"
+                    );
+                    break;
                 }
-                let n = poll_cq(pa.cq, &mut wcs);
-                for wc in &wcs[..n] {
-                    match wc.opcode {
-                        sys::IBV_WC_RDMA_WRITE if wc.status == sys::IBV_WC_SUCCESS => {
-                            w += 1;
-                            sum = sum.wrapping_add(wc.wr_id);
-                        }
-                        _ => unexpected("writer", wc),
+                posted += 1;
+            }
+            let n = poll_cq(self.pa.cq, &mut self.wcs);
+            for wc in &self.wcs[..n] {
+                match wc.opcode {
+                    sys::IBV_WC_RDMA_WRITE if wc.status == sys::IBV_WC_SUCCESS => {
+                        w += 1;
+                        sum = sum.wrapping_add(wc.wr_id);
                     }
-                }
-                let n = poll_cq(pb.cq, &mut wcs);
-                for wc in &wcs[..n] {
-                    match wc.opcode {
-                        sys::IBV_WC_RECV_RDMA_WITH_IMM
-                            if wc.status == sys::IBV_WC_SUCCESS && wc.wr_id == pb.imm_wr_id =>
-                        {
-                            imm += 1;
-                            imm_to_post += 1;
-                            // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
-                            let v = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-                            sum = sum.wrapping_add(u64::from(v));
-                        }
-                        _ => unexpected("target", wc),
-                    }
-                }
-                while imm_to_post >= pb.imm_threshold {
-                    let n = imm_to_post.min(pb.imm_batch);
-                    for k in 0..n {
-                        // SAFETY: `k < n <= imm_batch`: `base.add(k)` and (where `k + 1 < n`)
-                        // `base.add(k + 1)` point into `imm_wrs`, which is not otherwise
-                        // borrowed while the bench runs.
-                        unsafe {
-                            (*base.add(k)).next = if k + 1 < n {
-                                base.add(k + 1)
-                            } else {
-                                ptr::null_mut()
-                            };
-                        }
-                    }
-                    let mut bad = ptr::null_mut();
-                    // SAFETY: `imm_srq` is the live immediate SRQ of `b`; the chain is `n`
-                    // initialised zero-length WRs in `imm_wrs`, alive across the call (the
-                    // provider copies them). Each replaces one the immediates consumed, so
-                    // the SRQ never holds more than the backend sized it for.
-                    let rc = unsafe { sys::ibvs_post_srq_recv(pb.imm_srq, base, &mut bad) };
-                    assert_eq!(rc, 0, "ibv_post_srq_recv");
-                    imm_to_post -= n;
+                    _ => unexpected("writer", wc),
                 }
             }
-            black_box(sum)
-        })
-    });
+            let n = poll_cq(self.pb.cq, &mut self.wcs);
+            for wc in &self.wcs[..n] {
+                match wc.opcode {
+                    sys::IBV_WC_RECV_RDMA_WITH_IMM
+                        if wc.status == sys::IBV_WC_SUCCESS && wc.wr_id == self.pb.imm_wr_id =>
+                    {
+                        imm += 1;
+                        self.imm_to_post += 1;
+                        // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
+                        let v = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+                        sum = sum.wrapping_add(u64::from(v));
+                    }
+                    _ => unexpected("target", wc),
+                }
+            }
+            while self.imm_to_post >= self.pb.imm_threshold {
+                let n = self.imm_to_post.min(self.pb.imm_batch);
+                let base = self.imm_wrs.as_mut_ptr();
+                for k in 0..n {
+                    // SAFETY: `k < n <= imm_batch == imm_wrs.len()`: `base.add(k)` and (where
+                    // `k + 1 < n`) `base.add(k + 1)` point into `imm_wrs`, not otherwise
+                    // borrowed here.
+                    unsafe {
+                        (*base.add(k)).next = if k + 1 < n {
+                            base.add(k + 1)
+                        } else {
+                            ptr::null_mut()
+                        };
+                    }
+                }
+                let mut bad = ptr::null_mut();
+                // SAFETY: `imm_srq` is the live immediate SRQ of `b` (owned by `_s`); the chain
+                // is `n` initialised zero-length WRs in `imm_wrs`, alive across the call (the
+                // provider copies them). Each replaces one the immediates consumed, so the SRQ
+                // never holds more than the backend sized it for.
+                let rc = unsafe { sys::ibvs_post_srq_recv(self.pb.imm_srq, base, &mut bad) };
+                assert_eq!(rc, 0, "ibv_post_srq_recv");
+                self.imm_to_post -= n;
+            }
+        }
+        sum
+    }
+}
+
+fn bench(c: &mut Criterion, name: &str, mut f: impl FnMut() -> u64) {
+    let mut g = c.benchmark_group(GROUP);
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function(name, |bench| bench.iter(|| black_box(f())));
     g.finish();
-    drop((src, dst, a, b));
 }
 
-fn trait_path_again(c: &mut Criterion) {
-    trait_path(c)
+/// ns per operation of `iters` iterations of `f`.
+fn time_ns_per_op(iters: usize, mut f: impl FnMut() -> u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..iters {
+        black_box(f());
+    }
+    t.elapsed().as_nanos() as f64 / (iters * BATCH) as f64
 }
 
-criterion_group!(benches, trait_path, raw_path, trait_path_again);
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The interleaved A/B pass (see the crate docs).
+fn ab(t: &mut TraitPath, r: &mut RawPath, rounds: usize, iters: usize) {
+    let (mut tt, mut rr, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let a = time_ns_per_op(iters, || t.iteration());
+        let b = time_ns_per_op(iters, || r.iteration());
+        tt.push(a);
+        rr.push(b);
+        d.push(a - b);
+    }
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (tmin, rmin) = (min(&tt), min(&rr));
+    println!("{GROUP} interleaved A/B, {rounds} rounds x {iters} iterations x {BATCH} ops:");
+    println!(
+        "  trait {:7.1} ns/op median, {:7.1} min",
+        median(&mut tt),
+        tmin
+    );
+    println!(
+        "  raw   {:7.1} ns/op median, {:7.1} min",
+        median(&mut rr),
+        rmin
+    );
+    println!(
+        "  trait - raw, median of per-round differences: {:.1} ns/op (min - min: {:.1})",
+        median(&mut d),
+        tmin - rmin
+    );
+}
 
 fn main() {
     // No RDMA device (no RDMA stack: ENOSYS, or an empty list): nothing to measure.
@@ -301,6 +397,22 @@ fn main() {
         Err(e) => panic!("opening a verbs endpoint: {e}"),
         Ok(ep) => drop(ep),
     }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    let mut c = Criterion::default().configure_from_args();
+    let mut t = TraitPath::new();
+    let mut r = RawPath::new();
+    bench(&mut c, "trait", || t.iteration());
+    bench(&mut c, "raw_verbs", || r.iteration());
+    bench(&mut c, "trait #2", || t.iteration());
+    c.final_summary();
+    // `cargo bench` passes --bench; `cargo test --benches` does not: a short smoke pass then.
+    // HOT_PATH_AB=ROUNDS,ITERS overrides the A/B pass's size.
+    let full = std::env::args().any(|a| a == "--bench");
+    let (rounds, iters) = std::env::var("HOT_PATH_AB")
+        .ok()
+        .and_then(|v| {
+            let (r, i) = v.split_once(',')?;
+            Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
+        })
+        .unwrap_or(if full { (AB_ROUNDS, AB_ITERS) } else { (3, 2) });
+    ab(&mut t, &mut r, rounds, iters);
 }
