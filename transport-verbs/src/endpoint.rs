@@ -410,27 +410,38 @@ impl Endpoint {
     }
 
     /// Post `n` (<= IMM_BATCH) zero-length receives to the immediate SRQ.
-    fn post_imm_recvs(&mut self, n: usize) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
+    /// Link `imm_wrs` into one chain of identical zero-length receives, once: posting `n` of
+    /// them then only cuts the chain after the `n`-th. The boxed array never moves, so the
+    /// links stay valid for the endpoint's life.
+    fn link_imm_chain(&mut self) {
         let base = self.imm_wrs.as_mut_ptr();
-        for i in 0..n {
-            let w = &mut self.imm_wrs[i];
+        let len = self.imm_wrs.len();
+        for (i, w) in self.imm_wrs.iter_mut().enumerate() {
             w.wr_id = TAG_IMM << TAG_SHIFT;
             w.sg_list = ptr::null_mut();
             w.num_sge = 0;
-            w.next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= len`: a pointer into the same boxed array.
+            w.next = if i + 1 < len {
+                // SAFETY: `i + 1 < len`: a pointer into the same boxed array.
                 unsafe { base.add(i + 1) }
             } else {
                 ptr::null_mut()
             };
         }
+    }
+
+    fn post_imm_recvs(&mut self, n: usize) -> Result<()> {
+        let n = n.min(self.imm_wrs.len());
+        let Some(last) = n.checked_sub(1) else {
+            return Ok(());
+        };
+        // Cut the chain after `n` for this post; linked again below.
+        let next = std::mem::replace(&mut self.imm_wrs[last].next, ptr::null_mut());
         let mut bad = ptr::null_mut();
         // SAFETY: `imm_srq` is live; the chain is `n` initialised WRs in an array the endpoint
         // owns (copied by the provider before the call returns); no SGEs.
-        let rc = unsafe { sys::ibvs_post_srq_recv(self.imm_srq, base, &mut bad) };
+        let rc =
+            unsafe { sys::ibvs_post_srq_recv(self.imm_srq, self.imm_wrs.as_mut_ptr(), &mut bad) };
+        self.imm_wrs[last].next = next;
         check(
             rc,
             "ibv_post_srq_recv",
@@ -473,28 +484,21 @@ impl Endpoint {
     }
 
     /// Check one WRITE and describe it; nothing is posted.
+    ///
+    /// The hot path: every condition is evaluated without a branch of its own and checked
+    /// once; which one failed is worked out again, out of line, only on failure.
+    #[inline(always)]
     fn prepare_write(&self, op: &WriteOp<'_, VerbsMr>) -> Result<Prepared> {
-        self.own_region(op.local.mr, "post_write")?;
-        let peer = self.peer_index(op.peer)?;
+        let peer = op.peer.0 as usize;
         let len = op.local.len;
-        if len > self.caps.max_write_size {
-            return Err(Error::InvalidArgument(format!(
-                "write of {len} bytes exceeds the port's maximum message size {}",
-                self.caps.max_write_size
-            )));
+        let ok = Arc::ptr_eq(&op.local.mr.domain, &self.domain)
+            & (peer < self.peers.len())
+            & (len <= self.caps.max_write_size)
+            & (len as u64 <= op.remote.len)
+            & (op.remote.key <= u64::from(u32::MAX));
+        if !ok {
+            return Err(self.write_error(op));
         }
-        if (len as u64) > op.remote.len {
-            return Err(Error::InvalidArgument(format!(
-                "write of {len} bytes into a {}-byte remote slice",
-                op.remote.len
-            )));
-        }
-        let Ok(rkey) = u32::try_from(op.remote.key) else {
-            return Err(Error::InvalidArgument(format!(
-                "remote key {:#x} is not a verbs rkey (32 bits): is it from another backend?",
-                op.remote.key
-            )));
-        };
         Ok(Prepared {
             peer,
             sge: self.sge(&op.local),
@@ -506,10 +510,40 @@ impl Endpoint {
             },
             imm: op.imm.unwrap_or(0),
             remote_addr: op.remote.addr,
-            rkey,
+            rkey: op.remote.key as u32,
         })
     }
 
+    /// Why [`Self::prepare_write`] refused a WRITE (the first failed check, in order).
+    #[cold]
+    #[inline(never)]
+    fn write_error(&self, op: &WriteOp<'_, VerbsMr>) -> Error {
+        if let Err(e) = self.own_region(op.local.mr, "post_write") {
+            return e;
+        }
+        if let Err(e) = self.peer_index(op.peer) {
+            return e;
+        }
+        let len = op.local.len;
+        if len > self.caps.max_write_size {
+            return Error::InvalidArgument(format!(
+                "write of {len} bytes exceeds the port's maximum message size {}",
+                self.caps.max_write_size
+            ));
+        }
+        if (len as u64) > op.remote.len {
+            return Error::InvalidArgument(format!(
+                "write of {len} bytes into a {}-byte remote slice",
+                op.remote.len
+            ));
+        }
+        Error::InvalidArgument(format!(
+            "remote key {:#x} is not a verbs rkey (32 bits): is it from another backend?",
+            op.remote.key
+        ))
+    }
+
+    #[inline(always)]
     fn sge(&self, s: &LocalSlice<'_, VerbsMr>) -> sys::ibv_sge {
         sys::ibv_sge {
             addr: s.mr.iova + s.offset as u64,
@@ -518,11 +552,13 @@ impl Endpoint {
         }
     }
 
+    #[inline(always)]
     fn can_inline(&self, s: &LocalSlice<'_, VerbsMr>) -> bool {
         s.len <= self.caps.inject_size && s.mr.host_addr != 0
     }
 
     /// Fill `self.wrs[i]` from `p` using ring slot `slot` of channel `chan`.
+    #[inline(always)]
     fn fill(&mut self, i: usize, p: &Prepared, chan: u64, slot: usize) {
         self.sges[i] = p.sge;
         let sge_ptr: *mut sys::ibv_sge = &mut self.sges[i];
@@ -542,6 +578,7 @@ impl Endpoint {
 
     /// Post `self.wrs[..n]` (already chained) on `qp`; how many the provider took, or the
     /// error where it took none.
+    #[inline(always)]
     fn post_chain(&mut self, qp: *mut sys::ibv_qp, n: usize) -> Result<usize> {
         let base = self.wrs.as_mut_ptr();
         for i in 0..n.saturating_sub(1) {
@@ -573,6 +610,7 @@ impl Endpoint {
         ))
     }
 
+    #[cold]
     fn wc_error(&self, op: Op, ctx: u64, wc: &sys::ibv_wc) -> Box<CompletionError> {
         // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any status.
         let text = unsafe { CStr::from_ptr(sys::ibv_wc_status_str(wc.status)) }.to_string_lossy();
@@ -780,6 +818,7 @@ impl Transport for Endpoint {
         ep.cq_cap = got;
         ep.recv_srq = ep.create_srq(rx_depth, "receive")?;
         ep.imm_srq = ep.create_srq(imm_depth, "immediate")?;
+        ep.link_imm_chain();
         ep.imm_to_post = imm_depth;
         ep.repost_imm()?;
         ep.ensure_cq(0)?;
@@ -1036,8 +1075,9 @@ impl Transport for Endpoint {
             ));
         }
         let mut k = 0;
-        for j in 0..n as usize {
-            let wc = self.wcs[j];
+        // n <= want <= out.len(), and every work completion maps to at most one completion.
+        let mut dst = out.iter_mut();
+        for wc in &self.wcs[..(n as usize).min(want)] {
             let ok = wc.status == sys::IBV_WC_SUCCESS;
             match wc.wr_id >> TAG_SHIFT {
                 TAG_SQ => {
@@ -1055,21 +1095,24 @@ impl Transport for Endpoint {
                     } else {
                         (Op::Write, CompletionKind::Write)
                     };
-                    out[k] = Completion {
+                    let c = Completion {
                         ctx,
                         kind: if ok {
                             kind
                         } else {
-                            CompletionKind::Error(self.wc_error(op, ctx, &wc))
+                            CompletionKind::Error(self.wc_error(op, ctx, wc))
                         },
                     };
-                    k += 1;
+                    if let Some(o) = dst.next() {
+                        *o = c;
+                        k += 1;
+                    }
                 }
                 TAG_RECV => {
                     let slot = (wc.wr_id & 0xffff_ffff) as u32;
                     let ctx = self.recv_ctx.get(slot as usize).copied().unwrap_or(0);
                     self.recv_free.push(slot);
-                    out[k] = Completion {
+                    let c = Completion {
                         ctx,
                         kind: if ok {
                             CompletionKind::Recv {
@@ -1079,10 +1122,13 @@ impl Transport for Endpoint {
                                     .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
                             }
                         } else {
-                            CompletionKind::Error(self.wc_error(Op::Recv, ctx, &wc))
+                            CompletionKind::Error(self.wc_error(Op::Recv, ctx, wc))
                         },
                     };
-                    k += 1;
+                    if let Some(o) = dst.next() {
+                        *o = c;
+                        k += 1;
+                    }
                 }
                 _ => {
                     // One of our zero-length immediate receives: consumed either way.
@@ -1090,16 +1136,18 @@ impl Transport for Endpoint {
                     if ok {
                         // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
                         let imm = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-                        out[k] = Completion {
-                            ctx: 0,
-                            kind: CompletionKind::RemoteWrite { imm },
-                        };
-                        k += 1;
+                        if let Some(o) = dst.next() {
+                            *o = Completion {
+                                ctx: 0,
+                                kind: CompletionKind::RemoteWrite { imm },
+                            };
+                            k += 1;
+                        }
                     } else if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
                         // The writer gets the error completion; the application here posted
                         // nothing, so it gets none. Counted for diagnosis.
                         self.responder_errors += 1;
-                        self.last_responder_error = Some(self.wc_error(Op::RemoteWrite, 0, &wc));
+                        self.last_responder_error = Some(self.wc_error(Op::RemoteWrite, 0, wc));
                     }
                 }
             }
