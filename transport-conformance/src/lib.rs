@@ -16,6 +16,8 @@
 //! A case whose `open` answers [`Error::NoDevice`] is skipped with a note on stderr, unless
 //! `CONFORMANCE_REQUIRE_DEVICE=1` is set, where it fails.
 
+pub mod ab;
+
 use std::time::Duration;
 
 use transport_core::wait::wait_pair;

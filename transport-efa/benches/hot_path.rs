@@ -27,7 +27,6 @@
 use std::ffi::c_void;
 use std::hint::black_box;
 use std::mem::MaybeUninit;
-use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
 use transport_core::{
@@ -38,6 +37,7 @@ use transport_efa::raw::sys as fi;
 use transport_efa::{Endpoint, Mr};
 
 const BATCH: usize = 32;
+const GROUP: &str = "shm_write_imm_8B";
 const LEN: usize = 8;
 const AB_ROUNDS: usize = 400;
 const AB_ITERS: usize = 100;
@@ -254,56 +254,10 @@ impl RawPath {
 }
 
 fn bench(c: &mut Criterion, name: &str, mut f: impl FnMut() -> u64) {
-    let mut g = c.benchmark_group("shm_write_imm_8B");
+    let mut g = c.benchmark_group(GROUP);
     g.throughput(Throughput::Elements(BATCH as u64));
     g.bench_function(name, |bench| bench.iter(|| black_box(f())));
     g.finish();
-}
-
-/// ns per operation of `iters` iterations of `f`.
-fn time_ns_per_op(iters: usize, mut f: impl FnMut() -> u64) -> f64 {
-    let t = Instant::now();
-    for _ in 0..iters {
-        black_box(f());
-    }
-    t.elapsed().as_nanos() as f64 / (iters * BATCH) as f64
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// The interleaved A/B pass (see the crate docs).
-fn ab(t: &mut TraitPath, r: &mut RawPath, rounds: usize, iters: usize) {
-    let (mut tt, mut rr, mut d) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        let a = time_ns_per_op(iters, || t.iteration());
-        let b = time_ns_per_op(iters, || r.iteration());
-        tt.push(a);
-        rr.push(b);
-        d.push(a - b);
-    }
-    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-    let (tmin, rmin) = (min(&tt), min(&rr));
-    println!(
-        "shm_write_imm_8B interleaved A/B, {rounds} rounds x {iters} iterations x {BATCH} ops:"
-    );
-    println!(
-        "  trait {:7.1} ns/op median, {:7.1} min",
-        median(&mut tt),
-        tmin
-    );
-    println!(
-        "  raw   {:7.1} ns/op median, {:7.1} min",
-        median(&mut rr),
-        rmin
-    );
-    println!(
-        "  trait - raw, median of per-round differences: {:.1} ns/op (min - min: {:.1})",
-        median(&mut d),
-        tmin - rmin
-    );
 }
 
 fn main() {
@@ -314,15 +268,6 @@ fn main() {
     bench(&mut c, "raw_libfabric", || r.iteration());
     bench(&mut c, "trait #2", || t.iteration());
     c.final_summary();
-    // `cargo bench` passes --bench; `cargo test --benches` does not: a short smoke pass then.
-    // HOT_PATH_AB=ROUNDS,ITERS overrides the A/B pass's size.
-    let full = std::env::args().any(|a| a == "--bench");
-    let (rounds, iters) = std::env::var("HOT_PATH_AB")
-        .ok()
-        .and_then(|v| {
-            let (r, i) = v.split_once(',')?;
-            Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
-        })
-        .unwrap_or(if full { (AB_ROUNDS, AB_ITERS) } else { (3, 2) });
-    ab(&mut t, &mut r, rounds, iters);
+    let size = transport_conformance::ab::size((AB_ROUNDS, AB_ITERS));
+    transport_conformance::ab::run(GROUP, BATCH, size, || t.iteration(), || r.iteration());
 }

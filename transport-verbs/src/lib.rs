@@ -88,6 +88,24 @@ pub use device::device_names;
 pub use endpoint::Endpoint;
 pub use mr::VerbsMr;
 
+/// The NIC this crate's tests and benches open for `side` (0 or 1): `$VERBS_DEV<side>` (else
+/// the first device) and `$VERBS_GID<side>` (else the automatic GID). Not a supported API.
+#[doc(hidden)]
+pub fn test_nic(side: usize) -> transport_core::Result<transport_core::NicDesc> {
+    let mut nic = transport_core::NicDesc::default();
+    if let Ok(d) = std::env::var(format!("VERBS_DEV{side}")) {
+        nic.device = Some(d);
+    }
+    if let Ok(g) = std::env::var(format!("VERBS_GID{side}")) {
+        nic.gid_index = Some(g.parse().map_err(|_| {
+            transport_core::Error::InvalidArgument(format!(
+                "VERBS_GID{side}={g}: not a GID index (0-255)"
+            ))
+        })?);
+    }
+    Ok(nic)
+}
+
 /// Raw handles for the benchmark that compares this backend with bare verbs calls
 /// (`benches/hot_path.rs`). Not a supported API: nothing outside this crate's benches should
 /// use it.

@@ -5,18 +5,11 @@
 //! otherwise. Without an RDMA device every case is skipped, unless
 //! `CONFORMANCE_REQUIRE_DEVICE=1`.
 
-use transport_core::{NicDesc, Result, Transport};
+use transport_core::{Result, Transport};
 use transport_verbs::Endpoint;
 
 fn open(side: usize) -> Result<Endpoint> {
-    let mut nic = NicDesc::default();
-    if let Ok(d) = std::env::var(format!("VERBS_DEV{side}")) {
-        nic.device = Some(d);
-    }
-    if let Ok(g) = std::env::var(format!("VERBS_GID{side}")) {
-        nic.gid_index = Some(g.parse().expect("VERBS_GID<side> is a GID index"));
-    }
-    Endpoint::open(&nic)
+    Endpoint::open(&transport_verbs::test_nic(side)?)
 }
 
 transport_conformance::suite!(open);

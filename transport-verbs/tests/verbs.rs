@@ -17,14 +17,7 @@ use transport_verbs::{Endpoint, VerbsMr, ADDR_LEN};
 const T: Duration = Duration::from_secs(20);
 
 fn nic(side: usize) -> NicDesc {
-    let mut nic = NicDesc::default();
-    if let Ok(d) = std::env::var(format!("VERBS_DEV{side}")) {
-        nic.device = Some(d);
-    }
-    if let Ok(g) = std::env::var(format!("VERBS_GID{side}")) {
-        nic.gid_index = Some(g.parse().expect("VERBS_GID<side> is a GID index"));
-    }
-    nic
+    transport_verbs::test_nic(side).expect("VERBS_GID<side> is a GID index")
 }
 
 fn required() -> bool {
