@@ -57,7 +57,8 @@ impl IntTypes {
 impl bindgen::callbacks::ParseCallbacks for IntTypes {
     fn int_macro(&self, name: &str, _value: i64) -> Option<bindgen::callbacks::IntKind> {
         use bindgen::callbacks::IntKind;
-        if self.errnos.contains(name) {
+        if self.errnos.contains(name) || name.starts_with("RS_FI_OPT_") {
+            // Error numbers, and option names (`int optname`).
             Some(IntKind::I32)
         } else if name.starts_with("FI_") || name.starts_with("FID_") {
             // Capability, mode and flag bits are 64-bit masks.
@@ -117,7 +118,7 @@ fn main() {
         .allowlist_function("fi_.*")
         .allowlist_function("rs_fi_.*")
         .allowlist_type("fi_.*|fid.*|rs_fi_.*")
-        .allowlist_var("FI_.*|FID_.*")
+        .allowlist_var("FI_.*|FID_.*|RS_FI_.*")
         // The static inline functions are reached through csrc/rs_fi.c only.
         .generate_inline_functions(false)
         // Structs whose fields moved between 1.x and 2.x: Rust never looks inside them.

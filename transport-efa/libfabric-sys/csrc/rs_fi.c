@@ -2,6 +2,7 @@
  * rs_fi.c: real functions around libfabric's static inline API, for Rust.
  * See rs_fi.h. Everything here compiles against libfabric 1.17 and 2.x headers.
  */
+#include <stdbool.h>
 #include <string.h>
 
 #include "rs_fi.h"
@@ -21,7 +22,8 @@ int rs_fi_have_mr_dmabuf(void)
 }
 
 struct fi_info *rs_fi_rdm_hints(uint64_t caps, uint64_t mode, uint64_t mr_mode,
-				size_t cq_data_size, size_t tx_size, size_t rx_size)
+				size_t cq_data_size, size_t tx_size, size_t rx_size,
+				int threading)
 {
 	struct fi_info *hints = fi_allocinfo();
 
@@ -33,11 +35,7 @@ struct fi_info *rs_fi_rdm_hints(uint64_t caps, uint64_t mode, uint64_t mr_mode,
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->domain_attr->mr_mode = (int)mr_mode;
 	hints->domain_attr->cq_data_size = cq_data_size;
-	/*
-	 * A registered region may be dropped (deregistered) on another thread than the one
-	 * driving the endpoint, so the domain must tolerate concurrent calls.
-	 */
-	hints->domain_attr->threading = FI_THREAD_SAFE;
+	hints->domain_attr->threading = (enum fi_threading)threading;
 	hints->domain_attr->av_type = FI_AV_TABLE;
 	if (tx_size)
 		hints->tx_attr->size = tx_size;
@@ -59,9 +57,11 @@ void rs_fi_info_view(const struct fi_info *info, struct rs_fi_info_view *out)
 		out->prov_name = info->fabric_attr->prov_name;
 		out->fabric_name = info->fabric_attr->name;
 		out->prov_version = info->fabric_attr->prov_version;
+		out->api_version = info->fabric_attr->api_version;
 	}
 	if (info->domain_attr) {
 		out->domain_name = info->domain_attr->name;
+		out->threading = (int)info->domain_attr->threading;
 		out->mr_mode = (uint64_t)(unsigned int)info->domain_attr->mr_mode;
 		out->cq_data_size = info->domain_attr->cq_data_size;
 		out->mr_key_size = info->domain_attr->mr_key_size;
@@ -74,10 +74,21 @@ void rs_fi_info_view(const struct fi_info *info, struct rs_fi_info_view *out)
 		out->tx_size = info->tx_attr->size;
 		out->inject_size = info->tx_attr->inject_size;
 	}
-	if (info->rx_attr)
+	if (info->rx_attr) {
 		out->rx_size = info->rx_attr->size;
+		out->rx_mode = info->rx_attr->mode;
+	}
 	if (info->nic && info->nic->link_attr)
 		out->link_speed = (uint64_t)info->nic->link_attr->speed;
+	if (info->nic && info->nic->device_attr)
+		out->nic_name = info->nic->device_attr->name;
+	if (info->nic && info->nic->bus_attr && info->nic->bus_attr->bus_type == FI_BUS_PCI) {
+		out->has_pci = 1;
+		out->pci_domain = info->nic->bus_attr->attr.pci.domain_id;
+		out->pci_bus = info->nic->bus_attr->attr.pci.bus_id;
+		out->pci_device = info->nic->bus_attr->attr.pci.device_id;
+		out->pci_function = info->nic->bus_attr->attr.pci.function_id;
+	}
 }
 
 struct fi_info *rs_fi_info_next(const struct fi_info *info)
@@ -150,6 +161,35 @@ int rs_fi_close(struct fid *fid)
 int rs_fi_setopt(struct fid *fid, int level, int optname, const void *optval, size_t optlen)
 {
 	return fi_setopt(fid, level, optname, optval, optlen);
+}
+
+int rs_fi_ep_setopt_bool(struct fid_ep *ep, int optname, int value)
+{
+	bool v = value != 0;
+
+	return fi_setopt(&ep->fid, FI_OPT_ENDPOINT, optname, &v, sizeof(v));
+}
+
+int rs_fi_ep_getopt_bool(struct fid_ep *ep, int optname, int *value)
+{
+	bool v = false;
+	size_t len = sizeof(v);
+	int ret = fi_getopt(&ep->fid, FI_OPT_ENDPOINT, optname, &v, &len);
+
+	if (ret == 0)
+		*value = v ? 1 : 0;
+	return ret;
+}
+
+int rs_fi_ep_getopt_size(struct fid_ep *ep, int optname, size_t *value)
+{
+	size_t v = 0;
+	size_t len = sizeof(v);
+	int ret = fi_getopt(&ep->fid, FI_OPT_ENDPOINT, optname, &v, &len);
+
+	if (ret == 0)
+		*value = v;
+	return ret;
 }
 
 struct fid *rs_fi_fabric_fid(struct fid_fabric *f) { return &f->fid; }

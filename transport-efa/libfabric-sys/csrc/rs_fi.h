@@ -34,12 +34,13 @@ int rs_fi_have_mr_dmabuf(void);
 
 /*
  * Allocate hints for an FI_EP_RDM endpoint: caps, mode and mr_mode as given, at least
- * `cq_data_size` bytes of remote CQ data, threading FI_THREAD_SAFE, manual data progress,
- * FI_AV_TABLE, tx/rx sizes where non-zero, FI_CQ_FORMAT_DATA capable. NULL on allocation
- * failure. Free with fi_freeinfo.
+ * `cq_data_size` bytes of remote CQ data, the threading model given (enum fi_threading),
+ * FI_AV_TABLE, tx/rx sizes where non-zero. NULL on allocation failure. Free with
+ * fi_freeinfo.
  */
 struct fi_info *rs_fi_rdm_hints(uint64_t caps, uint64_t mode, uint64_t mr_mode,
-				size_t cq_data_size, size_t tx_size, size_t rx_size);
+				size_t cq_data_size, size_t tx_size, size_t rx_size,
+				int threading);
 
 struct rs_fi_info_view {
 	const char *prov_name;   /* fabric_attr->prov_name, e.g. "tcp;ofi_rxm" */
@@ -59,6 +60,16 @@ struct rs_fi_info_view {
 	size_t mr_key_size;   /* domain_attr->mr_key_size */
 	uint64_t link_speed;  /* nic->link_attr->speed in bit/s; 0 where unknown */
 	int ep_type;          /* ep_attr->type */
+	int threading;        /* domain_attr->threading (enum fi_threading) */
+	uint32_t api_version; /* fabric_attr->api_version */
+	uint64_t rx_mode;     /* rx_attr->mode */
+	/* nic->bus_attr when it is a PCI function (has_pci = 1): what NICs are matched by. */
+	int has_pci;
+	uint16_t pci_domain;
+	uint8_t pci_bus;
+	uint8_t pci_device;
+	uint8_t pci_function;
+	const char *nic_name; /* nic->device_attr->name, e.g. "rdmap79s0"; NULL where absent */
 };
 
 /* Fill `out` from `info`; missing sub-structs read as zero / NULL. */
@@ -82,6 +93,25 @@ int rs_fi_av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_t
 		    uint64_t flags);
 int rs_fi_close(struct fid *fid);
 int rs_fi_setopt(struct fid *fid, int level, int optname, const void *optval, size_t optlen);
+
+/*
+ * Endpoint options (level FI_OPT_ENDPOINT) by their ABI numbers, which are stable across
+ * releases: headers before 1.18 lack the names, while the library loaded at run time may
+ * know them. A provider that does not know an option answers -FI_ENOPROTOOPT.
+ */
+#define RS_FI_OPT_CUDA_API_PERMITTED 10      /* bool, libfabric >= 1.18 */
+#define RS_FI_OPT_SHARED_MEMORY_PERMITTED 11 /* bool, libfabric >= 1.18 */
+#define RS_FI_OPT_MAX_MSG_SIZE 12            /* size_t, libfabric >= 1.20 */
+#define RS_FI_OPT_MAX_RMA_SIZE 14            /* size_t, libfabric >= 1.20 */
+/* efa's own (fi_ext.h): -(0xefa << 16) + n */
+#define RS_FI_OPT_EFA_EMULATED_WRITE (-(0xefa << 16) + 2) /* bool */
+#define RS_FI_OPT_EFA_USE_DEVICE_RDMA (-(0xefa << 16) + 4) /* bool */
+/* fi_setopt(ep, FI_OPT_ENDPOINT, optname, &(bool)value, sizeof(bool)). */
+int rs_fi_ep_setopt_bool(struct fid_ep *ep, int optname, int value);
+/* fi_getopt of a bool option into *value (0 or 1). */
+int rs_fi_ep_getopt_bool(struct fid_ep *ep, int optname, int *value);
+/* fi_getopt of a size_t option. */
+int rs_fi_ep_getopt_size(struct fid_ep *ep, int optname, size_t *value);
 
 /* fid pointers of the typed objects (their embedded `struct fid`). */
 struct fid *rs_fi_fabric_fid(struct fid_fabric *f);
