@@ -64,7 +64,7 @@ pub mod wait;
 pub use error::{CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]
 pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
-pub use mem::{GpuBuffer, HostBuffer, Memory, MemoryMut, PAGE};
+pub use mem::{dmabuf_range, Dmabuf, DmabufRange, GpuBuffer, HostBuffer, Memory, MemoryMut, PAGE};
 pub use types::{
     Caps, Completion, CompletionKind, EndpointAddr, LocalSlice, NicDesc, PeerId, Post, RemoteMr,
     RemoteSlice, WriteOp,
@@ -167,4 +167,11 @@ pub trait Transport: Send + Sized {
 
     /// What this endpoint can do.
     fn caps(&self) -> &Caps;
+
+    /// How the backend opened the endpoint, in one line for logs (API version, threading
+    /// model, PCI address, settings that decide how it behaves on real hardware); empty
+    /// where it has nothing to add to [`Transport::provider`] and [`Transport::nic_name`].
+    fn details(&self) -> String {
+        String::new()
+    }
 }

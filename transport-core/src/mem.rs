@@ -218,19 +218,78 @@ impl GpuBuffer {
     }
 }
 
+/// The whole pages around a byte range, as a dmabuf is exported and registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmabufRange {
+    /// Start of the exported range: the range's start rounded down to a page (dmabuf export
+    /// and registration work on whole pages).
+    pub export_base: u64,
+    /// Length of the exported range, whole pages.
+    pub export_len: u64,
+    /// Where the range starts in the dmabuf (`fi_mr_dmabuf.offset`,
+    /// `ibv_reg_dmabuf_mr`'s `offset`).
+    pub offset: u64,
+    /// The virtual address of the dmabuf's first byte, page aligned (`fi_mr_dmabuf.base_addr`:
+    /// fi_mr(3) wants "the page-aligned starting virtual address of the memory region
+    /// allocated by the DMA-buf"). The range's own address is `base_addr + offset`, which is
+    /// what libfabric registers as the IOVA and what peers' WRITEs address.
+    pub base_addr: u64,
+}
+
+/// [`DmabufRange`] of `[ptr, ptr + len)` with pages of `page` bytes (a power of two).
+pub fn dmabuf_range(ptr: u64, len: usize, page: u64) -> DmabufRange {
+    debug_assert!(page.is_power_of_two());
+    let export_base = ptr & !(page - 1);
+    let offset = ptr - export_base;
+    DmabufRange {
+        export_base,
+        export_len: (offset + len as u64).div_ceil(page) * page,
+        offset,
+        base_addr: export_base,
+    }
+}
+
+/// A dmabuf exported for part of a [`GpuBuffer`] ([`GpuBuffer::export_dmabuf`]); the fd
+/// closes on drop (a registration keeps its own reference to the dmabuf).
+#[derive(Debug)]
+pub struct Dmabuf {
+    /// The dmabuf.
+    pub fd: std::os::fd::OwnedFd,
+    /// The pages it covers and where the range sits in them.
+    pub range: DmabufRange,
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::sync::Arc;
 
-    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+    use cudarc::driver::{result, sys, CudaContext};
 
-    use super::GpuBuffer;
+    use super::{dmabuf_range, Dmabuf, GpuBuffer, PAGE};
     use crate::{Error, Result};
 
+    /// The allocation behind a [`GpuBuffer`]: `cuMemAlloc` memory, freed on drop.
+    ///
+    /// Not cudarc's stream allocator: on GPUs with memory pools it allocates with
+    /// `cuMemAllocAsync`, and such pointers report `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
+    /// = 0` (measured on an H100, driver 580, at every size from 4 KiB to 1 GiB, while
+    /// `cuMemAlloc`'s report 1): nvidia-peermem and EFA cannot pin them, and CUDA IPC, which
+    /// libfabric's shm uses between processes, cannot export them.
     pub(super) struct Inner {
         pub(super) ctx: Arc<CudaContext>,
-        pub(super) stream: Arc<CudaStream>,
-        pub(super) slice: CudaSlice<u8>,
+        ptr: sys::CUdeviceptr,
+    }
+
+    impl Drop for Inner {
+        fn drop(&mut self) {
+            if self.ctx.bind_to_thread().is_ok() {
+                // SAFETY: ptr came from cuMemAlloc in this context and is freed once, here;
+                // every region that used it was deregistered before the buffer is dropped
+                // (regions own their memory).
+                let _ = unsafe { result::free_sync(self.ptr) };
+            }
+        }
     }
 
     fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -242,8 +301,8 @@ mod cuda {
     pub fn driver_present() -> bool {
         // SAFETY: this only tries `dlopen` on the CUDA driver's library names and closes what it
         // opened; the driver library's initialisers are the same ones any CUDA program runs.
-        // It is the one unsafe call in this crate, and it is what keeps cudarc from panicking.
-        unsafe { cudarc::driver::sys::is_culib_present() }
+        // It is what keeps cudarc from panicking.
+        unsafe { sys::is_culib_present() }
     }
 
     /// Number of CUDA devices; 0 where no driver is present.
@@ -274,22 +333,29 @@ mod cuda {
     }
 
     impl GpuBuffer {
-        /// Allocate `len` zeroed bytes on CUDA device `ordinal`.
+        /// Allocate `len` zeroed bytes on CUDA device `ordinal` with `cuMemAlloc`, memory
+        /// that GPUDirect RDMA can pin (see [`GpuBuffer::gpudirect_rdma_capable`]).
         pub fn alloc(ordinal: usize, len: usize) -> Result<Self> {
             let ctx = context(ordinal)?;
-            let stream = ctx.default_stream();
-            let slice = stream
-                .alloc_zeros::<u8>(len)
-                .map_err(|e| cuda_err("cuMemAlloc", e))?;
-            let ptr = {
-                let (p, _sync) = slice.device_ptr(&stream);
-                p
-            };
+            ctx.bind_to_thread()
+                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            // SAFETY: the context is current; cuMemAlloc returns a fresh allocation (at least
+            // one byte: CUDA refuses zero), owned by Inner from here on and freed on drop.
+            let ptr = unsafe { result::malloc_sync(len.max(1)) }
+                .map_err(|e| cuda_err(&format!("cuMemAlloc({len})"), e))?;
+            let inner = Inner { ctx, ptr };
+            // SAFETY: [ptr, ptr + len) lies in the allocation just made; bytes are plain data.
+            unsafe { result::memset_d8_sync(ptr, 0, len) }
+                .map_err(|e| cuda_err("cuMemsetD8", e))?;
+            inner
+                .ctx
+                .synchronize()
+                .map_err(|e| cuda_err("cuCtxSynchronize", e))?;
             Ok(Self {
                 ordinal,
                 ptr,
                 len,
-                inner: Inner { ctx, stream, slice },
+                inner,
             })
         }
 
@@ -298,30 +364,98 @@ mod cuda {
             &self.inner.ctx
         }
 
+        /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` of the buffer: whether a NIC can
+        /// pin it for GPUDirect RDMA (nvidia-peermem, dmabuf). 1 for `cuMemAlloc` memory on a
+        /// GPU that supports GPUDirect RDMA.
+        pub fn gpudirect_rdma_capable(&self) -> Result<bool> {
+            self.inner
+                .ctx
+                .bind_to_thread()
+                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            let mut v: std::os::raw::c_int = 0;
+            // SAFETY: the context is current, ptr is a live allocation of it, and this
+            // attribute is written as one int.
+            let r = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&mut v as *mut std::os::raw::c_int).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+                    self.ptr,
+                )
+            };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(cuda_err(
+                    "cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE)",
+                    r,
+                ));
+            }
+            Ok(v != 0)
+        }
+
+        /// Export `[offset, offset + len)` of the buffer as a dmabuf
+        /// (`cuMemGetHandleForAddressRange`, CUDA 11.7+ with NVIDIA's open kernel modules):
+        /// the whole pages around the range, and where the range sits in them.
+        pub fn export_dmabuf(&self, offset: usize, len: usize) -> Result<Dmabuf> {
+            super::check_range(offset, len, self.len)?;
+            if len == 0 {
+                return Err(Error::InvalidArgument("cannot export 0 bytes".into()));
+            }
+            self.inner
+                .ctx
+                .bind_to_thread()
+                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            let range = dmabuf_range(self.ptr + offset as u64, len, PAGE as u64);
+            let mut fd: std::os::raw::c_int = -1;
+            // SAFETY: fd is a valid out pointer for an int; the exported range lies in the
+            // page-rounded allocation (cuMemAlloc allocations are page-aligned and
+            // page-granular); the context is current.
+            let r = unsafe {
+                sys::cuMemGetHandleForAddressRange(
+                    (&mut fd as *mut std::os::raw::c_int).cast(),
+                    range.export_base,
+                    range.export_len as usize,
+                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            };
+            if r != sys::CUresult::CUDA_SUCCESS || fd < 0 {
+                return Err(Error::Unsupported(format!(
+                    "cuMemGetHandleForAddressRange (dmabuf export) failed: {r:?}; it needs CUDA \
+                     11.7+ and NVIDIA's open kernel modules (Linux 5.12+)"
+                )));
+            }
+            Ok(Dmabuf {
+                // SAFETY: the driver just created fd for us; OwnedFd closes it once.
+                fd: unsafe { OwnedFd::from_raw_fd(fd) },
+                range,
+            })
+        }
+
         pub(super) fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
-            let inner = &mut self.inner;
-            let mut view = inner.slice.slice_mut(offset..offset + src.len());
-            inner
-                .stream
-                .memcpy_htod(src, &mut view)
+            self.inner
+                .ctx
+                .bind_to_thread()
+                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            // SAFETY: the caller checked [offset, offset + src.len()) against len, so the
+            // destination lies in the live allocation; the source is a plain byte slice.
+            unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
                 .map_err(|e| cuda_err("cuMemcpyHtoD", e))?;
-            inner
-                .stream
+            // The copy from pageable memory may still be in flight when it returns: wait, so a
+            // NIC reading the buffer next sees the bytes.
+            self.inner
+                .ctx
                 .synchronize()
-                .map_err(|e| cuda_err("cuStreamSynchronize", e))
+                .map_err(|e| cuda_err("cuCtxSynchronize", e))
         }
 
         pub(super) fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-            let inner = &self.inner;
-            let view = inner.slice.slice(offset..offset + dst.len());
-            inner
-                .stream
-                .memcpy_dtoh(&view, dst)
-                .map_err(|e| cuda_err("cuMemcpyDtoH", e))?;
-            inner
-                .stream
-                .synchronize()
-                .map_err(|e| cuda_err("cuStreamSynchronize", e))
+            self.inner
+                .ctx
+                .bind_to_thread()
+                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            // SAFETY: the caller checked the range against len; dst is a plain byte slice the
+            // synchronous copy fills before it returns.
+            unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset as u64) }
+                .map_err(|e| cuda_err("cuMemcpyDtoH", e))
         }
     }
 }
@@ -344,6 +478,40 @@ mod tests {
             assert_eq!(b.len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
         }
+    }
+
+    /// fi_mr(3) takes the dmabuf's page-aligned base and the region's offset in it, and the
+    /// provider registers the IOVA `base_addr + offset`. transport-efa passed the buffer's own
+    /// address as the base together with that offset, so a region that does not start on a
+    /// page (a sub-range of an allocation) was registered `offset` bytes past itself, and
+    /// peers' WRITEs (addressed by virtual address) landed there or failed the range check.
+    #[test]
+    fn dmabuf_base_is_the_page_and_base_plus_offset_is_the_range() {
+        let page = 4096;
+        for (ptr, len) in [
+            (0x7f00_0000_0000_u64, 4096_usize),
+            (0x7f00_0000_0234, 4096),
+            (0x7f00_0000_0ff8, 16),
+            (0x7f00_0001_0000, 1 << 30),
+            (0x7f00_0000_1001, 1),
+        ] {
+            let r = dmabuf_range(ptr, len, page);
+            assert_eq!(r.base_addr + r.offset, ptr, "{r:?}");
+            assert_eq!(r.base_addr % page, 0, "{r:?}");
+            assert_eq!(r.export_base, r.base_addr);
+            assert_eq!(r.export_len % page, 0, "{r:?}");
+            assert!(r.offset + len as u64 <= r.export_len, "{r:?}");
+            assert!(r.export_len - (r.offset + len as u64) < page, "{r:?}");
+        }
+        assert_eq!(
+            dmabuf_range(0x7f00_0000_0234, 4096, page),
+            DmabufRange {
+                export_base: 0x7f00_0000_0000,
+                export_len: 8192,
+                offset: 0x234,
+                base_addr: 0x7f00_0000_0000,
+            }
+        );
     }
 
     #[test]

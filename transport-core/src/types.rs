@@ -9,9 +9,16 @@ use crate::MemoryRegion;
 /// Which NIC to open, and how. Fields a backend has no use for are ignored by it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NicDesc {
-    /// NIC name: libfabric domain (`rdmap79s0`, `lo`) or verbs device (`mlx5_0`, `rxe0`).
-    /// `None`: the first one the provider offers.
+    /// NIC name: the ibverbs device (`rdmap79s0`, `mlx5_0`, `rxe0`) or a libfabric domain
+    /// (`rdmap79s0-rdm`, `lo`). `None`: the first one the provider offers. libfabric's efa
+    /// domains carry a suffix (`rdmap79s0-rdm`); the efa backend matches the bare device name
+    /// to them, but [`NicDesc::pci`] is what it matches first.
     pub device: Option<String>,
+    /// PCI function of the NIC, `dddd:bb:dd.f` (as `topo` reports it, e.g. `0000:4f:00.0`).
+    /// Where set, the libfabric backend opens the domain whose `fi_info->nic->bus_attr` is this
+    /// function, whatever its name; the verbs backend ignores it.
+    #[serde(default)]
+    pub pci: Option<String>,
     /// libfabric provider (`efa`, `shm`, `tcp`). `None`: `efa` where present. Ignored by verbs.
     pub provider: Option<String>,
     /// Verbs port number (default 1).
