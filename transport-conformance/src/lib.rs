@@ -83,16 +83,21 @@ pub fn post_retry<T: Transport>(
     Ok(())
 }
 
-/// One SEND each way, so both directions are connected.
+/// One SEND and one WRITE with immediate each way, so both directions of both paths are
+/// connected.
 ///
 /// Connectionless providers set up their path to a new peer lazily (libfabric's `shm` and
 /// `tcp;ofi_rxm` answer the first post with `-FI_EAGAIN` until both sides have progressed),
 /// which an application sees as [`Post::QueueFull`] and handles by polling and posting again.
-/// The cases then start from a pair on which a full queue means a full queue.
+/// WRITEs may take a path of their own (the efa backend aims them at a data endpoint where
+/// the provider wants receives posted for immediates), so they are warmed up too. The cases
+/// then start from a pair on which a full queue means a full queue.
 pub fn warm_up<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let reg = |t: &mut T, b: u8| t.register(Memory::Host(HostBuffer::from_slice(&[b])));
     let (sa, ra) = (reg(&mut p.a, 1)?, reg(&mut p.a, 0)?);
     let (sb, rb) = (reg(&mut p.b, 2)?, reg(&mut p.b, 0)?);
+    let (wa, wb) = (reg(&mut p.a, 0)?, reg(&mut p.b, 0)?);
+    let (wa_remote, wb_remote) = (wa.remote().all(), wb.remote().all());
     let done = std::cell::Cell::new(0);
     let count = |_: usize, c: &transport_core::Completion| -> Result<()> {
         c.check()?;
@@ -124,8 +129,25 @@ pub fn warm_up<T: Transport>(p: &mut Pair<T>) -> Result<()> {
         |p| p.b.post_send(b_to_a, LocalSlice::all(&sb), 4),
         count,
     )?;
+    post_retry(
+        p,
+        "warm-up write a->b",
+        |p| {
+            p.a.post_write(a_to_b, LocalSlice::all(&sa), wb_remote, Some(5), 5)
+        },
+        count,
+    )?;
+    post_retry(
+        p,
+        "warm-up write b->a",
+        |p| {
+            p.b.post_write(b_to_a, LocalSlice::all(&sb), wa_remote, Some(6), 6)
+        },
+        count,
+    )?;
+    // 4 sends and receives, 2 local WRITE completions, 2 immediates.
     let start = std::time::Instant::now();
-    while done.get() < 4 {
+    while done.get() < 8 {
         if start.elapsed() > TIMEOUT {
             return Err(Error::Timeout {
                 what: "warm-up".into(),
