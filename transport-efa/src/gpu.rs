@@ -1,5 +1,15 @@
 //! GPU memory registration (`FI_HMEM_CUDA`): a dmabuf where the provider and driver take
 //! one, else registration by device address.
+//!
+//! Both register with `FI_HMEM_DEVICE_ONLY` unless `gpu_ipc=off`: the memory is `cuMemAlloc`
+//! device memory, not host or managed memory, and the flag is what lets providers move it
+//! device to device. libfabric's shm uses CUDA IPC between processes only for regions
+//! registered so (`smr_select_proto`: `use_ipc` needs the flag); without it every GPU byte
+//! goes through its host bounce buffers (SAR), which held rdma-bench at about 14 Gbit/s on an
+//! H100 where `fi_rma_bw -D cuda`, which sets the flag (fabtests' `ft_reg_mr`), reached 433.
+//! Between endpoints of one process IPC cannot work (CUDA does not open a handle in the
+//! process that exported it, and shm has no same-process case: the receiver fails the
+//! transfer), so such peers need `gpu_ipc=off`. efa accepts the flag and ignores it.
 
 use libfabric_sys as fi;
 use transport_core::{Error, GpuBuffer, Result};
@@ -12,12 +22,10 @@ pub(crate) fn register(
     g: &GpuBuffer,
     access: u64,
     key: u64,
+    flags: u64,
 ) -> Result<*mut fi::fid_mr> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-
+    use std::os::fd::AsRawFd;
     use std::ptr;
-
-    use cudarc::driver::sys as cu;
 
     use crate::error::provider;
 
@@ -35,53 +43,39 @@ pub(crate) fn register(
     let have_dmabuf = unsafe { fi::rs_fi_have_mr_dmabuf() } != 0;
     let mut dmabuf_err = String::new();
     if have_dmabuf {
-        let page = transport_core::PAGE as u64;
-        let base = ptr & !(page - 1);
-        let offset = ptr - base;
-        let size = (offset + len as u64).div_ceil(page) * page;
-        let mut fd: i32 = -1;
-        // SAFETY: fd is a valid out pointer for an int; [base, base+size) lies in the page-
-        // rounded allocation of g (CUDA allocations are page-aligned and page-granular);
-        // the context of g is current on this thread.
-        let r = unsafe {
-            cu::cuMemGetHandleForAddressRange(
-                (&mut fd as *mut i32).cast(),
-                base,
-                size as usize,
-                cu::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                0,
-            )
-        };
-        if r == cu::CUresult::CUDA_SUCCESS && fd >= 0 {
-            // SAFETY: the driver just created fd for us; OwnedFd closes it once, after the
-            // registration (the kernel keeps its own reference to the dmabuf).
-            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-            // SAFETY: domain is a live domain; the dmabuf range and base address describe g;
-            // mr is a valid out pointer.
-            let ret = unsafe {
-                fi::rs_fi_mr_regattr_dmabuf(
-                    domain,
-                    fd,
-                    offset,
-                    len,
-                    ptr as *mut std::ffi::c_void,
-                    access,
-                    key,
-                    fi::FI_HMEM_CUDA as i32,
-                    device,
-                    0,
-                    &mut mr,
-                )
-            };
-            drop(owned);
-            if ret == 0 {
-                return Ok(mr);
+        match g.export_dmabuf(0, len) {
+            Ok(dmabuf) => {
+                let range = dmabuf.range;
+                // SAFETY: domain is a live domain; the dmabuf covers g, offset and base_addr
+                // are fi_mr(3)'s (the dmabuf's page-aligned base, the region's place in it,
+                // see transport_core::DmabufRange); mr is a valid out pointer. The fd is
+                // closed after the call (the kernel keeps its own reference to the dmabuf).
+                let ret = unsafe {
+                    fi::rs_fi_mr_regattr_dmabuf(
+                        domain,
+                        dmabuf.fd.as_raw_fd(),
+                        range.offset,
+                        len,
+                        range.base_addr as *mut std::ffi::c_void,
+                        access,
+                        key,
+                        fi::FI_HMEM_CUDA as i32,
+                        device,
+                        flags,
+                        &mut mr,
+                    )
+                };
+                drop(dmabuf);
+                if ret == 0 {
+                    return Ok(mr);
+                }
+                dmabuf_err = format!(
+                    "; dmabuf registration failed first: {}",
+                    crate::error::strerror(ret.into())
+                );
+                mr = ptr::null_mut();
             }
-            dmabuf_err = format!(
-                "; dmabuf registration failed first: {}",
-                crate::error::strerror(ret.into())
-            );
-            mr = ptr::null_mut();
+            Err(e) => dmabuf_err = format!("; no dmabuf: {e}"),
         }
     }
 
@@ -97,7 +91,7 @@ pub(crate) fn register(
             key,
             fi::FI_HMEM_CUDA as i32,
             device,
-            0,
+            flags,
             &mut mr,
         )
     };
@@ -134,6 +128,7 @@ pub(crate) fn register(
     _g: &GpuBuffer,
     _access: u64,
     _key: u64,
+    _flags: u64,
 ) -> Result<*mut fi::fid_mr> {
     Err(Error::Unsupported(
         "transport-efa was built without its `cuda` feature; GPU memory cannot be registered"

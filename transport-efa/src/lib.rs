@@ -41,6 +41,25 @@
 //!   `transmit`, the provider default).
 //! - `fabric=NAME`: only that libfabric fabric (e.g. `efa-direct`; by default `efa` prefers
 //!   the `efa` fabric, the full RDM protocol).
+//! - `shm=off|on`: whether the efa provider may hand same-host peers to its shm
+//!   sub-provider (`FI_OPT_SHARED_MEMORY_PERMITTED`). Off by default, so a run between
+//!   endpoints of one host measures the NIC, not memory copies.
+//! - `cuda_api=auto|on|off`: `FI_OPT_CUDA_API_PERMITTED`. `auto` forbids the provider's own
+//!   CUDA calls on efa where GPU memory may be registered (every GPU byte then moves by
+//!   GPUDirect RDMA; where the device cannot, GPU memory is refused saying why) and leaves
+//!   other providers alone (shm's GPU path is CUDA calls).
+//! - `gpu_ipc=on|off`: register GPU memory with `FI_HMEM_DEVICE_ONLY` (on), which shm needs
+//!   to move it between processes by CUDA IPC; `off` for peers in the same process, where
+//!   IPC cannot work and shm copies through the host instead.
+//! - `rx_cq_data=auto|on`: `on` takes the `FI_RX_CQ_DATA` path (below) on any provider,
+//!   for tests.
+//!
+//! # NICs
+//! [`NicDesc::pci`] picks the domain at that PCI function (`fi_info->nic->bus_attr`), as
+//! NIXL and pplx-garden match a GPU's NICs; [`NicDesc::device`] names a domain, or an ibverbs
+//! device whose efa domain carries a suffix (`rdmap79s0` is `rdmap79s0-rdm`). Nothing
+//! matching is an error that lists every domain offered with its PCI address ([`match_nic`],
+//! [`Endpoint::domains`]).
 //!
 //! # Environment
 //! - `FI_TCP_IFACE=lo` keeps the `tcp` provider on the loopback interface.
@@ -58,10 +77,18 @@
 //!   allocate nothing, take no lock of ours and make no system call of their own. A full slab
 //!   or `-FI_EAGAIN` is [`Post::QueueFull`].
 //! - WRITE with immediate is `fi_writemsg` with `FI_REMOTE_CQ_DATA`; the target gets one
-//!   completion (flags `FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA`, no context) and posts no
-//!   receive for it: the endpoint is opened without the `FI_RX_CQ_DATA` mode.
-//! - The domain is opened `FI_THREAD_SAFE`: a [`MemoryRegion`] is `Send` and may be dropped
-//!   (deregistered) on another thread while the endpoint is polled.
+//!   completion (flags `FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA`) and the application posts no
+//!   receive for it. Where the provider wants a receive posted for every immediate
+//!   (`FI_RX_CQ_DATA`: efa-direct on devices without unsolicited write receive), the
+//!   endpoint opens a second libfabric endpoint for WRITEs to land on, keeps zero-length
+//!   receives posted there and reposts each from `poll`; its address carries both names.
+//! - The API version asked is the highest both the library and the headers know (efa keeps
+//!   device RDMA on from 1.18 and takes dmabufs from 1.20), never below 1.17
+//!   ([`EndpointInfo::api_version`]).
+//! - The domain is opened `FI_THREAD_DOMAIN`: the endpoint serializes its own calls, so the
+//!   provider takes no lock per operation. A [`MemoryRegion`] is `Send` and may be dropped
+//!   (deregistered) on another thread while the endpoint is polled: providers guard their
+//!   registration maps with the domain's own lock whatever the threading model.
 //! - Progress is manual: poll every endpoint taking part in a transfer.
 //!
 //! # Known provider limits (libfabric 1.17)
@@ -83,6 +110,7 @@
 
 mod error;
 mod gpu;
+mod imm;
 mod select;
 mod slab;
 
@@ -101,8 +129,11 @@ use transport_core::{
 };
 
 use crate::error::{provider, runtime_version};
-use crate::select::{Options, Selected};
+use crate::imm::ImmRecvs;
+use crate::select::{CudaApi, Options, Selected};
 use crate::slab::{Kind, Slab};
+
+pub use crate::select::{match_nic, DomainInfo, Pci};
 
 /// Largest single message or WRITE offered, even where the provider reports no limit
 /// (`SIZE_MAX`): 1 GiB, the EFA device's RDMA limit. Larger transfers are split by the caller.
@@ -212,8 +243,11 @@ struct Domain {
     _fabric: Fabric,
 }
 
-// SAFETY: the domain is opened FI_THREAD_SAFE, so libfabric tolerates calls on it from any
-// thread; the pointer is only closed once, in Drop, when the last owner goes.
+// SAFETY: the domain's own calls (registering and closing regions, closing the domain) may
+// come from any thread: every provider here guards its registration map with the domain's
+// lock whatever the threading model (see `select::THREADING`); the endpoint, CQ and AV, which
+// FI_THREAD_DOMAIN leaves unguarded, are only used through `&mut Endpoint`. The pointer is
+// only closed once, in Drop, when the last owner goes.
 unsafe impl Send for Domain {}
 // SAFETY: as above; the only shared mutable state of ours is an atomic.
 unsafe impl Sync for Domain {}
@@ -237,9 +271,19 @@ pub struct Endpoint {
     av: *mut fi::fid_av,
     /// Operation contexts; freed after `ep` is closed (Drop closes, then fields drop).
     slab: Slab,
+    /// The data endpoint and its receives, where immediates need posted receives
+    /// (`FI_RX_CQ_DATA`, see `imm.rs`); closed in Drop with `ep`.
+    imm: Option<ImmRecvs>,
+    /// The buffer those receives point into; deregistered after the data endpoint closed.
+    imm_mr: Option<Mr>,
     domain: Arc<Domain>,
+    /// Where SENDs to each peer go.
     peers: Vec<fi::fi_addr_t>,
+    /// Where WRITEs to each peer go: its data endpoint where it has one, else `peers`.
+    write_peers: Vec<fi::fi_addr_t>,
     addr: EndpointAddr,
+    /// Length of one endpoint's own address (the message endpoint's).
+    own_addr_len: usize,
     addr_format: u32,
     provider: String,
     fabric: String,
@@ -249,14 +293,70 @@ pub struct Endpoint {
     requested_mr_mode: MrMode,
     /// Completion semantics added to every WRITE (`FI_DELIVERY_COMPLETE` or nothing).
     write_flags: u64,
+    /// Flags of GPU memory registrations (`FI_HMEM_DEVICE_ONLY` unless `gpu_ipc=off`).
+    hmem_flags: u64,
     gpu_reason: Option<String>,
     /// Send the provider's connection request from `add_peer` (see [`Endpoint::announce`]).
     announce_peers: bool,
+    info: EndpointInfo,
+}
+
+/// How an endpoint was opened: the settings that decide how it behaves on real hardware,
+/// for logs and tests ([`Endpoint::info`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// The libfabric API version asked of `fi_getinfo` (`major.minor`): the highest both
+    /// the loaded library and the headers know, so the efa provider keeps device RDMA on and
+    /// accepts dmabuf registrations (1.18 and 1.20 turn those on).
+    pub api_version: String,
+    /// The threading model granted (`FI_THREAD_DOMAIN` asked; see the crate docs).
+    pub threading: &'static str,
+    /// Whether the provider may move this endpoint's traffic to same-host peers through
+    /// shared memory: `Some(false)` where `FI_OPT_SHARED_MEMORY_PERMITTED` was set off (efa
+    /// by default, so a same-host run measures the NIC), `None` where the provider does not
+    /// take the option (it uses no shm of its own, or predates 1.18).
+    pub shm_permitted: Option<bool>,
+    /// `FI_OPT_CUDA_API_PERMITTED` as set, where it was set (GPU memory on efa: `false`).
+    pub cuda_api_permitted: Option<bool>,
+    /// Whether the provider emulates WRITEs over SENDs (`FI_OPT_EFA_EMULATED_WRITE`), where
+    /// it says.
+    pub emulated_write: Option<bool>,
+    /// Whether a peer's WRITE with immediate consumes a posted receive (`FI_RX_CQ_DATA`):
+    /// then immediates go to a data endpoint of their own, with receives posted for them.
+    pub rx_cq_data: bool,
+    /// The NIC's PCI function, where the provider reports it.
+    pub pci: Option<Pci>,
+}
+
+impl fmt::Display for EndpointInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let yn = |b: Option<bool>| match b {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "-",
+        };
+        write!(
+            f,
+            "api {}, {}, shm {}, cuda api {}, emulated write {}, rx_cq_data {}",
+            self.api_version,
+            self.threading,
+            yn(self.shm_permitted),
+            yn(self.cuda_api_permitted),
+            yn(self.emulated_write),
+            if self.rx_cq_data { "yes" } else { "no" }
+        )?;
+        if let Some(p) = self.pci {
+            write!(f, ", PCI {p}")?;
+        }
+        Ok(())
+    }
 }
 
 // SAFETY: the endpoint owns its libfabric objects; every call on them takes `&mut self`, so
-// one thread at a time uses them, and the domain is FI_THREAD_SAFE for the regions that may
-// be dropped elsewhere. The slab's slots are only touched through `&mut self`.
+// one thread at a time uses them (FI_THREAD_DOMAIN's contract), and regions that may be
+// dropped elsewhere only touch the provider's registration map, which it guards with the
+// domain's own lock (see `select::THREADING`). The slab's slots and the immediate receives'
+// contexts are only touched through `&mut self`.
 unsafe impl Send for Endpoint {}
 
 impl fmt::Debug for Endpoint {
@@ -278,6 +378,11 @@ impl Drop for Endpoint {
         // close when the last region lets go of them.
         // SAFETY: each pointer is NULL or an object opened in `open`, closed once here.
         unsafe {
+            if let Some(imm) = &self.imm {
+                if !imm.ep.is_null() {
+                    fi::rs_fi_close(fi::rs_fi_ep_fid(imm.ep));
+                }
+            }
             if !self.ep.is_null() {
                 fi::rs_fi_close(fi::rs_fi_ep_fid(self.ep));
             }
@@ -421,6 +526,19 @@ impl Endpoint {
         select::available_providers()
     }
 
+    /// How the endpoint was opened: API version, threading model, shm and CUDA settings,
+    /// emulated WRITEs, `FI_RX_CQ_DATA`, the NIC's PCI function.
+    pub fn info(&self) -> &EndpointInfo {
+        &self.info
+    }
+
+    /// What libfabric offers as RDM domains with this backend's capabilities (all providers,
+    /// or the one named, e.g. `efa`): what [`NicDesc::device`] and [`NicDesc::pci`] are
+    /// matched against ([`match_nic`]).
+    pub fn domains(provider: Option<&str>) -> Result<Vec<DomainInfo>> {
+        select::offered(provider)
+    }
+
     /// `Ok` where GPU memory can be registered on this endpoint, else
     /// [`Error::Unsupported`] saying why (no `FI_HMEM` in the provider, no CUDA device, ...).
     pub fn gpu_support(&self) -> Result<()> {
@@ -497,14 +615,19 @@ impl Endpoint {
         if sel.gpu_reason.is_none() {
             requested_mr_mode.0 |= fi::FI_MR_HMEM;
         }
+        let rx_cq_data = (v.mode | v.rx_mode) & fi::FI_RX_CQ_DATA != 0 || opts.rx_cq_data_forced;
         let mut ep = Endpoint {
             ep: ptr::null_mut(),
             cq: ptr::null_mut(),
             av: ptr::null_mut(),
             slab: Slab::new(tx, rx),
+            imm: None,
+            imm_mr: None,
             domain,
             peers: Vec::new(),
+            write_peers: Vec::new(),
             addr: EndpointAddr(Vec::new()),
+            own_addr_len: 0,
             addr_format: v.addr_format,
             provider: v.prov_name.clone(),
             fabric: v.fabric_name.clone(),
@@ -513,8 +636,26 @@ impl Endpoint {
             mr_mode: MrMode(v.mr_mode),
             requested_mr_mode,
             write_flags,
+            hmem_flags: if opts.gpu_ipc {
+                fi::FI_HMEM_DEVICE_ONLY
+            } else {
+                0
+            },
             gpu_reason: sel.gpu_reason.clone(),
             announce_peers: v.core() == "shm" && error::runtime_major() >= 2,
+            info: EndpointInfo {
+                api_version: select::version_string(if v.api_version > 0 {
+                    v.api_version
+                } else {
+                    select::api_version()
+                }),
+                threading: select::threading_name(v.threading),
+                shm_permitted: None,
+                cuda_api_permitted: None,
+                emulated_write: None,
+                rx_cq_data,
+                pci: v.pci,
+            },
         };
         if v.cq_data_size < select::CQ_DATA_SIZE {
             return Err(Error::Unsupported(format!(
@@ -541,53 +682,247 @@ impl Endpoint {
                 fi::rs_fi_av_open_table(dom, 64, &mut ep.av),
                 &v,
             )?;
-            check("fi_endpoint", fi::rs_fi_endpoint(dom, info, &mut ep.ep), &v)?;
+        }
+        ep.ep = ep.open_ep(info, &v, &opts)?;
+        if rx_cq_data {
+            let data = ep.open_ep(info, &v, &opts)?;
+            // Owned from here on, so Drop closes it whatever fails next.
+            ep.imm = Some(ImmRecvs::new(data, 1, ptr::null_mut(), ptr::null_mut()));
+            let mr = ep.register(Memory::Host(transport_core::HostBuffer::new(imm::BUF_LEN)))?;
+            let (buf, desc) = mr.raw_buf();
+            ep.imm_mr = Some(mr);
+            let mut recvs = ImmRecvs::new(data, rx.min(imm::MAX_IMM_RECVS), buf, desc);
+            let posted = recvs.post_all();
+            ep.imm = Some(recvs);
+            if let Err(ret) = posted {
+                return Err(provider(
+                    "fi_recv",
+                    ret as i64,
+                    "posting the receives for immediates (FI_RX_CQ_DATA) on the data endpoint \
+                     failed",
+                ));
+            }
+        }
+
+        let mut addr = ep.name(ep.ep, &v)?;
+        ep.own_addr_len = addr.len();
+        if let Some(data) = ep.imm.as_ref().map(|i| i.ep) {
+            addr.extend_from_slice(&ep.name(data, &v)?);
+        }
+        ep.addr = EndpointAddr(addr);
+        ep.read_limits();
+        Ok(ep)
+    }
+
+    /// Open, configure, bind and enable one libfabric endpoint on this endpoint's domain, CQ
+    /// and AV (the message endpoint, and the data endpoint where immediates need receives).
+    fn open_ep(
+        &mut self,
+        info: *mut fi::fi_info,
+        v: &select::View,
+        opts: &Options,
+    ) -> Result<*mut fi::fid_ep> {
+        let mut raw: *mut fi::fid_ep = ptr::null_mut();
+        // SAFETY: the domain is live and info is the entry it was opened from.
+        let ret = unsafe { fi::rs_fi_endpoint(self.domain.ptr, info, &mut raw) };
+        check("fi_endpoint", ret, v)?;
+        // Closes the endpoint if a step below fails.
+        struct Guard(*mut fi::fid_ep);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                if !self.0.is_null() {
+                    // SAFETY: an endpoint opened above and not handed out, closed once.
+                    unsafe { fi::rs_fi_close(fi::rs_fi_ep_fid(self.0)) };
+                }
+            }
+        }
+        let mut guard = Guard(raw);
+        // SAFETY: raw is the endpoint just opened; cq and av are open on the same domain.
+        unsafe {
             check(
                 "fi_ep_bind(cq)",
                 fi::rs_fi_ep_bind(
-                    ep.ep,
-                    fi::rs_fi_cq_fid(ep.cq),
+                    raw,
+                    fi::rs_fi_cq_fid(self.cq),
                     fi::FI_TRANSMIT | fi::FI_RECV,
                 ),
-                &v,
+                v,
             )?;
             check(
                 "fi_ep_bind(av)",
-                fi::rs_fi_ep_bind(ep.ep, fi::rs_fi_av_fid(ep.av), 0),
-                &v,
+                fi::rs_fi_ep_bind(raw, fi::rs_fi_av_fid(self.av), 0),
+                v,
             )?;
-            let mut ret = fi::rs_fi_enable(ep.ep);
-            // shm names its region after the process id and an endpoint counter, and treats
-            // an existing file of that name as busy when its recorded pid is alive or its
-            // layout version differs. A region left by a killed process whose pid this
-            // process now has (or by another libfabric release) therefore fails fi_enable
-            // with -FI_EBUSY on 1.x-2.5; the provider unlinks that stale file in the same
-            // failing call, so a second fi_enable creates the region afresh. 2.6 retries
-            // under a random name by itself. A live endpoint cannot own the name: it
-            // carries this process's pid and a counter this process never reuses.
-            if ret == -fi::FI_EBUSY && v.core() == "shm" {
-                ret = fi::rs_fi_enable(ep.ep);
-            }
-            check("fi_enable", ret, &v)?;
         }
+        self.set_options(raw, v, opts)?;
+        // SAFETY: raw is bound to its CQ and AV.
+        let mut ret = unsafe { fi::rs_fi_enable(raw) };
+        // shm names its region after the process id and an endpoint counter, and treats an
+        // existing file of that name as busy when its recorded pid is alive or its layout
+        // version differs. A region left by a killed process whose pid this process now has
+        // (or by another libfabric release) therefore fails fi_enable with -FI_EBUSY on
+        // 1.x-2.5; the provider unlinks that stale file in the same failing call, so a second
+        // fi_enable creates the region afresh. 2.6 retries under a random name by itself. A
+        // live endpoint cannot own the name: it carries this process's pid and a counter this
+        // process never reuses.
+        if ret == -fi::FI_EBUSY && v.core() == "shm" {
+            // SAFETY: as above.
+            ret = unsafe { fi::rs_fi_enable(raw) };
+        }
+        check("fi_enable", ret, v)?;
+        guard.0 = ptr::null_mut();
+        Ok(raw)
+    }
 
+    /// Endpoint options, set before `fi_enable` (efa reads them there).
+    ///
+    /// - `FI_OPT_SHARED_MEMORY_PERMITTED` off on efa (unless `shm=on`): the efa provider hands
+    ///   peers on the same host to its shm sub-provider, so a "same host" efa run would
+    ///   measure memory copies, not the NIC. aws-ofi-nccl and pplx-garden turn it off too.
+    /// - `FI_OPT_CUDA_API_PERMITTED` off on efa where GPU memory may be registered (as
+    ///   aws-ofi-nccl and pplx-garden): every GPU byte then moves by GPUDirect RDMA, never by
+    ///   the provider's CUDA copies through the host. Where the device has no peer-to-peer
+    ///   path the provider refuses (`-FI_EOPNOTSUPP`), and GPU memory is refused on this
+    ///   endpoint with that reason (`cuda_api=on` permits the copies). shm's GPU support is
+    ///   CUDA calls, so shm keeps the default unless `cuda_api=off`.
+    fn set_options(
+        &mut self,
+        raw: *mut fi::fid_ep,
+        v: &select::View,
+        opts: &Options,
+    ) -> Result<()> {
+        // The option unknown to this provider or library: nothing to set.
+        let unknown = |r: i32| r == -fi::FI_ENOPROTOOPT || r == -fi::FI_ENOSYS;
+        let gpu = self.gpu_reason.is_none();
+        for (opt, want) in endpoint_options(v.core(), gpu, opts) {
+            // SAFETY: raw is an open endpoint, not yet enabled.
+            let r = unsafe { fi::rs_fi_ep_setopt_bool(raw, opt.optname(), want as i32) };
+            match opt {
+                EpOpt::SharedMemoryPermitted => {
+                    if r == 0 {
+                        self.info.shm_permitted = Some(want);
+                    } else if !(unknown(r) || want && r == -fi::FI_EINVAL) {
+                        return Err(provider(
+                            "fi_setopt(FI_OPT_SHARED_MEMORY_PERMITTED)",
+                            r.into(),
+                            "the efa provider refused the shared-memory setting; report this \
+                             with `fi_info -p efa -v`",
+                        ));
+                    }
+                }
+                EpOpt::CudaApiPermitted => {
+                    if r == 0 {
+                        self.info.cuda_api_permitted = Some(want);
+                    } else if r == -fi::FI_EOPNOTSUPP && !want {
+                        // efa: no peer-to-peer path to the GPU; shm: GPU memory is CUDA calls.
+                        self.gpu_reason = Some(format!(
+                            "provider {} cannot move GPU memory without calling CUDA itself \
+                             (FI_OPT_CUDA_API_PERMITTED=false refused: no GPUDirect RDMA \
+                             peer-to-peer path); load nvidia-peermem or use a dmabuf-capable \
+                             driver, or allow the provider's CUDA copies with the option \
+                             cuda_api=on",
+                            v.prov_name
+                        ));
+                        self.caps.gpu_memory = false;
+                    } else if !unknown(r) && r != -fi::FI_EINVAL {
+                        return Err(provider(
+                            "fi_setopt(FI_OPT_CUDA_API_PERMITTED)",
+                            r.into(),
+                            format!("provider {} refused the CUDA API setting", v.prov_name),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The address of one of this endpoint's libfabric endpoints.
+    fn name(&self, raw: *mut fi::fid_ep, v: &select::View) -> Result<Vec<u8>> {
         let mut name = vec![0u8; 256];
         let mut len = name.len();
         // SAFETY: the endpoint is enabled; name has `len` writable bytes.
-        let mut ret = unsafe {
-            fi::rs_fi_getname(fi::rs_fi_ep_fid(ep.ep), name.as_mut_ptr().cast(), &mut len)
-        };
+        let mut ret =
+            unsafe { fi::rs_fi_getname(fi::rs_fi_ep_fid(raw), name.as_mut_ptr().cast(), &mut len) };
         if ret == -(fi::FI_ETOOSMALL as i32) && len > name.len() {
             name.resize(len, 0);
             // SAFETY: as above, with the length the provider asked for.
             ret = unsafe {
-                fi::rs_fi_getname(fi::rs_fi_ep_fid(ep.ep), name.as_mut_ptr().cast(), &mut len)
+                fi::rs_fi_getname(fi::rs_fi_ep_fid(raw), name.as_mut_ptr().cast(), &mut len)
             };
         }
-        check("fi_getname", ret, &v)?;
+        check("fi_getname", ret, v)?;
         name.truncate(len);
-        ep.addr = EndpointAddr(name);
-        Ok(ep)
+        Ok(name)
+    }
+
+    /// The provider's own message and WRITE size limits, where it reports them per endpoint
+    /// (`FI_OPT_MAX_MSG_SIZE`, `FI_OPT_MAX_RMA_SIZE`, libfabric >= 1.20), and whether efa
+    /// emulates WRITEs. `ep_attr->max_msg_size` is the larger of the two limits: on efa-direct
+    /// a SEND is capped at the device's MTU (about 8 KiB) while a WRITE may be 1 GiB.
+    fn read_limits(&mut self) {
+        let get = |opt: i32| {
+            let mut n: usize = 0;
+            // SAFETY: ep is enabled; n is a valid out pointer for a size_t.
+            let r = unsafe { fi::rs_fi_ep_getopt_size(self.ep, opt, &mut n) };
+            (r == 0 && n > 0).then_some(n)
+        };
+        let (msg, rma) = limits(
+            self.caps.max_msg_size,
+            get(fi::RS_FI_OPT_MAX_MSG_SIZE),
+            get(fi::RS_FI_OPT_MAX_RMA_SIZE),
+        );
+        (self.caps.max_msg_size, self.caps.max_write_size) = (msg, rma);
+        if self.provider.split(';').next() == Some("efa") {
+            let mut b: i32 = 0;
+            // SAFETY: ep is enabled; b is a valid out pointer.
+            let r = unsafe {
+                fi::rs_fi_ep_getopt_bool(self.ep, fi::RS_FI_OPT_EFA_EMULATED_WRITE, &mut b)
+            };
+            if r == 0 {
+                self.info.emulated_write = Some(b != 0);
+            }
+        }
+    }
+
+    /// A peer's address as its message endpoint's and, where it has one, its data endpoint's
+    /// (see `imm.rs`): an endpoint with a data endpoint publishes both names back to back.
+    fn split_address<'a>(&self, bytes: &'a [u8]) -> Result<(&'a [u8], Option<&'a [u8]>)> {
+        if self.addr_format == fi::FI_ADDR_STR {
+            // Two NUL-terminated strings, or one.
+            return Ok(match bytes.iter().position(|&b| b == 0) {
+                Some(nul) if nul + 1 < bytes.len() => (&bytes[..=nul], Some(&bytes[nul + 1..])),
+                _ => (bytes, None),
+            });
+        }
+        let one = self.own_addr_len;
+        Ok(if one > 0 && bytes.len() == 2 * one {
+            (&bytes[..one], Some(&bytes[one..]))
+        } else {
+            (bytes, None)
+        })
+    }
+
+    /// Insert one address into the AV.
+    fn insert(&mut self, bytes: &[u8]) -> Result<fi::fi_addr_t> {
+        let mut fi_addr: fi::fi_addr_t = fi::FI_ADDR_UNSPEC_;
+        // SAFETY: av is open; bytes holds one address of a length checked by check_address;
+        // fi_addr is a valid out pointer for one address.
+        let ret =
+            unsafe { fi::rs_fi_av_insert(self.av, bytes.as_ptr().cast(), 1, &mut fi_addr, 0) };
+        if ret != 1 || fi_addr == fi::FI_ADDR_UNSPEC_ {
+            return Err(Error::BadAddress(format!(
+                "provider {} did not accept the {}-byte address ({})",
+                self.provider,
+                bytes.len(),
+                if ret < 0 {
+                    error::strerror(ret.into())
+                } else {
+                    format!("fi_av_insert inserted {ret} of 1")
+                }
+            )));
+        }
+        Ok(fi_addr)
     }
 
     /// Check address bytes against the provider's address format before inserting them.
@@ -645,8 +980,8 @@ impl Endpoint {
             return Ok(());
         }
         // Fixed-size binary addresses (FI_ADDR_EFA, ...): the length must be ours.
-        if bytes.len() != own.len() {
-            return bad(format!("an address of {} bytes", own.len()));
+        if bytes.len() != self.own_addr_len {
+            return bad(format!("an address of {} bytes", self.own_addr_len));
         }
         Ok(())
     }
@@ -776,7 +1111,7 @@ impl Endpoint {
             & (end <= mr.len)
             & (buf.len <= self.caps.max_write_size)
             & (buf.len as u64 <= remote.len);
-        match self.peers.get(peer.0 as usize) {
+        match self.write_peers.get(peer.0 as usize) {
             Some(&dest) if ok => Ok((
                 dest,
                 (mr.base as usize + buf.offset) as *mut c_void,
@@ -870,11 +1205,27 @@ impl Endpoint {
                 Some(Completion { ctx, kind })
             }
             // No context of ours: a peer's WRITE with immediate landed here.
-            None if remote_data => Some(Completion {
-                ctx: 0,
-                kind: CompletionKind::RemoteWrite { imm: e.data as u32 },
-            }),
-            None => None,
+            None if remote_data => {
+                // Under FI_RX_CQ_DATA it consumed one of the data endpoint's receives.
+                if let Some(imm) = self.imm.as_mut() {
+                    if let Some(i) = imm.index_of(e.op_context) {
+                        imm.repost(i);
+                    }
+                }
+                Some(Completion {
+                    ctx: 0,
+                    kind: CompletionKind::RemoteWrite { imm: e.data as u32 },
+                })
+            }
+            None => {
+                // A receive for immediates that completed without one (nothing to report).
+                if let Some(imm) = self.imm.as_mut() {
+                    if let Some(i) = imm.index_of(e.op_context) {
+                        imm.repost(i);
+                    }
+                }
+                None
+            }
         }
     }
 
@@ -908,11 +1259,17 @@ impl Endpoint {
             );
             error::cstr(p)
         };
+        let imm_recv = self.imm.as_ref().and_then(|i| i.index_of(e.op_context));
         let (ctx, op) = match self.slab.release(e.op_context) {
             Some((ctx, kind)) => (ctx, kind.op()),
-            None if e.flags & fi::FI_REMOTE_WRITE != 0 => (0, Op::RemoteWrite),
+            None if e.flags & fi::FI_REMOTE_WRITE != 0 || imm_recv.is_some() => {
+                (0, Op::RemoteWrite)
+            }
             None => (0, Op::Unknown),
         };
+        if let (Some(i), Some(imm)) = (imm_recv, self.imm.as_mut()) {
+            imm.repost(i);
+        }
         let mut msg = error::strerror(e.err.into());
         if !prov.is_empty() && prov != msg {
             msg.push_str(": ");
@@ -953,29 +1310,25 @@ impl Transport for Endpoint {
     }
 
     fn add_peer(&mut self, addr: &EndpointAddr) -> Result<PeerId> {
-        self.check_address(&addr.0)?;
+        let (msg, data) = self.split_address(&addr.0)?;
+        self.check_address(msg)?;
+        if let Some(d) = data {
+            self.check_address(d)?;
+        }
         let id = u32::try_from(self.peers.len())
             .map_err(|_| Error::InvalidArgument("too many peers".into()))?;
-        let mut fi_addr: fi::fi_addr_t = fi::FI_ADDR_UNSPEC_;
-        // SAFETY: av is open; addr.0 holds one address of the length checked above; fi_addr
-        // is a valid out pointer for one address.
-        let ret =
-            unsafe { fi::rs_fi_av_insert(self.av, addr.0.as_ptr().cast(), 1, &mut fi_addr, 0) };
-        if ret != 1 || fi_addr == fi::FI_ADDR_UNSPEC_ {
-            return Err(Error::BadAddress(format!(
-                "provider {} did not accept the {}-byte address ({})",
-                self.provider,
-                addr.0.len(),
-                if ret < 0 {
-                    error::strerror(ret.into())
-                } else {
-                    format!("fi_av_insert inserted {ret} of 1")
-                }
-            )));
-        }
-        self.peers.push(fi_addr);
+        let to = self.insert(msg)?;
+        let write_to = match data {
+            Some(d) => self.insert(d)?,
+            None => to,
+        };
+        self.peers.push(to);
+        self.write_peers.push(write_to);
         if self.announce_peers {
-            self.announce(fi_addr);
+            self.announce(to);
+            if write_to != to {
+                self.announce(write_to);
+            }
         }
         Ok(PeerId(id))
     }
@@ -1019,7 +1372,14 @@ impl Transport for Endpoint {
             }
             Memory::Gpu(g) => {
                 self.gpu_support()?;
-                fid = gpu::register(self.domain.ptr, &self.provider, g, ACCESS, requested_key)?;
+                fid = gpu::register(
+                    self.domain.ptr,
+                    &self.provider,
+                    g,
+                    ACCESS,
+                    requested_key,
+                    self.hmem_flags,
+                )?;
             }
         }
         let mut mr = Mr {
@@ -1038,14 +1398,19 @@ impl Transport for Endpoint {
             state: MrState::Live,
         };
         if self.mr_mode.contains(MrMode::ENDPOINT) {
-            // SAFETY: fid is the region just registered, ep the enabled endpoint.
-            let ret = unsafe { fi::rs_fi_mr_bind(fid, fi::rs_fi_ep_fid(self.ep), 0) };
-            if ret != 0 {
-                return Err(provider(
-                    "fi_mr_bind",
-                    ret.into(),
-                    "binding the region to the endpoint (FI_MR_ENDPOINT) failed",
-                ));
+            // Bound to the message endpoint, and to the data endpoint where peers' WRITEs land
+            // (FI_RX_CQ_DATA).
+            let data = self.imm.as_ref().map(|i| i.ep).filter(|p| !p.is_null());
+            for ep in std::iter::once(self.ep).chain(data) {
+                // SAFETY: fid is the region just registered, ep an enabled endpoint of ours.
+                let ret = unsafe { fi::rs_fi_mr_bind(fid, fi::rs_fi_ep_fid(ep), 0) };
+                if ret != 0 {
+                    return Err(provider(
+                        "fi_mr_bind",
+                        ret.into(),
+                        "binding the region to the endpoint (FI_MR_ENDPOINT) failed",
+                    ));
+                }
             }
             // SAFETY: as above; the region is bound.
             let ret = unsafe { fi::rs_fi_mr_enable(fid) };
@@ -1166,6 +1531,9 @@ impl Transport for Endpoint {
         if out.is_empty() {
             return Ok(0);
         }
+        if let Some(imm) = self.imm.as_mut() {
+            imm.retry();
+        }
         let mut entries = [const { MaybeUninit::<fi::fi_cq_data_entry>::uninit() }; POLL_BATCH];
         let want = out.len().min(POLL_BATCH);
         // SAFETY: cq is open in FI_CQ_FORMAT_DATA, so each entry is a fi_cq_data_entry;
@@ -1209,6 +1577,60 @@ impl Transport for Endpoint {
     fn caps(&self) -> &Caps {
         &self.caps
     }
+
+    fn details(&self) -> String {
+        format!("fabric {}, {}", self.fabric, self.info)
+    }
+}
+
+/// An endpoint option this backend sets (`fi_setopt`, level `FI_OPT_ENDPOINT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EpOpt {
+    /// `FI_OPT_SHARED_MEMORY_PERMITTED`.
+    SharedMemoryPermitted,
+    /// `FI_OPT_CUDA_API_PERMITTED`.
+    CudaApiPermitted,
+}
+
+impl EpOpt {
+    fn optname(self) -> i32 {
+        match self {
+            EpOpt::SharedMemoryPermitted => fi::RS_FI_OPT_SHARED_MEMORY_PERMITTED,
+            EpOpt::CudaApiPermitted => fi::RS_FI_OPT_CUDA_API_PERMITTED,
+        }
+    }
+}
+
+/// The options set on an endpoint of `core` provider, and their values (see
+/// [`Endpoint::set_options`]): on efa, shared memory off unless `shm=on`, and the provider's
+/// CUDA calls off where GPU memory may be registered; elsewhere only what `cuda_api` asks.
+fn endpoint_options(core: &str, gpu: bool, opts: &Options) -> Vec<(EpOpt, bool)> {
+    let efa = core == "efa";
+    let mut out = Vec::new();
+    if efa {
+        out.push((EpOpt::SharedMemoryPermitted, opts.shm_permitted));
+    }
+    let cuda = match opts.cuda_api {
+        CudaApi::Auto if efa => Some(false),
+        CudaApi::Auto => None,
+        CudaApi::On => Some(true),
+        CudaApi::Off => Some(false),
+    };
+    if let Some(want) = cuda.filter(|_| gpu) {
+        out.push((EpOpt::CudaApiPermitted, want));
+    }
+    out
+}
+
+/// Message and WRITE size limits from `ep_attr->max_msg_size` and, where the provider
+/// answers them (libfabric >= 1.20), `FI_OPT_MAX_MSG_SIZE` and `FI_OPT_MAX_RMA_SIZE`, capped at
+/// [`MAX_TRANSFER`]. On efa-direct `ep_attr->max_msg_size` is the larger of the device's
+/// MTU and its RDMA limit (`efa_prov_info.c`), so only the options say that a SEND is capped
+/// at the MTU (about 8 KiB) while a WRITE may be 1 GiB.
+fn limits(info_max: usize, opt_msg: Option<usize>, opt_rma: Option<usize>) -> (usize, usize) {
+    let base = info_max.min(MAX_TRANSFER);
+    let pick = |o: Option<usize>| o.filter(|&n| n > 0).map_or(base, |n| n.min(MAX_TRANSFER));
+    (pick(opt_msg), pick(opt_rma))
 }
 
 /// Whether a WRITE the target refuses comes back to the initiator as an error completion
@@ -1408,6 +1830,55 @@ mod tests {
                 remote_base: 0x7000
             }
         );
+    }
+
+    /// efa gets shared memory off (a same-host run measures the NIC, not shm's copies) and,
+    /// with GPU memory, the provider's CUDA calls off (GPUDirect RDMA or nothing), as
+    /// aws-ofi-nccl and pplx-garden set them; no other provider gets either unless asked.
+    /// The backend set neither.
+    #[test]
+    fn endpoint_options_follow_the_provider() {
+        let o = |kv: &[(&str, &str)]| {
+            let m = kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Options::parse(&m).unwrap()
+        };
+        use EpOpt::*;
+        assert_eq!(
+            endpoint_options("efa", true, &o(&[])),
+            [(SharedMemoryPermitted, false), (CudaApiPermitted, false)]
+        );
+        assert_eq!(
+            endpoint_options("efa", false, &o(&[])),
+            [(SharedMemoryPermitted, false)]
+        );
+        assert_eq!(
+            endpoint_options("efa", true, &o(&[("shm", "on"), ("cuda_api", "on")])),
+            [(SharedMemoryPermitted, true), (CudaApiPermitted, true)]
+        );
+        assert_eq!(endpoint_options("shm", true, &o(&[])), []);
+        assert_eq!(
+            endpoint_options("tcp", false, &o(&[("cuda_api", "off")])),
+            []
+        );
+        assert_eq!(
+            endpoint_options("shm", true, &o(&[("cuda_api", "off")])),
+            [(CudaApiPermitted, false)]
+        );
+    }
+
+    /// efa-direct reports `max_msg_size` 1 GiB (the larger of MTU and RDMA limit) while a
+    /// SEND is capped at the MTU: the per-endpoint options give each its own limit. The
+    /// backend reported 1 GiB for both, so a large SEND failed at the provider.
+    #[test]
+    fn send_and_write_limits_are_the_providers_own() {
+        let gib = 1 << 30;
+        assert_eq!(limits(gib, Some(8928), Some(gib)), (8928, gib));
+        assert_eq!(limits(usize::MAX, Some(usize::MAX), None), (gib, gib));
+        assert_eq!(limits(65536, None, None), (65536, 65536));
+        assert_eq!(limits(gib, Some(0), Some(4096)), (gib, 4096));
     }
 
     #[test]

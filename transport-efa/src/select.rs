@@ -1,7 +1,9 @@
 //! Choosing the fi_info entry to open: provider, fabric and domain, from `NicDesc`.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::ptr;
+use std::str::FromStr;
 
 use libfabric_sys as fi;
 use transport_core::{Error, NicDesc, Result};
@@ -9,8 +11,68 @@ use transport_core::{Error, NicDesc, Result};
 use crate::error::{cstr, provider, runtime_version};
 use crate::MrMode;
 
-/// The API version asked of `fi_getinfo`: 1.17 works on Debian's 1.17 and on 2.x.
-pub(crate) const API_VERSION: u32 = fi::fi_version_of(1, 17);
+/// The oldest libfabric this backend runs on (Debian 12's).
+pub(crate) const MIN_API_VERSION: u32 = fi::fi_version_of(1, 17);
+
+/// The API version asked of `fi_getinfo`: the highest that both the library loaded at run
+/// time (`fi_version()`) and the headers this crate was built against know.
+///
+/// The version asked changes what providers do, not only what they offer. The efa provider
+/// below 1.18 turns device RDMA off on the first two EFA generations (p4d, p5: vendor part
+/// ids 0xefa0 and 0xefa1), so WRITEs are emulated over SENDs and `FI_HMEM` needs GPUDirect
+/// where 1.18 may use CUDA calls (`efa_rdm_get_use_device_rdma`, `efa_user_info.c`); below
+/// 1.20 it refuses `FI_MR_DMABUF` registrations (`efa_mr_regattr_validate`). aws-ofi-nccl
+/// asks for 1.18, or 1.20 where it registers dmabufs. Asking for more than the headers know
+/// would let a provider assume struct fields this build does not have.
+pub(crate) fn api_version() -> u32 {
+    // SAFETY: fi_version takes no arguments and only returns a number.
+    let runtime = unsafe { fi::fi_version() };
+    negotiate_api(runtime, header_api_version())
+}
+
+/// `FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)` of the headers this crate was built with.
+pub(crate) fn header_api_version() -> u32 {
+    let (major, minor) = fi::HEADER_VERSION;
+    fi::fi_version_of(major, minor)
+}
+
+/// The version to ask for, given the library's and the headers': the lower of the two, and
+/// never below [`MIN_API_VERSION`] (an older library then answers with a clear error).
+pub(crate) fn negotiate_api(runtime: u32, headers: u32) -> u32 {
+    runtime.min(headers).max(MIN_API_VERSION)
+}
+
+/// `major.minor` of an API version.
+pub(crate) fn version_string(v: u32) -> String {
+    format!("{}.{}", fi::fi_major(v), fi::fi_minor(v))
+}
+
+/// The threading model asked for: `FI_THREAD_DOMAIN`. The application (this backend)
+/// serializes every call on a domain's endpoint, CQ and AV: an [`crate::Endpoint`] owns its
+/// own fabric, domain, endpoint, CQ and AV, and each of its calls takes `&mut self`. A
+/// region may still be closed on another thread (it is `Send`); every provider this backend
+/// runs on guards its registration map with the domain's own lock whatever the model
+/// (`util_domain.lock`, a mutex or spinlock set at `ofi_domain_init`, taken by
+/// `ofi_mr_map_verify`'s callers in efa 2.x and shm), so that stays safe.
+///
+/// `FI_THREAD_SAFE` costs a lock per operation: the efa provider (2.x) takes its
+/// `srx_lock` on every post and poll unless the model is `FI_THREAD_DOMAIN`
+/// (`efa_domain_open`: `use_lock` for models up to `FI_THREAD_COMPLETION`). pplx-garden asks
+/// for `FI_THREAD_DOMAIN`, aws-ofi-nccl for `FI_THREAD_COMPLETION`.
+pub(crate) const THREADING: fi::fi_threading = fi::FI_THREAD_DOMAIN;
+
+/// The name of a threading model.
+pub(crate) fn threading_name(t: i32) -> &'static str {
+    match t as fi::fi_threading {
+        fi::FI_THREAD_UNSPEC => "FI_THREAD_UNSPEC",
+        fi::FI_THREAD_SAFE => "FI_THREAD_SAFE",
+        fi::FI_THREAD_FID => "FI_THREAD_FID",
+        fi::FI_THREAD_DOMAIN => "FI_THREAD_DOMAIN",
+        fi::FI_THREAD_COMPLETION => "FI_THREAD_COMPLETION",
+        fi::FI_THREAD_ENDPOINT => "FI_THREAD_ENDPOINT",
+        _ => "FI_THREAD_?",
+    }
+}
 
 /// Capabilities every endpoint asks for. `FI_REMOTE_CQ_DATA` is not a capability: remote CQ
 /// data is asked for through `domain_attr->cq_data_size`.
@@ -31,6 +93,34 @@ pub(crate) struct Options {
     pub fabric: Option<String>,
     /// `write_completion=auto|delivery|transmit`.
     pub write_completion: WriteCompletion,
+    /// `shm=off|on`: whether the efa provider may carry traffic between endpoints of one
+    /// host over shared memory (`FI_OPT_SHARED_MEMORY_PERMITTED`). Off by default, so a
+    /// same-host efa run measures the NIC.
+    pub shm_permitted: bool,
+    /// `cuda_api=auto|on|off` (`FI_OPT_CUDA_API_PERMITTED`).
+    pub cuda_api: CudaApi,
+    /// `rx_cq_data=auto|on`: `on` runs the receive-for-immediates path (`FI_RX_CQ_DATA`) even
+    /// where the provider does not require it, so it can be tested on shm and tcp.
+    pub rx_cq_data_forced: bool,
+    /// `gpu_ipc=on|off`: register GPU memory with `FI_HMEM_DEVICE_ONLY` (on, the default),
+    /// which lets shm move it between processes by CUDA IPC. Off where the peers are in
+    /// this process: CUDA cannot open an IPC handle in the process that made it, and shm
+    /// then fails the transfer instead of copying through the host.
+    pub gpu_ipc: bool,
+}
+
+/// Whether the provider may call CUDA itself for GPU memory (`FI_OPT_CUDA_API_PERMITTED`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum CudaApi {
+    /// As aws-ofi-nccl and pplx-garden: forbidden on efa when GPU memory is registered (every
+    /// GPU byte then moves by GPUDirect RDMA, or the endpoint refuses GPU memory saying
+    /// why); left to the provider elsewhere (shm's GPU support is CUDA calls).
+    #[default]
+    Auto,
+    /// Permitted: the provider may copy GPU memory through the host with CUDA calls.
+    On,
+    /// Forbidden on every provider that knows the option.
+    Off,
 }
 
 /// Completion semantics of WRITEs.
@@ -59,11 +149,15 @@ pub(crate) enum Hmem {
 
 /// The option keys this backend knows, for error messages.
 pub(crate) const OPTION_KEYS: &str = "mr_mode=strict|default, hmem=auto|on|off, \
-     write_completion=auto|delivery|transmit, fabric=NAME";
+     write_completion=auto|delivery|transmit, fabric=NAME, shm=off|on, cuda_api=auto|on|off, \
+     rx_cq_data=auto|on, gpu_ipc=on|off";
 
 impl Options {
     pub(crate) fn parse(options: &BTreeMap<String, String>) -> Result<Self> {
-        let mut o = Options::default();
+        let mut o = Options {
+            gpu_ipc: true,
+            ..Options::default()
+        };
         for (k, v) in options {
             match (k.as_str(), v.as_str()) {
                 ("mr_mode", "strict") => o.mr_strict = true,
@@ -75,6 +169,15 @@ impl Options {
                 ("write_completion", "delivery") => o.write_completion = WriteCompletion::Delivery,
                 ("write_completion", "transmit") => o.write_completion = WriteCompletion::Transmit,
                 ("fabric", name) if !name.is_empty() => o.fabric = Some(name.to_string()),
+                ("shm", "off") => o.shm_permitted = false,
+                ("shm", "on") => o.shm_permitted = true,
+                ("cuda_api", "auto") => o.cuda_api = CudaApi::Auto,
+                ("cuda_api", "on") => o.cuda_api = CudaApi::On,
+                ("cuda_api", "off") => o.cuda_api = CudaApi::Off,
+                ("gpu_ipc", "on") => o.gpu_ipc = true,
+                ("gpu_ipc", "off") => o.gpu_ipc = false,
+                ("rx_cq_data", "auto") => o.rx_cq_data_forced = false,
+                ("rx_cq_data", "on") => o.rx_cq_data_forced = true,
                 _ => {
                     return Err(Error::InvalidArgument(format!(
                         "unknown libfabric option `{k}={v}`; known options: {OPTION_KEYS}"
@@ -101,9 +204,27 @@ pub(crate) struct View {
     pub inject_size: usize,
     pub cq_data_size: usize,
     pub link_speed: u64,
+    pub mode: u64,
+    pub rx_mode: u64,
+    pub threading: i32,
+    pub api_version: u32,
+    /// The NIC's PCI function, where the provider reports it (`fi_info->nic->bus_attr`).
+    pub pci: Option<Pci>,
+    /// `fi_info->nic->device_attr->name` (`rdmap79s0` for the domain `rdmap79s0-rdm`).
+    pub nic_name: String,
 }
 
 impl View {
+    /// The parts of this entry a NIC is matched against.
+    pub fn domain_info(&self) -> DomainInfo {
+        DomainInfo {
+            provider: self.prov_name.clone(),
+            fabric: self.fabric_name.clone(),
+            domain: self.domain_name.clone(),
+            nic_name: self.nic_name.clone(),
+            pci: self.pci,
+        }
+    }
     /// The core provider: `tcp` of `tcp;ofi_rxm`.
     pub fn core(&self) -> &str {
         self.prov_name.split(';').next().unwrap_or("")
@@ -139,7 +260,8 @@ impl InfoList {
 fn getinfo(hints: *const fi::fi_info) -> Result<InfoList> {
     let mut head: *mut fi::fi_info = ptr::null_mut();
     // SAFETY: hints is NULL or a valid fi_info from fi_allocinfo; head is a valid out pointer.
-    let ret = unsafe { fi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut head) };
+    let ret =
+        unsafe { fi::fi_getinfo(api_version(), ptr::null(), ptr::null(), 0, hints, &mut head) };
     if ret == -fi::FI_ENODATA {
         return Ok(InfoList {
             head: ptr::null_mut(),
@@ -186,6 +308,18 @@ fn view(info: *const fi::fi_info) -> View {
         inject_size: v.inject_size,
         cq_data_size: v.cq_data_size,
         link_speed: v.link_speed,
+        mode: v.mode,
+        rx_mode: v.rx_mode,
+        threading: v.threading,
+        api_version: v.api_version,
+        pci: (v.has_pci != 0).then_some(Pci {
+            domain: v.pci_domain,
+            bus: v.pci_bus,
+            device: v.pci_device,
+            function: v.pci_function,
+        }),
+        // SAFETY: as above.
+        nic_name: unsafe { cstr(v.nic_name) },
     }
 }
 
@@ -199,12 +333,18 @@ impl Drop for Hints {
     }
 }
 
-fn rdm_hints(caps: u64, mr_mode: u64, tx: usize, rx: usize) -> Result<Hints> {
+fn rdm_hints(caps: u64, mr_mode: u64, tx: usize, rx: usize, rx_cq_data: bool) -> Result<Hints> {
     // FI_CONTEXT / FI_CONTEXT2: every operation's context points at a slab slot of
-    // struct fi_context2, so providers that need them get them.
-    let mode = fi::FI_CONTEXT | fi::FI_CONTEXT2;
+    // struct fi_context2, so providers that need them get them. FI_RX_CQ_DATA is offered
+    // only on a second query (see `select`): efa-direct takes an offered FI_RX_CQ_DATA even
+    // where the device could deliver immediates without a posted receive.
+    let mut mode = fi::FI_CONTEXT | fi::FI_CONTEXT2;
+    if rx_cq_data {
+        mode |= fi::FI_RX_CQ_DATA;
+    }
     // SAFETY: plain values in; a freshly allocated fi_info (or NULL) out.
-    let h = unsafe { fi::rs_fi_rdm_hints(caps, mode, mr_mode, CQ_DATA_SIZE, tx, rx) };
+    let h =
+        unsafe { fi::rs_fi_rdm_hints(caps, mode, mr_mode, CQ_DATA_SIZE, tx, rx, THREADING as i32) };
     if h.is_null() {
         return Err(Error::Provider {
             call: "fi_allocinfo",
@@ -230,6 +370,21 @@ pub(crate) fn available_providers() -> Vec<String> {
     names.dedup();
     names.retain(|n| !n.is_empty());
     names
+}
+
+/// The RDM domains offered with this backend's capabilities, of one provider or all.
+pub(crate) fn offered(provider: Option<&str>) -> Result<Vec<DomainInfo>> {
+    let mut out = Vec::new();
+    for rx_cq_data in [false, true] {
+        let list = getinfo(rdm_hints(BASE_CAPS, MrMode::SUPPORTED.0, 0, 0, rx_cq_data)?.0)?;
+        for (_, v) in list.entries() {
+            let d = v.domain_info();
+            if provider.map_or(true, |p| v.core() == p || v.prov_name == p) && !out.contains(&d) {
+                out.push(d);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What `open` decided: the list (kept alive while the endpoint is created) and the entry.
@@ -286,10 +441,15 @@ pub(crate) fn select(nic: &NicDesc, opts: &Options) -> Result<Selected> {
         Hmem::Auto => cuda_device_present(),
     };
     if want_hmem.is_ok() {
-        let list =
-            getinfo(rdm_hints(BASE_CAPS | fi::FI_HMEM, mr_mode | fi::FI_MR_HMEM, tx, rx)?.0)?;
-        match choose(&list, nic, opts) {
-            Ok(index) => {
+        match query(
+            BASE_CAPS | fi::FI_HMEM,
+            mr_mode | fi::FI_MR_HMEM,
+            tx,
+            rx,
+            nic,
+            opts,
+        ) {
+            Ok((list, index)) => {
                 return Ok(Selected {
                     list,
                     index,
@@ -299,15 +459,13 @@ pub(crate) fn select(nic: &NicDesc, opts: &Options) -> Result<Selected> {
             Err(_) => {
                 if opts.hmem == Hmem::On {
                     // Is it the provider or FI_HMEM that is missing?
-                    let plain = getinfo(rdm_hints(BASE_CAPS, mr_mode, tx, rx)?.0)?;
-                    let index = choose(&plain, nic, opts)?;
+                    let (plain, index) = query(BASE_CAPS, mr_mode, tx, rx, nic, opts)?;
                     return Err(no_hmem(&plain.entries()[index].1));
                 }
             }
         }
     }
-    let list = getinfo(rdm_hints(BASE_CAPS, mr_mode, tx, rx)?.0)?;
-    let index = choose(&list, nic, opts)?;
+    let (list, index) = query(BASE_CAPS, mr_mode, tx, rx, nic, opts)?;
     let gpu_reason = match want_hmem {
         Err(why) => Some(why),
         Ok(()) => Some(format!(
@@ -321,6 +479,36 @@ pub(crate) fn select(nic: &NicDesc, opts: &Options) -> Result<Selected> {
         index,
         gpu_reason,
     })
+}
+
+/// `fi_getinfo` and [`choose`]: first without offering `FI_RX_CQ_DATA`, then, where nothing
+/// matched, offering it. efa-direct (libfabric >= 2.1) offers `FI_RMA` without that mode only
+/// on devices that deliver a WRITE's immediate without a posted receive ("unsolicited write
+/// receive"); elsewhere it returns its entries only to an application that posts receives for
+/// immediates (`efa_user_info.c`). Asking without it first keeps the unsolicited path where
+/// the device has it: efa-direct takes an offered `FI_RX_CQ_DATA` and then turns that path off
+/// (`efa_base_ep_create_qp`).
+fn query(
+    caps: u64,
+    mr_mode: u64,
+    tx: usize,
+    rx: usize,
+    nic: &NicDesc,
+    opts: &Options,
+) -> Result<(InfoList, usize)> {
+    let first = getinfo(rdm_hints(caps, mr_mode, tx, rx, opts.rx_cq_data_forced)?.0)?;
+    let err = match choose(&first, nic, opts) {
+        Ok(i) => return Ok((first, i)),
+        Err(e) => e,
+    };
+    if opts.rx_cq_data_forced {
+        return Err(err);
+    }
+    let second = getinfo(rdm_hints(caps, mr_mode, tx, rx, true)?.0)?;
+    match choose(&second, nic, opts) {
+        Ok(i) => Ok((second, i)),
+        Err(_) => Err(err),
+    }
 }
 
 fn no_hmem(v: &View) -> Error {
@@ -400,20 +588,11 @@ fn choose(list: &InfoList, nic: &NicDesc, opts: &Options) -> Result<usize> {
         }
     }
 
-    if let Some(dev) = &nic.device {
-        let names: Vec<String> = cands
-            .iter()
-            .map(|&i| entries[i].1.domain_name.clone())
-            .collect();
-        cands.retain(|&i| &entries[i].1.domain_name == dev);
-        if cands.is_empty() {
-            return Err(Error::NoDevice(format!(
-                "provider `{want}` has no domain (NIC) `{dev}`: its domains are {}; \
-                 set the device to one of them",
-                dedup(names).join(", ")
-            )));
-        }
-    }
+    let domains: Vec<DomainInfo> = cands.iter().map(|&i| entries[i].1.domain_info()).collect();
+    let mut cands: Vec<usize> = match_nic(&domains, nic)?
+        .into_iter()
+        .map(|k| cands[k])
+        .collect();
 
     // Prefer the fabric named like the provider: on EFA 2.x that is `efa` (the full RDM
     // protocol) over `efa-direct` (device limits: MTU-sized messages, no ordering), which is
@@ -422,8 +601,380 @@ fn choose(list: &InfoList, nic: &NicDesc, opts: &Options) -> Result<usize> {
     Ok(cands[0])
 }
 
+/// A PCI function, `dddd:bb:dd.f`: how NICs are matched to libfabric domains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pci {
+    /// PCI domain (segment).
+    pub domain: u16,
+    /// Bus.
+    pub bus: u8,
+    /// Device (slot).
+    pub device: u8,
+    /// Function.
+    pub function: u8,
+}
+
+impl fmt::Display for Pci {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+impl FromStr for Pci {
+    type Err = Error;
+
+    /// `dddd:bb:dd.f` or `bb:dd.f` (domain 0), hexadecimal, as sysfs and `lspci -D` print.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::InvalidArgument(format!(
+                "{s:?} is not a PCI address: expected dddd:bb:dd.f (hexadecimal, e.g. \
+                 0000:4f:00.0)"
+            ))
+        };
+        let t = s.trim();
+        let (head, function) = t.rsplit_once('.').ok_or_else(bad)?;
+        let parts: Vec<&str> = head.split(':').collect();
+        let (domain, bus, device) = match parts.as_slice() {
+            [d, b, v] => (*d, *b, *v),
+            [b, v] => ("0", *b, *v),
+            _ => return Err(bad()),
+        };
+        let hex16 = |x: &str| u16::from_str_radix(x, 16).map_err(|_| bad());
+        let hex8 = |x: &str| u8::from_str_radix(x, 16).map_err(|_| bad());
+        let pci = Pci {
+            domain: hex16(domain)?,
+            bus: hex8(bus)?,
+            device: hex8(device)?,
+            function: hex8(function)?,
+        };
+        if pci.device > 0x1f || pci.function > 7 {
+            return Err(bad());
+        }
+        Ok(pci)
+    }
+}
+
+/// What libfabric offers as one domain: what a NIC is matched against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainInfo {
+    /// Provider (`efa`, `tcp;ofi_rxm`).
+    pub provider: String,
+    /// Fabric (`efa`, `efa-direct`).
+    pub fabric: String,
+    /// Domain (`rdmap79s0-rdm`).
+    pub domain: String,
+    /// The device behind it (`fi_info->nic->device_attr->name`, `rdmap79s0`), or "".
+    pub nic_name: String,
+    /// Its PCI function (`fi_info->nic->bus_attr`), where the provider reports one.
+    pub pci: Option<Pci>,
+}
+
+impl fmt::Display for DomainInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.domain)?;
+        match self.pci {
+            Some(p) => write!(f, " (PCI {p}")?,
+            None => write!(f, " (no PCI")?,
+        }
+        write!(f, ", fabric {})", self.fabric)
+    }
+}
+
+/// Domain name suffixes of libfabric's efa provider (`efa_domain_name_suffix`): an ibverbs
+/// device `rdmap79s0` is the domain `rdmap79s0-rdm` (RDM, on both the `efa` and `efa-direct`
+/// fabrics) and `rdmap79s0-dgrm` (datagram).
+const DOMAIN_SUFFIXES: [&str; 2] = ["-rdm", "-dgrm"];
+
+/// The domains of `domains` that `nic` names, as indexes, best first.
+///
+/// - [`NicDesc::pci`] set: the domains at that PCI function. This is how NIXL and pplx-garden
+///   match a GPU's NICs (by `fi_info->nic->bus_attr`), and it holds whatever a provider calls
+///   its domains (`rdmap79s0-rdm` on efa, and other names on other fabrics). Where no domain is
+///   at that address, the name decides, so a provider that reports no bus still matches.
+/// - [`NicDesc::device`] set: the domain of that name, else the domain of that device with
+///   the efa provider's suffix (`rdmap79s0` is `rdmap79s0-rdm`), else the domain whose
+///   `nic->device_attr->name` is that name.
+/// - Neither: every domain.
+///
+/// Nothing matching is [`Error::NoDevice`] listing every domain offered, with its PCI
+/// address and fabric.
+pub fn match_nic(domains: &[DomainInfo], nic: &NicDesc) -> Result<Vec<usize>> {
+    let all: Vec<usize> = (0..domains.len()).collect();
+    let want_pci = nic.pci.as_deref().map(str::parse::<Pci>).transpose()?;
+    if let Some(p) = want_pci {
+        let at: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&i| domains[i].pci == Some(p))
+            .collect();
+        if !at.is_empty() {
+            return Ok(at);
+        }
+    }
+    if let Some(name) = nic.device.as_deref() {
+        let rules: [&dyn Fn(&DomainInfo) -> bool; 3] = [
+            &|d| d.domain == name,
+            &|d| {
+                DOMAIN_SUFFIXES
+                    .iter()
+                    .any(|sfx| d.domain.strip_suffix(sfx) == Some(name))
+            },
+            &|d| !d.nic_name.is_empty() && d.nic_name == name,
+        ];
+        for rule in rules {
+            let hit: Vec<usize> = all.iter().copied().filter(|&i| rule(&domains[i])).collect();
+            if !hit.is_empty() {
+                return Ok(hit);
+            }
+        }
+    }
+    if want_pci.is_none() && nic.device.is_none() {
+        return Ok(all);
+    }
+    let wanted = match (&nic.device, want_pci) {
+        (Some(n), Some(p)) => format!("NIC {n} at PCI {p}"),
+        (Some(n), None) => format!("NIC {n}"),
+        (None, Some(p)) => format!("the NIC at PCI {p}"),
+        (None, None) => unreachable!("handled above"),
+    };
+    let provider = domains
+        .first()
+        .map_or("the provider", |d| d.provider.as_str());
+    let offered: Vec<String> = domains.iter().map(|d| d.to_string()).collect();
+    Err(Error::NoDevice(format!(
+        "provider {provider} (libfabric {}) has no domain for {wanted}: it offers {}; name one \
+         of them as the device, or check that the NIC's driver is loaded (`fi_info -p {} -v`)",
+        runtime_version(),
+        if offered.is_empty() {
+            "none".to_string()
+        } else {
+            dedup(offered).join(", ")
+        },
+        provider.split(';').next().unwrap_or(provider),
+    )))
+}
+
 fn dedup(mut v: Vec<String>) -> Vec<String> {
     let mut seen = std::collections::BTreeSet::new();
     v.retain(|s| seen.insert(s.clone()));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The RDM entries of `fi_info -v` text, as the domains a NIC is matched against.
+    fn parse_fi_info(text: &str) -> Vec<DomainInfo> {
+        let mut out = Vec::new();
+        for block in text.split("\n---").skip(1) {
+            let mut section = "";
+            let mut d = DomainInfo {
+                provider: String::new(),
+                fabric: String::new(),
+                domain: String::new(),
+                nic_name: String::new(),
+                pci: None,
+            };
+            let (mut ep_type, mut pci) = (String::new(), [None::<u16>; 4]);
+            for line in block.lines() {
+                let t = line.trim();
+                if t.ends_with(':') && !t.contains(' ') {
+                    section = t.trim_end_matches(':');
+                    continue;
+                }
+                let Some((k, v)) = t.split_once(": ") else {
+                    continue;
+                };
+                let v = v.trim().to_string();
+                match (section, k) {
+                    ("fi_ep_attr", "type") => ep_type = v,
+                    ("fi_domain_attr", "name") => d.domain = v,
+                    ("fi_fabric_attr", "name") => d.fabric = v,
+                    ("fi_fabric_attr", "prov_name") => d.provider = v,
+                    ("fi_device_attr", "name") => d.nic_name = v,
+                    ("fi_pci_attr", "domain_id") => pci[0] = v.parse().ok(),
+                    ("fi_pci_attr", "bus_id") => pci[1] = v.parse().ok(),
+                    ("fi_pci_attr", "device_id") => pci[2] = v.parse().ok(),
+                    ("fi_pci_attr", "function_id") => pci[3] = v.parse().ok(),
+                    _ => {}
+                }
+            }
+            if let [Some(dom), Some(bus), Some(dev), Some(fun)] = pci {
+                d.pci = Some(Pci {
+                    domain: dom,
+                    bus: bus as u8,
+                    device: dev as u8,
+                    function: fun as u8,
+                });
+            }
+            if ep_type == "FI_EP_RDM" {
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    const FI_INFO_EFA: &str = include_str!("../tests/data/fi_info_efa.txt");
+
+    fn nic(device: Option<&str>, pci: Option<&str>) -> NicDesc {
+        NicDesc {
+            device: device.map(str::to_string),
+            pci: pci.map(str::to_string),
+            ..NicDesc::default()
+        }
+    }
+
+    #[test]
+    fn real_fi_info_parses() {
+        let d = parse_fi_info(FI_INFO_EFA);
+        let names: Vec<&str> = d.iter().map(|d| d.domain.as_str()).collect();
+        assert_eq!(names, ["rdmap79s0-rdm", "rdmap70s0-rdm"]);
+        assert_eq!(d[0].nic_name, "rdmap79s0");
+        assert_eq!(
+            d[0].pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:4f:00.0")
+        );
+        assert_eq!(
+            d[1].pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:46:00.0")
+        );
+    }
+
+    /// topo names a p5's EFA NIC by its ibverbs device (`rdmap79s0`, PCI 0000:4f:00.0);
+    /// libfabric's efa provider calls the domain `rdmap79s0-rdm`. Matching by name alone
+    /// (what this backend did) found no domain, so a p5 run failed before any byte moved.
+    #[test]
+    fn a_topo_nic_finds_its_efa_domain_by_pci() {
+        let d = parse_fi_info(FI_INFO_EFA);
+        assert!(
+            !d.iter().any(|d| d.domain == "rdmap79s0"),
+            "no efa domain carries the bare ibverbs name"
+        );
+        let p5 = nic(Some("rdmap79s0"), Some("0000:4f:00.0"));
+        assert_eq!(match_nic(&d, &p5).unwrap(), [0]);
+        // By PCI alone, whatever the name.
+        assert_eq!(
+            match_nic(&d, &nic(None, Some("0000:46:00.0"))).unwrap(),
+            [1]
+        );
+        assert_eq!(
+            match_nic(&d, &nic(Some("renamed0"), Some("0000:46:00.0"))).unwrap(),
+            [1]
+        );
+    }
+
+    /// A name alone (`--devices rdmap79s0`) still finds the domain: exact, then with the
+    /// efa provider's suffix, then by the device attribute's name.
+    #[test]
+    fn a_name_falls_back_to_the_efa_domain_suffix() {
+        let d = parse_fi_info(FI_INFO_EFA);
+        assert_eq!(
+            match_nic(&d, &nic(Some("rdmap79s0-rdm"), None)).unwrap(),
+            [0]
+        );
+        assert_eq!(match_nic(&d, &nic(Some("rdmap70s0"), None)).unwrap(), [1]);
+        // A provider that reports no bus: the name decides even with a PCI address given.
+        let no_bus: Vec<DomainInfo> = d
+            .iter()
+            .cloned()
+            .map(|mut x| {
+                x.pci = None;
+                x
+            })
+            .collect();
+        assert_eq!(
+            match_nic(&no_bus, &nic(Some("rdmap70s0"), Some("0000:99:00.0"))).unwrap(),
+            [1]
+        );
+        // Neither: every domain.
+        assert_eq!(match_nic(&d, &nic(None, None)).unwrap(), [0, 1]);
+    }
+
+    /// Both fabrics of efa 2.x (`efa`, `efa-direct`) name the domain alike; both match and
+    /// `choose` prefers the `efa` fabric unless `fabric=efa-direct` is given.
+    #[test]
+    fn both_efa_fabrics_match() {
+        let mut d = parse_fi_info(FI_INFO_EFA);
+        let mut direct = d[0].clone();
+        direct.fabric = "efa-direct".into();
+        d.insert(0, direct);
+        assert_eq!(
+            match_nic(&d, &nic(Some("rdmap79s0"), Some("0000:4f:00.0"))).unwrap(),
+            [0, 1]
+        );
+    }
+
+    #[test]
+    fn no_match_lists_what_libfabric_offers() {
+        let d = parse_fi_info(FI_INFO_EFA);
+        let e = match_nic(&d, &nic(Some("mlx5_0"), Some("0000:aa:00.0"))).unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, Error::NoDevice(_)), "{e:?}");
+        for want in [
+            "mlx5_0 at PCI 0000:aa:00.0",
+            "rdmap79s0-rdm (PCI 0000:4f:00.0, fabric efa)",
+            "rdmap70s0-rdm (PCI 0000:46:00.0, fabric efa)",
+            "fi_info -p efa -v",
+        ] {
+            assert!(m.contains(want), "{want:?} missing from: {m}");
+        }
+        match match_nic(&d, &nic(None, Some("4f:00"))) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("dddd:bb:dd.f"), "{m}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pci_addresses_parse_and_print() {
+        let p: Pci = "0000:4f:00.0".parse().unwrap();
+        assert_eq!(
+            p,
+            Pci {
+                domain: 0,
+                bus: 0x4f,
+                device: 0,
+                function: 0
+            }
+        );
+        assert_eq!(p.to_string(), "0000:4f:00.0");
+        assert_eq!("4f:00.0".parse::<Pci>().unwrap(), p);
+        assert_eq!(
+            "0001:AB:1f.7".parse::<Pci>().unwrap().to_string(),
+            "0001:ab:1f.7"
+        );
+        for bad in [
+            "",
+            "4f",
+            "0000:4f:00",
+            "0000:4f:20.0",
+            "0000:4f:00.8",
+            "x:4f:00.0",
+        ] {
+            assert!(bad.parse::<Pci>().is_err(), "{bad:?}");
+        }
+    }
+
+    /// The API version asked is the highest both the library and the headers know: on a 2.x
+    /// library (the EFA installer's) that is 2.x, which keeps the efa provider's device RDMA
+    /// on (p4d, p5: below 1.18 it is off by default) and its dmabuf registration available
+    /// (1.20). This backend asked for 1.17 everywhere.
+    #[test]
+    fn the_api_version_is_the_highest_both_know() {
+        let v = fi::fi_version_of;
+        assert_eq!(negotiate_api(v(2, 6), v(2, 6)), v(2, 6));
+        assert_eq!(negotiate_api(v(2, 6), v(1, 17)), v(1, 17));
+        assert_eq!(negotiate_api(v(1, 17), v(2, 6)), v(1, 17));
+        assert_eq!(negotiate_api(v(1, 16), v(1, 16)), v(1, 17));
+        // This build: never above its headers, at least 1.18 wherever both are 2.x.
+        let asked = api_version();
+        assert!(asked <= header_api_version());
+        if fi::HEADER_VERSION.0 >= 2 && crate::error::runtime_major() >= 2 {
+            assert!(asked >= v(1, 20), "{}", version_string(asked));
+        }
+    }
 }

@@ -64,14 +64,18 @@ fn gpu_memory_without_fi_hmem_is_unsupported() {
     }
 }
 
-/// shm with hmem=on: either GPU-to-GPU WRITE with immediate works and the bytes arrive, or
-/// opening / registering fails with a clear error (libfabric built without CUDA).
+/// shm with hmem=on, both endpoints in this process (so `gpu_ipc=off`: CUDA IPC cannot
+/// work within one process, and shm copies through the host): either a GPU-to-GPU WRITE with
+/// immediate works and the bytes arrive, or opening / registering fails with a clear error
+/// (libfabric built without CUDA). `tests/gpu_ipc.rs` runs the two-process case.
 #[test]
 fn gpu_write_with_immediate_over_shm() {
     if !gpu_present() {
         return;
     }
-    let nic = NicDesc::provider("shm").with_option("hmem", "on");
+    let nic = NicDesc::provider("shm")
+        .with_option("hmem", "on")
+        .with_option("gpu_ipc", "off");
     let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
@@ -136,4 +140,50 @@ fn gpu_write_with_immediate_over_shm() {
         .expect("copy from the GPU");
     assert!(got == pattern, "GPU bytes differ");
     eprintln!("shm: 1 MiB GPU-to-GPU WRITE with immediate verified");
+}
+
+/// GPU buffers are `cuMemAlloc` memory that GPUDirect RDMA can pin, at every size from 4 KiB
+/// to 1 GiB, and a dmabuf can be exported for the whole buffer and for a sub-range that does
+/// not start on a page (what a region of part of a buffer registers).
+///
+/// The allocation went through cudarc's stream allocator, which uses `cuMemAllocAsync` on
+/// GPUs with memory pools: on the H100 host (driver 580) such pointers report
+/// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 0` at every size, so nvidia-peermem and
+/// EFA could not pin them (and CUDA IPC, shm's device-to-device path, cannot export them).
+/// On a p5 that is the difference between GPUDirect RDMA and no GPU path at all.
+#[test]
+fn gpu_buffers_are_gpudirect_capable_and_export_dmabufs() {
+    if !gpu_present() {
+        return;
+    }
+    for len in [4 << 10, 64 << 10, 1 << 20, 64 << 20, 1 << 30] {
+        let g = GpuBuffer::alloc(0, len).expect("cuMemAlloc");
+        let capable = g.gpudirect_rdma_capable().expect("pointer attribute");
+        eprintln!(
+            "{len} bytes at {:#x}: GPUDirect RDMA capable {capable}",
+            g.device_ptr()
+        );
+        assert!(capable, "{len}-byte buffer is not GPUDirect RDMA capable");
+        match g.export_dmabuf(0, len) {
+            Ok(d) => {
+                assert_eq!(d.range.base_addr + d.range.offset, g.device_ptr());
+                assert!(d.range.export_len >= len as u64);
+            }
+            Err(e) if !required() => {
+                eprintln!("SKIPPED dmabuf export: {e}");
+                continue;
+            }
+            Err(e) => panic!("dmabuf export of {len} bytes: {e}"),
+        }
+        let (off, sub) = (0x234, 4096.min(len - 0x234));
+        let d = g
+            .export_dmabuf(off, sub)
+            .expect("dmabuf export of a sub-range");
+        assert_eq!(
+            d.range.base_addr + d.range.offset,
+            g.device_ptr() + off as u64
+        );
+        assert_eq!(d.range.base_addr % transport_core::PAGE as u64, 0);
+        assert!(g.export_dmabuf(len - 1, 2).is_err(), "past the end");
+    }
 }

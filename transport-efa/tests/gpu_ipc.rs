@@ -1,0 +1,247 @@
+//! GPU memory between two processes on `shm` takes the device-to-device path (CUDA IPC),
+//! for regions from 4 KiB to 1 GiB. Runs on the GPU host (`ci/gpu-host.sh`, with
+//! `REQUIRE_CUDA_PROVIDER=1` and a CUDA-enabled libfabric 2.x); skips elsewhere, saying so.
+//!
+//! Why: rdma-bench moved GPU memory between two processes at about 14 Gbit/s whatever the
+//! size, where `fi_rma_bw -D cuda` reached 433 Gbit/s at 1 MiB. shm takes its IPC protocol
+//! only for regions registered with `FI_HMEM_DEVICE_ONLY` (`smr_select_proto`), which
+//! fabtests sets and this backend did not, and CUDA IPC cannot export the `cuMemAllocAsync`
+//! memory `GpuBuffer` used to hold; every byte went through shm's host bounce buffers. shm
+//! says nothing either way, so the path shows in what it reaches: this test fails where a
+//! region of 1 MiB or more moves at under 50 Gbit/s (the bounce path tops out near 15, a
+//! device-to-device copy of one H100 is well beyond 1000), and everywhere it checks every
+//! byte of every region.
+//!
+//! The test process is the target; it starts itself again as the initiator (the child,
+//! `GPU_IPC_CHILD=1`), and the two exchange addresses and regions as lines on the child's
+//! stdin and stdout.
+
+#![cfg(feature = "cuda")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use transport_core::{
+    cuda_device_count, cuda_driver_present, Completion, CompletionKind, EndpointAddr, GpuBuffer,
+    LocalSlice, Memory, MemoryRegion, NicDesc, Post, RemoteSlice, Transport,
+};
+use transport_efa::Endpoint;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// Regions of this size or more must move at [`MIN_GBPS`] or better.
+const CHECK_FROM: usize = 1 << 20;
+const MIN_GBPS: f64 = 50.0;
+
+fn required() -> bool {
+    std::env::var_os("REQUIRE_CUDA_PROVIDER").is_some()
+}
+
+fn nic() -> NicDesc {
+    NicDesc::provider("shm").with_option("hmem", "on")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The byte at `i` of the region of size index `k`.
+fn byte(k: usize, i: usize) -> u8 {
+    (i as u64)
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(k as u64 * 17) as u8
+        ^ (i >> 12) as u8
+}
+
+/// Poll `ep` until `done` says so, for at most [`TIMEOUT`].
+fn wait(ep: &mut Endpoint, what: &str, mut done: impl FnMut(&Completion) -> bool) {
+    let start = Instant::now();
+    let mut buf: [Completion; 16] = Default::default();
+    loop {
+        let n = ep.poll(&mut buf).expect("poll");
+        for c in &buf[..n] {
+            c.check().unwrap_or_else(|e| panic!("{what}: {e}"));
+            if done(c) {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "{what}: no completion in {TIMEOUT:?}"
+        );
+    }
+}
+
+/// The initiator: registers a source region per line `WRITE addr len key reps k`, fills it,
+/// WRITEs it `reps` times (the last with immediate `k`), answers `DONE`.
+fn child() {
+    let mut ep = Endpoint::open(&nic()).expect("child: open shm");
+    println!("ADDR {}", hex(&ep.address().0));
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let peer_line = lines.next().expect("peer line").expect("stdin");
+    let peer = ep
+        .add_peer(&EndpointAddr(unhex(peer_line.trim_start_matches("ADDR "))))
+        .expect("child: add_peer");
+    for line in lines {
+        let line = line.expect("stdin");
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.first() != Some(&"WRITE") {
+            break;
+        }
+        let n = |i: usize| f[i].parse::<u64>().expect("number");
+        let (addr, len, key, reps, k) = (n(1), n(2) as usize, n(3), n(4), n(5) as usize);
+        let mut mem = Memory::Gpu(GpuBuffer::alloc(0, len).expect("child: cuMemAlloc"));
+        let pattern: Vec<u8> = (0..len).map(|i| byte(k, i)).collect();
+        mem.write_at(0, &pattern).expect("child: fill");
+        let src = ep.register(mem).expect("child: register GPU memory");
+        let remote = RemoteSlice {
+            addr,
+            len: len as u64,
+            key,
+        };
+        let mut done = 0;
+        for r in 0..reps {
+            let imm = (r + 1 == reps).then_some(k as u32);
+            let start = Instant::now();
+            while ep
+                .post_write(peer, LocalSlice::all(&src), remote, imm, r)
+                .expect("child: post_write")
+                == Post::QueueFull
+            {
+                assert!(start.elapsed() < TIMEOUT, "child: queue full");
+                let mut buf: [Completion; 16] = Default::default();
+                let got = ep.poll(&mut buf).expect("child: poll");
+                for c in &buf[..got] {
+                    c.check().expect("child: completion");
+                    done += u64::from(c.kind == CompletionKind::Write);
+                }
+            }
+        }
+        wait(&mut ep, "child: WRITE completions", |c| {
+            done += u64::from(c.kind == CompletionKind::Write);
+            done == reps
+        });
+        println!("DONE");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+struct Kid(Child);
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        transport_efa::remove_shm_regions_of(self.0.id());
+    }
+}
+
+#[test]
+fn gpu_memory_between_processes_moves_device_to_device() {
+    if std::env::var_os("GPU_IPC_CHILD").is_some() {
+        child();
+        return;
+    }
+    if !cuda_driver_present() || cuda_device_count().unwrap_or(0) == 0 {
+        assert!(
+            !required(),
+            "REQUIRE_CUDA_PROVIDER is set, but no CUDA device"
+        );
+        eprintln!("SKIPPED: no CUDA driver or device on this machine");
+        return;
+    }
+    let mut ep = match Endpoint::open(&nic()) {
+        Ok(ep) if ep.caps().gpu_memory => ep,
+        other => {
+            let why = match other {
+                Ok(_) => "shm offers no GPU memory here".to_string(),
+                Err(e) => format!("shm with hmem=on does not open: {e}"),
+            };
+            assert!(!required(), "REQUIRE_CUDA_PROVIDER is set: {why}");
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let exe = std::env::current_exe().expect("test binary");
+    let mut kid = Kid(Command::new(exe)
+        .args([
+            "--exact",
+            "gpu_memory_between_processes_moves_device_to_device",
+            "--nocapture",
+        ])
+        .env("GPU_IPC_CHILD", "1")
+        .env("FI_LOG_LEVEL", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the initiator"));
+    let mut to_kid = kid.0.stdin.take().expect("stdin");
+    let mut from_kid = BufReader::new(kid.0.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut next_line = |what: &str| -> String {
+        loop {
+            line.clear();
+            let n = from_kid.read_line(&mut line).expect("child stdout");
+            assert!(n > 0, "the initiator exited before {what}");
+            let t = line.trim();
+            if t.starts_with("ADDR ") || t == "DONE" {
+                return t.to_string();
+            }
+        }
+    };
+    let addr = next_line("its address");
+    ep.add_peer(&EndpointAddr(unhex(addr.trim_start_matches("ADDR "))))
+        .expect("add_peer");
+    writeln!(to_kid, "ADDR {}", hex(&ep.address().0)).expect("to child");
+
+    let mut slow = Vec::new();
+    for (k, len) in [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
+        .into_iter()
+        .enumerate()
+    {
+        let reps: u64 = ((8u64 << 30) / len as u64).clamp(4, 256);
+        let dst = ep
+            .register(Memory::Gpu(GpuBuffer::alloc(0, len).expect("cuMemAlloc")))
+            .expect("register the target region");
+        let r = dst.remote();
+        let start = Instant::now();
+        writeln!(to_kid, "WRITE {} {} {} {reps} {k}", r.addr, r.len, r.key).expect("to child");
+        to_kid.flush().expect("to child");
+        wait(&mut ep, "the region's immediate", |c| {
+            c.kind == CompletionKind::RemoteWrite { imm: k as u32 }
+        });
+        let secs = start.elapsed().as_secs_f64();
+        assert_eq!(next_line("DONE"), "DONE");
+        let gbps = (len as u64 * reps) as f64 * 8.0 / secs / 1e9;
+        // Every byte, in 64 MiB pieces.
+        let chunk = len.min(64 << 20);
+        let mut got = vec![0u8; chunk];
+        for off in (0..len).step_by(chunk) {
+            dst.memory()
+                .read_at(off, &mut got)
+                .expect("copy from the GPU");
+            if let Some(i) = (0..chunk).find(|&i| got[i] != byte(k, off + i)) {
+                panic!("region of {len} bytes: byte {} differs", off + i);
+            }
+        }
+        eprintln!("{len:>11} bytes x {reps:>3}: {gbps:8.1} Gbit/s, every byte verified");
+        if len >= CHECK_FROM && gbps < MIN_GBPS {
+            slow.push(format!("{len} bytes at {gbps:.1} Gbit/s"));
+        }
+    }
+    writeln!(to_kid, "END").expect("to child");
+    drop(to_kid);
+    assert!(
+        slow.is_empty(),
+        "GPU memory did not move device to device between processes (under {MIN_GBPS} \
+         Gbit/s: shm's host bounce path): {}",
+        slow.join(", ")
+    );
+}
