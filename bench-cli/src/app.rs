@@ -10,7 +10,7 @@ use crate::backend::{dispatch, WithTransport};
 use crate::cli::{
     Cli, ClientArgs, Command, Common, CompareArgs, LoopbackArgs, ServerArgs, TopoArgs,
 };
-use crate::config::Backend;
+use crate::config::{Backend, MemKind};
 use crate::error::{Error, Result};
 use crate::gate::GateResult;
 use crate::outputs::{self, Done};
@@ -84,6 +84,14 @@ pub(crate) fn side_cfg(
     provider: Option<String>,
     devices: Vec<String>,
 ) -> Result<SideCfg> {
+    let nics_per_gpu = match c.nics_per_gpu {
+        Some(n) => n,
+        None => crate::instances::default_nics_per_gpu(
+            crate::instances::local(),
+            c.backend,
+            provider.as_deref(),
+        ),
+    };
     let cfg = SideCfg {
         backend: c.backend,
         provider: match c.backend {
@@ -93,7 +101,7 @@ pub(crate) fn side_cfg(
         devices,
         options: c.nic_opts.clone(),
         gpus: c.gpus.0.clone(),
-        nics_per_gpu: c.nics_per_gpu,
+        nics_per_gpu,
         mem: c.mem,
         verbose: c.verbose,
         idle: idle(c)?,
@@ -117,9 +125,21 @@ fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, Serve
     } else {
         (devs.clone(), devs.clone())
     };
-    let client = side_cfg(c, provider.clone(), a)?;
+    let mut client = side_cfg(c, provider.clone(), a)?;
+    let mut server_side = side_cfg(c, provider, b)?;
+    // Both sides in one process: libfabric's shm cannot move GPU memory between them by CUDA
+    // IPC (CUDA opens no handle in the process that made it), so GPU regions are registered
+    // without FI_HMEM_DEVICE_ONLY and shm copies through the host (transport-efa's gpu_ipc).
+    // Between processes (server and client, rdma-bench run) IPC stays on.
+    if c.backend == Backend::Efa && c.mem == MemKind::Cuda {
+        for side in [&mut client, &mut server_side] {
+            if !side.options.iter().any(|(k, _)| k == "gpu_ipc") {
+                side.options.push(("gpu_ipc".into(), "off".into()));
+            }
+        }
+    }
     let server = ServerCfg {
-        side: side_cfg(c, provider, b)?,
+        side: server_side,
         max_mem: u64::MAX,
         session_timeout: Duration::from_secs(120),
         max_sessions: 1,

@@ -69,16 +69,20 @@ pub struct Common {
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub devices: Vec<String>,
     /// Backend option for every NIC, KEY=VALUE, repeatable: passed to the backend as is, e.g.
-    /// efa: write_completion=auto|delivery|transmit, mr_mode=strict, hmem=auto|on|off.
+    /// efa: write_completion=auto|delivery|transmit, mr_mode=strict, hmem=auto|on|off,
+    /// fabric=efa-direct, shm=off|on, cuda_api=auto|on|off, gpu_ipc=on|off.
     #[arg(long = "nic-opt", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub nic_opts: Vec<(String, String)>,
     /// GPUs to use, e.g. 0 or 0-7 or 0,2. With host memory on a machine without GPUs, these
     /// name logical NIC groups (0-15), each with its own endpoints.
     #[arg(long, value_name = "LIST", default_value = "0")]
     pub gpus: GpuList,
-    /// NICs per GPU: each GPU's endpoints, round-robined over its NIC group.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub nics_per_gpu: usize,
+    /// NICs per GPU: each GPU's endpoints, round-robined over its NIC group. Default: on a
+    /// known instance type with its own NICs in use (efa provider, or verbs on ConnectX), that
+    /// type's NICs per GPU from bench-cli/data/instances.toml (p5: 4, p5en: 2, p6-b200: 1);
+    /// else 1.
+    #[arg(long, value_name = "N")]
+    pub nics_per_gpu: Option<usize>,
     /// Buffer memory.
     #[arg(long, value_enum, default_value_t = MemKind::Host)]
     pub mem: MemKind,
@@ -111,7 +115,8 @@ pub struct WorkloadArgs {
     )]
     pub sizes: Vec<Size>,
     /// Iterations: repeats of the whole page set (write, rate), messages per NIC (send),
-    /// round trips (lat).
+    /// round trips (lat). With --imm-every K, write and rate count immediates: each of the
+    /// N immediates comes after K passes over the page set (K WRITEs with --single-buffer).
     #[arg(short = 'n', long = "iters", value_name = "N")]
     pub iters: Option<u64>,
     /// Pages per GPU (write: 256, rate: 4096).

@@ -109,6 +109,47 @@ pub fn by_product(product: &str) -> Option<&'static Instance> {
         .find(|i| i.products.iter().any(|x| x.eq_ignore_ascii_case(p)))
 }
 
+/// This machine's instance type, from its DMI product name
+/// (`/sys/class/dmi/id/product_name`, read under `$RDMA_BENCH_SYSFS_ROOT` where that is set,
+/// as tests do); `None` off EC2 or for a type not in the table.
+pub fn local() -> Option<&'static Instance> {
+    let root = std::env::var_os("RDMA_BENCH_SYSFS_ROOT").unwrap_or_default();
+    let path = std::path::Path::new(&root).join("sys/class/dmi/id/product_name");
+    let path = if root.is_empty() {
+        std::path::PathBuf::from("/sys/class/dmi/id/product_name")
+    } else {
+        path
+    };
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|p| by_product(&p))
+}
+
+/// Endpoints per GPU when `--nics-per-gpu` is not given: on a known instance type whose NICs
+/// the run uses (EFA through libfabric's efa provider, ConnectX through verbs), that type's
+/// NICs per GPU, rounded up (p5: 4, p5en: 2, p6-b200: 1; p4d's GPUs share one NIC per two:
+/// 1); otherwise 1. A p5 run that opened one endpoint per GPU used 8 of its 32 EFAs.
+pub fn default_nics_per_gpu(
+    instance: Option<&Instance>,
+    backend: crate::config::Backend,
+    provider: Option<&str>,
+) -> usize {
+    use crate::config::Backend;
+    let Some(i) = instance else {
+        return 1;
+    };
+    let uses_its_nics = match (i.nic_driver.as_str(), backend) {
+        ("efa", Backend::Efa) => provider.map_or(true, |p| p == "efa"),
+        ("mlx5", Backend::Verbs) => true,
+        _ => false,
+    };
+    if uses_its_nics {
+        (i.nics_per_gpu().ceil() as usize).max(1)
+    } else {
+        1
+    }
+}
+
 /// Every name `--expect` takes.
 pub fn names() -> Vec<&'static str> {
     all().iter().map(|i| i.name.as_str()).collect()
@@ -148,6 +189,23 @@ mod tests {
         assert!(e.contains("known: p5"), "{e}");
         assert_eq!(by_product("p6-b200.48xlarge").unwrap().name, "p6-b200");
         assert!(by_product("m5.large").is_none());
+    }
+
+    /// On a known instance type the default endpoints per GPU are its NICs per GPU, where
+    /// the run goes over those NICs; everywhere else 1 (the old default everywhere).
+    #[test]
+    fn default_nics_per_gpu_follows_the_instance() {
+        use crate::config::Backend;
+        let n = |name: &str, b, p| default_nics_per_gpu(Some(by_name(name).unwrap()), b, p);
+        assert_eq!(n("p5", Backend::Efa, None), 4);
+        assert_eq!(n("p5", Backend::Efa, Some("efa")), 4);
+        assert_eq!(n("p5en", Backend::Efa, None), 2);
+        assert_eq!(n("p6-b200", Backend::Efa, None), 1);
+        assert_eq!(n("p4d", Backend::Efa, None), 1);
+        assert_eq!(n("p5", Backend::Efa, Some("shm")), 1, "shm uses no NIC");
+        assert_eq!(n("p5", Backend::Verbs, None), 1, "no ConnectX on a p5");
+        assert_eq!(n("cx7-400", Backend::Verbs, None), 1);
+        assert_eq!(default_nics_per_gpu(None, Backend::Efa, None), 1);
     }
 
     #[test]

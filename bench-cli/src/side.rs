@@ -118,23 +118,26 @@ impl SideCfg {
     /// How NIC `j` of the `g`-th GPU is opened.
     pub fn desc(&self, g: usize, j: usize) -> NicDesc {
         let i = g * self.nics_per_gpu + j;
-        let device = if !self.devices.is_empty() {
-            Some(self.devices[i % self.devices.len()].clone())
+        let (device, pci) = if !self.devices.is_empty() {
+            (Some(self.devices[i % self.devices.len()].clone()), None)
         } else {
-            // The GPU's NIC group from topo, round-robin, where the provider has real NICs.
-            let real = match self.backend {
-                Backend::Verbs => true,
-                Backend::Efa => self.provider.as_deref().map_or(true, |p| p == "efa"),
-            };
-            self.hints
+            // The GPU's NIC group from topo, round-robin, where the provider has real NICs:
+            // the name (verbs opens it) and the PCI function (efa matches its domain by it).
+            let nic = self
+                .hints
                 .as_ref()
-                .filter(|_| real)
+                .filter(|_| self.real_nics())
                 .and_then(|h| h.nic_groups.get(self.gpus[g]))
                 .filter(|grp| !grp.is_empty())
-                .map(|grp| grp[j % grp.len()].clone())
+                .map(|grp| grp[j % grp.len()].clone());
+            match nic {
+                Some(n) => (Some(n.name), n.pci),
+                None => (None, None),
+            }
         };
         NicDesc {
             device,
+            pci,
             provider: match self.backend {
                 Backend::Efa => self.provider.clone(),
                 Backend::Verbs => None,
@@ -152,6 +155,15 @@ impl SideCfg {
         }
     }
 
+    /// Whether the endpoints go over the machine's RDMA NICs (verbs, or libfabric's efa),
+    /// not a provider that copies memory (shm, tcp).
+    pub fn real_nics(&self) -> bool {
+        match self.backend {
+            Backend::Verbs => true,
+            Backend::Efa => self.provider.as_deref().map_or(true, |p| p == "efa"),
+        }
+    }
+
     fn describe(&self, d: &NicDesc) -> String {
         let mut s = String::new();
         if let Some(p) = &d.provider {
@@ -162,6 +174,9 @@ impl SideCfg {
                 s.push_str(", ");
             }
             s.push_str(&format!("device {dev}"));
+        }
+        if let Some(pci) = &d.pci {
+            s.push_str(&format!(" at PCI {pci}"));
         }
         if s.is_empty() {
             s.push_str("the default NIC");
@@ -212,6 +227,10 @@ impl<T: Transport> Side<T> {
                         c.rx_depth,
                         c.link_gbps.map_or("unknown".into(), |g| format!("{g} Gbit/s"))
                     );
+                    let details = ep.details();
+                    if !details.is_empty() {
+                        eprintln!("rdma-bench: NIC {i} (GPU {ordinal}): {details}");
+                    }
                 }
                 eps.push(ep);
             }

@@ -11,13 +11,23 @@ use crate::error::{Error, Result};
 pub struct Hints {
     /// GPUs hwloc sees.
     pub gpus: usize,
-    /// Per GPU ordinal: the RDMA NICs behind its PCIe switch (names as the backend opens them).
-    pub nic_groups: Vec<Vec<String>>,
+    /// Per GPU ordinal: the RDMA NICs behind its PCIe switch.
+    pub nic_groups: Vec<Vec<NicRef>>,
     /// Per GPU ordinal: the cores near it. Without GPUs, entry 0 holds every core.
     pub cores: Vec<Vec<usize>>,
 }
 
-fn from_topology(t: &topo::Topology) -> Hints {
+/// One RDMA NIC as topo found it: its ibverbs name and PCI function. The efa backend opens
+/// the libfabric domain at that PCI function (its domains are named `rdmap79s0-rdm`, not
+/// `rdmap79s0`); the verbs backend opens the device by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NicRef {
+    pub name: String,
+    pub pci: Option<String>,
+}
+
+/// [`Hints`] from a topology (this machine's, or an hwloc XML export).
+pub fn from_topology(t: &topo::Topology) -> Hints {
     let n = t.gpus().iter().map(|g| g.index + 1).max().unwrap_or(0);
     let mut h = Hints {
         gpus: t.gpus().len(),
@@ -25,7 +35,14 @@ fn from_topology(t: &topo::Topology) -> Hints {
         cores: vec![Vec::new(); n],
     };
     for g in t.gpus() {
-        h.nic_groups[g.index] = g.nic_names().iter().map(|s| s.to_string()).collect();
+        h.nic_groups[g.index] = g
+            .nics
+            .iter()
+            .map(|n| NicRef {
+                name: n.name.clone(),
+                pci: n.pci.clone(),
+            })
+            .collect();
         h.cores[g.index] = g.cores.clone();
     }
     h

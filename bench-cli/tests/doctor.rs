@@ -271,7 +271,52 @@ fn p5_with_efa_rdma_off_and_no_efa_provider() {
     expect(&r, "libfabric", Status::Fail);
     expect(&r, "libfabric.hmem", Status::Fail);
     expect(&r, "env.efa-device-rdma-off", Status::Fail);
+    let c = r.get("env.efa-device-rdma-off").unwrap();
+    assert!(c.summary.contains("older than 1.18"), "{}", c.summary);
     assert_eq!(r.exit_code, 2);
+}
+
+/// FI_EFA_USE_DEVICE_RDMA's default depends on the libfabric API version an application
+/// asks for: from 1.18 it follows the device (on for p4d and p5), below it is off on the
+/// 0xefa0/0xefa1 generations. Doctor used to say "unset it, it defaults to 1" whatever the
+/// version, which on a 1.17 libfabric left a p5 with emulated WRITEs.
+#[test]
+fn device_rdma_advice_follows_the_libfabric_version() {
+    let fx = p5("p5-api");
+    let old = Libfabric {
+        version: "1.17".into(),
+        ..efa_libfabric()
+    };
+    // 1.17, nothing set: device RDMA is off by default on this generation.
+    let r = run(&fx, &[], Some(old.clone()));
+    expect(&r, "env.efa-device-rdma-old-api", Status::Warn);
+    let c = r.get("env.efa-device-rdma-old-api").unwrap();
+    assert!(
+        c.summary.contains("libfabric 1.17 predates API 1.18"),
+        "{}",
+        c.summary
+    );
+    assert!(c
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("FI_EFA_USE_DEVICE_RDMA=1"));
+    // 1.17 with FI_EFA_USE_DEVICE_RDMA=1: what the old version needs; no warning.
+    let r = run(&fx, &[("FI_EFA_USE_DEVICE_RDMA", "1")], Some(old));
+    assert_eq!(r.status("env.efa-device-rdma-old-api"), None);
+    assert_eq!(r.status("env.efa-device-rdma-off"), None);
+    // 2.1: the default is right, nothing to say; turning it off is a failure whose message
+    // says the default would be on.
+    let r = run(&fx, &[], Some(efa_libfabric()));
+    assert_eq!(r.status("env.efa-device-rdma-old-api"), None);
+    let r = run(
+        &fx,
+        &[("FI_EFA_USE_DEVICE_RDMA", "0")],
+        Some(efa_libfabric()),
+    );
+    expect(&r, "env.efa-device-rdma-off", Status::Fail);
+    let c = r.get("env.efa-device-rdma-off").unwrap();
+    assert!(c.summary.contains("API 1.18 or later"), "{}", c.summary);
 }
 
 /// A ConnectX host (a Dell XE8640-like box): 4 H100, 4 ConnectX-7 at 400 Gb/s, the

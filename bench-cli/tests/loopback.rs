@@ -217,6 +217,18 @@ fn imm_every_posts_k_passes_per_immediate() {
     }
 }
 
+/// `-n`'s help says what the code above does: with --imm-every K it counts immediates, K
+/// passes over the page set each (it said passes over the page set).
+#[test]
+fn help_says_n_counts_immediates_with_imm_every() {
+    let o = run(&["loopback", "--help"], T).expect_ok();
+    let help = o.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("With --imm-every K, write and rate count immediates"),
+        "{help}"
+    );
+}
+
 #[test]
 fn latency_both_ops() {
     for op in ["write-imm", "send"] {

@@ -27,9 +27,16 @@ impl Env<'_> {
 pub struct Ctx<'a> {
     pub env: Env<'a>,
     pub facts: &'a Facts,
+    /// The loaded libfabric's version (`major`, `minor`), where known.
+    pub libfabric: Option<(u32, u32)>,
 }
 
 impl Ctx<'_> {
+    /// Whether applications can ask for libfabric API 1.18 or later (the library is 1.18+),
+    /// `None` where the version is unknown.
+    fn api_1_18(&self) -> Option<bool> {
+        self.libfabric.map(|v| v >= (1, 18))
+    }
     fn gpus(&self) -> usize {
         self.facts.gpus().len()
     }
@@ -71,10 +78,41 @@ pub const RULES: &[Rule] = &[
         id: "efa-device-rdma-off",
         status: Status::Fail,
         when: |c| {
-            (c.env.is("FI_EFA_USE_DEVICE_RDMA", "0") && c.facts.has_efa() && c.gpus() > 0)
-                .then(|| "FI_EFA_USE_DEVICE_RDMA=0 with GPUs: EFA copies GPU data instead of RDMA (no GPUDirect)".into())
+            (c.env.one_of("FI_EFA_USE_DEVICE_RDMA", &["0", "false", "no", "off"])
+                && c.facts.has_efa()
+                && c.gpus() > 0)
+                .then(|| {
+                    let default = match c.api_1_18() {
+                        Some(true) => "unset, it is on wherever the device supports RDMA \
+                                       for applications asking libfabric API 1.18 or later \
+                                       (rdma-bench, aws-ofi-nccl)",
+                        Some(false) => "this libfabric is older than 1.18, where the p4d and \
+                                        p5 EFA generations default to off anyway",
+                        None => "its default depends on the libfabric API version asked",
+                    };
+                    format!("FI_EFA_USE_DEVICE_RDMA=0 with GPUs: EFA emulates WRITEs over SENDs and copies GPU data instead of GPUDirect RDMA ({default})")
+                })
         },
-        fix: "unset FI_EFA_USE_DEVICE_RDMA (it defaults to 1 where the device supports RDMA)",
+        fix: "unset FI_EFA_USE_DEVICE_RDMA with libfabric 1.18 or later (the EFA installer's \
+              2.x); with an older libfabric set FI_EFA_USE_DEVICE_RDMA=1 or upgrade",
+    },
+    Rule {
+        id: "efa-device-rdma-old-api",
+        status: Status::Warn,
+        when: |c| {
+            (c.api_1_18() == Some(false)
+                && c.facts.efa_gen1_or_2()
+                && c.env.get("FI_EFA_USE_DEVICE_RDMA").is_none())
+                .then(|| {
+                    format!(
+                        "libfabric {}.{} predates API 1.18: its efa provider turns device RDMA off on this EFA generation (0xefa0/0xefa1: p4d, p5), so WRITEs are emulated over SENDs and GPU memory is copied",
+                        c.libfabric.map_or(0, |v| v.0),
+                        c.libfabric.map_or(0, |v| v.1)
+                    )
+                })
+        },
+        fix: "use the EFA installer's libfabric 2.x (/opt/amazon/efa), or set \
+              FI_EFA_USE_DEVICE_RDMA=1",
     },
     Rule {
         id: "hmem-p2p-off",

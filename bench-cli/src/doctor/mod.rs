@@ -142,6 +142,10 @@ pub fn run(inp: &Inputs) -> Report {
     c.extend(env::checks(&env::Ctx {
         env: env::Env(&inp.env),
         facts: &f,
+        libfabric: inp.libfabric.as_ref().and_then(|l| {
+            let (a, b) = l.version.split_once('.')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        }),
     }));
     let mut r = Report {
         root: inp.root.display().to_string(),

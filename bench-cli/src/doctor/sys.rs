@@ -176,6 +176,22 @@ impl Facts {
     pub fn has_efa(&self) -> bool {
         !self.nics_of("efa").is_empty() || self.instance.is_some_and(|i| i.nic_driver == "efa")
     }
+    /// Whether some EFA device is of the first two generations (PCI device 0xefa0 or
+    /// 0xefa1: p3dn, p4d, p5, p5e), where libfabric's efa provider turns device RDMA off by
+    /// default for applications asking API versions below 1.18; p5 by its instance type
+    /// where the PCI functions cannot be read.
+    pub fn efa_gen1_or_2(&self) -> bool {
+        let by_id = self.nics_of("efa").iter().any(|n| {
+            n.pci
+                .as_ref()
+                .and_then(|p| self.pci.get(p))
+                .is_some_and(|d| matches!(d.device.as_str(), "0xefa0" | "0xefa1"))
+        });
+        by_id
+            || self
+                .instance
+                .is_some_and(|i| matches!(i.name.as_str(), "p4d" | "p5" | "p5e"))
+    }
     pub fn has_mlx5(&self) -> bool {
         !self.nics_of("mlx5").is_empty()
     }
