@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# GPU memory on a GPU host with no Rust: the GPU tests, then rdma-bench against fabtests with
+# GPU memory on libfabric's shm, two processes, in one table.
+#
+#   ci/gpu-host.sh pack   on a machine with Rust (this project's dev box): build what the GPU
+#                         host runs into gpu-carry/ (git-ignored): rdma-bench and the GPU test
+#                         binaries built against libfabric 2.6.0's headers, the shared
+#                         libraries a bare host may lack, and libfabric-2.6.0.tar.xz
+#   ci/gpu-host.sh run    on the GPU host (a CUDA toolkit, no Rust), from the checkout with
+#                         gpu-carry/ beside it: build libfabric 2.6.0 with CUDA and its
+#                         fabtests (cached in gpu-carry/build), run the GPU tests with
+#                         REQUIRE_CUDA_PROVIDER=1, print the table
+#
+# The table: for WRITE bandwidth (rdma-bench --workload write --single-buffer against
+# fi_rma_bw -o writedata -D cuda), SEND bandwidth (--workload send --single-buffer against
+# fi_rdm_tagged_bw -D cuda) and one-way latency (--workload lat --op send against
+# fi_rdm_pingpong -D cuda; both the mean of the run), at each size: ROUNDS interleaved rounds
+# (the first tool alternates), the best round of each tool, ours / theirs. Bandwidth ratios
+# should be at least 1.0, latency ratios at most 1.05. Both sides of every run are separate
+# processes on 127.0.0.1 (server first), so shm may move GPU memory by CUDA IPC.
+#
+# Env: ROUNDS (3), SIZES (4K,64K,1M), BYTES (per bandwidth run, 1 GiB), LAT_ITERS (2000),
+#      CUDA (/usr/local/cuda), STEPS (tests,table,loopback: which parts `run` does; loopback
+#      documents the one-process protocol and runs the ladder there), JOBS (nproc).
+# Exit status: 0 when every step ran and every GPU test passed; 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CARRY=$ROOT/gpu-carry
+MODE=${1:-}
+log() { echo "gpu-host: $*" >&2; }
+
+pack() {
+  source ci/setup.sh >/dev/null
+  local v=2.6.0 prefix td json
+  prefix=$(ci/libfabric.sh "$v")
+  td=${CARGO_TARGET_DIR:-$ROOT/target}-lf-$v
+  export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+  log "building rdma-bench (release) and the GPU tests against libfabric $v's headers"
+  cargo build --release -q -p bench-cli --bin rdma-bench --target-dir "$td"
+  json=$(mktemp); trap 'rm -f "$json"' RETURN
+  cargo test -q -p transport-efa --no-run --message-format=json --target-dir "$td" \
+    --test gpu --test gpu_ipc --test conformance_shm > "$json"
+  rm -rf "$CARRY"; mkdir -p "$CARRY/bin" "$CARRY/tests" "$CARRY/lib"
+  cp "$td/release/rdma-bench" "$CARRY/bin/"
+  grep '"test":true' "$json" | grep -o '"executable":"[^"]*"' | sed 's/^"executable":"//; s/"$//' |
+    sort -u | while read -r t; do
+      cp "$t" "$CARRY/tests/$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+    done
+  strip "$CARRY"/bin/* "$CARRY"/tests/*
+  # What the binaries link that a bare Ubuntu GPU host may lack (libfabric itself is built
+  # there, with CUDA).
+  for l in libhwloc.so.15 libudev.so.1 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
+    p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
+    [ -n "$p" ] && cp -L "$p" "$CARRY/lib/"
+  done
+  cp "${LIBFABRIC_SRC:-$ROOT/../shared/libfabric}/libfabric-$v.tar.xz" "$CARRY/"
+  if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
+    ex=$(git rev-parse --git-common-dir)/info/exclude
+    mkdir -p "$(dirname "$ex")"
+    grep -qx '/gpu-carry/' "$ex" 2>/dev/null || echo '/gpu-carry/' >> "$ex"
+  fi
+  du -sh "$CARRY" >&2
+  log "packed: carry gpu-carry/ to the GPU host and run ci/gpu-host.sh run there"
+}
+
+build_libfabric() {
+  local cuda=$1 p=$CARRY/build/libfabric-cuda stamp
+  stamp="$(stat -c %s "$CARRY/libfabric-2.6.0.tar.xz") $cuda"
+  if [ -f "$p/.stamp" ] && [ "$(cat "$p/.stamp")" = "$stamp" ]; then echo "$p"; return; fi
+  log "building libfabric 2.6.0 with CUDA ($cuda) and its fabtests into $p"
+  rm -rf "$p" "$CARRY/build/src"; mkdir -p "$CARRY/build/src"
+  tar xf "$CARRY/libfabric-2.6.0.tar.xz" -C "$CARRY/build/src"
+  local tree=$CARRY/build/src/libfabric-2.6.0 jobs=${JOBS:-$(nproc)}
+  (cd "$tree" && ./configure -q --prefix="$p" --with-cuda="$cuda" --enable-cuda-dlopen \
+      --disable-efa --disable-verbs --disable-usnic --disable-psm2 --disable-psm3 \
+      --disable-opx --disable-psm --disable-ucx --disable-lpp --disable-cxi >/dev/null &&
+    make -s -j"$jobs" install >/dev/null 2>&1)
+  (cd "$tree/fabtests" && ./configure -q --prefix="$p" --with-libfabric="$p" \
+      --with-cuda="$cuda" >/dev/null && make -s -j"$jobs" install >/dev/null 2>&1)
+  echo "$stamp" > "$p/.stamp"
+  echo "$p"
+}
+
+bytes_of() {
+  local s=${1^^}
+  case $s in *K) echo $(( ${s%K} << 10 )) ;; *M) echo $(( ${s%M} << 20 )) ;; *G) echo $(( ${s%G} << 30 )) ;; *) echo "$s" ;; esac
+}
+
+run() {
+  [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
+  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,table,loopback} status=0
+  command -v jq >/dev/null || { log "jq is needed"; exit 1; }
+  lf=$(build_libfabric "$cuda")
+  export LD_LIBRARY_PATH=$lf/lib:$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$lf/bin:$PATH
+  local RB=$CARRY/bin/rdma-bench
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
+
+  if [[ ,$steps, == *,tests,* ]]; then
+    for t in "$CARRY"/tests/*; do
+      log "test $(basename "$t") (REQUIRE_CUDA_PROVIDER=1)"
+      if ! REQUIRE_CUDA_PROVIDER=1 LIBFABRIC_EXPECT=2.6 "$t" --test-threads=1 --nocapture >&2; then
+        log "FAILED: $(basename "$t")"; status=1
+      fi
+    done
+  fi
+
+  if [[ ,$steps, == *,loopback,* ]]; then
+    # One process: shm cannot use CUDA IPC between endpoints of one process, so rdma-bench
+    # loopback registers GPU memory without FI_HMEM_DEVICE_ONLY (gpu_ipc=off) and shm copies
+    # through its host bounce buffers. With gpu_ipc=on the receiver's cudaIpcOpenMemHandle
+    # fails and so does the transfer: shown here, not hidden.
+    log "one process (loopback), shm, GPU memory: the protocol shm can use there"
+    "$RB" loopback --provider shm --mem cuda --single-buffer -s 1M -n 200 >&2 || status=1
+    "$RB" loopback --provider shm --mem cuda --single-buffer -s 1M -n 20 --idle-timeout 5 \
+      --nic-opt gpu_ipc=on >&2 && log "gpu_ipc=on in one process: worked" ||
+      log "gpu_ipc=on in one process: failed, as expected (no CUDA IPC within a process)"
+    "$RB" loopback --provider shm --mem cuda --ladder --nics-per-gpu 4 --no-verify -n 100 \
+      --rounds 3 >&2 || status=1
+  fi
+
+  if [[ ,$steps, == *,table,* ]]; then
+    local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
+    local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
+    IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
+    # ours ROW SIZE -> figure (Gbit/s, or one-way us for lat)
+    ours() {
+      local row=$1 size=$2 b n args
+      b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
+      port=$((port + 3))
+      case $row in
+        write) args=(--workload write --single-buffer -s "$size" -n "$n" --no-verify) ;;
+        send) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
+        lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
+      esac
+      timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem cuda --sessions 1 \
+        > "$out/srv" 2>&1 &
+      local spid=$! i
+      for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
+      if ! timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda \
+          "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
+        log "rdma-bench $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
+        kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
+      fi
+      wait $spid 2>/dev/null || true
+      if [ "$row" = lat ]; then
+        jq -r '.seconds * 1e6 / .ops / 2' "$out/ours.json"
+      else
+        jq -r '.gbps' "$out/ours.json"
+      fi
+    }
+    theirs() {
+      local row=$1 size=$2 b n tool
+      b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
+      port=$((port + 3))
+      case $row in
+        write) tool=(fi_rma_bw -p shm -o writedata -D cuda -W 64 -S "$b" -I "$n") ;;
+        send) tool=(fi_rdm_tagged_bw -p shm -D cuda -W 64 -S "$b" -I "$n") ;;
+        lat) tool=(fi_rdm_pingpong -p shm -D cuda -S "$b" -I "$lat_iters") ;;
+      esac
+      timeout 120 "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
+      local spid=$!
+      sleep 0.5
+      if ! timeout 120 "${tool[@]}" -E=$port -B $((port + 2)) 127.0.0.1 > "$out/tcli" 2>&1; then
+        log "${tool[0]} $size failed: $(tail -2 "$out/tcli" | tr '\n' ' ')"
+        kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
+      fi
+      wait $spid 2>/dev/null || true
+      if [ "$row" = lat ]; then
+        awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $6} END {print v + 0}' "$out/tcli"
+      else
+        awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$out/tcli"
+      fi
+    }
+    best() {  # ROW A B: the better of two figures (higher bandwidth, lower latency; 0 = failed)
+      awk -v r="$1" -v a="$2" -v b="$3" 'BEGIN {
+        if (a == 0) {print b; exit} if (b == 0) {print a; exit}
+        if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
+    }
+    printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
+    for row in write send lat; do
+      for size in "${sizes[@]}"; do
+        local bo=0 bt=0 o t r
+        for r in $(seq 1 "$rounds"); do
+          if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size"); t=$(theirs $row "$size")
+          else t=$(theirs $row "$size"); o=$(ours $row "$size"); fi
+          log "$row $size round $r: ours $o, theirs $t"
+          bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
+        done
+        printf '%-6s %5s %10.2f %10.2f %7s\n' "$row" "$size" "$bo" "$bt" \
+          "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')"
+      done
+    done
+    rm -rf "$out"
+  fi
+  return $status
+}
+
+case $MODE in
+  pack) pack ;;
+  run) run ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
+esac
