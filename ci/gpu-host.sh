@@ -21,7 +21,9 @@
 #
 # Env: ROUNDS (3), SIZES (4K,64K,1M), BYTES (per bandwidth run, 1 GiB), LAT_ITERS (2000),
 #      CUDA (/usr/local/cuda), STEPS (tests,table,loopback: which parts `run` does; loopback
-#      documents the one-process protocol and runs the ladder there), JOBS (nproc).
+#      documents the one-process protocol and runs the ladder there), JOBS (nproc);
+#      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
+#      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's).
 # Exit status: 0 when every step ran and every GPU test passed; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +41,7 @@ pack() {
   log "building rdma-bench (release) and the GPU tests against libfabric $v's headers"
   cargo build --release -q -p bench-cli --bin rdma-bench --target-dir "$td"
   json=$(mktemp); trap 'rm -f "$json"' RETURN
-  cargo test -q -p transport-efa --no-run --message-format=json --target-dir "$td" \
+  cargo test -q --release -p transport-efa --no-run --message-format=json --target-dir "$td" \
     --test gpu --test gpu_ipc --test conformance_shm > "$json"
   rm -rf "$CARRY"; mkdir -p "$CARRY/bin" "$CARRY/tests" "$CARRY/lib"
   cp "$td/release/rdma-bench" "$CARRY/bin/"
@@ -90,8 +92,10 @@ bytes_of() {
 run() {
   [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
   local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,table,loopback} status=0
+  local mem=${MEM:-cuda} dev=(-D cuda)
+  [ "$mem" = cuda ] || dev=()
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
-  lf=$(build_libfabric "$cuda")
+  lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
   export LD_LIBRARY_PATH=$lf/lib:$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PATH=$lf/bin:$PATH
   local RB=$CARRY/bin/rdma-bench
@@ -118,6 +122,23 @@ run() {
       log "gpu_ipc=on in one process: failed, as expected (no CUDA IPC within a process)"
     "$RB" loopback --provider shm --mem cuda --ladder --nics-per-gpu 4 --no-verify -n 100 \
       --rounds 3 >&2 || status=1
+    # Two processes, every byte verified: the IPC path the table below measures.
+    log "two processes (server, client), shm, GPU memory, every byte verified"
+    local port=$((20000 + RANDOM % 20000))
+    timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem cuda --sessions 1 >&2 &
+    local spid=$!
+    sleep 1
+    timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda \
+      --sizes 4K,64K,1M,64M --verify >&2 || status=1
+    wait $spid || true
+    log "two processes: the ladder with 4 NICs per GPU (CUDA IPC)"
+    port=$((port + 5))
+    timeout 300 "$RB" server --listen 127.0.0.1:$port --provider shm --mem cuda --nics-per-gpu 4 >&2 &
+    spid=$!
+    sleep 1
+    timeout 290 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda --ladder \
+      --nics-per-gpu 4 --no-verify -n 100 --rounds 3 >&2 || status=1
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null || true
   fi
 
   if [[ ,$steps, == *,table,* ]]; then
@@ -134,11 +155,11 @@ run() {
         send) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
         lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
       esac
-      timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem cuda --sessions 1 \
+      timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem "$mem" --sessions 1 \
         > "$out/srv" 2>&1 &
       local spid=$! i
       for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
-      if ! timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda \
+      if ! timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
           "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
         log "rdma-bench $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
@@ -155,9 +176,9 @@ run() {
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
       port=$((port + 3))
       case $row in
-        write) tool=(fi_rma_bw -p shm -o writedata -D cuda -W 64 -S "$b" -I "$n") ;;
-        send) tool=(fi_rdm_tagged_bw -p shm -D cuda -W 64 -S "$b" -I "$n") ;;
-        lat) tool=(fi_rdm_pingpong -p shm -D cuda -S "$b" -I "$lat_iters") ;;
+        write) tool=(fi_rma_bw -p shm -o writedata "${dev[@]}" -W 64 -S "$b" -I "$n") ;;
+        send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W 64 -S "$b" -I "$n") ;;
+        lat) tool=(fi_rdm_pingpong -p shm "${dev[@]}" -S "$b" -I "$lat_iters") ;;
       esac
       timeout 120 "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
       local spid=$!
