@@ -129,7 +129,7 @@ run() {
     local spid=$!
     sleep 1
     timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda \
-      --sizes 4K,64K,1M,64M --verify >&2 || status=1
+      --sizes 4K,64K,1M,16M --pages 16 --verify >&2 || status=1
     wait $spid || true
     log "two processes: the ladder with 4 NICs per GPU (CUDA IPC)"
     port=$((port + 5))

@@ -307,7 +307,11 @@ fn run_one<T: Transport>(
             }
             ctrl.send(&Msg::Request(request(plan, p, id, p.pages)))?;
             wait_ready(ctrl, id)?;
-            let done = write::wait_imms(&mut side.eps, &expected, ctrl, cfg.idle, &mut progress)?;
+            let mut done =
+                write::wait_imms(&mut side.eps, &expected, ctrl, cfg.idle, &mut progress)?;
+            // The bytes are in place only once the GPU has run the copies the provider queued
+            // (see buffers::gpu_drain): that wait is part of the run.
+            done.seconds += buffers::gpu_drain(&side.data)?.as_secs_f64();
             if plan.verify {
                 for (i, mr) in side.data.iter().enumerate() {
                     buffers::verify_pages(mr, &layout, plan.seed, (i / npg) as u64, i % npg, i)?;

@@ -242,6 +242,12 @@ fn gpu_memory_between_processes_moves_device_to_device() {
         wait(&mut ep, "the region's immediate", |c| {
             c.kind == CompletionKind::RemoteWrite { imm: k as u32 }
         });
+        // shm's IPC copy is a device-to-device cudaMemcpy in this process, which returns
+        // before the GPU has run it: the immediate can arrive first. The clock stops when
+        // the bytes are in place.
+        if let Memory::Gpu(g) = dst.memory() {
+            g.context().synchronize().expect("cuCtxSynchronize");
+        }
         let secs = start.elapsed().as_secs_f64();
         assert_eq!(next_line("DONE"), "DONE");
         let gbps = (len as u64 * reps) as f64 * 8.0 / secs / 1e9;
