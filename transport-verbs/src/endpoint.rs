@@ -12,7 +12,7 @@ use transport_core::{
 
 use crate::addr::{WireAddr, LINK_ETH, LINK_IB};
 use crate::device::{choose_gid, open_domain, query_port, Domain};
-use crate::mr::VerbsMr;
+use crate::mr::{region_access, VerbsMr, ACCESS_RELAXED_ORDERING};
 use crate::util::{errno, errno_text, provider_err, MEMLOCK_HINT};
 
 /// Completions taken from the CQ per `ibv_poll_cq` call (the endpoint's own array).
@@ -98,6 +98,8 @@ pub struct Endpoint {
     port: u8,
     gid_index: u8,
     gid: [u8; 16],
+    /// Access flags of every region registered here.
+    access: u32,
     /// Whether packets carry a GRH: always on RoCE; on InfiniBand only with an explicit GID index.
     grh: bool,
     link_layer: u8,
@@ -175,6 +177,10 @@ impl Endpoint {
     /// The GID used (on InfiniBand, where the LID routes, the port GID sent along).
     pub fn gid(&self) -> [u8; 16] {
         self.gid
+    }
+    /// Whether regions are registered with relaxed ordering (option `relaxed_ordering`).
+    pub fn relaxed_ordering(&self) -> bool {
+        self.access & ACCESS_RELAXED_ORDERING != 0
     }
     /// Whether the port is Ethernet (RoCE) rather than InfiniBand.
     pub fn is_roce(&self) -> bool {
@@ -747,6 +753,7 @@ impl Transport for Endpoint {
         let inline = opt(nic, "inline", DEFAULT_INLINE, 4096)?;
         let imm_want = opt(nic, "imm_depth", DEFAULT_IMM_DEPTH, 1 << 20)?;
         let chain_bytes = opt(nic, "chain_bytes", DEFAULT_CHAIN_BYTES, usize::MAX)?.max(1);
+        let access = region_access(nic)?;
         let domain = Arc::new(open_domain(nic.device.as_deref())?);
         let port = nic.port.unwrap_or(1);
         let pinfo = query_port(&domain, port)?;
@@ -775,6 +782,7 @@ impl Transport for Endpoint {
             port,
             gid_index,
             gid,
+            access,
             grh: pinfo.link_layer == LINK_ETH || nic.gid_index.is_some(),
             link_layer: pinfo.link_layer,
             lid: pinfo.lid,
@@ -898,7 +906,7 @@ impl Transport for Endpoint {
     }
 
     fn register(&mut self, mem: Memory) -> Result<VerbsMr> {
-        VerbsMr::register(&self.domain, mem)
+        VerbsMr::register(&self.domain, mem, self.access)
     }
 
     fn deregister(&mut self, mr: VerbsMr) -> Result<Memory> {

@@ -20,8 +20,9 @@
 //!   4.096 µs · 2^t, default 14 ≈ 67 ms), `retry_cnt` (default 7), `rnr_retry` (default 7 =
 //!   forever), `min_rnr_timer` (default 12), `inline` (largest inline payload asked for, default
 //!   128), `imm_depth` (default 512), `chain_bytes` (payload after which `post_writes` closes a
-//!   chain, default 65536), `sl`, `traffic_class`, `hop_limit`. A dead peer is reported
-//!   after about `timeout · (retry_cnt + 1)`.
+//!   chain, default 65536), `sl`, `traffic_class`, `hop_limit`, `relaxed_ordering` (`on`,
+//!   the default, or `off`: see Memory). A dead peer is reported after about
+//!   `timeout · (retry_cnt + 1)`.
 //!
 //! # Design: two RC queue pairs per peer
 //! A WRITE with immediate consumes a receive work request at the target, and so does a SEND:
@@ -72,6 +73,15 @@
 //! saying both reasons. A region holds an `Arc` to the protection domain, so it may outlive
 //! its endpoint; posting a region of another endpoint is refused at post time.
 //!
+//! Every region asks for `IBV_ACCESS_RELAXED_ORDERING` unless `relaxed_ordering=off`: the NIC
+//! may then reorder its PCIe writes into the region, which GPU memory behind a ConnectX-7
+//! needs to get near 400 Gbit/s. RDMA WRITEs into one region are then not ordered with one
+//! another; a completion (a WRITE's local one, or the immediate's `RemoteWrite`) still means
+//! every byte before it is visible, which is all this crate promises. It is an optional flag
+//! (`IBV_ACCESS_OPTIONAL_RANGE`): `ibv_reg_mr` here goes through `ibv_reg_mr_iova2`, which
+//! clears it for a kernel without optional access flags, and a device without the feature
+//! (Soft-RoCE) ignores it. [`VerbsMr::access`] says what a region asked for.
+//!
 //! # Drop order
 //! Endpoint: queue pairs, then the SRQs and the CQ; the PD and the device context go with the
 //! last `Arc` (the endpoint's or a region's).
@@ -86,7 +96,7 @@ mod util;
 pub use addr::{WireAddr, ADDR_LEN, ADDR_VERSION};
 pub use device::device_names;
 pub use endpoint::Endpoint;
-pub use mr::VerbsMr;
+pub use mr::{VerbsMr, ACCESS_RELAXED_ORDERING};
 
 /// The NIC this crate's tests and benches open for `side` (0 or 1): `$VERBS_DEV<side>` (else
 /// the first device) and `$VERBS_GID<side>` (else the automatic GID). Not a supported API.
