@@ -5,7 +5,8 @@
 # Builds transport-verbs' test binaries on the host (cargo test --no-run), copies them to
 # ci/.vm/run/, boots the VM once and runs each binary there with CONFORMANCE_REQUIRE_DEVICE=1,
 # side 0 on rxe0 and side 1 on rxe1 (VERBS_DEV0/1). The GID index is left to the backend's
-# automatic choice (the RoCEv2 IPv4-mapped GID); set VERBS_GID0/VERBS_GID1 to force one.
+# automatic choice (per peer: the GID on the subnet that reaches it); set VERBS_GID0/VERBS_GID1
+# to force one.
 #
 #   ci/verbs-vm-test.sh [-- TEST-FILTER ARGS...]   extra args go to every test binary
 # Env: VM_TEST_TIMEOUT (s, per binary, default 300), SOFTROCE_TIMEOUT (s, whole VM, default 900),
