@@ -167,4 +167,10 @@ pub trait Transport: Send + Sized {
 
     /// What this endpoint can do.
     fn caps(&self) -> &Caps;
+
+    /// Backend settings worth printing beside the NIC's name (verbs: the GID choice, the
+    /// traffic class, relaxed ordering); empty where there are none.
+    fn details(&self) -> String {
+        String::new()
+    }
 }

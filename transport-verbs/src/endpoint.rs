@@ -1326,6 +1326,10 @@ impl Transport for Endpoint {
     fn caps(&self) -> &Caps {
         &self.caps
     }
+
+    fn details(&self) -> String {
+        self.describe()
+    }
 }
 
 #[cfg(test)]
