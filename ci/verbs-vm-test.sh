@@ -5,7 +5,8 @@
 # Builds transport-verbs' test binaries on the host (cargo test --no-run), copies them to
 # ci/.vm/run/, boots the VM once and runs each binary there with CONFORMANCE_REQUIRE_DEVICE=1,
 # side 0 on rxe0 and side 1 on rxe1 (VERBS_DEV0/1). The GID index is left to the backend's
-# automatic choice (the RoCEv2 IPv4-mapped GID); set VERBS_GID0/VERBS_GID1 to force one.
+# automatic choice (per peer: the GID on the subnet that reaches it); set VERBS_GID0/VERBS_GID1
+# to force one.
 #
 #   ci/verbs-vm-test.sh [-- TEST-FILTER ARGS...]   extra args go to every test binary
 # Env: VM_TEST_TIMEOUT (s, per binary, default 300), SOFTROCE_TIMEOUT (s, whole VM, default 900),
@@ -66,6 +67,9 @@ if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
   echo '$B -n 5 --pages 64 || { echo "=== FAILED: rdma-bench write"; fail=1; }'
   echo '$B --workload send -n 200 || { echo "=== FAILED: rdma-bench send"; fail=1; }'
   echo '$B --workload lat -n 200 || { echo "=== FAILED: rdma-bench lat"; fail=1; }'
+  echo 'echo "=== rdma-bench over verbs: --nic-opt tc=104 -v (the traffic class is printed per NIC)"'
+  echo '$B -n 2 --pages 16 --nic-opt tc=104 -v > /tmp/tc.log 2>&1; rc=$?; cat /tmp/tc.log'
+  echo '[ $rc = 0 ] && grep -q "tc 104" /tmp/tc.log || { echo "=== FAILED: rdma-bench tc=104"; fail=1; }'
   echo 'echo "=== rdma-bench run over verbs: 2 ranks (rank 0 on rxe0, rank 1 on rxe1), pairwise, verified"'
   echo 'R="timeout 120 ./bin/rdma-bench run --backend verbs --pattern pairwise --rendezvous 127.0.0.1:29700 -n 5 --pages 64"'
   echo 'RANK=1 WORLD_SIZE=2 $R --devices rxe1 > /tmp/rank1.log 2>&1 & r1=$!'

@@ -218,19 +218,17 @@ impl<T: Transport> Side<T> {
                 })?;
                 if cfg.verbose > 0 {
                     let c = ep.caps();
+                    let more = ep.details();
                     eprintln!(
-                        "rdma-bench: NIC {i} (GPU {ordinal}): {} {} max write {} tx depth {} rx depth {} link {}",
+                        "rdma-bench: NIC {i} (GPU {ordinal}): {} {} max write {} tx depth {} rx depth {} link {}{}{more}",
                         ep.provider(),
                         ep.nic_name(),
                         c.max_write_size,
                         c.tx_depth,
                         c.rx_depth,
-                        c.link_gbps.map_or("unknown".into(), |g| format!("{g} Gbit/s"))
+                        c.link_gbps.map_or("unknown".into(), |g| format!("{g} Gbit/s")),
+                        if more.is_empty() { "" } else { ", " },
                     );
-                    let details = ep.details();
-                    if !details.is_empty() {
-                        eprintln!("rdma-bench: NIC {i} (GPU {ordinal}): {details}");
-                    }
                 }
                 eps.push(ep);
             }

@@ -82,7 +82,7 @@ for a in $(/bin/busybox --list); do
 done
 
 # ---------------------------------------------------------------- 3. kernel modules
-MODS="ib_core ib_uverbs udp_tunnel ip6_udp_tunnel crc32_generic rdma_rxe veth
+MODS="ib_core ib_uverbs udp_tunnel ip6_udp_tunnel crc32_generic rdma_rxe veth 8021q
       configfs iw_cm ib_cm rdma_cm rdma_ucm ib_umad
       virtio virtio_ring virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
       netfs fscache 9pnet 9pnet_virtio 9p

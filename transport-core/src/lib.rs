@@ -168,9 +168,10 @@ pub trait Transport: Send + Sized {
     /// What this endpoint can do.
     fn caps(&self) -> &Caps;
 
-    /// How the backend opened the endpoint, in one line for logs (API version, threading
-    /// model, PCI address, settings that decide how it behaves on real hardware); empty
-    /// where it has nothing to add to [`Transport::provider`] and [`Transport::nic_name`].
+    /// How the backend opened the endpoint, in one line for logs: settings that decide how it
+    /// behaves on real hardware (efa: fabric, API version, threading model, shm, CUDA API,
+    /// PCI address; verbs: the GID choice, the traffic class, relaxed ordering); empty where
+    /// it has nothing to add to [`Transport::provider`] and [`Transport::nic_name`].
     fn details(&self) -> String {
         String::new()
     }

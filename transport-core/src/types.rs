@@ -23,7 +23,7 @@ pub struct NicDesc {
     pub provider: Option<String>,
     /// Verbs port number (default 1).
     pub port: Option<u8>,
-    /// Verbs GID index (default: chosen automatically, RoCEv2 IPv4-mapped first).
+    /// Verbs GID index (default: chosen per peer, the GID on the subnet that reaches it).
     pub gid_index: Option<u8>,
     /// Send queue depth wanted (default: the backend's choice, capped by the NIC).
     pub tx_depth: Option<usize>,

@@ -79,6 +79,9 @@ fn main() {
         .allowlist_function("ibv_.*")
         .allowlist_function("ibvs_.*")
         .allowlist_type("ibv_.*")
+        // IB_UVERBS_ACCESS_OPTIONAL_RANGE: what IBV_ACCESS_OPTIONAL_RANGE names (a macro bindgen
+        // cannot follow to the enum value).
+        .allowlist_type("ib_uverbs_access_flags")
         .allowlist_var("IBV_.*")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)

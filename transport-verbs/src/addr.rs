@@ -1,33 +1,50 @@
 //! The endpoint address: what a peer needs to connect its queue pairs to ours.
 //!
-//! Fixed length ([`ADDR_LEN`] bytes), versioned, checksummed, little-endian:
+//! Versioned, checksummed, little-endian; its length follows from the GID count:
+//! [`addr_len`]`(n)` = 32 + 20·n bytes.
 //!
-//! | bytes  | field                                                     |
-//! |--------|-----------------------------------------------------------|
-//! | 0..4   | magic `b"IBVQ"`                                           |
-//! | 4      | format version ([`ADDR_VERSION`])                          |
-//! | 5      | link layer (1 InfiniBand, 2 Ethernet)                     |
-//! | 6      | active path MTU (`ibv_mtu`, 1..=5)                        |
-//! | 7      | port number                                               |
-//! | 8..10  | LID (InfiniBand; 0 on Ethernet)                           |
-//! | 10..12 | reserved, zero                                            |
-//! | 12..16 | data QP number (WRITE, WRITE with immediate)              |
-//! | 16..20 | data QP initial PSN                                       |
-//! | 20..24 | message QP number (SEND/RECV)                             |
-//! | 24..28 | message QP initial PSN                                    |
-//! | 28..44 | GID                                                       |
-//! | 44..48 | FNV-1a 32 over bytes 0..44                                |
+//! | bytes       | field                                                 |
+//! |-------------|-------------------------------------------------------|
+//! | 0..4        | magic `b"IBVQ"`                                       |
+//! | 4           | format version ([`ADDR_VERSION`])                      |
+//! | 5           | link layer (1 InfiniBand, 2 Ethernet)                 |
+//! | 6           | active path MTU (`ibv_mtu`, 1..=5)                    |
+//! | 7           | port number                                           |
+//! | 8..10       | LID (InfiniBand; 0 on Ethernet)                       |
+//! | 10          | GID count n (0..=[`MAX_GIDS`]; at least 1 on Ethernet) |
+//! | 11          | reserved, zero                                        |
+//! | 12..16      | data QP number (WRITE, WRITE with immediate)          |
+//! | 16..20      | data QP initial PSN                                   |
+//! | 20..24      | message QP number (SEND/RECV)                         |
+//! | 24..28      | message QP initial PSN                                |
+//! | 28..28+20n  | the GIDs this side offers, best first, 20 bytes each: |
+//! |             | GID (16), type (1 IB, 2 RoCE v1, 3 RoCE v2), prefix   |
+//! |             | length of its IP subnet (0 unknown), flags (bit 0:    |
+//! |             | VLAN interface), reserved zero                        |
+//! | last 4      | FNV-1a 32 over everything before                      |
+//!
+//! Version 1 (before the per-peer GID choice) was 48 bytes with one GID and is refused with
+//! a message saying so.
 
 use transport_core::{EndpointAddr, Error, Result};
 
-/// Length of an encoded address.
-pub const ADDR_LEN: usize = 48;
+pub use crate::gid::MAX_GIDS;
+use crate::gid::{is_v4_mapped, GidKind, WireGid};
+
 /// Current address format version.
-pub const ADDR_VERSION: u8 = 1;
+pub const ADDR_VERSION: u8 = 2;
 const MAGIC: &[u8; 4] = b"IBVQ";
+const HEADER: usize = 28;
+const GID_LEN: usize = 20;
+const FLAG_VLAN: u8 = 1;
+
+/// Length of an encoded address carrying `gids` GIDs.
+pub const fn addr_len(gids: usize) -> usize {
+    HEADER + GID_LEN * gids + 4
+}
 
 /// A decoded peer address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WireAddr {
     pub link_layer: u8,
     pub mtu: u8,
@@ -37,7 +54,8 @@ pub struct WireAddr {
     pub data_psn: u32,
     pub msg_qpn: u32,
     pub msg_psn: u32,
-    pub gid: [u8; 16],
+    /// The GIDs the peer offers, best first (see `gid`).
+    pub gids: Vec<WireGid>,
 }
 
 /// `ibv_port_attr.link_layer` values.
@@ -61,23 +79,32 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 }
 
 impl WireAddr {
-    /// The address as bytes.
+    /// The address as bytes; GIDs past [`MAX_GIDS`] are left out.
     pub fn encode(&self) -> EndpointAddr {
-        let mut b = [0u8; ADDR_LEN];
+        let n = self.gids.len().min(MAX_GIDS);
+        let mut b = vec![0u8; addr_len(n)];
         b[0..4].copy_from_slice(MAGIC);
         b[4] = ADDR_VERSION;
         b[5] = self.link_layer;
         b[6] = self.mtu;
         b[7] = self.port;
         b[8..10].copy_from_slice(&self.lid.to_le_bytes());
+        b[10] = n as u8;
         b[12..16].copy_from_slice(&self.data_qpn.to_le_bytes());
         b[16..20].copy_from_slice(&self.data_psn.to_le_bytes());
         b[20..24].copy_from_slice(&self.msg_qpn.to_le_bytes());
         b[24..28].copy_from_slice(&self.msg_psn.to_le_bytes());
-        b[28..44].copy_from_slice(&self.gid);
-        let sum = fnv1a(&b[..44]);
-        b[44..48].copy_from_slice(&sum.to_le_bytes());
-        EndpointAddr(b.to_vec())
+        for (k, g) in self.gids.iter().take(n).enumerate() {
+            let o = HEADER + k * GID_LEN;
+            b[o..o + 16].copy_from_slice(&g.gid);
+            b[o + 16] = g.kind.to_wire();
+            b[o + 17] = g.prefix_len;
+            b[o + 18] = if g.vlan { FLAG_VLAN } else { 0 };
+        }
+        let end = b.len() - 4;
+        let sum = fnv1a(&b[..end]);
+        b[end..].copy_from_slice(&sum.to_le_bytes());
+        EndpointAddr(b)
     }
 
     /// Read and validate address bytes; anything this backend did not write is
@@ -85,10 +112,11 @@ impl WireAddr {
     pub fn decode(addr: &EndpointAddr) -> Result<Self> {
         let b = &addr.0[..];
         let bad = |why: String| Err(Error::BadAddress(format!("verbs address: {why}")));
-        if b.len() != ADDR_LEN {
+        if b.len() < addr_len(0) {
             return bad(format!(
-                "{} bytes, expected {ADDR_LEN} (is it from another backend?)",
-                b.len()
+                "{} bytes, at least {} expected (is it from another backend?)",
+                b.len(),
+                addr_len(0)
             ));
         }
         if &b[0..4] != MAGIC {
@@ -96,14 +124,62 @@ impl WireAddr {
         }
         if b[4] != ADDR_VERSION {
             return bad(format!(
-                "format version {}, this build reads version {ADDR_VERSION}: use the same \
+                "format version {}, this build reads version {ADDR_VERSION}{}: use the same \
                  transport-verbs version on both sides",
-                b[4]
+                b[4],
+                if b[4] == 1 {
+                    " (version 1 carried one GID, before the per-peer GID choice)"
+                } else {
+                    ""
+                }
             ));
         }
-        let sum = u32_at(b, 44);
-        if sum != fnv1a(&b[..44]) {
+        let n = usize::from(b[10]);
+        if n > MAX_GIDS {
+            return bad(format!("{n} GIDs, at most {MAX_GIDS}"));
+        }
+        if b.len() != addr_len(n) {
+            return bad(format!(
+                "{} bytes for {n} GID(s), expected {}: truncated or padded in transit",
+                b.len(),
+                addr_len(n)
+            ));
+        }
+        let end = b.len() - 4;
+        if u32_at(b, end) != fnv1a(&b[..end]) {
             return bad("checksum mismatch: the bytes were damaged in transit".into());
+        }
+        if b[11] != 0 {
+            return bad("reserved bytes are not zero".into());
+        }
+        let mut gids = Vec::with_capacity(n);
+        for k in 0..n {
+            let o = HEADER + k * GID_LEN;
+            let e = &b[o..o + GID_LEN];
+            let mut gid = [0u8; 16];
+            gid.copy_from_slice(&e[..16]);
+            let Some(kind) = GidKind::from_wire(e[16]) else {
+                return bad(format!("GID {k}: unknown type {}", e[16]));
+            };
+            let max_prefix = if is_v4_mapped(&gid) { 32 } else { 128 };
+            if e[17] > max_prefix {
+                return bad(format!(
+                    "GID {k}: prefix length {} over {max_prefix}",
+                    e[17]
+                ));
+            }
+            if e[18] & !FLAG_VLAN != 0 || e[19] != 0 {
+                return bad(format!("GID {k}: unknown flags {:#x}/{:#x}", e[18], e[19]));
+            }
+            if gid == [0; 16] {
+                return bad(format!("GID {k} is zero"));
+            }
+            gids.push(WireGid {
+                gid,
+                kind,
+                prefix_len: e[17],
+                vlan: e[18] & FLAG_VLAN != 0,
+            });
         }
         let a = WireAddr {
             link_layer: b[5],
@@ -114,11 +190,8 @@ impl WireAddr {
             data_psn: u32_at(b, 16),
             msg_qpn: u32_at(b, 20),
             msg_psn: u32_at(b, 24),
-            gid: b[28..44].try_into().expect("16 bytes"),
+            gids,
         };
-        if b[10..12] != [0, 0] {
-            return bad("reserved bytes are not zero".into());
-        }
         if a.link_layer != LINK_IB && a.link_layer != LINK_ETH {
             return bad(format!("unknown link layer {}", a.link_layer));
         }
@@ -135,11 +208,21 @@ impl WireAddr {
                 return bad(format!("{what} PSN {psn:#x} is not 24-bit"));
             }
         }
-        if a.link_layer == LINK_ETH && a.gid == [0; 16] {
-            return bad("RoCE address without a GID".into());
+        if a.link_layer == LINK_ETH {
+            if a.gids.is_empty() {
+                return bad("RoCE address without a GID".into());
+            }
+            if a.gids.iter().any(|g| g.kind == GidKind::Ib) {
+                return bad("RoCE address with an InfiniBand GID".into());
+            }
         }
-        if a.link_layer == LINK_IB && (a.lid == 0 || a.lid >= 0xc000) {
-            return bad(format!("InfiniBand LID {:#x} is not a unicast LID", a.lid));
+        if a.link_layer == LINK_IB {
+            if a.lid == 0 || a.lid >= 0xc000 {
+                return bad(format!("InfiniBand LID {:#x} is not a unicast LID", a.lid));
+            }
+            if a.gids.iter().any(|g| g.kind != GidKind::Ib) {
+                return bad("InfiniBand address with a RoCE GID".into());
+            }
         }
         Ok(a)
     }
@@ -148,6 +231,16 @@ impl WireAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gid::tests::v4;
+
+    fn g(last: u8, kind: GidKind, vlan: bool) -> WireGid {
+        WireGid {
+            gid: v4([10, 99, 0, last]),
+            kind,
+            prefix_len: 24,
+            vlan,
+        }
+    }
 
     fn sample() -> WireAddr {
         WireAddr {
@@ -159,16 +252,34 @@ mod tests {
             data_psn: 0x123456,
             msg_qpn: 0x12,
             msg_psn: 0xabcdef,
-            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 99, 0, 1],
+            gids: vec![
+                g(1, GidKind::RoceV2, false),
+                g(2, GidKind::RoceV2, true),
+                g(1, GidKind::RoceV1, false),
+            ],
         }
     }
 
+    /// Several GIDs, with their types, prefixes and VLAN flags, survive the trip; the old
+    /// format had room for one GID and no subnet or VLAN, so the peer could not choose.
     #[test]
     fn roundtrip() {
         let a = sample();
         let e = a.encode();
-        assert_eq!(e.0.len(), ADDR_LEN);
+        assert_eq!(e.0.len(), addr_len(3));
         assert_eq!(WireAddr::decode(&e).unwrap(), a);
+        let mut full = sample();
+        full.gids = (0..MAX_GIDS as u8 + 3)
+            .map(|i| g(i + 1, GidKind::RoceV2, false))
+            .collect();
+        let d = WireAddr::decode(&full.encode()).unwrap();
+        assert_eq!(d.gids.len(), MAX_GIDS, "the extra ones are left out");
+        assert_eq!(d.gids[..], full.gids[..MAX_GIDS]);
+        let mut ib = sample();
+        ib.link_layer = LINK_IB;
+        ib.lid = 7;
+        ib.gids.clear();
+        assert_eq!(WireAddr::decode(&ib.encode()).unwrap(), ib);
     }
 
     #[test]
@@ -177,13 +288,14 @@ mod tests {
         let mut cases: Vec<Vec<u8>> = vec![
             vec![],
             vec![0; 3],
-            vec![0xff; ADDR_LEN + 17],
-            good[..ADDR_LEN - 1].to_vec(),
-            vec![0; ADDR_LEN],
-            vec![0xff; ADDR_LEN],
+            vec![0xff; addr_len(3) + 17],
+            good[..good.len() - 1].to_vec(),
+            [good.clone(), vec![0]].concat(),
+            vec![0; addr_len(3)],
+            vec![0xff; addr_len(3)],
         ];
-        // Every single-bit flip is caught (checksum or field check).
-        for i in 0..ADDR_LEN * 8 {
+        // Every single-bit flip is caught (checksum, length or field check).
+        for i in 0..good.len() * 8 {
             let mut b = good.clone();
             b[i / 8] ^= 1 << (i % 8);
             cases.push(b);
@@ -196,21 +308,68 @@ mod tests {
         }
     }
 
+    /// Bytes with a valid checksum but fields this backend never writes: `BadAddress`, each
+    /// with its reason, never a panic.
     #[test]
     fn field_checks_behind_a_valid_checksum() {
-        let mut zero_qpn = sample();
-        zero_qpn.data_qpn = 0;
-        let mut big_psn = sample();
-        big_psn.msg_psn = 1 << 24;
-        let mut mtu = sample();
-        mtu.mtu = 9;
-        let mut ib_no_lid = sample();
-        ib_no_lid.link_layer = LINK_IB;
-        for a in [zero_qpn, big_psn, mtu, ib_no_lid] {
-            assert!(matches!(
-                WireAddr::decode(&a.encode()),
-                Err(Error::BadAddress(_))
-            ));
+        let mut cases: Vec<(&str, WireAddr)> = Vec::new();
+        let mut a = sample();
+        a.data_qpn = 0;
+        cases.push(("QP number", a));
+        let mut a = sample();
+        a.msg_psn = 1 << 24;
+        cases.push(("PSN", a));
+        let mut a = sample();
+        a.mtu = 9;
+        cases.push(("MTU", a));
+        let mut a = sample();
+        a.link_layer = LINK_IB;
+        cases.push(("LID", a));
+        let mut a = sample();
+        a.gids.clear();
+        cases.push(("without a GID", a));
+        let mut a = sample();
+        a.gids[1].kind = GidKind::Ib;
+        cases.push(("InfiniBand GID", a));
+        let mut a = sample();
+        a.gids[0].prefix_len = 33;
+        cases.push(("prefix length", a));
+        let mut a = sample();
+        a.gids[2].gid = [0; 16];
+        cases.push(("zero", a));
+        for (want, a) in cases {
+            match WireAddr::decode(&a.encode()) {
+                Err(Error::BadAddress(m)) => assert!(m.contains(want), "{want}: {m}"),
+                other => panic!("{want}: {other:?}"),
+            }
+        }
+        // Raw bytes: a GID count past the limit, an unknown type, unknown flags, version 1.
+        let resum = |mut b: Vec<u8>| {
+            let end = b.len() - 4;
+            let s = fnv1a(&b[..end]);
+            b[end..].copy_from_slice(&s.to_le_bytes());
+            b
+        };
+        let good = sample().encode().0;
+        let mut count = vec![0u8; addr_len(MAX_GIDS + 1)];
+        count[..HEADER].copy_from_slice(&good[..HEADER]);
+        count[10] = MAX_GIDS as u8 + 1;
+        let mut kind = good.clone();
+        kind[HEADER + 16] = 9;
+        let mut flags = good.clone();
+        flags[HEADER + 18] = 0x80;
+        let mut v1 = good.clone();
+        v1[4] = 1;
+        for (want, b) in [
+            ("at most", resum(count)),
+            ("unknown type", resum(kind)),
+            ("unknown flags", resum(flags)),
+            ("version 1 carried one GID", resum(v1)),
+        ] {
+            match WireAddr::decode(&EndpointAddr(b)) {
+                Err(Error::BadAddress(m)) => assert!(m.contains(want), "{want}: {m}"),
+                other => panic!("{want}: {other:?}"),
+            }
         }
     }
 }

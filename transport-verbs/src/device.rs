@@ -1,11 +1,14 @@
-//! Opening a device: the device list, the protection domain, the port and the GID.
+//! Opening a device: the device list, the protection domain, the port and its GID table.
 
 use std::ffi::CStr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ibverbs_sys as sys;
 use transport_core::{Error, Result};
 
 use crate::addr::{LINK_ETH, LINK_IB};
+use crate::gid::{is_v4_mapped, GidEntry, GidKind, WireGid};
+use crate::netdev::{ifindex_name, Interfaces};
 use crate::util::{errno, errno_text, provider_err};
 
 /// An open device context and its protection domain: what memory regions and queue pairs hang
@@ -227,28 +230,26 @@ fn link_gbps(width: u8, speed: u8) -> Option<f64> {
     Some(lanes * per_lane)
 }
 
-/// The kind of a GID table entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GidType {
-    Ib,
-    RoceV1,
-    RoceV2,
-}
-
-/// One GID table entry, or `None` where the slot is empty.
-pub(crate) fn query_gid(d: &Domain, port: u8, index: u32) -> Option<([u8; 16], GidType)> {
+/// One GID table entry: the GID, its type and its netdev's ifindex (0 where unknown), or
+/// `None` where the slot is empty. On an Ethernet port, type IB is RoCE v1 (sysfs says
+/// `IB/RoCE v1`).
+fn query_gid(d: &Domain, port: u8, index: u32, roce: bool) -> Option<([u8; 16], GidKind, u32)> {
+    let kind = |ib: bool, v2: bool| match (v2, ib, roce) {
+        (true, _, _) => GidKind::RoceV2,
+        (false, false, _) | (false, true, true) => GidKind::RoceV1,
+        (false, true, false) => GidKind::Ib,
+    };
     let mut e = sys::ibv_gid_entry::default();
     // SAFETY: `ctx` is open; `e` is a valid out-pointer of the size the call expects.
     let rc = unsafe { sys::ibvs_query_gid_ex(d.ctx, u32::from(port), index, &mut e, 0) };
     if rc == 0 {
         // SAFETY: `raw` is the plain-bytes view of the GID union.
         let gid = unsafe { e.gid.raw };
-        let ty = match e.gid_type {
-            t if t == sys::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
-            t if t == sys::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
-            _ => GidType::Ib,
-        };
-        return (gid != [0; 16]).then_some((gid, ty));
+        let ty = kind(
+            e.gid_type == sys::IBV_GID_TYPE_IB,
+            e.gid_type == sys::IBV_GID_TYPE_ROCE_V2,
+        );
+        return (gid != [0; 16]).then_some((gid, ty, e.ndev_ifindex));
     }
     if rc == libc::ENODATA || rc == libc::EINVAL {
         return None;
@@ -265,64 +266,62 @@ pub(crate) fn query_gid(d: &Domain, port: u8, index: u32) -> Option<([u8; 16], G
         "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
         d.name
     );
-    let ty = match std::fs::read_to_string(path) {
-        Ok(s) if s.trim().eq_ignore_ascii_case("RoCE v2") => GidType::RoceV2,
-        Ok(s) if s.trim().starts_with("IB/RoCE") => GidType::RoceV1,
-        _ => GidType::Ib,
+    // "RoCE v2", else "IB/RoCE v1" (or unreadable: the IB type, RoCE v1 on Ethernet).
+    let v2 =
+        matches!(std::fs::read_to_string(path), Ok(s) if s.trim().eq_ignore_ascii_case("RoCE v2"));
+    let ty = kind(!v2, v2);
+    (gid != [0; 16]).then_some((gid, ty, 0))
+}
+
+/// The port's GID table (indexes 0..=255, which is what `sgid_index` can name), each entry with
+/// its netdev, VLAN and the prefix length of its IP address, as far as the host tells.
+pub(crate) fn read_gid_table(d: &Domain, port: u8, p: &PortInfo) -> Vec<GidEntry> {
+    let roce = p.link_layer == LINK_ETH;
+    let ifs = if roce {
+        Interfaces::read()
+    } else {
+        Interfaces::default()
     };
-    (gid != [0; 16]).then_some((gid, ty))
-}
-
-fn is_v4_mapped(g: &[u8; 16]) -> bool {
-    g[..10] == [0; 10] && g[10] == 0xff && g[11] == 0xff
-}
-
-/// Pick the GID index: on Ethernet the RoCEv2 IPv4-mapped GID first, then another RoCEv2
-/// GID (global before link-local), then any GID; on InfiniBand index 0. An explicit index is
-/// checked to exist.
-pub(crate) fn choose_gid(
-    d: &Domain,
-    port: u8,
-    p: &PortInfo,
-    wanted: Option<u8>,
-) -> Result<(u8, [u8; 16])> {
-    if let Some(i) = wanted {
-        return match query_gid(d, port, u32::from(i)) {
-            Some((g, _)) => Ok((i, g)),
-            None => Err(Error::InvalidArgument(format!(
-                "GID index {i} of {} port {port} is empty: see \
-                 /sys/class/infiniband/{}/ports/{port}/gids/ (`show_gids`)",
-                d.name, d.name
-            ))),
-        };
-    }
-    let mut best: Option<(u32, u8, [u8; 16])> = None; // (rank, index, gid); lower rank wins
+    let mut t = Vec::new();
     for i in 0..p.gid_tbl_len.min(256) {
-        let Some((g, ty)) = query_gid(d, port, i) else {
+        let Some((gid, kind, ifindex)) = query_gid(d, port, i, roce) else {
             continue;
         };
-        let link_local = g[0] == 0xfe && g[1] & 0xc0 == 0x80;
-        let rank = match (p.link_layer, ty) {
-            (LINK_IB, _) => i,
-            (_, GidType::RoceV2) if is_v4_mapped(&g) => 0,
-            (_, GidType::RoceV2) if !link_local => 1000,
-            (_, GidType::RoceV2) => 2000,
-            _ => 3000 + i,
-        };
-        if best.map_or(true, |b| rank < b.0) {
-            best = Some((rank, i as u8, g));
-        }
-        if rank == 0 || p.link_layer == LINK_IB {
-            break;
-        }
-    }
-    match best {
-        Some((_, i, g)) => Ok((i, g)),
-        None if p.link_layer == LINK_IB => Ok((0, [0; 16])),
-        None => Err(Error::NoDevice(format!(
-            "{} port {port} has no GID: give its network interface an IP address \
-             (RoCE GIDs come from the netdev's addresses)",
+        // The kernel's name for the entry's netdev first (an ifindex names another device in
+        // another network namespace), then the ifindex from ibv_query_gid_ex.
+        let path = format!(
+            "/sys/class/infiniband/{}/ports/{port}/gid_attrs/ndevs/{i}",
             d.name
-        ))),
+        );
+        let netdev = std::fs::read_to_string(path)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .or_else(|| ifindex_name(ifindex));
+        let vlan_id = netdev.as_deref().and_then(|n| ifs.vlan_of(n));
+        let ip = if is_v4_mapped(&gid) {
+            IpAddr::V4(Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(gid))
+        };
+        let prefix_len = if roce {
+            ifs.prefix_of(netdev.as_deref(), ip)
+                .or_else(|| ifs.prefix_of(None, ip))
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        t.push(GidEntry {
+            index: i as u8,
+            wire: WireGid {
+                gid,
+                kind,
+                prefix_len,
+                vlan: vlan_id.is_some(),
+            },
+            netdev,
+            vlan_id,
+        });
     }
+    t
 }

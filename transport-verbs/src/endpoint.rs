@@ -11,8 +11,9 @@ use transport_core::{
 };
 
 use crate::addr::{WireAddr, LINK_ETH, LINK_IB};
-use crate::device::{choose_gid, open_domain, query_port, Domain};
-use crate::mr::VerbsMr;
+use crate::device::{open_domain, query_port, read_gid_table, Domain};
+use crate::gid::{candidates, describe_candidates, gid_text, peer_path, GidEntry, PeerPath};
+use crate::mr::{region_access, VerbsMr, ACCESS_RELAXED_ORDERING};
 use crate::util::{errno, errno_text, provider_err, MEMLOCK_HINT};
 
 /// Completions taken from the CQ per `ibv_poll_cq` call (the endpoint's own array).
@@ -60,14 +61,49 @@ fn opt<T>(nic: &NicDesc, key: &str, default: T, max: T) -> Result<T>
 where
     T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
 {
-    match nic.options.get(key) {
-        None => Ok(default),
-        Some(v) => match v.parse::<T>() {
-            Ok(x) if x <= max => Ok(x),
-            _ => Err(Error::InvalidArgument(format!(
-                "verbs option {key}={v}: expected a number up to {max}"
-            ))),
-        },
+    Ok(opt_any(nic, &[key], max)?.unwrap_or(default))
+}
+
+/// The value of the first of `keys` given (aliases of one option), checked against `max`;
+/// two of them with different values are refused.
+fn opt_any<T>(nic: &NicDesc, keys: &[&str], max: T) -> Result<Option<T>>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let mut found: Option<(&str, &String, T)> = None;
+    for &key in keys {
+        let Some(v) = nic.options.get(key) else {
+            continue;
+        };
+        let x = match v.parse::<T>() {
+            Ok(x) if x <= max => x,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "verbs option {key}={v}: expected a number up to {max}"
+                )))
+            }
+        };
+        if let Some((k0, v0, x0)) = found {
+            if x0 != x {
+                return Err(Error::InvalidArgument(format!(
+                    "verbs options {k0}={v0} and {key}={v} disagree: they are one setting, give \
+                     one of them"
+                )));
+            }
+        }
+        found = found.or(Some((key, v, x)));
+    }
+    Ok(found.map(|f| f.2))
+}
+
+/// The local GID index asked for: option `gid` or `NicDesc::gid_index` (the same if both).
+fn forced_gid(nic: &NicDesc) -> Result<Option<u8>> {
+    let o = opt_any(nic, &["gid"], 255u8)?;
+    match (o, nic.gid_index) {
+        (Some(a), Some(b)) if a != b => Err(Error::InvalidArgument(format!(
+            "verbs option gid={a} and the NIC's GID index {b} disagree: give one"
+        ))),
+        (a, b) => Ok(a.or(b)),
     }
 }
 
@@ -96,8 +132,15 @@ struct QpPair {
 pub struct Endpoint {
     domain: Arc<Domain>,
     port: u8,
-    gid_index: u8,
-    gid: [u8; 16],
+    /// The GIDs this side offers its peers, best first (one where `gid=N` forced it; none on
+    /// InfiniBand without a GID table).
+    gids: Vec<GidEntry>,
+    /// Whether the GID index was forced (`gid=N`, `NicDesc::gid_index`).
+    gid_forced: bool,
+    /// The GIDs each connected peer's queue pairs use (same index as `peers`).
+    paths: Vec<PeerPath>,
+    /// Access flags of every region registered here.
+    access: u32,
     /// Whether packets carry a GRH: always on RoCE; on InfiniBand only with an explicit GID index.
     grh: bool,
     link_layer: u8,
@@ -140,6 +183,17 @@ pub struct Endpoint {
 // immutable attributes through `&self`); libibverbs objects may be used from any thread.
 unsafe impl Send for Endpoint {}
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "verbs::Endpoint({} {})",
+            self.domain.name,
+            self.describe()
+        )
+    }
+}
+
 fn check(rc: i32, call: &'static str, hint: impl Into<String>) -> Result<()> {
     if rc == 0 {
         Ok(())
@@ -168,13 +222,60 @@ impl Endpoint {
     pub fn port(&self) -> u8 {
         self.port
     }
-    /// The GID index used (chosen automatically unless `NicDesc::gid_index` was set).
+    /// The GID index this side prefers, before any peer is known: the forced one (`gid=N`,
+    /// `NicDesc::gid_index`), else the best of the port's (untagged IPv4 RoCE v2 first). Each
+    /// peer's queue pairs may use another: see [`Self::peer_path`].
     pub fn gid_index(&self) -> u8 {
-        self.gid_index
+        self.gids.first().map_or(0, |e| e.index)
     }
-    /// The GID used (on InfiniBand, where the LID routes, the port GID sent along).
+    /// The GID at [`Self::gid_index`] (zero on InfiniBand without a GID table).
     pub fn gid(&self) -> [u8; 16] {
-        self.gid
+        self.gids.first().map_or([0; 16], |e| e.wire.gid)
+    }
+    /// The GIDs `peer`'s queue pairs use, chosen at `add_peer` from both sides' tables.
+    pub fn peer_path(&self, peer: PeerId) -> Result<&PeerPath> {
+        Ok(&self.paths[self.peer_index(peer)?])
+    }
+    /// The GRH traffic class of every queue pair (option `tc`, alias `traffic_class`).
+    pub fn traffic_class(&self) -> u8 {
+        self.opts.traffic_class
+    }
+    /// Whether regions are registered with relaxed ordering (option `relaxed_ordering`).
+    pub fn relaxed_ordering(&self) -> bool {
+        self.access & ACCESS_RELAXED_ORDERING != 0
+    }
+    /// What the device reports for `peer`'s two queue pairs (data, message) with
+    /// `ibv_query_qp`: the address vector the connection really uses.
+    pub fn queried_av(&self, peer: PeerId) -> Result<[QueriedAv; 2]> {
+        let p = &self.peers[self.peer_index(peer)?];
+        Ok([query_av(&p.data)?, query_av(&p.msg)?])
+    }
+    /// One line for people: port, link, GID choice, traffic class, relaxed ordering, and the
+    /// GIDs of the first peers.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "port {} ({}), {}, tc {}, relaxed ordering {}",
+            self.port,
+            if self.is_roce() { "RoCE" } else { "InfiniBand" },
+            describe_candidates(&self.gids, self.gid_forced),
+            self.opts.traffic_class,
+            if self.relaxed_ordering() { "on" } else { "off" }
+        );
+        for (i, p) in self.paths.iter().enumerate().take(4) {
+            s.push_str(&format!(
+                "; peer {i}: [{}] {} -> {}",
+                p.sgid_index,
+                gid_text(&p.sgid),
+                gid_text(&p.dgid)
+            ));
+            if let Some(n) = &p.netdev {
+                s.push_str(&format!(" on {n}"));
+            }
+        }
+        if self.paths.len() > 4 {
+            s.push_str(&format!("; {} more peers", self.paths.len() - 4));
+        }
+        s
     }
     /// Whether the port is Ethernet (RoCE) rather than InfiniBand.
     pub fn is_roce(&self) -> bool {
@@ -344,8 +445,15 @@ impl Endpoint {
         }
     }
 
-    /// INIT -> RTR -> RTS against the remote QP `rqpn`/`rpsn`.
-    fn connect_qp(&self, q: &Qp, r: &WireAddr, rqpn: u32, rpsn: u32) -> Result<()> {
+    /// INIT -> RTR -> RTS against the remote QP `rqpn`/`rpsn`, from and to the GIDs of `path`.
+    fn connect_qp(
+        &self,
+        q: &Qp,
+        r: &WireAddr,
+        path: &PeerPath,
+        rqpn: u32,
+        rpsn: u32,
+    ) -> Result<()> {
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTR,
             path_mtu: u32::from(self.mtu.min(r.mtu)),
@@ -359,10 +467,10 @@ impl Endpoint {
         a.ah_attr.sl = self.opts.sl;
         // InfiniBand routes by LID (0 on RoCE); a GRH is added on RoCE, or on request.
         a.ah_attr.dlid = r.lid;
-        if self.grh && r.gid != [0; 16] {
+        if self.grh && path.dgid != [0; 16] {
             a.ah_attr.is_global = 1;
-            a.ah_attr.grh.dgid = sys::ibv_gid { raw: r.gid };
-            a.ah_attr.grh.sgid_index = self.gid_index;
+            a.ah_attr.grh.dgid = sys::ibv_gid { raw: path.dgid };
+            a.ah_attr.grh.sgid_index = path.sgid_index;
             a.ah_attr.grh.hop_limit = self.opts.hop_limit;
             a.ah_attr.grh.traffic_class = self.opts.traffic_class;
         }
@@ -379,10 +487,21 @@ impl Endpoint {
             rc,
             "ibv_modify_qp(RTR)",
             if self.link_layer == LINK_ETH {
-                "the peer's GID must be reachable from this GID (same IP subnet or routed, \
-                 neighbour resolvable over the netdev); check `ip addr` on the RoCE interface"
+                format!(
+                    "the peer's GID {} must be reachable from this GID [{}] {}{} (same IP subnet \
+                     or routed, neighbour resolvable over the netdev); check `ip addr` and \
+                     `ip route get {}` on the RoCE interface, or force a GID with gid=N",
+                    gid_text(&path.dgid),
+                    path.sgid_index,
+                    gid_text(&path.sgid),
+                    path.netdev
+                        .as_deref()
+                        .map_or(String::new(), |n| format!(" on {n}")),
+                    gid_text(&path.dgid),
+                )
             } else {
                 "the peer's LID must be reachable: is the port ACTIVE, does a subnet manager run?"
+                    .to_string()
             },
         )?;
         let mut a = sys::ibv_qp_attr {
@@ -668,6 +787,38 @@ struct Prepared {
     rkey: u32,
 }
 
+/// What `ibv_query_qp` reports of a connected queue pair's address vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueriedAv {
+    /// Whether packets carry a GRH.
+    pub is_global: bool,
+    pub sgid_index: u8,
+    pub dgid: [u8; 16],
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+}
+
+fn query_av(q: &Qp) -> Result<QueriedAv> {
+    let mut a = sys::ibv_qp_attr::default();
+    let mut init = sys::ibv_qp_init_attr::default();
+    // SAFETY: `q.qp` is a live QP; `a` and `init` are valid out-pointers.
+    let rc = unsafe { sys::ibv_query_qp(q.qp, &mut a, sys::IBV_QP_AV as i32, &mut init) };
+    check(
+        rc,
+        "ibv_query_qp",
+        "the device cannot report the queue pair's state",
+    )?;
+    let g = &a.ah_attr.grh;
+    Ok(QueriedAv {
+        is_global: a.ah_attr.is_global != 0,
+        sgid_index: g.sgid_index,
+        // SAFETY: `raw` is the plain-bytes view of the GID union.
+        dgid: unsafe { g.dgid.raw },
+        traffic_class: g.traffic_class,
+        hop_limit: g.hop_limit,
+    })
+}
+
 fn destroy_qp(q: &Qp) {
     // SAFETY: `q.qp` is a live QP destroyed exactly once (callers drop the `Qp` afterwards).
     let rc = unsafe { sys::ibv_destroy_qp(q.qp) };
@@ -741,16 +892,25 @@ impl Transport for Endpoint {
             rnr_retry: opt(nic, "rnr_retry", 7u8, 7)?,
             min_rnr_timer: opt(nic, "min_rnr_timer", 12u8, 31)?,
             sl: opt(nic, "sl", 0u8, 15)?,
-            traffic_class: opt(nic, "traffic_class", 0u8, 255)?,
+            traffic_class: opt_any(nic, &["tc", "traffic_class"], 255u8)?.unwrap_or(0),
             hop_limit: opt(nic, "hop_limit", 64u8, 255)?,
         };
         let inline = opt(nic, "inline", DEFAULT_INLINE, 4096)?;
         let imm_want = opt(nic, "imm_depth", DEFAULT_IMM_DEPTH, 1 << 20)?;
         let chain_bytes = opt(nic, "chain_bytes", DEFAULT_CHAIN_BYTES, usize::MAX)?.max(1);
+        let access = region_access(nic)?;
+        let forced = forced_gid(nic)?;
         let domain = Arc::new(open_domain(nic.device.as_deref())?);
         let port = nic.port.unwrap_or(1);
         let pinfo = query_port(&domain, port)?;
-        let (gid_index, gid) = choose_gid(&domain, port, &pinfo, nic.gid_index)?;
+        let table = read_gid_table(&domain, port, &pinfo);
+        let gids = candidates(
+            &table,
+            pinfo.link_layer == LINK_ETH,
+            forced,
+            &domain.name,
+            port,
+        )?;
         let mut da = sys::ibv_device_attr::default();
         // SAFETY: `ctx` is open; `da` is a valid out-pointer.
         let rc = unsafe { sys::ibv_query_device(domain.ctx, &mut da) };
@@ -773,9 +933,11 @@ impl Transport for Endpoint {
         let mut ep = Endpoint {
             domain,
             port,
-            gid_index,
-            gid,
-            grh: pinfo.link_layer == LINK_ETH || nic.gid_index.is_some(),
+            gids,
+            gid_forced: forced.is_some(),
+            paths: Vec::new(),
+            access,
+            grh: pinfo.link_layer == LINK_ETH || forced.is_some(),
             link_layer: pinfo.link_layer,
             lid: pinfo.lid,
             mtu: pinfo.active_mtu,
@@ -848,7 +1010,7 @@ impl Transport for Endpoint {
             data_psn: p.data.psn,
             msg_qpn: p.msg.qpn,
             msg_psn: p.msg.psn,
-            gid: self.gid,
+            gids: self.gids.iter().map(|e| e.wire).collect(),
         }
         .encode()
     }
@@ -876,16 +1038,19 @@ impl Transport for Endpoint {
                 "more than {MAX_PEERS} peers"
             )));
         }
+        // The GIDs for this peer: from both sides' candidates, the same pair at both ends.
+        let path = peer_path(&self.gids, &r.gids, self.link_layer == LINK_ETH)?;
         self.ensure_cq(self.peers.len() + 1)?;
         let next = self.create_pair()?;
         let cur = self.pending.take().expect("pending queue pair");
         let res = self
-            .connect_qp(&cur.data, &r, r.data_qpn, r.data_psn)
-            .and_then(|()| self.connect_qp(&cur.msg, &r, r.msg_qpn, r.msg_psn));
+            .connect_qp(&cur.data, &r, &path, r.data_qpn, r.data_psn)
+            .and_then(|()| self.connect_qp(&cur.msg, &r, &path, r.msg_qpn, r.msg_psn));
         self.pending = Some(next);
         match res {
             Ok(()) => {
                 self.peers.push(cur);
+                self.paths.push(path);
                 Ok(PeerId((self.peers.len() - 1) as u32))
             }
             Err(e) => {
@@ -898,7 +1063,7 @@ impl Transport for Endpoint {
     }
 
     fn register(&mut self, mem: Memory) -> Result<VerbsMr> {
-        VerbsMr::register(&self.domain, mem)
+        VerbsMr::register(&self.domain, mem, self.access)
     }
 
     fn deregister(&mut self, mr: VerbsMr) -> Result<Memory> {
@@ -1160,5 +1325,67 @@ impl Transport for Endpoint {
 
     fn caps(&self) -> &Caps {
         &self.caps
+    }
+
+    fn details(&self) -> String {
+        self.describe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nic(opts: &[(&str, &str)]) -> NicDesc {
+        opts.iter()
+            .fold(NicDesc::default(), |n, (k, v)| n.with_option(*k, *v))
+    }
+
+    fn tc(opts: &[(&str, &str)]) -> Result<Option<u8>> {
+        opt_any(&nic(opts), &["tc", "traffic_class"], 255u8)
+    }
+
+    /// `tc=N` sets the traffic class, `traffic_class=N` still does, 0..=255 only, and the two
+    /// disagreeing is an error. Before: only `traffic_class` was read, so `--nic-opt tc=106`
+    /// was silently ignored and every QP ran at class 0; on a RoCE fabric whose lossless
+    /// (PFC) class is DSCP 26 the traffic then went into the lossy default queue.
+    #[test]
+    fn traffic_class_option() {
+        assert_eq!(tc(&[]).unwrap(), None);
+        assert_eq!(tc(&[("tc", "106")]).unwrap(), Some(106));
+        assert_eq!(tc(&[("traffic_class", "32")]).unwrap(), Some(32));
+        assert_eq!(tc(&[("tc", "255")]).unwrap(), Some(255));
+        assert_eq!(tc(&[("tc", "7"), ("traffic_class", "7")]).unwrap(), Some(7));
+        for bad in ["256", "-1", "0x10", "", "dscp26"] {
+            match tc(&[("tc", bad)]) {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(m.contains("tc=") && m.contains("255"), "{m}")
+                }
+                other => panic!("tc={bad}: {other:?}"),
+            }
+        }
+        match tc(&[("tc", "8"), ("traffic_class", "16")]) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("disagree"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `gid=N` forces the GID index like `NicDesc::gid_index`; both given must agree.
+    #[test]
+    fn gid_option() {
+        assert_eq!(forced_gid(&nic(&[])).unwrap(), None);
+        assert_eq!(forced_gid(&nic(&[("gid", "3")])).unwrap(), Some(3));
+        let mut n = nic(&[("gid", "3")]);
+        n.gid_index = Some(3);
+        assert_eq!(forced_gid(&n).unwrap(), Some(3));
+        n.gid_index = Some(4);
+        assert!(matches!(forced_gid(&n), Err(Error::InvalidArgument(_))));
+        n = NicDesc::default();
+        n.gid_index = Some(9);
+        assert_eq!(forced_gid(&n).unwrap(), Some(9));
+        assert!(matches!(
+            forced_gid(&nic(&[("gid", "256")])),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 }

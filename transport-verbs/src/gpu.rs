@@ -65,17 +65,24 @@ pub(crate) fn choose_path<M>(
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn register(_d: &Arc<Domain>, _g: &mut GpuBuffer) -> Result<(*mut sys::ibv_mr, i32)> {
+pub(crate) fn register(
+    _d: &Arc<Domain>,
+    _g: &mut GpuBuffer,
+    _access: u32,
+) -> Result<(*mut sys::ibv_mr, i32)> {
     Err(Error::Unsupported(
         "GPU memory needs transport-verbs built with the `cuda` feature".into(),
     ))
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) fn register(d: &Arc<Domain>, g: &mut GpuBuffer) -> Result<(*mut sys::ibv_mr, i32)> {
+pub(crate) fn register(
+    d: &Arc<Domain>,
+    g: &mut GpuBuffer,
+    access: u32,
+) -> Result<(*mut sys::ibv_mr, i32)> {
     use cudarc::driver::sys as cu;
 
-    use crate::mr::ACCESS;
     use crate::util::{errno, errno_text};
 
     if !transport_core::cuda_driver_present() {
@@ -110,7 +117,9 @@ pub(crate) fn register(d: &Arc<Domain>, g: &mut GpuBuffer) -> Result<(*mut sys::
     let reg_dmabuf = |fd: i32| {
         // SAFETY: `pd` is live; `fd` is a dmabuf covering [start, start + span), and
         // offset + len lies inside it; the NIC addresses the region by `iova` = `ptr`.
-        let mr = unsafe { sys::ibv_reg_dmabuf_mr(d.pd, offset, len, ptr, fd, ACCESS) };
+        // ibv_reg_dmabuf_mr hands `access` to the kernel as is: every kernel with dmabuf MRs
+        // (5.12+) knows the optional range and drops relaxed ordering where the device lacks it.
+        let mr = unsafe { sys::ibv_reg_dmabuf_mr(d.pd, offset, len, ptr, fd, access as i32) };
         if mr.is_null() {
             Err(format!("ibv_reg_dmabuf_mr: {}", errno_text(errno())))
         } else {
@@ -124,7 +133,8 @@ pub(crate) fn register(d: &Arc<Domain>, g: &mut GpuBuffer) -> Result<(*mut sys::
     let reg_peer = || {
         // SAFETY: `ptr..ptr+len` is a live device allocation owned by the region being
         // built; the peer-memory client (nvidia-peermem) pins it, or the call fails.
-        let mr = unsafe { sys::ibvs_reg_mr(d.pd, ptr as *mut _, len, ACCESS) };
+        // ibvs_reg_mr goes through ibv_reg_mr_iova2, so relaxed ordering is optional here too.
+        let mr = unsafe { sys::ibvs_reg_mr(d.pd, ptr as *mut _, len, access as i32) };
         if mr.is_null() {
             Err(format!(
                 "ibv_reg_mr on the device pointer: {}",

@@ -11,16 +11,26 @@
 //! # Opening
 //! - Device by name ([`NicDesc::device`](transport_core::NicDesc), default the first one),
 //!   port `NicDesc::port` (default 1, which must be ACTIVE).
-//! - GID: chosen automatically (on Ethernet the RoCEv2 IPv4-mapped GID, then another RoCEv2
-//!   GID, global before link-local; on InfiniBand the LID routes and no GRH is used), or
-//!   `NicDesc::gid_index`. The path MTU is the smaller of the two ports' active MTUs.
+//! - GID: chosen per peer at `add_peer`, from the port's GID table and the GIDs the peer's
+//!   address offers (its RoCE GIDs with their type, IP prefix and VLAN flag): RoCE v2 first,
+//!   then the pair of GIDs on one IP subnet (the netdev and subnet that reach the peer), the
+//!   untagged netdev before a VLAN (a VLAN only where its subnet alone reaches the peer), IPv4
+//!   before IPv6, never a link-local pair by subnet; both ends rank the pairs alike and pick
+//!   the same one ([`Endpoint::peer_path`] says which). A routed fabric (no shared subnet) gets
+//!   the untagged IPv4 RoCE v2 GID. On InfiniBand the LID routes and no GRH is used.
+//!   `gid=N` (option) or `NicDesc::gid_index` forces the local index (and a GRH on
+//!   InfiniBand); an empty index is an error naming `show_gids` and the sysfs path. The path
+//!   MTU is the smaller of the two ports' active MTUs.
 //! - Zero devices (no RDMA stack in the kernel, where `ibv_get_device_list` fails with `ENOSYS`,
 //!   or an empty list) is [`Error::NoDevice`](transport_core::Error::NoDevice), never a panic.
 //! - `NicDesc::options` (others are ignored): `timeout` (RC local ACK timeout exponent,
 //!   4.096 µs · 2^t, default 14 ≈ 67 ms), `retry_cnt` (default 7), `rnr_retry` (default 7 =
 //!   forever), `min_rnr_timer` (default 12), `inline` (largest inline payload asked for, default
 //!   128), `imm_depth` (default 512), `chain_bytes` (payload after which `post_writes` closes a
-//!   chain, default 65536), `sl`, `traffic_class`, `hop_limit`. A dead peer is reported
+//!   chain, default 65536), `sl`, `tc` (alias `traffic_class`: the GRH traffic class of every
+//!   queue pair, 0..=255, default 0; on RoCE v2 the IP header's DSCP and ECN bits, so DSCP 26
+//!   is `tc=104`; [`Endpoint::traffic_class`]), `hop_limit`, `gid` (above),
+//!   `relaxed_ordering` (`on`, the default, or `off`: see Memory). A dead peer is reported
 //!   after about `timeout · (retry_cnt + 1)`.
 //!
 //! # Design: two RC queue pairs per peer
@@ -45,7 +55,7 @@
 //! completes locally only once the target acknowledged it).
 //!
 //! [`Transport::address`](transport_core::Transport::address) describes the *pending* pair
-//! (fixed-length, versioned, checksummed: see `addr`); `add_peer` connects it
+//! and this side's GIDs (versioned, checksummed: see [`WireAddr`]); `add_peer` connects it
 //! (INIT→RTR→RTS) and creates the next pending pair. Exchange addresses pairwise: `address()`
 //! then `add_peer()` once per peer. After a failed `add_peer`, `address()` describes a fresh
 //! pair.
@@ -72,6 +82,15 @@
 //! saying both reasons. A region holds an `Arc` to the protection domain, so it may outlive
 //! its endpoint; posting a region of another endpoint is refused at post time.
 //!
+//! Every region asks for `IBV_ACCESS_RELAXED_ORDERING` unless `relaxed_ordering=off`: the NIC
+//! may then reorder its PCIe writes into the region, which GPU memory behind a ConnectX-7
+//! needs to get near 400 Gbit/s. RDMA WRITEs into one region are then not ordered with one
+//! another; a completion (a WRITE's local one, or the immediate's `RemoteWrite`) still means
+//! every byte before it is visible, which is all this crate promises. It is an optional flag
+//! (`IBV_ACCESS_OPTIONAL_RANGE`): `ibv_reg_mr` here goes through `ibv_reg_mr_iova2`, which
+//! clears it for a kernel without optional access flags, and a device without the feature
+//! (Soft-RoCE) ignores it. [`VerbsMr::access`] says what a region asked for.
+//!
 //! # Drop order
 //! Endpoint: queue pairs, then the SRQs and the CQ; the PD and the device context go with the
 //! last `Arc` (the endpoint's or a region's).
@@ -79,14 +98,17 @@
 mod addr;
 mod device;
 mod endpoint;
+mod gid;
 mod gpu;
 mod mr;
+mod netdev;
 mod util;
 
-pub use addr::{WireAddr, ADDR_LEN, ADDR_VERSION};
+pub use addr::{addr_len, WireAddr, ADDR_VERSION, MAX_GIDS};
 pub use device::device_names;
-pub use endpoint::Endpoint;
-pub use mr::VerbsMr;
+pub use endpoint::{Endpoint, QueriedAv};
+pub use gid::{gid_text, GidKind, PeerPath, WireGid};
+pub use mr::{VerbsMr, ACCESS_RELAXED_ORDERING};
 
 /// The NIC this crate's tests and benches open for `side` (0 or 1): `$VERBS_DEV<side>` (else
 /// the first device) and `$VERBS_GID<side>` (else the automatic GID). Not a supported API.

@@ -10,5 +10,6 @@ int ibvs_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int ibvs_query_port(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *port_attr);
 int ibvs_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
                       struct ibv_gid_entry *entry, uint32_t flags);
+/* ibv_reg_mr_iova2 with iova = addr: optional access bits (relaxed ordering) as rdma-core means. */
 struct ibv_mr *ibvs_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
 struct ibv_device **ibvs_get_device_list(int *num_devices);

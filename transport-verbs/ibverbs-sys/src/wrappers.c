@@ -39,10 +39,16 @@ int ibvs_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t g
 	return ibv_query_gid_ex(context, port_num, gid_index, entry, flags);
 }
 
-/* ibv_reg_mr is a macro that handles IBV_ACCESS_OPTIONAL_RANGE flags. */
+/* ibv_reg_mr is a macro: where `access` may hold a bit of IBV_ACCESS_OPTIONAL_RANGE
+ * (IBV_ACCESS_RELAXED_ORDERING), or is not a compile-time constant as here, it calls
+ * ibv_reg_mr_iova2 (IBVERBS_1.8, rdma-core 28+), which clears the optional bits where the kernel
+ * lacks IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS, so the kernel never refuses them; with the
+ * support, they reach the kernel and a driver without the feature ignores them. The plain
+ * ibv_reg_mr symbol of rdma-core 28-31 passed them on unchecked. Called directly here so the
+ * route does not hang on how the compiler folds the macro's __builtin_constant_p. */
 struct ibv_mr *ibvs_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
-	return ibv_reg_mr(pd, addr, length, access);
+	return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
 }
 
 /* ibv_get_device_list is a macro (it also registers statically linked providers). */
