@@ -105,7 +105,10 @@ pub(crate) fn side_cfg(
         mem: c.mem,
         verbose: c.verbose,
         idle: idle(c)?,
-        hints: topo_glue::hints(),
+        hints: match &c.topology {
+            Some(path) => Some(topo_glue::hints_from(path)?),
+            None => topo_glue::hints(),
+        },
         verbs_opts: match (c.backend, std::env::var(crate::side::VERBS_OPTS_ENV)) {
             (Backend::Verbs, Ok(v)) => crate::side::parse_verbs_opts(&v)?,
             _ => Default::default(),

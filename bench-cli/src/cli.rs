@@ -95,6 +95,11 @@ pub struct Common {
     /// Give up when a transfer makes no progress for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub idle_timeout: f64,
+    /// Take the NIC groups and cores per GPU from this hwloc XML export instead of this
+    /// machine's live topology (a host where hwloc cannot see the devices, or simulated NICs
+    /// that stand in for another machine's).
+    #[arg(long, value_name = "FILE.xml")]
+    pub topology: Option<std::path::PathBuf>,
 }
 
 /// What to run and how: the workload and the ladder's knobs.

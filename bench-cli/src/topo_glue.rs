@@ -57,6 +57,13 @@ pub fn hints() -> Option<Hints> {
         .clone()
 }
 
+/// [`Hints`] from an hwloc XML export (`--topology`).
+pub fn hints_from(path: &Path) -> Result<Hints> {
+    topo::from_xml(path)
+        .map(|t| from_topology(&t))
+        .map_err(|e| Error::Usage(format!("--topology {}: {e}", path.display())))
+}
+
 /// The `topo` subcommand's output: this machine, or an hwloc XML export.
 pub fn render(xml: Option<&Path>, json: bool) -> Result<String> {
     let t = match xml {

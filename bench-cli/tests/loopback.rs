@@ -217,6 +217,41 @@ fn imm_every_posts_k_passes_per_immediate() {
     }
 }
 
+/// `--topology FILE.xml` stands another machine's topology in for this one's (what the
+/// simulated EFA devices of a p5 need): its 8 GPUs are known, a ninth is refused, and a file
+/// that is not there is a usage error.
+#[test]
+fn topology_from_an_hwloc_export() {
+    let p5 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../topo/tests/fixtures/p5.48xlarge.xml"
+    );
+    let v = run(
+        &args(&[
+            "--topology",
+            p5,
+            "--gpus",
+            "0-7",
+            "-s",
+            "4K",
+            "-n",
+            "2",
+            "--json",
+        ]),
+        T,
+    )
+    .expect_ok()
+    .json();
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["gpus"].as_array().map(|g| g.len()), Some(8));
+    let o = run(&args(&["--topology", p5, "--gpus", "8"]), T);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(o.stderr.contains("8 GPU(s)"), "{}", o.stderr);
+    let o = run(&args(&["--topology", "/nonexistent/topo.xml"]), T);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(o.stderr.contains("--topology"), "{}", o.stderr);
+}
+
 /// `-n`'s help says what the code above does: with --imm-every K it counts immediates, K
 /// passes over the page set each (it said passes over the page set).
 #[test]
