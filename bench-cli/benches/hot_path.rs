@@ -212,6 +212,7 @@ mod shm {
                 peer,
                 remote,
                 slots: (0..PAGES as u32).collect(),
+                ver: bench_cli::buffers::Versions::new(PS, PAGES as u64, false),
                 page_size: PS,
                 max_inflight: tx,
                 batch: knobs.batch as usize,

@@ -81,18 +81,37 @@ impl Rng {
     }
 }
 
-/// The bytes of page `page` of GPU `gpu` for `seed`, into `out`.
-pub fn fill_pattern(seed: u64, gpu: u64, page: u64, out: &mut [u8]) {
-    let base = splitmix(seed ^ gpu.wrapping_mul(0x1000_0000_01b3) ^ page.wrapping_mul(0x5bd1_e995));
-    let mut chunks = out.chunks_exact_mut(8);
-    let mut w = 0u64;
+/// The word mask of GPU `gpu`'s pattern for `seed`.
+fn mask(seed: u64, gpu: u64) -> u64 {
+    splitmix(seed ^ gpu.wrapping_mul(0x1000_0000_01b3))
+}
+
+/// The pattern from byte `pos` of GPU `gpu`'s page space (page `p` of `ps` bytes starts at
+/// `p * ps`), into `out`: the 8-byte word `w` of that space reads `w ^ mask(seed, gpu)`, little
+/// endian. Every word of every page of a GPU differs, and a word read back names its own place
+/// ([`Versions::decode`]).
+pub fn fill_at(seed: u64, gpu: u64, pos: u64, out: &mut [u8]) {
+    let m = mask(seed, gpu);
+    let (mut i, mut p) = (0usize, pos);
+    while i < out.len() && p % 8 != 0 {
+        out[i] = ((p / 8) ^ m).to_le_bytes()[(p % 8) as usize];
+        i += 1;
+        p += 1;
+    }
+    let mut w = p / 8;
+    let mut chunks = out[i..].chunks_exact_mut(8);
     for c in &mut chunks {
-        c.copy_from_slice(&splitmix(base ^ w).to_le_bytes());
+        c.copy_from_slice(&(w ^ m).to_le_bytes());
         w += 1;
     }
     let rest = chunks.into_remainder();
     let n = rest.len();
-    rest.copy_from_slice(&splitmix(base ^ w).to_le_bytes()[..n]);
+    rest.copy_from_slice(&(w ^ m).to_le_bytes()[..n]);
+}
+
+/// The bytes of page `page` of GPU `gpu` for `seed`, into `out` (`out.len()` bytes a page).
+pub fn fill_pattern(seed: u64, gpu: u64, page: u64, out: &mut [u8]) {
+    fill_at(seed, gpu, page.wrapping_mul(out.len() as u64), out)
 }
 
 /// The `write` workload's layout of one GPU's pages over its NICs: with `used` NICs, page `p`
@@ -134,7 +153,8 @@ impl PageLayout {
     }
 }
 
-/// Fill NIC `j`'s slots of `mr` with the pattern of the pages they hold.
+/// Fill NIC `j`'s slots of `mr` with the pattern of the pages they hold, and the slot after
+/// them too where `mr` has room for it (the source's slack page, see [`Versions`]).
 pub fn fill_pages<M: MemoryRegion>(
     mr: &mut M,
     layout: &PageLayout,
@@ -145,7 +165,9 @@ pub fn fill_pages<M: MemoryRegion>(
     let ps = layout.page_size;
     let per = (STAGE / ps).max(1) as u64;
     let mut stage = vec![0u8; per as usize * ps];
-    let slots = layout.slots(j);
+    let n = layout.slots(j);
+    let slack = n > 0 && mr.len() >= (n as usize + 1) * ps;
+    let slots = n + u64::from(slack);
     let mut k = 0;
     while k < slots {
         let n = per.min(slots - k);
@@ -166,7 +188,9 @@ pub fn fill_pages<M: MemoryRegion>(
     Ok(())
 }
 
-/// Check NIC `j`'s slots of `mr` against the pattern; the error names the first bad byte.
+/// Check NIC `j`'s slots of `mr` against what repeat `rep` (counted from 0 over the whole
+/// run, warm-up included) left there under `ver`; the error names the first bad byte.
+#[allow(clippy::too_many_arguments)]
 pub fn verify_pages<M: MemoryRegion>(
     mr: &M,
     layout: &PageLayout,
@@ -174,6 +198,8 @@ pub fn verify_pages<M: MemoryRegion>(
     gpu: u64,
     j: usize,
     nic: usize,
+    rep: u64,
+    ver: &Versions,
 ) -> Result<()> {
     let ps = layout.page_size;
     let per = (STAGE / ps).max(1) as u64;
@@ -195,20 +221,257 @@ pub fn verify_pages<M: MemoryRegion>(
             }
         };
         for i in 0..n {
-            let page = layout.page_of(j, k + i);
-            fill_pattern(seed, gpu, page, &mut want);
+            ver.expected(layout, seed, gpu, j, k + i, rep, &mut want);
             let g = &got[i as usize * ps..(i as usize + 1) * ps];
             if g != &want[..] {
                 let at = g.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                let page = layout.page_of(j, k + i);
                 return Err(Error::Verify(format!(
-                    "NIC {nic} (GPU index {gpu}): page {page}, byte {at}: got {:#04x}, expected {:#04x}",
-                    g[at], want[at]
+                    "NIC {nic} (GPU index {gpu}): page {page} (slot {}) after repeat {rep}, byte {at}: got {:#04x}, expected {:#04x}",
+                    k + i, g[at], want[at]
                 )));
             }
         }
         k += n;
     }
     Ok(())
+}
+
+/// The source slot a WRITE of repeat `rep` into target slot `slot` reads, of `n` slots.
+#[inline]
+pub fn rotated(slot: u64, rep: u64, n: u64) -> u64 {
+    if n <= 1 {
+        slot
+    } else {
+        (slot + rep % n) % n
+    }
+}
+
+/// Most repeats a NIC keeps in flight at once (the write workload's window).
+pub const WINDOW: u64 = 4;
+
+/// Where repeat `h` of the write workload reads the page it writes into target slot `k`: from
+/// source slot `(k + h) % slots`, shifted by `64 * ((h / slots) % shifts)` bytes into the next
+/// slot (the source has one slack page after its slots for that). Every repeat then leaves
+/// different bytes in a slot, and what a slot holds names the repeat that wrote it, modulo
+/// [`Versions::period`] (`slots * shifts`): a WRITE that was lost, or that landed after a newer
+/// one, leaves an older repeat's page behind where a check can see it.
+///
+/// Only while bytes are verified: with `--no-verify` the source is not turned
+/// ([`Versions::none`]), so nothing changes what a measurement reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Versions {
+    slots: u64,
+    shifts: u64,
+    page_size: usize,
+}
+
+/// Bytes the source shifts by per step: a cache line, so sources stay 64-byte aligned.
+const SHIFT_STEP: usize = 64;
+
+impl Versions {
+    /// No turning: repeat after repeat, every slot gets the same page.
+    pub fn none(page_size: usize) -> Self {
+        Versions {
+            slots: 0,
+            shifts: 1,
+            page_size,
+        }
+    }
+
+    /// Turning over `slots` source slots, shifting too where `slack` (the source has a page
+    /// after its slots) and pages hold at least two cache lines.
+    pub fn new(page_size: usize, slots: u64, slack: bool) -> Self {
+        let shifts = if slack && page_size % SHIFT_STEP == 0 && page_size >= 2 * SHIFT_STEP {
+            (page_size / SHIFT_STEP) as u64
+        } else {
+            1
+        };
+        Versions {
+            slots,
+            shifts,
+            page_size,
+        }
+    }
+
+    /// Source slots turned over (0: none).
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+
+    /// Shift steps per page (1: no shifting), as the `Request` carries it.
+    pub fn shifts(&self) -> u64 {
+        self.shifts
+    }
+
+    /// Repeats after which the bytes of a slot come back.
+    pub fn period(&self) -> u64 {
+        self.slots.max(1) * self.shifts
+    }
+
+    /// The source slot and the byte shift of repeat `h` (one division per repeat).
+    #[inline]
+    pub fn of_repeat(&self, h: u64) -> (u64, usize) {
+        if self.slots <= 1 && self.shifts <= 1 {
+            return (0, 0);
+        }
+        let n = self.slots.max(1);
+        let turn = h % n;
+        let shift = if self.shifts > 1 {
+            ((h / n) % self.shifts) as usize * SHIFT_STEP
+        } else {
+            0
+        };
+        (turn, shift)
+    }
+
+    /// The bytes target slot `k` of NIC `j` holds after repeat `h`, into `out` (one page).
+    #[allow(clippy::too_many_arguments)]
+    pub fn expected(
+        &self,
+        layout: &PageLayout,
+        seed: u64,
+        gpu: u64,
+        j: usize,
+        k: u64,
+        h: u64,
+        out: &mut [u8],
+    ) {
+        let ps = self.page_size as u64;
+        let (turn, shift) = self.of_repeat(h);
+        let s = rotated(k, turn, self.slots);
+        let head = out.len() - shift;
+        fill_at(
+            seed,
+            gpu,
+            layout.page_of(j, s) * ps + shift as u64,
+            &mut out[..head],
+        );
+        if shift > 0 {
+            // The rest comes from the next source slot, or the slack page after the last.
+            fill_at(seed, gpu, layout.page_of(j, s + 1) * ps, &mut out[head..]);
+        }
+    }
+
+    /// What repeat, modulo [`Self::period`], left `word` (the first 8 bytes of target slot
+    /// `k` of NIC `j`); `None` where the word is no page start of this NIC's source (bytes of
+    /// two WRITEs mixed by a read while one landed, or memory nothing wrote).
+    pub fn decode(
+        &self,
+        layout: &PageLayout,
+        seed: u64,
+        gpu: u64,
+        j: usize,
+        k: u64,
+        word: [u8; 8],
+    ) -> Option<u64> {
+        let ps = self.page_size as u64;
+        let n = self.slots.max(1);
+        if ps % 8 != 0 {
+            return None;
+        }
+        let pos = (u64::from_le_bytes(word) ^ mask(seed, gpu)).checked_mul(8)?;
+        let (page, off) = (pos / ps, pos % ps);
+        let used = layout.used as u64;
+        if page < j as u64 || (page - j as u64) % used != 0 || off % SHIFT_STEP as u64 != 0 {
+            return None;
+        }
+        let s = (page - j as u64) / used;
+        let q = off / SHIFT_STEP as u64;
+        if s >= n || q >= self.shifts {
+            return None;
+        }
+        Some((s + n - k % n) % n + n * q)
+    }
+}
+
+/// The target's check of each immediate: when the immediate of repeat `g` arrives on a NIC,
+/// no slot of that NIC may hold an older repeat's page. One 8-byte load per slot (the first
+/// word of each page names the repeat, see [`Versions::decode`]), so it stays on whenever
+/// bytes are verified. Host memory only; the full check after the run covers GPU memory.
+///
+/// The initiator does not wait for the target to read its immediates, so a slot may hold a
+/// repeat far newer than `g`; it is told from an older one by the period of the versions,
+/// which must exceed twice what the target can lag ([`RepeatCheck::MIN_PERIOD`]: the target's
+/// completion queue holds a few thousand immediates at most). Shorter periods (few or small
+/// pages) get the final check only.
+///
+/// A slot that holds an older repeat's page is a WRITE that was lost or that landed after the
+/// immediate meant to announce it: the error names the slot and both repeats. A word that
+/// names no page is a read that raced a landing WRITE; the final check looks at it again.
+pub struct RepeatCheck {
+    nic: usize,
+    j: usize,
+    gpu: u64,
+    seed: u64,
+    layout: PageLayout,
+    ver: Versions,
+    /// Slots that matched no page at some check.
+    pub torn: u64,
+    /// Immediates checked.
+    pub checked: u64,
+}
+
+impl RepeatCheck {
+    /// Periods below this give no mid-run check.
+    pub const MIN_PERIOD: u64 = 1 << 13;
+
+    /// The check of NIC `j` (index `nic`) of GPU index `gpu`, or `None` where the period of
+    /// `ver` is too short to tell a new repeat from an old one.
+    pub fn new(
+        layout: &PageLayout,
+        ver: Versions,
+        seed: u64,
+        gpu: u64,
+        j: usize,
+        nic: usize,
+    ) -> Option<Self> {
+        (ver.period() >= Self::MIN_PERIOD && layout.page_size % 8 == 0).then_some(RepeatCheck {
+            nic,
+            j,
+            gpu,
+            seed,
+            layout: *layout,
+            ver,
+            torn: 0,
+            checked: 0,
+        })
+    }
+
+    /// The immediate of repeat `g` arrived: check every slot of `mr`.
+    pub fn check<M: MemoryRegion>(&mut self, mr: &M, g: u64) -> Result<()> {
+        let Some(h) = mr.memory().host() else {
+            return Ok(());
+        };
+        let period = self.ver.period();
+        self.checked += 1;
+        for k in 0..self.layout.slots(self.j) {
+            let Some(word) = h.peek8(k as usize * self.layout.page_size) else {
+                return Ok(());
+            };
+            let Some(x) = self
+                .ver
+                .decode(&self.layout, self.seed, self.gpu, self.j, k, word)
+            else {
+                self.torn += 1;
+                continue;
+            };
+            // How far ahead of g the slot's repeat is, modulo the period: a repeat behind g
+            // shows as almost a whole period ahead.
+            let ahead = (x + period - g % period) % period;
+            if ahead > period / 2 {
+                let behind = period - ahead;
+                return Err(Error::Verify(format!(
+                    "NIC {}: when the immediate of repeat {g} arrived, slot {k} still held the \
+                     page of repeat {}: a WRITE of repeat {g} was lost, or landed after the \
+                     immediate that announced it",
+                    self.nic,
+                    g.saturating_sub(behind)
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Fill `len` bytes at the start of `mr` with one message's pattern, `slots` times back to back.
@@ -254,7 +517,6 @@ pub fn verify_messages<M: MemoryRegion>(
     Ok(())
 }
 
-/// Zero the first `len` bytes of `mr`.
 /// Wait until every copy the provider queued into these regions' GPUs has finished, and say
 /// how long that took; zero for host memory.
 ///
@@ -279,6 +541,7 @@ pub fn gpu_drain<M: MemoryRegion>(regions: &[M]) -> Result<std::time::Duration> 
     Ok(start.elapsed())
 }
 
+/// Zero the first `len` bytes of `mr`.
 pub fn zero<M: MemoryRegion>(mr: &mut M, len: usize) -> Result<()> {
     let len = len.min(mr.len());
     if let Some(h) = mr.memory_mut().host_bytes() {
@@ -363,19 +626,21 @@ mod tests {
             used: 2,
         };
         let len = layout.slots(1) as usize * layout.page_size;
+        let none = Versions::none(layout.page_size);
         let mut mr = Plain(alloc(kind, 0, len).unwrap());
         assert_eq!(kind == MemKind::Cuda, matches!(mr.0, Memory::Gpu(_)));
         fill_pages(&mut mr, &layout, 7, 1, 1).unwrap();
-        verify_pages(&mr, &layout, 7, 1, 1, 3).unwrap();
-        assert!(verify_pages(&mr, &layout, 8, 1, 1, 3).is_err());
+        verify_pages(&mr, &layout, 7, 1, 1, 3, 0, &none).unwrap();
+        assert!(verify_pages(&mr, &layout, 8, 1, 1, 3, 0, &none).is_err());
         let at = len - 5;
         let mut b = [0u8];
         mr.0.read_at(at, &mut b).unwrap();
         mr.0.write_at(at, &[b[0] ^ 0x40]).unwrap();
-        let e = verify_pages(&mr, &layout, 7, 1, 1, 3)
+        let e = verify_pages(&mr, &layout, 7, 1, 1, 3, 0, &none)
             .unwrap_err()
             .to_string();
         assert!(e.contains("NIC 3") && e.contains("page 2999"), "{e}");
+        let _ = none;
         zero(&mut mr, len).unwrap();
         let mut all = vec![1u8; len];
         mr.0.read_at(0, &mut all).unwrap();
@@ -399,6 +664,96 @@ mod tests {
         }
         fill_verify_round(MemKind::Cuda);
         eprintln!("fill_and_verify_gpu: ran on GPU 0");
+    }
+
+    /// What a slot holds names the repeat that wrote it, modulo the period, through the
+    /// source's turning and shifting; the final bytes after each repeat are those `expected`
+    /// computes from a plain copy of the source at the offsets the active side reads.
+    #[test]
+    fn versions_name_the_repeat_a_slot_holds() {
+        let layout = PageLayout {
+            page_size: 256,
+            pages: 10,
+            used: 2,
+        };
+        let j = 1;
+        let n = layout.slots(j);
+        let ver = Versions::new(256, n, true);
+        assert_eq!((ver.shifts(), ver.period()), (4, 4 * n));
+        // The source: n slots and the slack page, as fill_pages writes them.
+        let mut src = vec![0u8; (n as usize + 1) * 256];
+        for s in 0..=n {
+            let off = s as usize * 256;
+            fill_pattern(7, 3, layout.page_of(j, s), &mut src[off..off + 256]);
+        }
+        let mut want = vec![0u8; 256];
+        for h in 0..3 * ver.period() {
+            let (turn, shift) = ver.of_repeat(h);
+            for k in 0..n {
+                let at = rotated(k, turn, n) as usize * 256 + shift;
+                let got = &src[at..at + 256];
+                ver.expected(&layout, 7, 3, j, k, h, &mut want);
+                assert_eq!(got, &want[..], "repeat {h} slot {k}");
+                let word = [
+                    got[0], got[1], got[2], got[3], got[4], got[5], got[6], got[7],
+                ];
+                assert_eq!(
+                    ver.decode(&layout, 7, 3, j, k, word),
+                    Some(h % ver.period())
+                );
+            }
+        }
+        // Words that are no page start of this NIC: another NIC's page, a mid-page word.
+        let mut other = [0u8; 8];
+        fill_pattern(7, 3, layout.page_of(0, 1), &mut other);
+        assert_eq!(ver.decode(&layout, 7, 3, j, 0, other), None);
+        assert_eq!(ver.decode(&layout, 7, 3, j, 0, [0xab; 8]), None);
+        // Without verification nothing turns.
+        let none = Versions::none(256);
+        assert_eq!(none.of_repeat(12345), (0, 0));
+    }
+
+    /// The immediate check: a slot still holding the previous repeat's page fails, naming
+    /// both repeats; newer pages (the initiator runs ahead) and torn words pass.
+    #[test]
+    fn repeat_check_catches_a_stale_slot() {
+        let layout = PageLayout {
+            page_size: 4096,
+            pages: 256,
+            used: 1,
+        };
+        let n = layout.slots(0);
+        let ver = Versions::new(4096, n, true);
+        let mut chk = RepeatCheck::new(&layout, ver, 5, 0, 0, 2).expect("long period");
+        let mut mr = Plain(Memory::Host(HostBuffer::new(n as usize * 4096)));
+        let put = |mr: &mut Plain, g: u64| {
+            let mut page = vec![0u8; 4096];
+            for k in 0..n {
+                ver.expected(&layout, 5, 0, 0, k, g, &mut page);
+                mr.0.write_at(k as usize * 4096, &page).unwrap();
+            }
+        };
+        put(&mut mr, 1000);
+        chk.check(&mr, 1000).unwrap();
+        chk.check(&mr, 990).unwrap(); // pages newer than the immediate: fine
+        let mut page = vec![0u8; 4096];
+        ver.expected(&layout, 5, 0, 0, 17, 999, &mut page);
+        mr.0.write_at(17 * 4096, &page).unwrap();
+        let e = chk.check(&mr, 1000).unwrap_err().to_string();
+        assert!(
+            e.contains("NIC 2") && e.contains("slot 17") && e.contains("repeat 999"),
+            "{e}"
+        );
+        mr.0.write_at(17 * 4096, &[0x55; 8]).unwrap();
+        chk.check(&mr, 1000).unwrap();
+        assert_eq!(chk.torn, 1);
+        // Too short a period for a mid-run check: 16 pages of 4 KiB.
+        let small = PageLayout {
+            page_size: 4096,
+            pages: 16,
+            used: 1,
+        };
+        assert!(RepeatCheck::new(&small, Versions::new(4096, 16, true), 5, 0, 0, 0).is_none());
     }
 
     #[test]

@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 
 /// First field of `Hello` and `Welcome`.
 pub const MAGIC: &str = "rdma-bench";
-/// Bumped on any incompatible change of the messages.
-pub const VERSION: u32 = 1;
+/// Bumped on any incompatible change of the messages or of what they mean (2: the write
+/// workload's source turns by one slot per repeat, which the target's check relies on).
+pub const VERSION: u32 = 2;
 /// Largest frame accepted.
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest endpoint address accepted.
@@ -97,6 +98,16 @@ pub struct Request {
     /// write, rate: passes over the page set per immediate (`--imm-every`).
     #[serde(default = "one")]
     pub imm_every: u32,
+    /// write, rate: the client checks bytes, so the server turns its source with the repeat
+    /// (`buffers::Versions`), shifting it by `shifts` steps (1: turning only).
+    #[serde(default)]
+    pub verify: bool,
+    #[serde(default = "one_u64")]
+    pub shifts: u64,
+}
+
+fn one_u64() -> u64 {
+    1
 }
 
 fn one() -> u32 {
@@ -404,6 +415,9 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_nics(&w.nics)
         }
         Msg::Request(r) => {
+            if r.shifts == 0 || r.shifts > 1 << 16 {
+                return Err(proto(format!("request of {} source shifts", r.shifts)));
+            }
             if r.imm_every == 0
                 || r.imm_every > MAX_IMM_EVERY
                 || r.count.saturating_mul(u64::from(r.imm_every)) > 1 << 20
@@ -733,6 +747,8 @@ mod tests {
                 ..Knobs::baseline()
             },
             imm_every: 1,
+            verify: true,
+            shifts: 64,
         }
     }
 
@@ -892,7 +908,7 @@ mod tests {
     #[test]
     fn bounds() {
         let mut h = hello();
-        h.version = 2;
+        h.version = VERSION + 1;
         assert!(validate(&Msg::Hello(h))
             .unwrap_err()
             .to_string()

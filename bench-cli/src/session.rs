@@ -77,7 +77,11 @@ fn data_len<T: Transport>(plan: &Plan, side: &Side<T>) -> Result<usize> {
     let mut need = 0u64;
     for p in &plan.runs {
         let n = match plan.workload {
-            Workload::Write | Workload::Rate => p.pages.checked_mul(p.size),
+            // A slack page after the slots while verifying (`buffers::Versions`).
+            Workload::Write | Workload::Rate => p
+                .pages
+                .checked_add(u64::from(plan.verify))
+                .and_then(|n| n.checked_mul(p.size)),
             Workload::Send => send_counts(p, rx).2.checked_mul(p.size),
             Workload::Lat => p.size.checked_mul(2),
         };
@@ -201,8 +205,10 @@ pub fn client<T: Transport>(
     Ok(ClientOut { reports })
 }
 
-fn request(plan: &Plan, p: &Planned, id: u32, count: u64) -> Request {
+fn request(plan: &Plan, p: &Planned, id: u32, count: u64, shifts: u64) -> Request {
     Request {
+        verify: plan.verify,
+        shifts,
         id,
         workload: plan.workload,
         size: p.size,
@@ -305,16 +311,70 @@ fn run_one<T: Transport>(
                     buffers::zero(mr, layout.slots(i % npg) as usize * size)?;
                 }
             }
-            ctrl.send(&Msg::Request(request(plan, p, id, p.pages)))?;
+            // While verifying the server turns its source with the repeat, and each immediate
+            // is checked as it arrives: no slot may still hold an older repeat's page.
+            let vers: Vec<buffers::Versions> = (0..nics)
+                .map(|i| {
+                    if plan.verify {
+                        buffers::Versions::new(size, layout.slots(i % npg), true)
+                    } else {
+                        buffers::Versions::none(size)
+                    }
+                })
+                .collect();
+            let shifts = vers.first().map_or(1, |v| v.shifts());
+            let mut checks: Vec<Option<buffers::RepeatCheck>> = (0..nics)
+                .map(|i| {
+                    let on = plan.verify && layout.slots(i % npg) > 0;
+                    on.then(|| {
+                        let (g, j) = ((i / npg) as u64, i % npg);
+                        buffers::RepeatCheck::new(&layout, vers[i], plan.seed, g, j, i)
+                    })
+                    .flatten()
+                })
+                .collect();
+            ctrl.send(&Msg::Request(request(plan, p, id, p.pages, shifts)))?;
             wait_ready(ctrl, id)?;
-            let mut done =
-                write::wait_imms(&mut side.eps, &expected, ctrl, cfg.idle, &mut progress)?;
+            let data = &side.data;
+            let mut on_imm = |i: usize, g: u64| match checks.get_mut(i) {
+                Some(Some(c)) => c.check(&data[i], g),
+                _ => Ok(()),
+            };
+            let mut done = write::wait_imms(
+                &mut side.eps,
+                &expected,
+                ctrl,
+                cfg.idle,
+                &mut progress,
+                &mut on_imm,
+            )?;
             // The bytes are in place only once the GPU has run the copies the provider queued
             // (see buffers::gpu_drain): that wait is part of the run.
             done.seconds += buffers::gpu_drain(&side.data)?.as_secs_f64();
+            if cfg.verbose > 0 {
+                let (n, torn) = checks
+                    .iter()
+                    .flatten()
+                    .fold((0, 0), |(a, b), c| (a + c.checked, b + c.torn));
+                eprintln!(
+                    "rdma-bench: {n} immediates checked on arrival ({torn} slot reads raced a \
+                     landing WRITE); NICs without the check: {}",
+                    checks.iter().filter(|c| c.is_none()).count()
+                );
+            }
             if plan.verify {
                 for (i, mr) in side.data.iter().enumerate() {
-                    buffers::verify_pages(mr, &layout, plan.seed, (i / npg) as u64, i % npg, i)?;
+                    let last = reps.saturating_sub(1);
+                    buffers::verify_pages(
+                        mr,
+                        &layout,
+                        plan.seed,
+                        (i / npg) as u64,
+                        i % npg,
+                        i,
+                        last,
+                        &vers[i],
+                    )?;
                 }
             }
             (done, plan.verify)
@@ -356,7 +416,7 @@ fn run_one<T: Transport>(
                     r.prepost(i)?;
                     rn.push(r);
                 }
-                ctrl.send(&Msg::Request(request(plan, p, id, depth)))?;
+                ctrl.send(&Msg::Request(request(plan, p, id, depth, 1)))?;
                 wait_ready(ctrl, id)?;
                 send::receive(&mut rn, ctrl, cfg.idle, &mut progress)?
             };
@@ -389,7 +449,7 @@ fn run_one<T: Transport>(
                     op: plan.op,
                 };
                 pp.prepare()?;
-                ctrl.send(&Msg::Request(request(plan, p, id, 1)))?;
+                ctrl.send(&Msg::Request(request(plan, p, id, 1, 1)))?;
                 wait_ready(ctrl, id)?;
                 pp.ping(warm, p.iters, &ctrl.liveness(), cfg.idle, &mut progress)?
             };
@@ -753,8 +813,33 @@ fn serve_request<T: Transport>(
                 )));
             }
             let mut slots = Vec::with_capacity(nics);
+            let mut vers = Vec::with_capacity(nics);
             for i in 0..nics {
                 let (g, j) = (i / npg, i % npg);
+                // A client that checks bytes gets a source that turns with the repeat, with the
+                // slack page it sized the regions for (`buffers::Versions`).
+                let ver = if r.verify && j < used {
+                    let v = buffers::Versions::new(size, layout.slots(j), r.shifts > 1);
+                    if v.shifts() != r.shifts {
+                        return Err(Error::Protocol(format!(
+                            "the client asks for {} source shifts of {size}-byte pages; this \
+                             server makes {}",
+                            r.shifts,
+                            v.shifts()
+                        )));
+                    }
+                    if r.shifts > 1 && (layout.slots(j) as usize + 1) * size > region as usize {
+                        return Err(Error::Protocol(format!(
+                            "{} pages of {size} bytes and a slack page do not fit the \
+                             {region}-byte regions",
+                            layout.slots(j)
+                        )));
+                    }
+                    v
+                } else {
+                    buffers::Versions::none(size)
+                };
+                vers.push(ver);
                 if j < used {
                     buffers::fill_pages(&mut side.data[i], &layout, r.seed, g as u64, j)?;
                 }
@@ -785,6 +870,7 @@ fn serve_request<T: Transport>(
                         peer: side.peers[i],
                         remote: side.remote[i].mrs[0],
                         slots,
+                        ver: vers[i],
                         page_size: size,
                         batch: knobs.batch as usize,
                     }

@@ -159,6 +159,7 @@ fn steady_state_allocates_nothing() {
             peer,
             remote,
             slots: (0..PAGES as u32).rev().collect(),
+            ver: bench_cli::buffers::Versions::new(PS, PAGES as u64, false),
             page_size: PS,
             max_inflight: tx,
             batch: knobs.batch as usize,

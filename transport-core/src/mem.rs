@@ -152,6 +152,22 @@ impl HostBuffer {
     pub fn as_slice(&self) -> &[u8] {
         &self.storage[self.offset..self.offset + self.len]
     }
+    /// Eight bytes at `offset`, read with a volatile load, for checks that look at memory a
+    /// peer's WRITEs may still be changing (the bytes may then mix an old and a new value);
+    /// `None` where they do not fit the buffer.
+    pub fn peek8(&self, offset: usize) -> Option<[u8; 8]> {
+        let end = offset.checked_add(8)?;
+        if end > self.len {
+            return None;
+        }
+        let p = self.storage[self.offset + offset..]
+            .as_ptr()
+            .cast::<[u8; 8]>();
+        // SAFETY: [offset, offset + 8) lies inside the buffer (checked above) and stays
+        // allocated for the call; [u8; 8] has alignment 1 and every bit pattern is a value; the
+        // load is volatile because a NIC may write the bytes behind the compiler's back.
+        Some(unsafe { std::ptr::read_volatile(p) })
+    }
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.storage[self.offset..self.offset + self.len]
@@ -512,6 +528,15 @@ mod tests {
                 base_addr: 0x7f00_0000_0000,
             }
         );
+    }
+
+    #[test]
+    fn peek8_reads_inside_the_buffer_only() {
+        let mut b = HostBuffer::new(16);
+        b.as_mut_slice()[8..16].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(b.peek8(8), Some([1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(b.peek8(9), None);
+        assert_eq!(b.peek8(usize::MAX), None);
     }
 
     #[test]

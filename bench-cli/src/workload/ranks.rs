@@ -435,6 +435,8 @@ impl Phase<'_> {
                 page_key(l.peer_rank, g),
                 j,
                 l.nic,
+                0,
+                &buffers::Versions::none(self.layout.page_size),
             )
             .map_err(|e| Error::Verify(format!("data from rank {}: {e}", l.peer_rank)))?;
         }
@@ -480,6 +482,8 @@ impl Phase<'_> {
                         peer,
                         remote,
                         slots,
+                        // (rdma-bench run checks the final state only)
+                        ver: buffers::Versions::none(self.layout.page_size),
                         page_size: size,
                         batch: self.knobs.batch as usize,
                     }),

@@ -4,6 +4,12 @@
 //! WRITE of every repeat on every NIC carries an immediate and is posted once the NIC's other
 //! WRITEs of that repeat have completed, so the immediate says the whole repeat landed. The
 //! passive side waits for one immediate per NIC per repeat.
+//!
+//! While bytes are verified the source turns with the repeat (`buffers::Versions`): what a
+//! target slot holds names the repeat that wrote it, and the passive side checks, at each
+//! immediate, that no slot still holds an older repeat's page (`buffers::RepeatCheck`): a
+//! WRITE that was lost, or that landed after the immediate announcing it (SRD delivers out of
+//! order), shows.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +24,7 @@ use crate::proto::{Done, Msg, NicStats};
 use crate::report::Progress;
 
 /// Repeats one NIC may have in flight at once.
-const WINDOW: usize = 4;
+const WINDOW: usize = crate::buffers::WINDOW as usize;
 /// Context bit marking the immediate-carrying WRITE.
 const IMM: u64 = 1 << 63;
 
@@ -38,6 +44,8 @@ pub struct WriteParts<'a, T: Transport> {
     pub remote: RemoteMr,
     /// Slots of this NIC's pages in the order they are posted (the last carries the immediate).
     pub slots: Vec<u32>,
+    /// How the source turns with the repeat (`Versions::none()` when nothing is verified).
+    pub ver: crate::buffers::Versions,
     pub page_size: usize,
     /// Most WRITEs in flight (the send queue depth).
     pub max_inflight: usize,
@@ -52,6 +60,9 @@ pub struct WriteActive<'a, T: Transport> {
     peer: PeerId,
     remote: RemoteMr,
     slots: Vec<u32>,
+    ver: crate::buffers::Versions,
+    /// Source slots the source turns over (0 or 1: none).
+    rotate: u64,
     page_size: usize,
     ops: Vec<WriteOp<'a, T::Mr>>,
     /// Pages per repeat without the immediate one.
@@ -80,7 +91,9 @@ impl<'a, T: Transport> WriteActive<'a, T> {
             peer: p.peer,
             remote: p.remote,
             n1: p.slots.len().saturating_sub(1),
+            rotate: p.ver.slots(),
             slots: p.slots,
+            ver: p.ver,
             page_size: p.page_size,
             ops: Vec::with_capacity(p.batch.max(1) + WINDOW),
             reps: 0,
@@ -98,14 +111,27 @@ impl<'a, T: Transport> WriteActive<'a, T> {
         }
     }
 
+    /// How far the source is turned in repeat `r` of this phase (`buffers::Versions`): one
+    /// division per repeat, none per WRITE.
     #[inline]
-    fn op(&self, slot: u32, imm: Option<u32>, ctx: u64) -> WriteOp<'a, T::Mr> {
+    fn shift(&self, r: u64) -> (u64, usize) {
+        self.ver.of_repeat(self.rep_base + r)
+    }
+
+    /// The WRITE of target slot `slot` with the source turned by `shift`.
+    #[inline]
+    fn op(&self, slot: u32, shift: (u64, usize), imm: Option<u32>, ctx: u64) -> WriteOp<'a, T::Mr> {
         let off = slot as usize * self.page_size;
+        let mut src = u64::from(slot) + shift.0;
+        if src >= self.rotate && self.rotate > 1 {
+            src -= self.rotate;
+        }
+        let src = src as usize * self.page_size + shift.1;
         WriteOp {
             peer: self.peer,
             local: LocalSlice {
                 mr: self.src,
-                offset: off,
+                offset: src,
                 len: self.page_size,
             },
             remote: RemoteSlice {
@@ -151,7 +177,12 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
         let mut r = self.imm_next;
         let last = self.slots[self.slots.len() - 1];
         while self.ops.len() < max && self.imm_ready(r) {
-            let op = self.op(last, Some(imm_of(self.nic, self.rep_base + r)), IMM | r);
+            let op = self.op(
+                last,
+                self.shift(r),
+                Some(imm_of(self.nic, self.rep_base + r)),
+                IMM | r,
+            );
             self.ops.push(op);
             r += 1;
         }
@@ -159,13 +190,15 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
         // Then this repeat's pages, at most WINDOW repeats ahead of the last immediate.
         if self.n1 > 0 {
             let (mut cr, mut ci) = (self.cur_rep, self.cur_idx);
+            let mut shift = self.shift(cr);
             while self.ops.len() < max && cr < self.reps && cr < self.imm_next + WINDOW as u64 {
-                let op = self.op(self.slots[ci], None, cr);
+                let op = self.op(self.slots[ci], shift, None, cr);
                 self.ops.push(op);
                 ci += 1;
                 if ci == self.n1 {
                     ci = 0;
                     cr += 1;
+                    shift = self.shift(cr);
                 }
             }
         }
@@ -249,12 +282,16 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
 
 /// The passive side: poll every NIC until each has seen `expected[i]` immediates and the
 /// peer's `Done` has arrived. Every immediate must name the NIC it arrived on.
+///
+/// `on_imm(nic, rep)` runs at each immediate, with the repeat it announces (counted from 0 over
+/// the run; the immediate carries its low 16 bits, and immediates may arrive out of order).
 pub fn wait_imms<T: Transport>(
     eps: &mut [T],
     expected: &[u64],
     ctrl: &mut Ctrl,
     idle: Duration,
     progress: &mut Progress,
+    on_imm: &mut dyn FnMut(usize, u64) -> Result<()>,
 ) -> Result<Done> {
     let total: u64 = expected.iter().sum();
     let mut counts = vec![0u64; eps.len()];
@@ -276,6 +313,11 @@ pub fn wait_imms<T: Transport>(
                                 "NIC {i} received the immediate {imm:#x} meant for NIC {nic}"
                             )));
                         }
+                        // The repeat: the low 16 bits it carries, nearest to the count so far
+                        // (at most WINDOW repeats of a NIC are in flight).
+                        let low = u64::from(*imm >> 16);
+                        let base = counts[i].saturating_sub(WINDOW as u64);
+                        let rep = base + (low.wrapping_sub(base) & 0xffff);
                         counts[i] += 1;
                         if counts[i] > expected[i] {
                             return Err(Error::Protocol(format!(
@@ -284,6 +326,7 @@ pub fn wait_imms<T: Transport>(
                             )));
                         }
                         got += 1;
+                        on_imm(i, rep)?;
                     }
                     _ => return Err(super::unexpected(c, &format!("NIC {i}"))),
                 }
