@@ -328,6 +328,8 @@ static void op_complete(struct sim_engine *e, struct sim_op *op, uint8_t status)
 	if (status)
 		sim_log(1, "QP %u: operation %llu to QP %u failed with status %u\n", c.qp_num,
 			(unsigned long long)op->id, op->dqpn, status);
+	else
+		sim_log(3, "QP %u op %llu: done\n", c.qp_num, (unsigned long long)op->id);
 	sim_cq_push((struct sim_cq *)op->qp->ex.qp_base.send_cq, &c);
 	free(op);
 }
@@ -433,6 +435,11 @@ static void op_start(struct sim_engine *e, struct sim_op *op)
 		op_complete(e, op, ST_LOCAL_UNSUPPORTED_OP);
 		return;
 	}
+	sim_log(3, "QP %u op %llu: %s len %llu nsge %d%s imm %d to QP %u rkey %#x raddr %#llx\n",
+		qp->ex.qp_base.qp_num, (unsigned long long)op->id,
+		op->kind == OP_SEND ? "SEND" : op->kind == OP_WRITE ? "WRITE" : "READ",
+		(unsigned long long)op->len, op->nsge, op->inl ? " inline" : "", op->has_imm, op->dqpn,
+		op->rkey, (unsigned long long)op->raddr);
 	if ((op->kind == OP_SEND && op->len > a->max_msg_sz) ||
 	    (op->kind != OP_SEND && op->len > a->max_rdma_size)) {
 		op_complete(e, op, ST_LOCAL_BAD_LENGTH);
@@ -673,6 +680,9 @@ static void on_answer(struct sim_engine *e, struct pkt *p)
 
 static void on_packet(struct sim_engine *e, struct sim_qp *qp, struct pkt *p, size_t n)
 {
+	sim_log(3, "QP %u: packet type %u from QP %u op %llu attempt %u len %u off %llu total %llu status %u\n",
+		qp->ex.qp_base.qp_num, p->type, p->sqpn, (unsigned long long)p->op_id, p->attempt, p->len,
+		(unsigned long long)p->off, (unsigned long long)p->total, p->status);
 	if (n < sizeof(*p) || p->magic != MAGIC || n != sizeof(*p) + p->len ||
 	    p->dqpn != qp->ex.qp_base.qp_num) {
 		sim_log(0, "QP %u: dropped a malformed packet\n", qp->ex.qp_base.qp_num);

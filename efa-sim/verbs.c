@@ -236,16 +236,20 @@ int efasim_query_ah(struct ibv_ah *ah, struct efadv_ah_attr *attr, uint32_t inle
 	return 0;
 }
 
-/* The address handle number this context has for a GID (in any PD), or 0xffff. */
+/*
+ * The number of the address handle that protection domain `pd` has for a GID, or 0xffff:
+ * what a receive completion reports as `slid` (each PD, so each libfabric domain, has its
+ * own handles, and the provider finds the sender by its own handle's number).
+ */
 int sim_ah_for_gid(struct sim_ctx *ctx, const union ibv_gid *gid, struct ibv_pd *pd)
 {
 	int ahn = 0xffff;
 	uint32_t i;
 
-	(void)pd;
 	pthread_mutex_lock(&ctx->ah_lock);
 	for (i = 0; i < ctx->nah; i++)
-		if (ctx->ahs[i] && !memcmp(&ctx->ahs[i]->gid, gid, sizeof(*gid))) {
+		if (ctx->ahs[i] && ctx->ahs[i]->ah.pd == pd &&
+		    !memcmp(&ctx->ahs[i]->gid, gid, sizeof(*gid))) {
 			ahn = ctx->ahs[i]->ahn;
 			break;
 		}
