@@ -9,11 +9,11 @@ set -uo pipefail
 LIMIT=${FABTESTS_TIMEOUT:-120}
 PORT=${FABTESTS_PORT:-$((20000 + RANDOM % 20000))}
 if [ $# -eq 0 ]; then
-  set -- "fi_rdm_pingpong -I 200 -S all -v" \
-         "fi_rdm_tagged_bw -I 50 -W 16 -S all -v" \
-         "fi_rma_bw -o write -I 50 -W 16 -S all -v" \
-         "fi_rma_bw -o read -I 50 -W 16 -S all -v" \
-         "fi_rma_bw -o writedata -I 50 -W 16 -S all -v"
+  set -- "fi_rdm_pingpong -I 100 -S all -v" \
+         "fi_rdm_tagged_bw -I 20 -W 8 -S all -v" \
+         "fi_rma_bw -o write -I 20 -W 8 -S all -v" \
+         "fi_rma_bw -o read -I 20 -W 8 -S all -v" \
+         "fi_rma_bw -o writedata -I 20 -W 8 -S all -v"
 fi
 command -v fi_rdm_pingpong >/dev/null || { echo "fabtests.sh: no fabtests on PATH (run it in ci/efa-sim.sh)" >&2; exit 1; }
 failed=0 passed=0
