@@ -9,9 +9,9 @@
 #   minutes): nothing installed by an earlier run survives.
 # - Bound in: this checkout and ../shared (same paths, so relative paths hold), the host's
 #   Rust toolchain (RUSTUP_HOME, CARGO_HOME: none can be fetched in a bare root here), and
-#   three caches that hold downloads and builds, never installed packages: apt's .deb
-#   archive, ci/libfabric.sh's libfabric builds, the VM's kernel packages (ci/.vm/work is
-#   in the checkout).
+#   caches that hold downloads and builds, never installed packages: apt's .deb archive,
+#   ci/libfabric.sh's libfabric builds, ci/efa-sim.sh's rdma-core/libfabric/simulator
+#   builds, the VM's kernel packages (ci/.vm/work is in the checkout).
 # - Cargo builds into the root (CARGO_TARGET_DIR=/root/target), never reusing the host's.
 # Needs root (mount, chroot) and debootstrap (installed when missing).
 # Env: FRESH_ROOT_CACHE (default ~/.cache/rdma-bench), FRESH_ROOT_DIR (default
@@ -27,7 +27,7 @@ RH=${RUSTUP_HOME:-$HOME/.rustup}
 CH=${CARGO_HOME:-$HOME/.cargo}
 log() { echo "fresh-root: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "needs root (mount, chroot)"; exit 2; }
-mkdir -p "$CACHE/apt-archives/partial" "$CACHE/libfabric"
+mkdir -p "$CACHE/apt-archives/partial" "$CACHE/libfabric" "$CACHE/efa-sim"
 
 if [ ! -f "$TARBALL" ]; then
   command -v debootstrap >/dev/null || {
@@ -95,6 +95,7 @@ mnt "$REPO" "$REPO"
 [ -d "$SHARED" ] && mnt "$SHARED" "$SHARED" ro
 mnt "$CACHE/apt-archives" /var/cache/apt/archives
 mnt "$CACHE/libfabric" /root/.cache/rdma-bench/libfabric
+mnt "$CACHE/efa-sim" /root/.cache/rdma-bench/efa-sim
 
 log "running in a fresh Debian 12 root ($ROOT): $1"
 chroot "$ROOT" /usr/bin/env -i HOME=/root RUSTUP_HOME="$RH" CARGO_HOME="$CH" \

@@ -14,10 +14,14 @@ VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils iproute2 per
 TEST_PKGS=(chromium jq)
 # The launchers rdma-bench run is tested under (ci/launchers-test.sh): Open MPI and Slurm.
 LAUNCHER_PKGS=(openmpi-bin slurmctld slurmd slurm-client munge python3)
+# The simulated EFA device (ci/efa-sim.sh): what building rdma-core 56.1 needs, and apt's
+# keyring for fetching its source from Debian 13.
+EFA_SIM_PKGS=(cmake ninja-build python3 libnl-3-dev libnl-route-3-dev libudev-dev pkg-config
+              debian-archive-keyring xz-utils)
 
 want=()
 for p in "${PKGS[@]}" ${SETUP_VM:+"${VM_PKGS[@]}"} ${SETUP_TEST:+"${TEST_PKGS[@]}"} \
-         ${SETUP_LAUNCHERS:+"${LAUNCHER_PKGS[@]}"}; do
+         ${SETUP_LAUNCHERS:+"${LAUNCHER_PKGS[@]}"} ${SETUP_EFA_SIM:+"${EFA_SIM_PKGS[@]}"}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || want+=("$p")
 done
 if [ ${#want[@]} -gt 0 ]; then

@@ -2,15 +2,18 @@
 # Every test: formatting, clippy, the host test suite (libfabric shm/tcp conformance, topo
 # fixtures, rdma-bench) against the system libfabric (Debian 12: 1.17), the transport-efa and
 # rdma-bench suites again against libfabric 2.1.0 and 2.6.0 (built once from
-# ../shared/libfabric and cached by ci/libfabric.sh), then the verbs tests inside a
-# Soft-RoCE VM and rdma-bench run between two of them.
+# ../shared/libfabric and cached by ci/libfabric.sh), libfabric's fabtests and the efa
+# conformance suite on the simulated EFA device (ci/efa-sim.sh, cached), then the verbs
+# tests inside a Soft-RoCE VM and rdma-bench run between two of them.
 #   ci/test.sh                              all of it
 #   SKIP_VM=1 ci/test.sh                    everything but the VMs
 #   LIBFABRIC_VERSIONS="2.6.0" ci/test.sh   another set of libfabric releases ("" for none)
+#   SKIP_EFA_SIM=1 ci/test.sh               without the simulated EFA device step (ci/efa-sim.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${SKIP_VM:-}" ] || export SETUP_VM=1
 export SETUP_TEST=1
+[ -n "${SKIP_EFA_SIM:-}" ] || export SETUP_EFA_SIM=1
 source ci/setup.sh
 t0=$SECONDS
 step() { echo; echo "==> $* ($((SECONDS - t0)) s)"; }
@@ -37,6 +40,18 @@ for v in ${LIBFABRIC_VERSIONS-2.1.0 2.6.0}; do
     LIBFABRIC_EXPECT=${v%.*} \
     cargo test --target-dir "${CARGO_TARGET_DIR:-target}-lf-$v" -p transport-efa -p bench-cli
 done
+if [ -n "${SKIP_EFA_SIM:-}" ]; then
+  echo "efa-sim: SKIPPED (SKIP_EFA_SIM)"
+elif [ ! -f ../shared/libfabric/libfabric-2.6.0.tar.xz ] && [ -z "${LIBFABRIC_SRC:-}" ]; then
+  echo "efa-sim: SKIPPED, no ../shared/libfabric/libfabric-2.6.0.tar.xz beside the checkout"
+else
+  step "efa-sim: build (cached), then libfabric's fabtests and the efa conformance suite on the simulated EFA device"
+  ci/efa-sim.sh --build-only
+  # Out of order, with RNR: the fabtests verify their data (-v) through it.
+  EFA_SIM_REORDER=16 EFA_SIM_DELAY_US=100 EFA_SIM_RNR_PERMILLE=10 ci/efa-sim.sh efa-sim/fabtests.sh
+  CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}-efa-sim CONFORMANCE_REQUIRE_DEVICE=1 \
+    ci/efa-sim.sh cargo test -p transport-efa --test conformance_efa --test conformance_efa_device_rdma
+fi
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)"
 ci/launchers-test.sh
 if [ -z "${SKIP_VM:-}" ]; then

@@ -1,0 +1,1108 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+/*
+ * efa-sim: the per-device progress engine, one thread per opened device.
+ *
+ * Every queue pair has a UNIX datagram socket with an abstract name made of the fabric
+ * id, its device's GID and its QP number, so QPs of any process sharing the fabric reach
+ * each other. The engine turns posted work requests into packets (a SEND is one packet; a
+ * WRITE or a READ response is cut into chunks), holds them in a transmit queue from which
+ * they leave in a seeded random order within a window and after a seeded random delay,
+ * and handles what arrives: it checks queue keys, memory keys, ranges and access like the
+ * device, does the "DMA" into and out of registered memory of its own process, consumes
+ * receive work requests (or answers RNR), writes completions, and answers each request
+ * once. The initiator completes an operation when the answer arrives, resends after an
+ * RNR within the QP's rnr_retry, and fails it when no answer comes within the timeout.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+#define MAGIC 0x45464153u /* "EFAS" */
+#define CHUNK (60u * 1024)
+#define HASH 4096
+
+enum { P_SEND = 1, P_WRITE, P_READ_REQ, P_READ_RESP, P_ACK };
+#define F_IMM 1
+
+struct pkt {
+	uint32_t magic;
+	uint8_t type, flags, status, pad;
+	uint8_t sgid[16];
+	uint32_t sqpn, dqpn, qkey, imm;
+	uint64_t op_id;
+	uint32_t attempt, len;
+	uint64_t total, off;
+	uint32_t rkey, pad2;
+	uint64_t raddr;
+	uint8_t data[];
+};
+
+struct txpkt {
+	struct txpkt *prev, *next;
+	struct sim_qp *from;
+	uint64_t ready_at;
+	struct sockaddr_un to;
+	socklen_t tolen;
+	uint8_t to_gid[16];
+	size_t size;
+	struct pkt p; /* followed by the payload */
+};
+
+/* A WRITE arriving in several chunks. */
+struct reasm {
+	struct reasm *next;
+	struct sim_qp *qp;
+	uint8_t sgid[16];
+	uint32_t sqpn, attempt;
+	uint64_t op_id, got, total;
+	uint8_t status;
+};
+
+struct responder {
+	uint8_t gid[16];
+	uint32_t qpn;
+};
+
+struct sim_engine {
+	struct sim_op *ops[HASH];
+	struct sim_op *resend; /* ops waiting for an RNR resend */
+	struct txpkt *tx_head, *tx_tail;
+	unsigned ntx;
+	struct reasm *reasm;
+	uint64_t next_id, rng, last_sweep;
+	unsigned nops; /* operations in the hash */
+	unsigned qp_gen;
+	struct pollfd *pfd;
+	struct sim_qp **pqp;
+	unsigned npfd;
+	struct responder seen[256];
+	unsigned nseen;
+	uint8_t *rxbuf;
+};
+
+static atomic_uint ctx_counter;
+
+static uint64_t rnd(struct sim_engine *e)
+{
+	uint64_t x = e->rng;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	e->rng = x;
+	return x * 0x2545f4914f6cdd1dull;
+}
+
+static void addr_of(struct sockaddr_un *sa, socklen_t *len, const uint8_t *gid, uint32_t qpn)
+{
+	char name[100];
+	int n, i;
+
+	n = snprintf(name, sizeof(name), "efasim-%s-", g_sim.ns);
+	for (i = 0; i < 16; i++)
+		n += snprintf(name + n, sizeof(name) - (size_t)n, "%02x", gid[i]);
+	n += snprintf(name + n, sizeof(name) - (size_t)n, "-%u", qpn);
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path + 1, name, (size_t)n);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+int sim_qp_bind(struct sim_qp *qp)
+{
+	struct sim_ctx *ctx = qp->ctx;
+	unsigned max = ctx->dev->a.max_qp > 2 ? (unsigned)ctx->dev->a.max_qp : 2;
+	unsigned start, i;
+	int fd, sz = 4 << 20;
+
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	/* QP numbers are device-wide (all processes), below max_qp, like the kernel's. */
+	start = (unsigned)(sim_now_ns() / 1000 + (uint64_t)getpid() * 7919);
+	for (i = 0; i < max - 1; i++) {
+		uint32_t qpn = 1 + (start + i) % (max - 1);
+		struct sockaddr_un sa;
+		socklen_t len;
+
+		addr_of(&sa, &len, ctx->dev->gid.raw, qpn);
+		if (!bind(fd, (struct sockaddr *)&sa, len)) {
+			qp->fd = fd;
+			qp->ex.qp_base.qp_num = qpn;
+			qp->ex.qp_base.handle = qpn;
+			return 0;
+		}
+		if (errno != EADDRINUSE)
+			break;
+	}
+	if (errno == EADDRINUSE)
+		errno = ENOMEM; /* every QP number of the device is taken */
+	close(fd);
+	return -1;
+}
+
+/* ---- memory access ("DMA") ---- */
+
+/* The process address of [addr, addr+len) in region `key` with `access`, or NULL. */
+static uint8_t *mr_ptr(struct sim_ctx *ctx, uint32_t key, uint64_t addr, uint64_t len, int access)
+{
+	struct sim_mr *mr = sim_mr_lookup_locked(ctx, key);
+
+	if (!mr || (access && (mr->access & access) != access) || addr < mr->iova ||
+	    len > mr->mr.length || addr - mr->iova > mr->mr.length - len)
+		return NULL;
+	return (uint8_t *)mr->mr.addr + (addr - mr->iova);
+}
+
+/* Copy between a scatter list (local keys) at byte offset `off` and `buf`. */
+static int sge_copy(struct sim_ctx *ctx, const struct ibv_sge *sge, int n, uint64_t off,
+		    uint8_t *buf, uint64_t len, bool to_sge)
+{
+	int i, st = ST_OK;
+
+	pthread_rwlock_rdlock(&ctx->mr_lock);
+	for (i = 0; i < n && len; i++) {
+		uint64_t take;
+		uint8_t *p;
+
+		if (off >= sge[i].length) {
+			off -= sge[i].length;
+			continue;
+		}
+		take = sge[i].length - off;
+		if (take > len)
+			take = len;
+		p = mr_ptr(ctx, sge[i].lkey, sge[i].addr + off, take, to_sge ? IBV_ACCESS_LOCAL_WRITE : 0);
+		if (!p) {
+			st = ST_LOCAL_INVALID_LKEY;
+			break;
+		}
+		if (to_sge)
+			memcpy(p, buf, take);
+		else
+			memcpy(buf, p, take);
+		buf += take;
+		len -= take;
+		off = 0;
+	}
+	pthread_rwlock_unlock(&ctx->mr_lock);
+	if (st == ST_OK && len)
+		st = to_sge ? ST_LOCAL_BAD_LENGTH : ST_LOCAL_INVALID_LKEY;
+	return st;
+}
+
+/* Check the local keys of a whole scatter list. */
+static int sge_check(struct sim_ctx *ctx, const struct ibv_sge *sge, int n, int access)
+{
+	int i, st = ST_OK;
+
+	pthread_rwlock_rdlock(&ctx->mr_lock);
+	for (i = 0; i < n; i++)
+		if (sge[i].length && !mr_ptr(ctx, sge[i].lkey, sge[i].addr, sge[i].length, access))
+			st = ST_LOCAL_INVALID_LKEY;
+	pthread_rwlock_unlock(&ctx->mr_lock);
+	return st;
+}
+
+/* ---- transmit queue ---- */
+
+static struct txpkt *tx_new(struct sim_qp *from, const uint8_t *dgid, uint32_t dqpn, size_t payload)
+{
+	struct txpkt *t = calloc(1, sizeof(*t) + payload);
+
+	if (!t)
+		return NULL;
+	t->from = from;
+	t->size = sizeof(struct pkt) + payload;
+	addr_of(&t->to, &t->tolen, dgid, dqpn);
+	memcpy(t->to_gid, dgid, 16);
+	t->p.magic = MAGIC;
+	memcpy(t->p.sgid, from->ctx->dev->gid.raw, 16);
+	t->p.sqpn = from->ex.qp_base.qp_num;
+	t->p.dqpn = dqpn;
+	t->p.len = (uint32_t)payload;
+	return t;
+}
+
+static void tx_enqueue(struct sim_engine *e, struct txpkt *t)
+{
+	t->ready_at = sim_now_ns();
+	if (g_sim.f.delay_us)
+		t->ready_at += (rnd(e) % ((uint64_t)g_sim.f.delay_us + 1)) * 1000;
+	t->next = NULL;
+	t->prev = e->tx_tail;
+	if (e->tx_tail)
+		e->tx_tail->next = t;
+	else
+		e->tx_head = t;
+	e->tx_tail = t;
+	e->ntx++;
+}
+
+static void tx_unlink(struct sim_engine *e, struct txpkt *t)
+{
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		e->tx_head = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	else
+		e->tx_tail = t->prev;
+	e->ntx--;
+}
+
+/* An answer to a request packet `req` that arrived on `qp`. */
+static void reply(struct sim_engine *e, struct sim_qp *qp, const struct pkt *req, uint8_t status)
+{
+	struct txpkt *t = tx_new(qp, req->sgid, req->sqpn, 0);
+
+	if (!t)
+		return;
+	t->p.type = P_ACK;
+	t->p.status = status;
+	t->p.op_id = req->op_id;
+	t->p.attempt = req->attempt;
+	tx_enqueue(e, t);
+}
+
+/* ---- operations at the initiator ---- */
+
+static struct sim_op **op_slot(struct sim_engine *e, uint64_t id)
+{
+	return &e->ops[id % HASH];
+}
+
+static struct sim_op *op_find(struct sim_engine *e, uint64_t id)
+{
+	struct sim_op *op;
+
+	for (op = *op_slot(e, id); op; op = op->next)
+		if (op->id == id)
+			return op;
+	return NULL;
+}
+
+static void op_unhash(struct sim_engine *e, struct sim_op *op)
+{
+	struct sim_op **pp;
+
+	for (pp = op_slot(e, op->id); *pp; pp = &(*pp)->next)
+		if (*pp == op) {
+			*pp = op->next;
+			return;
+		}
+}
+
+static void op_complete(struct sim_engine *e, struct sim_op *op, uint8_t status)
+{
+	struct sim_cqe c = { 0 };
+	struct sim_op **pp;
+
+	op_unhash(e, op);
+	e->nops--;
+	if (op->waiting_resend)
+		for (pp = &e->resend; *pp; pp = &(*pp)->wnext)
+			if (*pp == op) {
+				*pp = op->wnext;
+				break;
+			}
+	c.wr_id = op->wr_id;
+	c.qp = op->qp;
+	c.qp_num = op->qp->ex.qp_base.qp_num;
+	c.status = status;
+	c.opcode = op->kind == OP_WRITE ? IBV_WC_RDMA_WRITE : IBV_WC_SEND; /* READ reads as SEND */
+	if (status)
+		sim_log(1, "QP %u: operation %llu to QP %u failed with status %u\n", c.qp_num,
+			(unsigned long long)op->id, op->dqpn, status);
+	else
+		sim_log(3, "QP %u op %llu: done\n", c.qp_num, (unsigned long long)op->id);
+	sim_cq_push((struct sim_cq *)op->qp->ex.qp_base.send_cq, &c);
+	free(op);
+}
+
+static void saw_responder(struct sim_engine *e, const uint8_t *gid, uint32_t qpn)
+{
+	unsigned i;
+
+	for (i = 0; i < e->nseen; i++)
+		if (e->seen[i].qpn == qpn && !memcmp(e->seen[i].gid, gid, 16))
+			return;
+	i = e->nseen < 256 ? e->nseen++ : (unsigned)(rnd(e) % 256);
+	memcpy(e->seen[i].gid, gid, 16);
+	e->seen[i].qpn = qpn;
+}
+
+static bool responded(struct sim_engine *e, const uint8_t *gid, uint32_t qpn)
+{
+	unsigned i;
+
+	for (i = 0; i < e->nseen; i++)
+		if (e->seen[i].qpn == qpn && !memcmp(e->seen[i].gid, gid, 16))
+			return true;
+	return false;
+}
+
+/* Turn an operation into packets (again, after an RNR). */
+static void op_transmit(struct sim_engine *e, struct sim_op *op)
+{
+	struct sim_ctx *ctx = op->qp->ctx;
+	struct txpkt *t;
+	uint64_t off = 0;
+	int st;
+
+	op->deadline = sim_now_ns() + (uint64_t)g_sim.f.timeout_ms * 1000000;
+	op->got = 0;
+	if (op->kind == OP_READ) {
+		st = sge_check(ctx, op->sge, op->nsge, IBV_ACCESS_LOCAL_WRITE);
+		if (st) {
+			op_complete(e, op, (uint8_t)st);
+			return;
+		}
+		t = tx_new(op->qp, op->dgid.raw, op->dqpn, 0);
+		if (!t)
+			goto nomem;
+		t->p.type = P_READ_REQ;
+		t->p.total = op->len;
+		t->p.rkey = op->rkey;
+		t->p.raddr = op->raddr;
+		t->p.qkey = op->dqkey;
+		t->p.op_id = op->id;
+		t->p.attempt = op->attempt;
+		tx_enqueue(e, t);
+		return;
+	}
+	do {
+		uint64_t n = op->len - off;
+
+		if (op->kind == OP_WRITE && n > CHUNK)
+			n = CHUNK;
+		t = tx_new(op->qp, op->dgid.raw, op->dqpn, (size_t)n);
+		if (!t)
+			goto nomem;
+		if (op->inl)
+			memcpy(t->p.data, op->inline_data + off, (size_t)n);
+		else if ((st = sge_copy(ctx, op->sge, op->nsge, off, t->p.data, n, false))) {
+			free(t);
+			op_complete(e, op, (uint8_t)st);
+			return;
+		}
+		t->p.type = op->kind == OP_SEND ? P_SEND : P_WRITE;
+		t->p.flags = op->has_imm ? F_IMM : 0;
+		t->p.imm = op->imm;
+		t->p.qkey = op->dqkey;
+		t->p.op_id = op->id;
+		t->p.attempt = op->attempt;
+		t->p.total = op->len;
+		t->p.off = off;
+		t->p.rkey = op->rkey;
+		t->p.raddr = op->raddr;
+		tx_enqueue(e, t);
+		off += n;
+	} while (off < op->len);
+	return;
+nomem:
+	op_complete(e, op, ST_LOCAL_QP_INTERNAL);
+}
+
+static void op_start(struct sim_engine *e, struct sim_op *op)
+{
+	struct sim_qp *qp = op->qp;
+	struct sim_attr *a = &qp->ctx->dev->a;
+	struct sim_op **slot;
+
+	op->id = ++e->next_id;
+	op->attempt = 0;
+	op->rnr_left = qp->rnr_retry;
+	slot = op_slot(e, op->id);
+	op->next = *slot;
+	*slot = op;
+	e->nops++;
+	if (op->kind != OP_SEND && !qp->srd) {
+		op_complete(e, op, ST_LOCAL_UNSUPPORTED_OP);
+		return;
+	}
+	sim_log(3, "QP %u op %llu: %s len %llu nsge %d%s imm %d to QP %u rkey %#x raddr %#llx\n",
+		qp->ex.qp_base.qp_num, (unsigned long long)op->id,
+		op->kind == OP_SEND ? "SEND" : op->kind == OP_WRITE ? "WRITE" : "READ",
+		(unsigned long long)op->len, op->nsge, op->inl ? " inline" : "", op->has_imm, op->dqpn,
+		op->rkey, (unsigned long long)op->raddr);
+	if ((op->kind == OP_SEND && op->len > a->max_msg_sz) ||
+	    (op->kind != OP_SEND && op->len > a->max_rdma_size)) {
+		op_complete(e, op, ST_LOCAL_BAD_LENGTH);
+		return;
+	}
+	op_transmit(e, op);
+}
+
+/* ---- the target side ---- */
+
+/* Take a posted receive, or none (RNR), possibly made up by the RNR fault knob. */
+static bool rq_pop(struct sim_engine *e, struct sim_qp *qp, struct sim_rwqe *out)
+{
+	bool ok = false;
+
+	if (g_sim.f.rnr_permille && rnd(e) % 1000 < g_sim.f.rnr_permille)
+		return false;
+	pthread_mutex_lock(&qp->rq_lock);
+	if (qp->rq_count) {
+		*out = qp->rq[qp->rq_head];
+		qp->rq_head = (qp->rq_head + 1) % qp->max_recv_wr;
+		qp->rq_count--;
+		ok = true;
+	}
+	pthread_mutex_unlock(&qp->rq_lock);
+	return ok;
+}
+
+static void recv_cqe(struct sim_qp *qp, const struct pkt *p, struct sim_cqe *c, uint8_t opcode)
+{
+	memset(c, 0, sizeof(*c));
+	c->recv = true;
+	c->qp = qp;
+	c->qp_num = qp->ex.qp_base.qp_num;
+	c->opcode = opcode;
+	c->src_qp = p->sqpn;
+	c->has_imm = p->flags & F_IMM;
+	c->imm = p->imm;
+	memcpy(c->sgid.raw, p->sgid, 16);
+	c->slid = (uint16_t)sim_ah_for_gid(qp->ctx, &c->sgid, qp->ex.qp_base.pd);
+}
+
+static bool qp_accepts(struct sim_qp *qp, const struct pkt *p)
+{
+	enum ibv_qp_state s = qp->ex.qp_base.state;
+
+	return p->qkey == qp->qkey && (s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD);
+}
+
+static void on_send(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
+{
+	struct sim_rwqe w;
+	struct sim_cqe c;
+	int st;
+
+	if (!qp_accepts(qp, p)) {
+		reply(e, qp, p, ST_REMOTE_BAD_DEST_QPN);
+		return;
+	}
+	if (!rq_pop(e, qp, &w)) {
+		reply(e, qp, p, ST_REMOTE_RNR);
+		return;
+	}
+	st = sge_copy(qp->ctx, w.sge, w.nsge, 0, p->data, p->len, true);
+	recv_cqe(qp, p, &c, IBV_WC_RECV);
+	c.wr_id = w.wr_id;
+	c.byte_len = p->len;
+	c.status = (uint8_t)st;
+	sim_cq_push((struct sim_cq *)qp->ex.qp_base.recv_cq, &c);
+	reply(e, qp, p,
+	      st == ST_OK ? ST_OK : st == ST_LOCAL_BAD_LENGTH ? ST_REMOTE_BAD_LENGTH : ST_REMOTE_BAD_STATUS);
+}
+
+/* The status of an RDMA request against this process's memory (copying a WRITE chunk). */
+static uint8_t rdma_access(struct sim_qp *qp, struct pkt *p, int access, uint8_t *read_into)
+{
+	struct sim_ctx *ctx = qp->ctx;
+	union ibv_gid g;
+	uint8_t *ptr;
+	uint8_t st = ST_OK;
+
+	if (!qp->srd)
+		return ST_REMOTE_BAD_STATUS;
+	memcpy(g.raw, p->sgid, 16);
+	if (sim_ah_for_gid(ctx, &g, qp->ex.qp_base.pd) == 0xffff)
+		return ST_REMOTE_UNKNOWN_PEER; /* RDMA needs an address handle of the initiator */
+	pthread_rwlock_rdlock(&ctx->mr_lock);
+	ptr = mr_ptr(ctx, p->rkey, p->raddr, p->total, access);
+	if (!ptr)
+		st = ST_REMOTE_BAD_ADDRESS;
+	else if (access == IBV_ACCESS_REMOTE_WRITE)
+		memcpy(ptr + p->off, p->data, p->len);
+	else if (read_into)
+		memcpy(read_into, ptr + p->off, p->len);
+	pthread_rwlock_unlock(&ctx->mr_lock);
+	return st;
+}
+
+static void write_done(struct sim_engine *e, struct sim_qp *qp, struct pkt *p, uint8_t st)
+{
+	struct sim_cqe c;
+	struct sim_rwqe w = { 0 };
+
+	if (st == ST_OK && (p->flags & F_IMM)) {
+		if (!qp->unsolicited_write_recv && !rq_pop(e, qp, &w)) {
+			reply(e, qp, p, ST_REMOTE_RNR);
+			return;
+		}
+		recv_cqe(qp, p, &c, IBV_WC_RECV_RDMA_WITH_IMM);
+		c.wr_id = qp->unsolicited_write_recv ? 0 : w.wr_id;
+		c.unsolicited = qp->unsolicited_write_recv;
+		c.byte_len = (uint32_t)p->total;
+		sim_cq_push((struct sim_cq *)qp->ex.qp_base.recv_cq, &c);
+	}
+	reply(e, qp, p, st);
+}
+
+static void on_write(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
+{
+	struct reasm *r, **rp;
+	uint8_t st;
+
+	if (!qp_accepts(qp, p)) {
+		reply(e, qp, p, ST_REMOTE_BAD_DEST_QPN);
+		return;
+	}
+	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_WRITE, NULL);
+	if (p->len == p->total) {
+		write_done(e, qp, p, st);
+		return;
+	}
+	for (rp = &e->reasm; (r = *rp); rp = &r->next)
+		if (r->qp == qp && r->op_id == p->op_id && r->sqpn == p->sqpn &&
+		    r->attempt == p->attempt && !memcmp(r->sgid, p->sgid, 16))
+			break;
+	if (!r) {
+		r = calloc(1, sizeof(*r));
+		if (!r) {
+			reply(e, qp, p, ST_REMOTE_BAD_STATUS);
+			return;
+		}
+		r->qp = qp;
+		memcpy(r->sgid, p->sgid, 16);
+		r->sqpn = p->sqpn;
+		r->attempt = p->attempt;
+		r->op_id = p->op_id;
+		r->total = p->total;
+		r->next = e->reasm;
+		e->reasm = r;
+		rp = &e->reasm;
+	}
+	r->got += p->len;
+	if (st && !r->status)
+		r->status = st;
+	if (r->got >= r->total) {
+		*rp = r->next;
+		st = r->status;
+		free(r);
+		write_done(e, qp, p, st);
+	}
+}
+
+static void on_read_req(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
+{
+	uint64_t off = 0;
+	uint8_t st;
+
+	if (!qp_accepts(qp, p)) {
+		reply(e, qp, p, ST_REMOTE_BAD_DEST_QPN);
+		return;
+	}
+	p->off = 0;
+	p->len = 0;
+	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_READ, NULL);
+	if (st || !p->total) {
+		reply(e, qp, p, st);
+		return;
+	}
+	while (off < p->total) {
+		uint64_t n = p->total - off > CHUNK ? CHUNK : p->total - off;
+		struct txpkt *t = tx_new(qp, p->sgid, p->sqpn, (size_t)n);
+
+		if (!t) {
+			reply(e, qp, p, ST_REMOTE_BAD_STATUS);
+			return;
+		}
+		p->off = off;
+		p->len = (uint32_t)n;
+		st = rdma_access(qp, p, IBV_ACCESS_REMOTE_READ, t->p.data);
+		if (st) { /* deregistered meanwhile */
+			free(t);
+			reply(e, qp, p, st);
+			return;
+		}
+		t->p.type = P_READ_RESP;
+		t->p.op_id = p->op_id;
+		t->p.attempt = p->attempt;
+		t->p.total = p->total;
+		t->p.off = off;
+		tx_enqueue(e, t);
+		off += n;
+	}
+}
+
+static void on_answer(struct sim_engine *e, struct pkt *p)
+{
+	struct sim_op *op = op_find(e, p->op_id);
+
+	saw_responder(e, p->sgid, p->sqpn);
+	if (!op || op->attempt != p->attempt || op->dqpn != p->sqpn || memcmp(op->dgid.raw, p->sgid, 16))
+		return; /* a late answer to an operation already completed or resent */
+	if (p->type == P_READ_RESP) {
+		int st = sge_copy(op->qp->ctx, op->sge, op->nsge, p->off, p->data, p->len, true);
+
+		if (st) {
+			op_complete(e, op, (uint8_t)st);
+			return;
+		}
+		op->got += p->len;
+		op->deadline = sim_now_ns() + (uint64_t)g_sim.f.timeout_ms * 1000000;
+		if (op->got >= op->len)
+			op_complete(e, op, ST_OK);
+		return;
+	}
+	if (p->status == ST_REMOTE_RNR && op->rnr_left) {
+		if (op->rnr_left != 7)
+			op->rnr_left--;
+		op->attempt++;
+		op->resend_at = sim_now_ns() + (uint64_t)g_sim.f.rnr_delay_us * 1000;
+		op->deadline = op->resend_at + (uint64_t)g_sim.f.timeout_ms * 1000000;
+		op->waiting_resend = true;
+		op->wnext = e->resend;
+		e->resend = op;
+		return;
+	}
+	op_complete(e, op, p->status);
+}
+
+static void on_packet(struct sim_engine *e, struct sim_qp *qp, struct pkt *p, size_t n)
+{
+	sim_log(3, "QP %u: packet type %u from QP %u op %llu attempt %u len %u off %llu total %llu status %u\n",
+		qp->ex.qp_base.qp_num, p->type, p->sqpn, (unsigned long long)p->op_id, p->attempt, p->len,
+		(unsigned long long)p->off, (unsigned long long)p->total, p->status);
+	if (n < sizeof(*p) || p->magic != MAGIC || n != sizeof(*p) + p->len ||
+	    p->dqpn != qp->ex.qp_base.qp_num) {
+		sim_log(0, "QP %u: dropped a malformed packet\n", qp->ex.qp_base.qp_num);
+		return;
+	}
+	switch (p->type) {
+	case P_SEND:
+		on_send(e, qp, p);
+		break;
+	case P_WRITE:
+		on_write(e, qp, p);
+		break;
+	case P_READ_REQ:
+		on_read_req(e, qp, p);
+		break;
+	case P_READ_RESP:
+	case P_ACK:
+		on_answer(e, p);
+		break;
+	}
+}
+
+/* ---- the loop ---- */
+
+static void tx_fail(struct sim_engine *e, struct txpkt *t, uint8_t status)
+{
+	struct sim_op *op;
+
+	if (t->p.type == P_ACK || t->p.type == P_READ_RESP)
+		return; /* an answer to a peer that is gone */
+	op = op_find(e, t->p.op_id);
+	if (op && op->attempt == t->p.attempt)
+		op_complete(e, op, status);
+}
+
+/* Whether a GID is one of the fabric's devices (whose host is therefore up). */
+static bool known_gid(const uint8_t *gid)
+{
+	int i;
+
+	for (i = 0; i < g_sim.ndev; i++)
+		if (!memcmp(g_sim.devs[i].gid.raw, gid, 16))
+			return true;
+	return false;
+}
+
+/* Send what is ready; returns how long to wait before trying again (ns), 0 for no wait. */
+static uint64_t transmit(struct sim_engine *e)
+{
+	unsigned window = g_sim.f.reorder > 1 ? g_sim.f.reorder : 1;
+	uint64_t now = sim_now_ns(), wait = UINT64_MAX;
+	unsigned budget = 4096;
+
+	while (e->tx_head && budget--) {
+		struct txpkt *ready[64], *t;
+		unsigned n = 0, scanned = 0;
+
+		if (window > 64)
+			window = 64;
+		for (t = e->tx_head; t && n < window && scanned < 4 * window + 64; t = t->next, scanned++) {
+			if (t->ready_at <= now)
+				ready[n++] = t;
+			else if (t->ready_at - now < wait)
+				wait = t->ready_at - now;
+		}
+		if (!n)
+			break;
+		t = ready[n == 1 ? 0 : rnd(e) % n];
+		if (atomic_load(&g_sim.dead)) {
+			tx_unlink(e, t);
+			free(t);
+			continue;
+		}
+		if (sendto(t->from->fd, &t->p, t->size, MSG_DONTWAIT, (struct sockaddr *)&t->to, t->tolen) < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+				/* the receiver's queue is full: retry this one shortly */
+				t->ready_at = now + 100000;
+				if (wait > 100000)
+					wait = 100000;
+				if (n == 1 && t == e->tx_head && !t->next)
+					break;
+				continue;
+			}
+			tx_unlink(e, t);
+			/* no such QP: the peer process is gone (or never was) */
+			tx_fail(e, t, known_gid(t->to_gid)
+					      ? ST_REMOTE_BAD_DEST_QPN : ST_LOCAL_UNREACH_REMOTE);
+			free(t);
+			continue;
+		}
+		tx_unlink(e, t);
+		free(t);
+		if (g_sim.f.die_after && atomic_fetch_add(&g_sim.packets_sent, 1) + 1 >= g_sim.f.die_after &&
+		    !atomic_exchange(&g_sim.dead, true))
+			sim_log(0, "fault: this process's devices go silent after %u packets\n",
+				g_sim.f.die_after);
+	}
+	if (e->tx_head && wait == UINT64_MAX)
+		wait = 0;
+	return wait;
+}
+
+/* Ops with no answer for too long fail: the peer is unresponsive or unreachable. */
+static void sweep(struct sim_engine *e, uint64_t now)
+{
+	unsigned i;
+
+	for (i = 0; i < HASH; i++) {
+		struct sim_op *op = e->ops[i], *next;
+
+		for (; op; op = next) {
+			next = op->next;
+			if (now > op->deadline && !op->waiting_resend)
+				op_complete(e, op, responded(e, op->dgid.raw, op->dqpn) ? ST_LOCAL_UNRESP_REMOTE
+											: ST_LOCAL_UNREACH_REMOTE);
+		}
+	}
+}
+
+/*
+ * A QP being destroyed: what already reached it is handled and answered, and its answers
+ * leave now, as the device acknowledges arrivals whatever the process does next; then its
+ * socket closes, and later packets find no QP (REMOTE_ERROR_BAD_DEST_QPN at their sender).
+ */
+static void farewell(struct sim_engine *e, struct sim_qp *qp)
+{
+	uint64_t give_up = sim_now_ns() + 200000000ull;
+	struct txpkt *t, *tn;
+	ssize_t n;
+
+	while ((n = recv(qp->fd, e->rxbuf, sizeof(struct pkt) + CHUNK, MSG_DONTWAIT)) >= 0)
+		if (!atomic_load(&g_sim.dead))
+			on_packet(e, qp, (struct pkt *)e->rxbuf, (size_t)n);
+	for (t = e->tx_head; t; t = tn) {
+		tn = t->next;
+		if (t->from != qp || (t->p.type != P_ACK && t->p.type != P_READ_RESP))
+			continue;
+		while (!atomic_load(&g_sim.dead) &&
+		       sendto(qp->fd, &t->p, t->size, MSG_DONTWAIT, (struct sockaddr *)&t->to, t->tolen) < 0 &&
+		       (errno == EAGAIN || errno == ENOBUFS) && sim_now_ns() < give_up)
+			usleep(100);
+		tx_unlink(e, t);
+		free(t);
+	}
+	close(qp->fd);
+	qp->fd = -1;
+}
+
+/* Drop everything that belongs to queue pairs being destroyed. */
+static void purge_dead(struct sim_engine *e)
+{
+	struct txpkt *t, *tn;
+	struct reasm *r, **rp;
+	struct sim_op **pp;
+	unsigned i;
+
+	for (i = 1; i < e->npfd; i++)
+		if (!atomic_load(&e->pqp[i]->alive) && e->pqp[i]->fd >= 0)
+			farewell(e, e->pqp[i]);
+
+	for (t = e->tx_head; t; t = tn) {
+		tn = t->next;
+		if (!atomic_load(&t->from->alive)) {
+			tx_unlink(e, t);
+			free(t);
+		}
+	}
+	for (rp = &e->reasm; (r = *rp);) {
+		if (!atomic_load(&r->qp->alive)) {
+			*rp = r->next;
+			free(r);
+		} else {
+			rp = &r->next;
+		}
+	}
+	for (pp = &e->resend; *pp;) {
+		if (!atomic_load(&(*pp)->qp->alive))
+			*pp = (*pp)->wnext;
+		else
+			pp = &(*pp)->wnext;
+	}
+	for (i = 0; i < HASH; i++)
+		for (pp = &e->ops[i]; *pp;) {
+			struct sim_op *op = *pp;
+
+			if (!atomic_load(&op->qp->alive)) {
+				*pp = op->next;
+				e->nops--;
+				free(op);
+			} else {
+				pp = &op->next;
+			}
+		}
+}
+
+static int rebuild_pollfds(struct sim_ctx *ctx, struct sim_engine *e)
+{
+	struct sim_qp *qp;
+	unsigned n = 1;
+
+	pthread_mutex_lock(&ctx->qp_lock);
+	for (qp = ctx->qps; qp; qp = qp->next)
+		n++;
+	free(e->pfd);
+	free(e->pqp);
+	e->pfd = calloc(n, sizeof(*e->pfd));
+	e->pqp = calloc(n, sizeof(*e->pqp));
+	if (!e->pfd || !e->pqp) {
+		pthread_mutex_unlock(&ctx->qp_lock);
+		e->npfd = 0;
+		return -1;
+	}
+	e->pfd[0].fd = ctx->wake_fd;
+	e->pfd[0].events = POLLIN;
+	n = 1;
+	for (qp = ctx->qps; qp; qp = qp->next) {
+		e->pfd[n].fd = qp->fd;
+		e->pfd[n].events = POLLIN;
+		e->pqp[n++] = qp;
+	}
+	e->npfd = n;
+	e->qp_gen = atomic_load(&ctx->qp_gen);
+	pthread_mutex_unlock(&ctx->qp_lock);
+	return 0;
+}
+
+static void *engine_main(void *arg)
+{
+	struct sim_ctx *ctx = arg;
+	struct sim_engine *e = ctx->eng;
+
+	while (!atomic_load(&ctx->stop)) {
+		struct sim_op *op, *next;
+		uint64_t now, wait;
+		unsigned i;
+		struct timespec ts;
+
+		atomic_fetch_add(&ctx->epoch, 1);
+		if (e->qp_gen != atomic_load(&ctx->qp_gen) || !e->pfd) {
+			purge_dead(e);
+			if (rebuild_pollfds(ctx, e)) {
+				usleep(1000);
+				continue;
+			}
+		}
+		/* new work requests */
+		pthread_mutex_lock(&ctx->newq_lock);
+		op = ctx->newq_head;
+		ctx->newq_head = ctx->newq_tail = NULL;
+		pthread_mutex_unlock(&ctx->newq_lock);
+		for (; op; op = next) {
+			next = op->next;
+			op->next = NULL;
+			if (!atomic_load(&op->qp->alive)) {
+				free(op);
+				continue;
+			}
+			op_start(e, op);
+		}
+		/* resends after RNR */
+		now = sim_now_ns();
+		{
+			struct sim_op **pp = &e->resend;
+
+			while (*pp) {
+				op = *pp;
+				if (op->resend_at <= now) {
+					*pp = op->wnext;
+					op->waiting_resend = false;
+					op_transmit(e, op);
+				} else {
+					pp = &op->wnext;
+				}
+			}
+		}
+		if (now - e->last_sweep > 10000000ull) {
+			e->last_sweep = now;
+			sweep(e, now);
+		}
+		wait = transmit(e);
+		for (op = e->resend; op; op = op->wnext) {
+			uint64_t d = op->resend_at > now ? op->resend_at - now : 0;
+
+			if (d < wait)
+				wait = d;
+		}
+		/* Wake for the timeout sweep while operations are out; sleep longer when idle. */
+		if (wait > (e->nops ? 10000000ull : 200000000ull))
+			wait = e->nops ? 10000000ull : 200000000ull;
+		ts.tv_sec = (time_t)(wait / 1000000000ull);
+		ts.tv_nsec = (long)(wait % 1000000000ull);
+		if (ppoll(e->pfd, e->npfd, &ts, NULL) <= 0)
+			continue;
+		if (e->pfd[0].revents & POLLIN) {
+			uint64_t v;
+
+			if (read(ctx->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				sim_log(0, "wake: %s\n", strerror(errno));
+		}
+		for (i = 1; i < e->npfd; i++) {
+			unsigned burst;
+
+			if (!(e->pfd[i].revents & POLLIN))
+				continue;
+			for (burst = 0; burst < 64; burst++) {
+				ssize_t n = recv(e->pfd[i].fd, e->rxbuf, sizeof(struct pkt) + CHUNK, MSG_DONTWAIT);
+
+				if (n < 0)
+					break;
+				if (atomic_load(&g_sim.dead))
+					continue;
+				if (!atomic_load(&e->pqp[i]->alive))
+					continue;
+				on_packet(e, e->pqp[i], (struct pkt *)e->rxbuf, (size_t)n);
+			}
+		}
+	}
+	return NULL;
+}
+
+void sim_engine_wake(struct sim_ctx *ctx)
+{
+	uint64_t one = 1;
+
+	if (write(ctx->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		sim_log(0, "wake: %s\n", strerror(errno));
+}
+
+bool sim_engine_quiesce(struct sim_ctx *ctx)
+{
+	unsigned e0 = atomic_load(&ctx->epoch);
+	uint64_t deadline = sim_now_ns() + 5000000000ull;
+
+	if (pthread_equal(pthread_self(), ctx->thread))
+		return true;
+	while ((int)(atomic_load(&ctx->epoch) - e0) < 2) {
+		if (sim_now_ns() > deadline) {
+			sim_log(0, "the progress engine did not come round in 5 s\n");
+			return false;
+		}
+		sim_engine_wake(ctx);
+		usleep(200);
+	}
+	return true;
+}
+
+int sim_engine_start(struct sim_ctx *ctx)
+{
+	struct sim_engine *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return -1;
+	e->rxbuf = malloc(sizeof(struct pkt) + CHUNK);
+	ctx->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (!e->rxbuf || ctx->wake_fd < 0) {
+		free(e->rxbuf);
+		free(e);
+		if (ctx->wake_fd >= 0)
+			close(ctx->wake_fd);
+		errno = ENOMEM;
+		return -1;
+	}
+	/* Seeded: the same seed gives the same sequence of decisions for a device. */
+	e->rng = (g_sim.f.seed + 1) * 0x9e3779b97f4a7c15ull ^
+		 ((uint64_t)ctx->dev->index << 32) ^ atomic_fetch_add(&ctx_counter, 1);
+	if (!e->rng)
+		e->rng = 1;
+	ctx->eng = e;
+	if (pthread_create(&ctx->thread, NULL, engine_main, ctx)) {
+		close(ctx->wake_fd);
+		free(e->rxbuf);
+		free(e);
+		errno = EAGAIN;
+		return -1;
+	}
+	ctx->thread_started = true;
+	return 0;
+}
+
+bool sim_engine_stop(struct sim_ctx *ctx)
+{
+	struct sim_engine *e = ctx->eng;
+	struct timespec ts;
+	unsigned i;
+
+	if (!ctx->thread_started)
+		return true;
+	atomic_store(&ctx->stop, true);
+	sim_engine_wake(ctx);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 5;
+	if (pthread_timedjoin_np(ctx->thread, NULL, &ts)) {
+		sim_log(0, "the progress engine did not stop in 5 s; leaving it\n");
+		pthread_detach(ctx->thread);
+		return false;
+	}
+	while (e->tx_head) {
+		struct txpkt *t = e->tx_head;
+
+		tx_unlink(e, t);
+		free(t);
+	}
+	while (e->reasm) {
+		struct reasm *r = e->reasm;
+
+		e->reasm = r->next;
+		free(r);
+	}
+	for (i = 0; i < HASH; i++)
+		while (e->ops[i]) {
+			struct sim_op *op = e->ops[i];
+
+			e->ops[i] = op->next;
+			free(op);
+		}
+	close(ctx->wake_fd);
+	free(e->pfd);
+	free(e->pqp);
+	free(e->rxbuf);
+	free(e);
+	ctx->eng = NULL;
+	return true;
+}
