@@ -472,6 +472,7 @@ static void do_init(void)
 	env_u("EFA_SIM_DIE_AFTER", &g_sim.f.die_after);
 	env_u("EFA_SIM_TIMEOUT_MS", &g_sim.f.timeout_ms);
 	env_u("EFA_SIM_RNR_DELAY_US", &g_sim.f.rnr_delay_us);
+	env_u("EFA_SIM_LOSE_WRITE_PERMILLE", &g_sim.f.lose_write_permille);
 	if (mkdirs(sysfs) || !realpath(sysfs, real)) {
 		fprintf(stderr, "efa-sim: cannot use SYSFS_PATH=%s: %s\n", sysfs, strerror(errno));
 		init_err = errno ? errno : EINVAL;

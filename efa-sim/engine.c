@@ -513,8 +513,10 @@ static void on_send(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
 	      st == ST_OK ? ST_OK : st == ST_LOCAL_BAD_LENGTH ? ST_REMOTE_BAD_LENGTH : ST_REMOTE_BAD_STATUS);
 }
 
-/* The status of an RDMA request against this process's memory (copying a WRITE chunk). */
-static uint8_t rdma_access(struct sim_qp *qp, struct pkt *p, int access, uint8_t *read_into)
+/* The status of an RDMA request against this process's memory (copying a WRITE chunk).
+ * `lose`: check as usual but do not copy (the EFA_SIM_LOSE_WRITE_PERMILLE defect). */
+static uint8_t rdma_access(struct sim_qp *qp, struct pkt *p, int access, uint8_t *read_into,
+			   bool lose)
 {
 	struct sim_ctx *ctx = qp->ctx;
 	union ibv_gid g;
@@ -530,7 +532,7 @@ static uint8_t rdma_access(struct sim_qp *qp, struct pkt *p, int access, uint8_t
 	ptr = mr_ptr(ctx, p->rkey, p->raddr, p->total, access);
 	if (!ptr)
 		st = ST_REMOTE_BAD_ADDRESS;
-	else if (access == IBV_ACCESS_REMOTE_WRITE)
+	else if (access == IBV_ACCESS_REMOTE_WRITE && !lose)
 		memcpy(ptr + p->off, p->data, p->len);
 	else if (read_into)
 		memcpy(read_into, ptr + p->off, p->len);
@@ -566,7 +568,13 @@ static void on_write(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
 		reply(e, qp, p, ST_REMOTE_BAD_DEST_QPN);
 		return;
 	}
-	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_WRITE, NULL);
+	/* A defect on purpose: a WRITE without immediate acknowledged as placed while the bytes
+	 * of its first chunk are dropped (seeded): what a device or provider bug that loses data
+	 * looks like to the application. */
+	bool lose = false;
+	if (g_sim.f.lose_write_permille && !(p->flags & F_IMM) && p->off == 0)
+		lose = rnd(e) % 1000 < g_sim.f.lose_write_permille;
+	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_WRITE, NULL, lose);
 	if (p->len == p->total) {
 		write_done(e, qp, p, st);
 		return;
@@ -613,7 +621,7 @@ static void on_read_req(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
 	}
 	p->off = 0;
 	p->len = 0;
-	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_READ, NULL);
+	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_READ, NULL, false);
 	if (st || !p->total) {
 		reply(e, qp, p, st);
 		return;
@@ -628,7 +636,7 @@ static void on_read_req(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
 		}
 		p->off = off;
 		p->len = (uint32_t)n;
-		st = rdma_access(qp, p, IBV_ACCESS_REMOTE_READ, t->p.data);
+		st = rdma_access(qp, p, IBV_ACCESS_REMOTE_READ, t->p.data, false);
 		if (st) { /* deregistered meanwhile */
 			free(t);
 			reply(e, qp, p, st);

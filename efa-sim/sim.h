@@ -63,6 +63,8 @@ struct sim_faults {
 	unsigned die_after;     /* after this many packets sent, this process's devices go silent */
 	unsigned timeout_ms;    /* an operation without any answer for this long fails */
 	unsigned rnr_delay_us;  /* device RNR retry interval */
+	unsigned lose_write_permille; /* WRITEs without immediate acknowledged but not placed: a
+				       * device defect, for checks that must catch it */
 };
 
 struct sim_dev {

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# rdma-bench over libfabric's efa provider on the simulated device; run under ci/efa-sim.sh:
+#
+#   ci/efa-sim.sh --devices p5 efa-sim/rdma-bench.sh p5
+#       loopback over 32 simulated NICs with the p5 topology (--topology): every GPU's four
+#       endpoints open the efa domains at its own NICs' PCI addresses, every byte verified
+#   ci/efa-sim.sh efa-sim/rdma-bench.sh lost-write
+#       the verification catches a lost WRITE: with EFA_SIM_LOSE_WRITE_PERMILLE the device
+#       acknowledges WRITEs whose bytes it dropped, out of order (EFA_SIM_REORDER); the run
+#       must fail naming the slot and the repeats (and pass without the defect)
+#   ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
+#       rdma-bench run under mpirun, 4 ranks, all-to-all, every byte verified; then rank 2
+#       killed mid-run: every other rank exits non-zero naming it
+#
+# RDMA_BENCH: the binary (default: built here, efa backend only, against the simulator's
+# libfabric, in $CARGO_TARGET_DIR or target-efa-sim). Semantics only: no figure from here is
+# EFA performance. Exit status 0 when every check held.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:?usage: efa-sim/rdma-bench.sh p5|lost-write|ranks}
+[ -n "${EFA_SIM_DEVICES:-}" ] || { echo "run me under ci/efa-sim.sh" >&2; exit 2; }
+if [ -z "${RDMA_BENCH:-}" ]; then
+  td=${CARGO_TARGET_DIR:-target-efa-sim}
+  cargo build -q -p bench-cli --no-default-features --features efa --target-dir "$td"
+  RDMA_BENCH=$td/debug/rdma-bench
+fi
+B=$RDMA_BENCH
+TMP=$(mktemp -d /tmp/efa-sim-rb.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "efa-sim/rdma-bench.sh $MODE: FAILED: $*" >&2; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+case $MODE in
+p5)
+  topo=topo/tests/fixtures/p5.48xlarge.xml
+  timeout 300 "$B" loopback --provider efa --gpus 0-7 --nics-per-gpu 4 --topology "$topo" \
+    -s 4K -n 3 -v > "$TMP/out" 2> "$TMP/err" || { cat "$TMP/err" >&2; fail "loopback (rc $?)"; }
+  cat "$TMP/out"
+  grep -q "8 GPU(s) x 4 NIC(s), every byte verified" "$TMP/out" || fail "not 8 x 4, verified"
+  # Each NIC line of -v: "NIC i (GPU g): efa <domain> ... PCI <addr>"; topo's JSON names each
+  # GPU's NICs with their PCI addresses: endpoint j of GPU g must be on NIC j of its group.
+  "$B" topo --xml "$topo" --json > "$TMP/topo.json"
+  python3 - "$TMP/topo.json" "$TMP/err" <<'EOF'
+import json, re, sys
+topo = json.load(open(sys.argv[1]))
+want = {}
+for g in topo["gpus"]:
+    for j, nic in enumerate(g["nics"]):
+        want[(g["index"], j)] = (nic["name"] + "-rdm", nic["pci"])
+seen = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"rdma-bench: NIC (\d+) \(GPU (\d+)\): efa (\S+) .* PCI (\S+)$", line.strip())
+    if m:
+        i, g, dom, pci = int(m[1]), int(m[2]), m[3], m[4]
+        seen[(g, i % 4)] = (dom, pci)
+bad = [k for k in want if seen.get(k) != want[k]]
+if len(seen) != 32 or bad:
+    sys.exit(f"endpoints not on their GPU's NICs: {len(seen)} seen, wrong: {bad[:4]}")
+print("32 endpoints, each on its GPU's own NIC by PCI address")
+EOF
+  ;;
+lost-write)
+  export EFA_SIM_REORDER=16 EFA_SIM_SEED=${EFA_SIM_SEED:-3}
+  timeout 300 "$B" loopback --provider efa -s 4K -n 20 -v > "$TMP/ok" 2>&1 ||
+    { cat "$TMP/ok" >&2; fail "a clean run failed"; }
+  grep -q "immediates checked on arrival" "$TMP/ok" || fail "the check did not run"
+  set +e
+  EFA_SIM_LOSE_WRITE_PERMILLE=5 timeout 300 "$B" loopback --provider efa -s 4K -n 20 \
+    > "$TMP/lost" 2>&1
+  rc=$?
+  set -e
+  cat "$TMP/lost" >&2
+  [ $rc = 1 ] || fail "with lost WRITEs the run should fail with status 1, got $rc"
+  grep -q "still held the page of repeat" "$TMP/lost" || fail "the error names no stale slot"
+  echo "a lost WRITE was caught: $(grep -o 'when the immediate.*' "$TMP/lost")"
+  ;;
+ranks)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  MPI=(mpirun --oversubscribe -np 4 --mca btl self --mca oob_tcp_if_include lo)
+  timeout 300 "${MPI[@]}" "$B" run --provider efa --pattern all-to-all \
+    --rendezvous "127.0.0.1:$(free_port)" -s 4K --pages 16 -n 5 --idle-timeout 10 \
+    > "$TMP/a2a" || fail "mpirun all-to-all (rc $?)"
+  cat "$TMP/a2a"
+  grep -q "4 ranks (Open MPI)" "$TMP/a2a" || fail "no 4-rank table"
+  grep -q "every byte verified" "$TMP/a2a" || fail "not verified"
+  # Rank 2 is killed once its run has started; mpirun does not end the job itself, so what
+  # ends the others is rdma-bench noticing. Every other rank must exit non-zero naming it.
+  set +e
+  timeout 120 "${MPI[@]}" --mca orte_abort_on_non_zero_status 0 sh -c '
+    r=$OMPI_COMM_WORLD_RANK; out=$1; shift
+    "$@" 2> "$out/kill-$r.err" &
+    p=$!
+    if [ "$r" = 2 ]; then
+      for _ in $(seq 300); do grep -q "run 0" "$out/kill-$r.err" 2>/dev/null && break; sleep 0.1; done
+      sleep 1; kill -9 $p
+    fi
+    wait $p; echo $? > "$out/kill-$r.rc"' sh "$TMP" \
+    "$B" run -v --provider efa --rendezvous "127.0.0.1:$(free_port)" --rendezvous-timeout 30 \
+    -s 4K --pages 16 -n 100000000 --idle-timeout 5 > /dev/null
+  rc=$?
+  set -e
+  [ $rc -ne 124 ] || fail "killed rank: mpirun hung"
+  for r in 0 1 3; do
+    code=$(cat "$TMP/kill-$r.rc" 2>/dev/null || echo none)
+    [ "$code" != 0 ] && [ "$code" != none ] || { cat "$TMP"/kill-*.err >&2; fail "rank $r exited $code"; }
+    grep -q "rank 2" "$TMP/kill-$r.err" || { cat "$TMP/kill-$r.err" >&2; fail "rank $r does not name rank 2"; }
+  done
+  echo "rank 2 killed: ranks 0, 1 and 3 exited non-zero naming it"
+  ;;
+*) fail "unknown mode (p5, lost-write, ranks)" ;;
+esac
