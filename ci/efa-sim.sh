@@ -25,6 +25,7 @@
 #   CARGO_TARGET_DIR  target-efa-sim unless set (a separate build against this libfabric)
 # Fault knobs (seeded, reproducible): EFA_SIM_SEED, EFA_SIM_REORDER (window),
 # EFA_SIM_DELAY_US, EFA_SIM_RNR_PERMILLE, EFA_SIM_DIE_AFTER, EFA_SIM_TIMEOUT_MS,
+# EFA_SIM_LOSE_WRITE_PERMILLE,
 # EFA_SIM_LOG (0-3). See efa-sim/README.md.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -49,8 +49,23 @@ else
   ci/efa-sim.sh --build-only
   # Out of order, with RNR: the fabtests verify their data (-v) through it.
   EFA_SIM_REORDER=16 EFA_SIM_DELAY_US=100 EFA_SIM_RNR_PERMILLE=10 ci/efa-sim.sh efa-sim/fabtests.sh
-  CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}-efa-sim CONFORMANCE_REQUIRE_DEVICE=1 \
-    ci/efa-sim.sh cargo test -p transport-efa --test conformance_efa --test conformance_efa_device_rdma
+  # The conformance suite and the hardware-readiness checks on the efa and efa-direct
+  # fabrics: on a device with unsolicited write receive, on one without (efa-direct then
+  # needs FI_RX_CQ_DATA), and on p5's 32 NICs (matching by PCI address).
+  SIMT=${CARGO_TARGET_DIR:-target}-efa-sim
+  for devs in minimal minimal-nouwr; do
+    CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh --devices $devs \
+      cargo test -p transport-efa --test conformance_efa --test conformance_efa_device_rdma \
+      --test efa_readiness
+  done
+  CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh --devices p5 \
+    cargo test -p transport-efa --test efa_readiness
+  # rdma-bench: 32 NICs with the p5 topology; a lost WRITE caught; mpirun all-to-all and a
+  # killed rank named.
+  CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh --devices p5 efa-sim/rdma-bench.sh p5
+  CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh lost-write
+  SETUP_LAUNCHERS=1 source ci/setup.sh
+  CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
 fi
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)"
 ci/launchers-test.sh

@@ -9,25 +9,12 @@
 //! SRD's unordered delivery (an immediate before an earlier WRITE's completion, a later
 //! SEND first) is what every case runs against. Real EFA ignores these variables.
 //!
-//! This file runs the endpoint as the backend opens it by default. On 0xefa0/0xefa1
-//! devices (p4d, p5) the efa fabric's RDM protocol then emulates WRITEs with SENDs,
-//! because the backend asks for API 1.17 and libfabric turns device RDMA off below 1.18
-//! there (`efa_rdm_get_use_device_rdma`). `conformance_efa_device_rdma.rs` runs the suite
-//! again with `FI_EFA_USE_DEVICE_RDMA=1`, where WRITEs are the device's.
-//!
-//! Left out here, with the reason:
-//! - `bad_remote_key` and `write_past_end` on the efa fabric: an emulated WRITE with a bad
-//!   key or range crashes the *target* process in libfabric 2.6.0
-//!   (`efa_rdm_rma_verified_copy_iov` reads the MR context before checking that
-//!   `ofi_mr_map_verify` failed: SIGSEGV in `efa_rdm_pke_proc_eager_rtw`; where it survives
-//!   that, `efa_base_ep_write_eq_error` with no EQ bound calls `abort()`), and the
-//!   initiator is told of success although the backend says `remote_write_errors`. Both
-//!   pass with device RDMA (the other file).
-//! - `send_recv_sizes` on efa-direct: the backend offers `max_msg_size` = the fabric's
-//!   `ep_attr->max_msg_size`, which on efa-direct is the RDMA size (1 GiB), but a SEND
-//!   there is one device message of at most the port's `max_msg_sz` (8928): the 8 MiB
-//!   SEND fails with `FI_EMSGSIZE` (EFA status 6). `efa_direct::send_recv_up_to_the_mtu`
-//!   checks what does work.
+//! This file runs the endpoint as the backend opens it by default: the highest API version
+//! the library knows, so device RDMA stays on where the device has it (below 1.18 the efa
+//! fabric's RDM protocol emulated WRITEs with SENDs on 0xefa0/0xefa1 devices, and an emulated
+//! WRITE with a bad key crashes the target in libfabric 2.6.0, see
+//! `conformance_efa_device_rdma.rs`), and SENDs limited to what the fabric reports per
+//! endpoint (`FI_OPT_MAX_MSG_SIZE`: one device message, 8928 bytes, on efa-direct).
 
 use std::sync::Once;
 
@@ -55,9 +42,7 @@ fn open(_side: usize) -> Result<Endpoint> {
     Endpoint::open(&NicDesc::provider("efa"))
 }
 
-transport_conformance::suite!(open; only:
-    register_deregister, send_recv_sizes, write_at_offset, immediates_exactly_once,
-    fill_queue_then_drain, foreign_local_region, bad_peer_address);
+transport_conformance::suite!(open);
 
 /// What the backend says of a default efa endpoint (printed for the record).
 #[test]
@@ -86,19 +71,20 @@ mod efa_direct {
         Endpoint::open(&NicDesc::provider("efa").with_option("fabric", "efa-direct"))
     }
 
-    transport_conformance::suite!(open; only:
-        register_deregister, write_at_offset, immediates_exactly_once, fill_queue_then_drain,
-        bad_remote_key, write_past_end, foreign_local_region, bad_peer_address);
+    transport_conformance::suite!(open);
 
-    /// SENDs of 1 B, 4 KiB and the device's message size (8928 on every EFA generation).
+    /// SENDs of 1 B, 4 KiB and the device's message size (8928 on every EFA generation), which
+    /// is what the endpoint reports as its largest message.
     #[test]
     fn send_recv_up_to_the_mtu() {
         match transport_conformance::connect(&open) {
             Ok(Some(mut p)) => {
+                let caps = p.a.caps();
                 eprintln!(
-                    "efa-direct: the backend offers max_msg_size {}",
-                    p.a.caps().max_msg_size
+                    "efa-direct: max_msg_size {}, max_write_size {}",
+                    caps.max_msg_size, caps.max_write_size
                 );
+                assert!(caps.max_msg_size < caps.max_write_size, "{caps:?}");
                 for len in [1, 4096, 8928] {
                     transport_conformance::send_recv_len(&mut p, len)
                         .unwrap_or_else(|e| panic!("send/recv of {len} B: {e}"));

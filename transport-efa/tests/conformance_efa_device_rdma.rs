@@ -3,8 +3,10 @@
 //! device's own, with out-of-order delivery under the simulator
 //! (`ci/efa-sim.sh cargo test -p transport-efa`). Skipped without an efa device.
 //!
-//! `conformance_efa.rs` runs the backend's defaults, where 0xefa0/0xefa1 devices emulate
-//! WRITEs (see there); a separate file because the variable is read per process.
+//! `conformance_efa.rs` runs the backend's defaults, which ask for the library's own API
+//! version and so keep device RDMA on without the variable; this file checks that setting it
+//! as aws-ofi-nccl does changes nothing (a separate file because the variable is read per
+//! process).
 
 use std::sync::Once;
 
