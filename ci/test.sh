@@ -60,10 +60,11 @@ else
   done
   CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh --devices p5 \
     cargo test -p transport-efa --test efa_readiness
-  # rdma-bench: 32 NICs with the p5 topology; a lost WRITE caught; mpirun all-to-all and a
-  # killed rank named.
+  # rdma-bench: 32 NICs with the p5 topology; a lost WRITE caught; every workload out of
+  # order on both fabrics; mpirun all-to-all and a killed rank named.
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh --devices p5 efa-sim/rdma-bench.sh p5
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh lost-write
+  CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh workloads
   SETUP_LAUNCHERS=1 source ci/setup.sh
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
 fi

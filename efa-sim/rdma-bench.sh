@@ -8,6 +8,9 @@
 #       the verification catches a lost WRITE: with EFA_SIM_LOSE_WRITE_PERMILLE the device
 #       acknowledges WRITEs whose bytes it dropped, out of order (EFA_SIM_REORDER); the run
 #       must fail naming the slot and the repeats (and pass without the defect)
+#   ci/efa-sim.sh efa-sim/rdma-bench.sh workloads
+#       every workload (write, send, lat, rate) out of order (EFA_SIM_REORDER, delay), on the
+#       efa and efa-direct fabrics, every byte verified
 #   ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
 #       rdma-bench run under mpirun, 4 ranks, all-to-all, every byte verified; then rank 2
 #       killed mid-run: every other rank exits non-zero naming it
@@ -17,7 +20,7 @@
 # EFA performance. Exit status 0 when every check held.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODE=${1:?usage: efa-sim/rdma-bench.sh p5|lost-write|ranks}
+MODE=${1:?usage: efa-sim/rdma-bench.sh p5|lost-write|workloads|ranks}
 [ -n "${EFA_SIM_DEVICES:-}" ] || { echo "run me under ci/efa-sim.sh" >&2; exit 2; }
 if [ -z "${RDMA_BENCH:-}" ]; then
   td=${CARGO_TARGET_DIR:-target-efa-sim}
@@ -74,6 +77,19 @@ lost-write)
   grep -q "still held the page of repeat" "$TMP/lost" || fail "the error names no stale slot"
   echo "a lost WRITE was caught: $(grep -o 'when the immediate.*' "$TMP/lost")"
   ;;
+workloads)
+  export EFA_SIM_REORDER=16 EFA_SIM_DELAY_US=100 EFA_SIM_SEED=${EFA_SIM_SEED:-11}
+  for fabric in efa efa-direct; do
+    for wl in "write -s 4K -n 10" "write --single-buffer -s 64K -n 200" "send -s 4K -n 500" \
+              "lat -s 8 -n 200" "rate -n 3"; do
+      # shellcheck disable=SC2086
+      timeout 300 "$B" loopback --provider efa --nic-opt fabric=$fabric --workload $wl \
+        --verify > "$TMP/wl" 2>&1 || { cat "$TMP/wl" >&2; fail "$fabric: --workload $wl"; }
+      case $wl in lat*) ;; *) grep -q "every byte verified" "$TMP/wl" || fail "$fabric $wl: not verified" ;; esac
+      echo "$fabric --workload $wl: ok"
+    done
+  done
+  ;;
 ranks)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   MPI=(mpirun --oversubscribe -np 4 --mca btl self --mca oob_tcp_if_include lo)
@@ -107,5 +123,5 @@ ranks)
   done
   echo "rank 2 killed: ranks 0, 1 and 3 exited non-zero naming it"
   ;;
-*) fail "unknown mode (p5, lost-write, ranks)" ;;
+*) fail "unknown mode (p5, lost-write, workloads, ranks)" ;;
 esac

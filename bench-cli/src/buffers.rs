@@ -279,9 +279,19 @@ impl Versions {
         }
     }
 
-    /// Turning over `slots` source slots, shifting too where `slack` (the source has a page
-    /// after its slots) and pages hold at least two cache lines.
+    /// Fewest slots the source turns over: with fewer, keeping two WRITEs of one slot out of
+    /// flight together (which turning needs on an unordered fabric) would stall the posting
+    /// (one buffer: one WRITE at a time), so such runs keep one page per slot and the final
+    /// check.
+    pub const MIN_SLOTS: u64 = 16;
+
+    /// Turning over `slots` source slots (at least [`Self::MIN_SLOTS`], else
+    /// [`Self::none`]), shifting too where `slack` (the source has a page after its slots)
+    /// and pages hold at least two cache lines.
     pub fn new(page_size: usize, slots: u64, slack: bool) -> Self {
+        if slots < Self::MIN_SLOTS {
+            return Self::none(page_size);
+        }
         let shifts = if slack && page_size % SHIFT_STEP == 0 && page_size >= 2 * SHIFT_STEP {
             (page_size / SHIFT_STEP) as u64
         } else {
@@ -673,7 +683,7 @@ mod tests {
     fn versions_name_the_repeat_a_slot_holds() {
         let layout = PageLayout {
             page_size: 256,
-            pages: 10,
+            pages: 40,
             used: 2,
         };
         let j = 1;
@@ -708,9 +718,10 @@ mod tests {
         fill_pattern(7, 3, layout.page_of(0, 1), &mut other);
         assert_eq!(ver.decode(&layout, 7, 3, j, 0, other), None);
         assert_eq!(ver.decode(&layout, 7, 3, j, 0, [0xab; 8]), None);
-        // Without verification nothing turns.
+        // Without verification, or with too few slots, nothing turns.
         let none = Versions::none(256);
         assert_eq!(none.of_repeat(12345), (0, 0));
+        assert_eq!(Versions::new(256, Versions::MIN_SLOTS - 1, true), none);
     }
 
     /// The immediate check: a slot still holding the previous repeat's page fails, naming

@@ -820,7 +820,7 @@ fn serve_request<T: Transport>(
                 // slack page it sized the regions for (`buffers::Versions`).
                 let ver = if r.verify && j < used {
                     let v = buffers::Versions::new(size, layout.slots(j), r.shifts > 1);
-                    if v.shifts() != r.shifts {
+                    if v.slots() > 1 && v.shifts() != r.shifts {
                         return Err(Error::Protocol(format!(
                             "the client asks for {} source shifts of {size}-byte pages; this \
                              server makes {}",

@@ -27,6 +27,20 @@ use crate::report::Progress;
 const WINDOW: usize = crate::buffers::WINDOW as usize;
 /// Context bit marking the immediate-carrying WRITE.
 const IMM: u64 = 1 << 63;
+/// Context bits 32..63: the target slot (bits 0..32: the repeat of the phase).
+const SLOT_SHIFT: u32 = 32;
+
+/// The context of a WRITE of repeat `r` into target slot `slot`.
+#[inline(always)]
+fn ctx_of(slot: u32, r: u64) -> u64 {
+    (u64::from(slot) << SLOT_SHIFT) | (r & 0xffff_ffff)
+}
+
+/// The target slot of a WRITE's context.
+#[inline(always)]
+fn slot_of(ctx: u64) -> usize {
+    ((ctx & !IMM) >> SLOT_SHIFT) as usize
+}
 
 /// The immediate of repeat `rep` on NIC `nic`: the NIC in the low 16 bits.
 #[inline]
@@ -63,6 +77,10 @@ pub struct WriteActive<'a, T: Transport> {
     ver: crate::buffers::Versions,
     /// Source slots the source turns over (0 or 1: none).
     rotate: u64,
+    /// While the source turns: target slots with a WRITE in flight, a bit each. Two WRITEs
+    /// of one slot (of consecutive repeats) are never in flight together, so on an unordered
+    /// fabric (SRD) the older cannot land last: a slot holds its latest repeat's page.
+    busy: Vec<u64>,
     page_size: usize,
     ops: Vec<WriteOp<'a, T::Mr>>,
     /// Pages per repeat without the immediate one.
@@ -92,6 +110,14 @@ impl<'a, T: Transport> WriteActive<'a, T> {
             remote: p.remote,
             n1: p.slots.len().saturating_sub(1),
             rotate: p.ver.slots(),
+            busy: vec![
+                0;
+                if p.ver.slots() > 1 {
+                    p.ver.slots().div_ceil(64) as usize
+                } else {
+                    0
+                }
+            ],
             slots: p.slots,
             ver: p.ver,
             page_size: p.page_size,
@@ -144,6 +170,27 @@ impl<'a, T: Transport> WriteActive<'a, T> {
         }
     }
 
+    /// Whether target slot `slot` has a WRITE in flight (never, where the source does not
+    /// turn).
+    #[inline(always)]
+    fn busy(&self, slot: u32) -> bool {
+        match self.busy.get(slot as usize / 64) {
+            Some(w) => w & (1 << (slot % 64)) != 0,
+            None => false,
+        }
+    }
+
+    #[inline(always)]
+    fn set_busy(&mut self, slot: usize, on: bool) {
+        if let Some(w) = self.busy.get_mut(slot / 64) {
+            if on {
+                *w |= 1 << (slot % 64);
+            } else {
+                *w &= !(1 << (slot % 64));
+            }
+        }
+    }
+
     #[inline]
     fn imm_ready(&self, r: u64) -> bool {
         r < self.reps
@@ -176,14 +223,15 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
         // Immediates whose repeat has fully completed go first, in repeat order.
         let mut r = self.imm_next;
         let last = self.slots[self.slots.len() - 1];
-        while self.ops.len() < max && self.imm_ready(r) {
+        while self.ops.len() < max && self.imm_ready(r) && !self.busy(last) {
             let op = self.op(
                 last,
                 self.shift(r),
                 Some(imm_of(self.nic, self.rep_base + r)),
-                IMM | r,
+                IMM | ctx_of(last, r),
             );
             self.ops.push(op);
+            self.set_busy(last as usize, true);
             r += 1;
         }
         let n_imm = self.ops.len();
@@ -192,8 +240,13 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
             let (mut cr, mut ci) = (self.cur_rep, self.cur_idx);
             let mut shift = self.shift(cr);
             while self.ops.len() < max && cr < self.reps && cr < self.imm_next + WINDOW as u64 {
-                let op = self.op(self.slots[ci], shift, None, cr);
+                let slot = self.slots[ci];
+                if self.busy(slot) {
+                    break; // its previous repeat's WRITE is still in flight
+                }
+                let op = self.op(slot, shift, None, ctx_of(slot, cr));
                 self.ops.push(op);
+                self.set_busy(slot as usize, true);
                 ci += 1;
                 if ci == self.n1 {
                     ci = 0;
@@ -209,6 +262,12 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
             .ep
             .post_writes(&self.ops)
             .ctx(|| format!("posting WRITEs on NIC {}", self.nic))?;
+        if !self.busy.is_empty() {
+            for i in acc..self.ops.len() {
+                let slot = slot_of(self.ops[i].ctx);
+                self.set_busy(slot, false);
+            }
+        }
         let imm_acc = acc.min(n_imm);
         self.imm_next += imm_acc as u64;
         for _ in imm_acc..acc {
@@ -239,6 +298,9 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
             match &c.kind {
                 CompletionKind::Write => {
                     self.inflight = self.inflight.saturating_sub(1);
+                    if !self.busy.is_empty() {
+                        self.set_busy(slot_of(c.ctx), false);
+                    }
                     if c.ctx & IMM != 0 {
                         self.done_reps += 1;
                         if self.done_reps == self.reps {
