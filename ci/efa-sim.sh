@@ -20,6 +20,8 @@
 #   PATH              its fabtests (fi_rdm_pingpong, fi_rma_bw, ...) and fi_info
 #   SYSFS_PATH        a private sysfs tree for the devices (removed afterwards)
 #   EFA_SIM_DEVICES   the device file
+#   RDMA_BENCH_TOPOLOGY  the hwloc export of the machine the devices stand in for, where the
+#                     device file names one ("# topology: PATH"): rdma-bench's NIC groups
 #   FI_EFA_ENABLE_SHM_TRANSFER=0  unless set: peers on this host go through the device,
 #                     not libfabric's shm provider
 #   CARGO_TARGET_DIR  target-efa-sim unless set (a separate build against this libfabric)
@@ -146,6 +148,13 @@ fi
 RUN=$(mktemp -d "${XDG_RUNTIME_DIR:-${TMPDIR:-/tmp}}/efa-sim.XXXXXX")
 export SYSFS_PATH=$RUN/sysfs
 export EFA_SIM_DEVICES=$DEVFILE
+# The machine the devices stand in for, for rdma-bench's NIC groups (--topology): live hwloc
+# sees no simulated device. A device file names it with a "# topology: PATH" line (relative
+# to the checkout); unless RDMA_BENCH_TOPOLOGY is set already.
+if [ -z "${RDMA_BENCH_TOPOLOGY:-}" ]; then
+  topo=$(sed -n 's/^# topology: *//p' "$DEVFILE" | head -1)
+  [ -n "$topo" ] && [ -f "$ROOT/$topo" ] && export RDMA_BENCH_TOPOLOGY=$ROOT/$topo
+fi
 export LD_LIBRARY_PATH=$SIM:$LF/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_PATH=$LF/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export PATH=$LF/bin:$PATH

@@ -2,7 +2,7 @@
 # rdma-bench over libfabric's efa provider on the simulated device; run under ci/efa-sim.sh:
 #
 #   ci/efa-sim.sh --devices p5 efa-sim/rdma-bench.sh p5
-#       loopback over 32 simulated NICs with the p5 topology (--topology): every GPU's four
+#       loopback over 32 simulated NICs with the p5 topology (RDMA_BENCH_TOPOLOGY): every GPU's four
 #       endpoints open the efa domains at its own NICs' PCI addresses, every byte verified
 #   ci/efa-sim.sh efa-sim/rdma-bench.sh lost-write
 #       the verification catches a lost WRITE: with EFA_SIM_LOSE_WRITE_PERMILLE the device
@@ -35,8 +35,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 case $MODE in
 p5)
-  topo=topo/tests/fixtures/p5.48xlarge.xml
-  timeout 300 "$B" loopback --provider efa --gpus 0-7 --nics-per-gpu 4 --topology "$topo" \
+  # ci/efa-sim.sh --devices p5 sets RDMA_BENCH_TOPOLOGY to p5's topology: the command is
+  # the one a p5 user types.
+  topo=${RDMA_BENCH_TOPOLOGY:?run with --devices p5}
+  timeout 300 "$B" loopback --provider efa --gpus 0-7 --nics-per-gpu 4 \
     -s 4K -n 3 -v > "$TMP/out" 2> "$TMP/err" || { cat "$TMP/err" >&2; fail "loopback (rc $?)"; }
   cat "$TMP/out"
   grep -q "8 GPU(s) x 4 NIC(s), every byte verified" "$TMP/out" || fail "not 8 x 4, verified"

@@ -97,8 +97,8 @@ pub struct Common {
     pub idle_timeout: f64,
     /// Take the NIC groups and cores per GPU from this hwloc XML export instead of this
     /// machine's live topology (a host where hwloc cannot see the devices, or simulated NICs
-    /// that stand in for another machine's).
-    #[arg(long, value_name = "FILE.xml")]
+    /// that stand in for another machine's: ci/efa-sim.sh sets RDMA_BENCH_TOPOLOGY).
+    #[arg(long, value_name = "FILE.xml", env = "RDMA_BENCH_TOPOLOGY")]
     pub topology: Option<std::path::PathBuf>,
 }
 
