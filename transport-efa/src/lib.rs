@@ -1724,7 +1724,8 @@ pub struct Mr {
 }
 
 // SAFETY: the region owns its memory; its libfabric object is only closed (once, from
-// `deregister` or Drop, on whatever thread), which the FI_THREAD_SAFE domain allows. `desc`
+// `deregister` or Drop, on whatever thread), which the provider serializes with the domain's
+// own lock whatever the threading model (see `select::THREADING`). `desc`
 // is an opaque value only read by the owning endpoint's posts.
 unsafe impl Send for Mr {}
 

@@ -38,7 +38,7 @@ fn asks_for_the_highest_api_version_both_know() {
 
 /// `FI_THREAD_DOMAIN`: the endpoint serializes its own calls, so the provider need not lock
 /// per operation (efa 2.x takes a lock on every post and poll under `FI_THREAD_SAFE` and
-/// `FI_THREAD_COMPLETION`). The backend asked for `FI_THREAD_SAFE`.
+/// `FI_THREAD_COMPLETION`). The backend used to ask for `FI_THREAD_SAFE`.
 #[test]
 fn opens_with_the_domain_threading_model() {
     for nic in [NicDesc::provider("shm"), tcp()] {
