@@ -47,6 +47,26 @@ fn linger(listener: &TcpListener, mut left: usize, for_: Duration, why: &str) {
     }
 }
 
+/// The ranks not yet joined.
+fn missing(joined: &[bool]) -> Vec<usize> {
+    (0..joined.len()).filter(|&r| !joined[r]).collect()
+}
+
+/// `rank 2`, `ranks 1 and 2`, `ranks 1, 2 and 5`: every message names a rank as "rank N".
+pub fn rank_list(ranks: &[usize]) -> String {
+    match ranks {
+        [] => "no rank".into(),
+        [r] => format!("rank {r}"),
+        [init @ .., last] => format!(
+            "ranks {} and {last}",
+            init.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// Who a rank is, as rank 0 saw it join.
 #[derive(Clone, Debug)]
 pub struct Member {
@@ -288,12 +308,11 @@ impl Hub {
                 Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if start.elapsed() > timeout {
-                        let missing: Vec<usize> =
-                            (0..world as usize).filter(|&r| !joined[r]).collect();
                         return Err(Error::Timeout {
                             what: format!(
-                                "rank(s) {missing:?} of {world} to join at the rendezvous; \
-                                 were all ranks started, with the same rendezvous address?"
+                                "{} of {world} to join at the rendezvous; were all ranks \
+                                 started, with the same rendezvous address?",
+                                rank_list(&missing(&joined))
                             ),
                             after: timeout,
                         });
@@ -310,12 +329,23 @@ impl Hub {
             };
             s.set_nonblocking(false)
                 .ctx(|| "configuring a rank's connection")?;
-            let join = match read_one(&mut s, IO_TIMEOUT, "its join message") {
+            let left = timeout.saturating_sub(start.elapsed());
+            let join = match read_one(&mut s, IO_TIMEOUT.min(left), "its join message") {
                 Ok(Msg::Join(j)) => j,
                 Ok(m) => {
                     let e = format!("a rank connecting from {from} sent {} first", m.kind());
                     let _ = proto::write_msg(&mut s, &Msg::Error { message: e.clone() });
                     return Err(Error::Protocol(e));
+                }
+                // Gone before it said who it is (a rank killed as it connected): nothing
+                // to name yet. Its rank stays missing, and the rendezvous timeout names it.
+                Err(e @ (Error::PeerGone(_) | Error::Io { .. } | Error::Timeout { .. })) => {
+                    eprintln!(
+                        "rdma-bench: rank 0: a connection from {from} ended before its join \
+                         message ({e}); still waiting for {}",
+                        rank_list(&missing(&joined))
+                    );
+                    continue;
                 }
                 Err(e) => {
                     let _ = proto::write_msg(
@@ -445,7 +475,7 @@ impl Hub {
             if start.elapsed() > timeout {
                 let missing: Vec<usize> = (1..n).filter(|&r| got[r].is_none()).collect();
                 return Err(Error::Timeout {
-                    what: format!("rank(s) {missing:?} to {what}"),
+                    what: format!("{} to {what}", rank_list(&missing)),
                     after: timeout,
                 });
             }
@@ -808,5 +838,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("rank 2"));
+    }
+
+    #[test]
+    fn rank_lists_always_say_rank_n() {
+        assert_eq!(rank_list(&[2]), "rank 2");
+        assert_eq!(rank_list(&[1, 2]), "ranks 1 and 2");
+        assert_eq!(rank_list(&[1, 2, 5]), "ranks 1, 2 and 5");
+        assert_eq!(missing(&[true, false, true, false]), vec![1, 3]);
     }
 }
