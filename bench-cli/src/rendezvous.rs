@@ -98,15 +98,23 @@ fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
 
 /// Record the first failure of the job and tell every other rank; false when the job had
 /// already failed.
+///
+/// The failure is visible ([`check`]) only once every rank has been told: rank 0's main
+/// thread, which learns of it there, may end the process at once.
 fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> bool {
-    {
-        let mut f = lock(failed);
-        if f.is_some() {
-            return false;
-        }
-        *f = Some((rank, message.clone()));
+    let mut f = lock(failed);
+    if f.is_some() {
+        return false;
     }
-    broadcast(writers, Some(rank), &Msg::Abort { rank, message });
+    broadcast(
+        writers,
+        Some(rank),
+        &Msg::Abort {
+            rank,
+            message: message.clone(),
+        },
+    );
+    *f = Some((rank, message));
     true
 }
 
