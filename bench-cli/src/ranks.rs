@@ -310,6 +310,9 @@ fn ranks_main<T: Transport>(
         let mut poll = |ls: &mut Vec<Link<T>>| data::poll_idle(ls, &mut buf);
         coord.barrier(barrier, wait, &mut || poll(links))?;
         barrier += 1;
+        if cfg.verbose > 0 {
+            eprintln!("rdma-bench: rank {rank}: run {id} started");
+        }
         let busy = live.busy();
         if p.knobs.warmup > 0 {
             phase.run(links, u64::from(p.knobs.warmup))?;
@@ -346,6 +349,9 @@ fn ranks_main<T: Transport>(
     }
     let mut poll = |ls: &mut Vec<Link<T>>| data::poll_idle(ls, &mut buf);
     coord.finish(barrier, wait, &mut || poll(links))?;
+    if cfg.verbose > 0 {
+        eprintln!("rdma-bench: rank {rank}: the job is complete");
+    }
     let Coord::Root(hub) = coord else {
         return Ok(None);
     };

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -132,6 +133,9 @@ pub struct Hub {
     writers: Writers,
     live: Liveness,
     failed: Failure,
+    /// Every rank reached the last barrier: each has sent its results, so a rank that dies
+    /// now fails nothing.
+    complete: Arc<AtomicBool>,
     pub members: Vec<Member>,
 }
 
@@ -277,6 +281,7 @@ impl Hub {
             writers: Arc::new(Mutex::new((0..world).map(|_| None).collect())),
             live: Liveness::default(),
             failed: Arc::new(Mutex::new(None)),
+            complete: Arc::new(AtomicBool::new(false)),
             members: vec![Member {
                 rank: 0,
                 host: me.host.clone(),
@@ -402,13 +407,19 @@ impl Hub {
             let r = join.rank;
             let wr = s.try_clone().ctx(|| "cloning a rank's connection")?;
             let (writers, failed) = (self.writers.clone(), self.failed.clone());
+            let complete = self.complete.clone();
             let ctrl = Ctrl::with(
                 s,
                 CtrlOpts {
                     watchdog: Some(Watchdog::Exit(grace)),
                     live: Some(self.live.clone()),
                     on_gone: Some(Box::new(move |why: &str| {
-                        if fail_job(&writers, &failed, r, why.to_string()) {
+                        if complete.load(Ordering::Acquire) {
+                            eprintln!(
+                                "rdma-bench: rank 0: {why}, after the last barrier: the job's \
+                                 results are complete"
+                            );
+                        } else if fail_job(&writers, &failed, r, why.to_string()) {
                             eprintln!("rdma-bench: rank 0: {why}; aborting the job");
                         }
                     })),
@@ -648,6 +659,16 @@ impl Coord {
         timeout: Duration,
         poll: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
+        self.barrier_inner(id, timeout, poll, false)
+    }
+
+    fn barrier_inner(
+        &mut self,
+        id: u32,
+        timeout: Duration,
+        poll: &mut dyn FnMut() -> Result<()>,
+        last: bool,
+    ) -> Result<()> {
         match self {
             Coord::Root(h) => {
                 h.collect(
@@ -662,6 +683,9 @@ impl Coord {
                     },
                     poll,
                 )?;
+                if last {
+                    h.complete.store(true, Ordering::Release);
+                }
                 broadcast(&h.writers, None, &Msg::Barrier { id });
                 Ok(())
             }
@@ -767,7 +791,7 @@ impl Coord {
         timeout: Duration,
         poll: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
-        self.barrier(id, timeout, poll)?;
+        self.barrier_inner(id, timeout, poll, true)?;
         match self {
             Coord::Root(h) => {
                 let _ = h.collect(
@@ -781,7 +805,12 @@ impl Coord {
                 );
                 Ok(())
             }
-            Coord::Leaf(l) => l.ctrl.send(&Msg::Bye),
+            Coord::Leaf(l) => {
+                // Past the last barrier every rank has sent its results: the job is done,
+                // whether or not rank 0 is still there to hear the goodbye.
+                let _ = l.ctrl.send(&Msg::Bye);
+                Ok(())
+            }
         }
     }
 }
