@@ -91,7 +91,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 now_ms() { local t=${EPOCHREALTIME/./}; echo $(( t / 1000 )); }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A port nothing listens on (nothing but bash needed).
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
 log() { echo "kill-soak: $*" >&2; }
 
 # ---- builds ----------------------------------------------------------------------------------
