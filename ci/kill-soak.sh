@@ -91,11 +91,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 now_ms() { local t=${EPOCHREALTIME/./}; echo $(( t / 1000 )); }
-# A port nothing listens on (nothing but bash needed).
+# A port nothing listens on, below the kernel's ephemeral range (a port that a connection of
+# anyone's uses as its local end cannot be bound either); nothing but bash needed.
+EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 free_port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
 }
