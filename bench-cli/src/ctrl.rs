@@ -339,8 +339,8 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str) -> bool {
         return false;
     }
     let what = format!(
-        "{why}; {:.0} s later the transfer is still inside a provider call that has \
-         not returned (libfabric shm spins forever when a peer dies holding its queue lock)",
+        "{why}; {:.0} s later this process is still inside a provider call that has not \
+         returned (libfabric 1.x shm spins forever on a queue lock a dead peer held)",
         grace.as_secs_f64()
     );
     match w {
