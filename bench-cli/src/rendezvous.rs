@@ -427,6 +427,13 @@ impl Hub {
                 },
             )?;
             lock(&self.writers)[r as usize] = Some(wr);
+            // Another rank may have died while this one was joining, its Abort broadcast
+            // before this rank could be written to: tell it now (twice is harmless).
+            // fail_job holds `failed` until its broadcast is done, so this sees either a
+            // failure already broadcast or one whose broadcast includes this rank.
+            if let Some((rank, message)) = lock(&self.failed).clone() {
+                let _ = self.send(r, &Msg::Abort { rank, message });
+            }
             self.ctrls[r as usize] = Some(ctrl);
             self.members.push(Member {
                 rank: r,
@@ -544,7 +551,8 @@ impl Leaf {
                 ..CtrlOpts::default()
             },
         )?;
-        ctrl.send(&Msg::Join(me.clone()))?;
+        // Rank 0 may die as this rank joins: name it.
+        ctrl.send(&Msg::Join(me.clone())).map_err(leaf_err)?;
         Ok(Leaf {
             ctrl,
             rank: me.rank,
