@@ -2,8 +2,9 @@
 # Every test: formatting, clippy, the host test suite (libfabric shm/tcp conformance, topo
 # fixtures, rdma-bench) against the system libfabric (Debian 12: 1.17), the transport-efa and
 # rdma-bench suites again against libfabric 2.1.0 and 2.6.0 (built once from
-# ../shared/libfabric and cached by ci/libfabric.sh), libfabric's fabtests and the efa
-# conformance suite on the simulated EFA device (ci/efa-sim.sh, cached), then the verbs
+# ../shared/libfabric and cached by ci/libfabric.sh), libfabric's fabtests, the efa
+# conformance suite and rdma-bench on the simulated EFA device (ci/efa-sim.sh, cached),
+# rdma-bench run under mpirun and srun, a short kill soak (ci/kill-soak.sh), then the verbs
 # tests inside a Soft-RoCE VM and rdma-bench run between two of them.
 #   ci/test.sh                              all of it
 #   SKIP_VM=1 ci/test.sh                    everything but the VMs
@@ -70,6 +71,8 @@ else
 fi
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)"
 ci/launchers-test.sh
+step "kill soak, short: 6 trials per mode and provider on libfabric $(pkg-config --modversion libfabric) (ci/kill-soak.sh)"
+ci/kill-soak.sh --trials 6 --versions 1.17
 if [ -z "${SKIP_VM:-}" ]; then
   step "verbs tests inside the Soft-RoCE VM"
   ci/verbs-vm-test.sh

@@ -20,7 +20,7 @@ pub fn dispatch<W: WithTransport>(backend: Backend, w: W) -> Result<W::Output> {
         Backend::Efa => {
             #[cfg(feature = "efa")]
             {
-                crate::ctrl::on_abandon(transport_efa::remove_shm_regions_of_this_process);
+                crate::ctrl::on_abandon(transport_efa::exit_abandoning_endpoints);
                 w.call::<transport_efa::Endpoint>()
             }
             #[cfg(not(feature = "efa"))]

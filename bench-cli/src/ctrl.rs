@@ -3,7 +3,7 @@
 //! into a flag the data path can check without a syscall.
 
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,13 +15,28 @@ use crate::proto::{self, Frame, Msg};
 /// How often a blocked read wakes up to look at the stop flag.
 const READ_TICK: Duration = Duration::from_millis(100);
 
-/// What the chosen backend releases when the watchdog exits the process with endpoints
-/// still open (set once, where the backend is chosen).
-static ON_ABANDON: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+/// How the chosen backend ends a process whose endpoints it gives up on (set once, where the
+/// backend is chosen).
+static ON_ABANDON: std::sync::OnceLock<fn(i32) -> !> = std::sync::OnceLock::new();
 
-/// Have the watchdog call `release` before it exits a process whose transfer is stuck.
-pub fn on_abandon(release: fn()) {
-    let _ = ON_ABANDON.set(release);
+/// Have [`abandon`] end the process with `exit`: the backend's way out that does not touch
+/// endpoints a dead peer may have wedged (`transport_efa::exit_abandoning_endpoints`).
+pub fn on_abandon(exit: fn(i32) -> !) {
+    let _ = ON_ABANDON.set(exit);
+}
+
+/// End the process with status `code` without closing its endpoints or running library
+/// destructors: after a peer died, closing or finalising a provider can spin on a lock the
+/// peer held, or race a thread still inside it. Output written so far is flushed first.
+/// Without a backend's way out (verbs), a plain `exit`.
+pub fn abandon(code: u8) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    match ON_ABANDON.get() {
+        Some(exit) => exit(i32::from(code)),
+        None => std::process::exit(i32::from(code)),
+    }
 }
 /// Bound on writing one message and on receiving the rest of a started one.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,8 +53,8 @@ pub struct Liveness(Arc<LiveFlags>);
 #[derive(Debug, Default)]
 struct LiveFlags {
     gone: AtomicBool,
-    /// A transfer is running on the data path (see [`Liveness::busy`]).
-    busy: AtomicBool,
+    /// Guards of [`Liveness::busy`] alive: the process is using its endpoints.
+    busy: AtomicUsize,
 }
 
 impl Liveness {
@@ -51,13 +66,14 @@ impl Liveness {
     fn mark_gone(&self) {
         self.0.gone.store(true, Ordering::Relaxed)
     }
-    /// Mark the data path busy until the guard drops: the watchdog acts only then.
+    /// Mark the endpoints in use until the guard drops: the watchdog acts only then. Guards
+    /// nest: a whole job holds one, and each transfer inside it another.
     pub fn busy(&self) -> Busy<'_> {
-        self.0.busy.store(true, Ordering::Release);
+        self.0.busy.fetch_add(1, Ordering::AcqRel);
         Busy(self)
     }
     fn is_busy(&self) -> bool {
-        self.0.busy.load(Ordering::Acquire)
+        self.0.busy.load(Ordering::Acquire) > 0
     }
 }
 
@@ -66,7 +82,7 @@ pub struct Busy<'a>(&'a Liveness);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0 .0.busy.store(false, Ordering::Release);
+        self.0 .0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -323,17 +339,14 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str) -> bool {
         return false;
     }
     let what = format!(
-        "{why}; {:.0} s later the transfer is still inside a provider call that has \
-         not returned (libfabric shm spins forever when a peer dies holding its queue lock)",
+        "{why}; {:.0} s later this process is still inside a provider call that has not \
+         returned (libfabric 1.x shm spins forever on a queue lock a dead peer held)",
         grace.as_secs_f64()
     );
     match w {
         Watchdog::Exit(_) => {
             eprintln!("rdma-bench: error: {what}; exiting");
-            if let Some(release) = ON_ABANDON.get() {
-                release();
-            }
-            std::process::exit(1);
+            abandon(1);
         }
         Watchdog::Warn(_) => eprintln!("rdma-bench: session abandoned: {what}"),
     }
@@ -364,9 +377,11 @@ mod tests {
             "idle data path: nothing to do"
         );
         let busy = live.busy();
+        let inner = live.busy();
+        drop(inner);
         assert!(
             watch(&live, &stop, w, "x"),
-            "busy after the grace period: report"
+            "busy after the grace period (guards nest): report"
         );
         stop.store(true, Ordering::Relaxed);
         assert!(!watch(&live, &stop, w, "x"), "the session closed normally");

@@ -204,15 +204,27 @@ fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
     } else {
         Coord::Leaf(Leaf::join(j.rdv, &me, j.timeout, grace)?)
     };
+    // From the first endpoint to the last barrier this process uses its endpoints: should a
+    // peer die and this rank not end on its own within the grace period (a thread spinning
+    // inside the provider), the control connection's watchdog ends it.
+    let live = coord.liveness();
+    let busy = live.busy();
     let mut links: Vec<Link<T>> = Vec::new();
     let r = ranks_main(j, &mut coord, &mut links);
     match r {
-        Ok(rep) => Ok(rep),
+        Ok(rep) => {
+            drop(busy);
+            Ok(rep)
+        }
+        Err(_) if links.is_empty() => r.map_err(|e| coord.fail(e)),
         Err(e) => {
             let e = coord.fail(e);
-            // Drop the endpoints before the regions and before the connection to rank 0.
-            drop(links);
-            Err(e)
+            // The job failed, often because a peer died: closing endpoints it may have
+            // wedged (a queue lock it held), or letting libfabric's destructors run beside a
+            // thread stuck inside it, can hang or crash this rank. End here instead, with the
+            // message and status main would give.
+            eprintln!("rdma-bench: error: {e}");
+            crate::ctrl::abandon(e.exit_code())
         }
     }
 }
@@ -298,6 +310,9 @@ fn ranks_main<T: Transport>(
         let mut poll = |ls: &mut Vec<Link<T>>| data::poll_idle(ls, &mut buf);
         coord.barrier(barrier, wait, &mut || poll(links))?;
         barrier += 1;
+        if cfg.verbose > 0 {
+            eprintln!("rdma-bench: rank {rank}: run {id} started");
+        }
         let busy = live.busy();
         if p.knobs.warmup > 0 {
             phase.run(links, u64::from(p.knobs.warmup))?;
@@ -334,6 +349,9 @@ fn ranks_main<T: Transport>(
     }
     let mut poll = |ls: &mut Vec<Link<T>>| data::poll_idle(ls, &mut buf);
     coord.finish(barrier, wait, &mut || poll(links))?;
+    if cfg.verbose > 0 {
+        eprintln!("rdma-bench: rank {rank}: the job is complete");
+    }
     let Coord::Root(hub) = coord else {
         return Ok(None);
     };

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,26 @@ fn linger(listener: &TcpListener, mut left: usize, for_: Duration, why: &str) {
     }
 }
 
+/// The ranks not yet joined.
+fn missing(joined: &[bool]) -> Vec<usize> {
+    (0..joined.len()).filter(|&r| !joined[r]).collect()
+}
+
+/// `rank 2`, `ranks 1 and 2`, `ranks 1, 2 and 5`: every message names a rank as "rank N".
+pub fn rank_list(ranks: &[usize]) -> String {
+    match ranks {
+        [] => "no rank".into(),
+        [r] => format!("rank {r}"),
+        [init @ .., last] => format!(
+            "ranks {} and {last}",
+            init.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// Who a rank is, as rank 0 saw it join.
 #[derive(Clone, Debug)]
 pub struct Member {
@@ -78,15 +99,23 @@ fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
 
 /// Record the first failure of the job and tell every other rank; false when the job had
 /// already failed.
+///
+/// The failure is visible ([`check`]) only once every rank has been told: rank 0's main
+/// thread, which learns of it there, may end the process at once.
 fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> bool {
-    {
-        let mut f = lock(failed);
-        if f.is_some() {
-            return false;
-        }
-        *f = Some((rank, message.clone()));
+    let mut f = lock(failed);
+    if f.is_some() {
+        return false;
     }
-    broadcast(writers, Some(rank), &Msg::Abort { rank, message });
+    broadcast(
+        writers,
+        Some(rank),
+        &Msg::Abort {
+            rank,
+            message: message.clone(),
+        },
+    );
+    *f = Some((rank, message));
     true
 }
 
@@ -104,6 +133,9 @@ pub struct Hub {
     writers: Writers,
     live: Liveness,
     failed: Failure,
+    /// Every rank reached the last barrier: each has sent its results, so a rank that dies
+    /// now fails nothing.
+    complete: Arc<AtomicBool>,
     pub members: Vec<Member>,
 }
 
@@ -249,6 +281,7 @@ impl Hub {
             writers: Arc::new(Mutex::new((0..world).map(|_| None).collect())),
             live: Liveness::default(),
             failed: Arc::new(Mutex::new(None)),
+            complete: Arc::new(AtomicBool::new(false)),
             members: vec![Member {
                 rank: 0,
                 host: me.host.clone(),
@@ -288,12 +321,11 @@ impl Hub {
                 Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if start.elapsed() > timeout {
-                        let missing: Vec<usize> =
-                            (0..world as usize).filter(|&r| !joined[r]).collect();
                         return Err(Error::Timeout {
                             what: format!(
-                                "rank(s) {missing:?} of {world} to join at the rendezvous; \
-                                 were all ranks started, with the same rendezvous address?"
+                                "{} of {world} to join at the rendezvous; were all ranks \
+                                 started, with the same rendezvous address?",
+                                rank_list(&missing(&joined))
                             ),
                             after: timeout,
                         });
@@ -310,12 +342,23 @@ impl Hub {
             };
             s.set_nonblocking(false)
                 .ctx(|| "configuring a rank's connection")?;
-            let join = match read_one(&mut s, IO_TIMEOUT, "its join message") {
+            let left = timeout.saturating_sub(start.elapsed());
+            let join = match read_one(&mut s, IO_TIMEOUT.min(left), "its join message") {
                 Ok(Msg::Join(j)) => j,
                 Ok(m) => {
                     let e = format!("a rank connecting from {from} sent {} first", m.kind());
                     let _ = proto::write_msg(&mut s, &Msg::Error { message: e.clone() });
                     return Err(Error::Protocol(e));
+                }
+                // Gone before it said who it is (a rank killed as it connected): nothing
+                // to name yet. Its rank stays missing, and the rendezvous timeout names it.
+                Err(e @ (Error::PeerGone(_) | Error::Io { .. } | Error::Timeout { .. })) => {
+                    eprintln!(
+                        "rdma-bench: rank 0: a connection from {from} ended before its join \
+                         message ({e}); still waiting for {}",
+                        rank_list(&missing(&joined))
+                    );
+                    continue;
                 }
                 Err(e) => {
                     let _ = proto::write_msg(
@@ -364,13 +407,19 @@ impl Hub {
             let r = join.rank;
             let wr = s.try_clone().ctx(|| "cloning a rank's connection")?;
             let (writers, failed) = (self.writers.clone(), self.failed.clone());
+            let complete = self.complete.clone();
             let ctrl = Ctrl::with(
                 s,
                 CtrlOpts {
                     watchdog: Some(Watchdog::Exit(grace)),
                     live: Some(self.live.clone()),
                     on_gone: Some(Box::new(move |why: &str| {
-                        if fail_job(&writers, &failed, r, why.to_string()) {
+                        if complete.load(Ordering::Acquire) {
+                            eprintln!(
+                                "rdma-bench: rank 0: {why}, after the last barrier: the job's \
+                                 results are complete"
+                            );
+                        } else if fail_job(&writers, &failed, r, why.to_string()) {
                             eprintln!("rdma-bench: rank 0: {why}; aborting the job");
                         }
                     })),
@@ -378,6 +427,13 @@ impl Hub {
                 },
             )?;
             lock(&self.writers)[r as usize] = Some(wr);
+            // Another rank may have died while this one was joining, its Abort broadcast
+            // before this rank could be written to: tell it now (twice is harmless).
+            // fail_job holds `failed` until its broadcast is done, so this sees either a
+            // failure already broadcast or one whose broadcast includes this rank.
+            if let Some((rank, message)) = lock(&self.failed).clone() {
+                let _ = self.send(r, &Msg::Abort { rank, message });
+            }
             self.ctrls[r as usize] = Some(ctrl);
             self.members.push(Member {
                 rank: r,
@@ -445,7 +501,7 @@ impl Hub {
             if start.elapsed() > timeout {
                 let missing: Vec<usize> = (1..n).filter(|&r| got[r].is_none()).collect();
                 return Err(Error::Timeout {
-                    what: format!("rank(s) {missing:?} to {what}"),
+                    what: format!("{} to {what}", rank_list(&missing)),
                     after: timeout,
                 });
             }
@@ -495,7 +551,8 @@ impl Leaf {
                 ..CtrlOpts::default()
             },
         )?;
-        ctrl.send(&Msg::Join(me.clone()))?;
+        // Rank 0 may die as this rank joins: name it.
+        ctrl.send(&Msg::Join(me.clone())).map_err(leaf_err)?;
         Ok(Leaf {
             ctrl,
             rank: me.rank,
@@ -610,6 +667,16 @@ impl Coord {
         timeout: Duration,
         poll: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
+        self.barrier_inner(id, timeout, poll, false)
+    }
+
+    fn barrier_inner(
+        &mut self,
+        id: u32,
+        timeout: Duration,
+        poll: &mut dyn FnMut() -> Result<()>,
+        last: bool,
+    ) -> Result<()> {
         match self {
             Coord::Root(h) => {
                 h.collect(
@@ -624,6 +691,9 @@ impl Coord {
                     },
                     poll,
                 )?;
+                if last {
+                    h.complete.store(true, Ordering::Release);
+                }
                 broadcast(&h.writers, None, &Msg::Barrier { id });
                 Ok(())
             }
@@ -729,7 +799,7 @@ impl Coord {
         timeout: Duration,
         poll: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
-        self.barrier(id, timeout, poll)?;
+        self.barrier_inner(id, timeout, poll, true)?;
         match self {
             Coord::Root(h) => {
                 let _ = h.collect(
@@ -743,7 +813,12 @@ impl Coord {
                 );
                 Ok(())
             }
-            Coord::Leaf(l) => l.ctrl.send(&Msg::Bye),
+            Coord::Leaf(l) => {
+                // Past the last barrier every rank has sent its results: the job is done,
+                // whether or not rank 0 is still there to hear the goodbye.
+                let _ = l.ctrl.send(&Msg::Bye);
+                Ok(())
+            }
         }
     }
 }
@@ -808,5 +883,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("rank 2"));
+    }
+
+    #[test]
+    fn rank_lists_always_say_rank_n() {
+        assert_eq!(rank_list(&[2]), "rank 2");
+        assert_eq!(rank_list(&[1, 2]), "ranks 1 and 2");
+        assert_eq!(rank_list(&[1, 2, 5]), "ranks 1, 2 and 5");
+        assert_eq!(missing(&[true, false, true, false]), vec![1, 3]);
     }
 }

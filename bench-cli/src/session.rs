@@ -143,6 +143,10 @@ pub fn client<T: Transport>(
     json: bool,
 ) -> Result<ClientOut> {
     let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(WATCHDOG_GRACE)))?;
+    // Every provider call from here on, closing the endpoints included, is under the
+    // watchdog: one that does not return after the server died ends the process.
+    let live = ctrl.liveness();
+    let _busy = live.busy();
     let mut side = Side::<T>::open(cfg)?;
     for p in &plan.runs {
         check_size(plan, &side, p.size, false)?;
@@ -712,6 +716,10 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
             cfg.max_mem
         )));
     }
+    // A provider call that does not return after the client died is reported (the session
+    // is then lost, the server goes on); the transfers are not the only such calls.
+    let live = ctrl.liveness();
+    let _busy = live.busy();
     let mut side = Side::<T>::open(&cfg.side)?;
     if T::BACKEND == "efa" && side.provider() != hello.provider {
         return Err(Error::Protocol(format!(

@@ -3,7 +3,7 @@
 #![cfg(feature = "efa")]
 
 mod common;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -160,11 +160,31 @@ fn a_killed_rank_stops_every_other_rank_naming_it() {
         "20",
     ];
     let mut kids: Vec<Option<Child>> = (0..4)
-        .map(|r| Some(spawn_rank(r, 4, port, &args)))
+        .map(|r| {
+            let mut a = args.to_vec();
+            if r == 2 {
+                a.push("-v");
+            }
+            Some(spawn_rank(r, 4, port, &a))
+        })
         .collect();
-    std::thread::sleep(Duration::from_secs(3));
+    // Kill rank 2 once its run has started (its -v line says so), not after a fixed time: on
+    // a loaded box it may not even have joined after a few seconds, which is another case
+    // (the rendezvous timeout names it).
     let mut victim = kids[2].take().unwrap();
+    let err = victim.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("rank 2: run 0 started") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let started = rx.recv_timeout(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
     reap(&mut victim);
+    assert!(started.is_ok(), "rank 2 did not start its run within 60 s");
     let t = Instant::now();
     for (r, k) in kids.into_iter().enumerate() {
         let Some(k) = k else { continue };

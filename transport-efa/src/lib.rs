@@ -449,6 +449,23 @@ pub fn remove_shm_regions_of_this_process() {
     remove_shm_regions_of(std::process::id());
 }
 
+/// Ends this process at once with exit status `code`, leaving every endpoint as it is: for a
+/// process that gives up on endpoints a dead peer may have wedged (a thread spinning inside
+/// `shm` on a queue lock the peer died holding, or an operation to it still in flight).
+///
+/// It first removes this process's `shm` regions ([`remove_shm_regions_of_this_process`]),
+/// then calls `_exit`: no `atexit` handler and no library destructor runs. `exit` would run
+/// libfabric's `fi_fini` (every provider's cleanup: 1.17's `shm` frees its list of endpoint
+/// names, which it searches when it maps a peer, and its saved signal actions) while another
+/// thread may still be inside the provider, and would close nothing that matters here: the
+/// kernel releases the rest. Flush buffered output (stdout) first: nothing is flushed here.
+pub fn exit_abandoning_endpoints(code: i32) -> ! {
+    remove_shm_regions_of_this_process();
+    // SAFETY: _exit has no preconditions; it ends the process without returning and runs no
+    // code of this process (no handler, no destructor) that could touch a wedged endpoint.
+    unsafe { libc::_exit(code) }
+}
+
 /// Raw handles for the benchmark that compares this backend with bare libfabric calls.
 /// Not a supported API: nothing outside this crate's benches should use it.
 #[doc(hidden)]

@@ -1,0 +1,496 @@
+#!/usr/bin/env bash
+# Kill soak: a dead peer must never hang or crash a survivor.
+#
+# ranks:  4 ranks of `rdma-bench run` (torchrun-style env on 127.0.0.1); one of them, chosen
+#         at random, is SIGKILLed at a random moment of one phase (the phases take turns):
+#           before    the victim has not reached the rendezvous (killed 0-40 ms after exec)
+#           during    0-80 ms after the victim announced itself (-v), at the rendezvous
+#           setup     0-400 ms after its first link was opened (-vv): links, exchange, connect
+#           transfer  0-1500 ms after its first run started (-v), an endless run
+#           between   0-40 ms after the first rank finished the first of two short runs (-v):
+#                     the end of the victim's transfer, results, the next barrier, next run
+#           teardown  0-40 ms after the first rank finished the last run: results, the last
+#                     barrier, goodbye, closing, exit
+#         Every survivor must exit non-zero naming the dead rank, unless the job was complete
+#         before the kill (rank 0 printed the report; a rank passed the last barrier).
+# server: a server and a client; the client is killed at a random moment (handshake, setup,
+#         mid-transfer, end), then a second client must be served; or the server is killed
+#         and the client must exit non-zero naming it.
+#
+# Counts per provider and libfabric version: survivors that exit 0, that do not name the
+# dead peer, still alive 20 s after the kill, killed by a signal; the slowest survivor. Also
+# defects: "setup" (the job failed before the moment to kill came), "next" (the server did
+# not serve the next client). Not defects: "watchdog" (survivors the control connection's
+# watchdog ended, a thread stuck inside the provider), jobs complete before the kill.
+# The box is loaded with busy loops beside it (--load N, default 2). Every choice comes
+# from a seed printed per trial; `--seed S --trials N` replays the same choices.
+#
+#   ci/kill-soak.sh [--trials N] [--providers "shm tcp"] [--versions "1.17 2.1.0 2.6.0"]
+#                   [--modes "ranks server"] [--phases "before during setup transfer between teardown"]
+#                   [--seed S] [--load N] [--logs DIR] [--no-build]
+#
+# 1.17 is the system libfabric (Debian 12); other versions come from ci/libfabric.sh (cached
+# builds) and run with LD_LIBRARY_PATH. KILL_SOAK_BIN=PATH soaks that rdma-bench instead
+# (one version, the system libfabric). Exit status 0 when every column is zero.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+# Run from a copy: bash reads a script as it goes, and an edit or checkout during a long soak
+# would change what runs.
+if [ -z "${KILL_SOAK_COPY:-}" ]; then
+  copy=$(mktemp /tmp/kill-soak-script.XXXXXX)
+  cp "$0" "$copy"
+  KILL_SOAK_COPY=$copy KILL_SOAK_ROOT=$ROOT exec bash "$copy" "$@"
+fi
+ROOT=$KILL_SOAK_ROOT
+cd "$ROOT"
+rm -f "$KILL_SOAK_COPY"
+TRIALS=10
+PROVIDERS="shm tcp"
+VERSIONS="1.17 2.1.0 2.6.0"
+MODES="ranks server"
+PHASES="before during setup transfer between teardown"
+SEED=$(( $(date +%s) % 1000000 ))
+LOAD=2
+LOGS=
+BUILD=1
+LIMIT=20   # seconds a survivor may take after the kill
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --trials) TRIALS=$2; shift 2 ;;
+    --providers) PROVIDERS=$2; shift 2 ;;
+    --versions) VERSIONS=$2; shift 2 ;;
+    --modes) MODES=$2; shift 2 ;;
+    --phases) PHASES=$2; shift 2 ;;
+    --seed) SEED=$2; shift 2 ;;
+    --load) LOAD=$2; shift 2 ;;
+    --logs) LOGS=$2; shift 2 ;;
+    --no-build) BUILD=; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "kill-soak: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+# No launcher variables of a surrounding job: the ranks take torchrun-style ones.
+while read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(OMPI_|PMIX_|SLURM_|PMI_)')
+export FI_TCP_IFACE=lo
+export LIBCLANG_PATH=${LIBCLANG_PATH:-/usr/lib/llvm-16/lib}
+TMP=$(mktemp -d /tmp/kill-soak.XXXXXX)
+[ -n "$LOGS" ] || LOGS=$(mktemp -d /tmp/kill-soak-logs.XXXXXX)
+mkdir -p "$LOGS"
+LOADPIDS=()
+ALL_PIDS=()
+# Only ever signal a process of this soak: a pid of one that ended may be another's by now.
+ours() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "^$TMP/rdma-bench-"; }
+cleanup() {
+  for p in "${LOADPIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${ALL_PIDS[@]}"; do ours "$p" && kill -9 "$p" 2>/dev/null; done
+  sleep 0.2
+  for p in "${ALL_PIDS[@]}"; do [ -e "/proc/$p" ] || rm -f /dev/shm/"$p:$(id -u):"*; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+now_ms() { local t=${EPOCHREALTIME/./}; echo $(( t / 1000 )); }
+# A port nothing listens on, below the kernel's ephemeral range (a port that a connection of
+# anyone's uses as its local end cannot be bound either); nothing but bash needed.
+EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+free_port() {
+  local p
+  while :; do
+    p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
+log() { echo "kill-soak: $*" >&2; }
+
+# ---- builds ----------------------------------------------------------------------------------
+declare -A BIN LDP
+for v in $VERSIONS; do
+  if [ -n "${KILL_SOAK_BIN:-}" ]; then
+    # Another build of rdma-bench (e.g. an older commit), against the system libfabric.
+    BIN[$v]=$TMP/rdma-bench-$v; LDP[$v]=; cp "$KILL_SOAK_BIN" "${BIN[$v]}"
+    log "libfabric $v: ${BIN[$v]} (a copy of $KILL_SOAK_BIN)"; continue
+  fi
+  if [ "$v" = 1.17 ]; then
+    td=${CARGO_TARGET_DIR:-$ROOT/target}; LDP[$v]=
+    have=$(pkg-config --modversion libfabric 2>/dev/null)
+    [ "${have%.*}" = 1.17 ] || log "note: the system libfabric is $have, not 1.17"
+    if [ -n "$BUILD" ]; then
+      cargo build -q -p bench-cli --bin rdma-bench || { log "build failed"; exit 1; }
+    fi
+  else
+    prefix=$(ci/libfabric.sh "$v") || { log "libfabric $v: no build"; exit 1; }
+    td=${CARGO_TARGET_DIR:-$ROOT/target}-lf-$v; LDP[$v]=$prefix/lib
+    if [ -n "$BUILD" ]; then
+      PKG_CONFIG_PATH=$prefix/lib/pkgconfig cargo build -q --target-dir "$td" -p bench-cli \
+        --bin rdma-bench || { log "build against libfabric $v failed"; exit 1; }
+    fi
+  fi
+  [ -x "$td/debug/rdma-bench" ] || { log "no $td/debug/rdma-bench (drop --no-build)"; exit 1; }
+  # A copy: a build during the soak does not change what it runs.
+  BIN[$v]=$TMP/rdma-bench-$v
+  cp "$td/debug/rdma-bench" "${BIN[$v]}"
+  got=$(LD_LIBRARY_PATH=${LDP[$v]} "${BIN[$v]}" doctor 2>/dev/null | grep -oE 'libfabric [0-9.]+ \([^)]*\)' | head -1)
+  log "libfabric $v: ${BIN[$v]} (${got:-?})"
+done
+
+for _ in $(seq "$LOAD"); do
+  (exec yes >/dev/null) & LOADPIDS+=($!)
+done
+[ "$LOAD" -gt 0 ] && log "load: $LOAD busy loop(s) beside the soak (pids ${LOADPIDS[*]})"
+
+# ---- one process under watch -----------------------------------------------------------------
+# start NAME DIR ENV... -- ARGS...: runs rdma-bench in the background; DIR/NAME.{pid,out,err}
+# hold its pid and output, DIR/NAME.rc "STATUS MS" once it ended (STATUS 128+N: signal N).
+start() {
+  local name=$1 dir=$2; shift 2
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  (
+    env "${envs[@]}" LD_LIBRARY_PATH="$LD" "$B" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
+    p=$!
+    echo "$p" >"$dir/$name.pid"
+    wait "$p"
+    rc=$?
+    echo "$rc $(now_ms)" >"$dir/$name.rc.part" && mv "$dir/$name.rc.part" "$dir/$name.rc"
+  ) 2>/dev/null &
+  local w=$!
+  local t=0
+  until [ -s "$dir/$name.pid" ]; do
+    sleep 0.005; t=$((t + 1)); [ $t -lt 2000 ] || { log "cannot start $name"; return 1; }
+  done
+  ALL_PIDS+=("$(cat "$dir/$name.pid")")
+  WRAPPERS+=("$w")
+}
+pid_of() { cat "$1/$2.pid"; }
+ended() { [ -s "$1/$2.rc" ]; }
+# kill_it DIR NAME: SIGKILL NAME if it still runs.
+kill_it() {
+  local p; p=$(pid_of "$1" "$2")
+  ended "$1" "$2" || ! ours "$p" || kill -9 "$p" 2>/dev/null
+}
+rc_of() { cut -d' ' -f1 "$1/$2.rc"; }
+at_of() { cut -d' ' -f2 "$1/$2.rc"; }
+# wait_for DIR NAME PATTERN SECS [FILES]: until NAME's stderr (or any of FILES) matches (0),
+# NAME ended (1) or time ran out (2).
+wait_for() {
+  local end=$(( $(now_ms) + $4 * 1000 ))
+  local files=${5:-$1/$2.err}
+  while :; do
+    grep -qE -- "$3" $files 2>/dev/null && return 0
+    ended "$1" "$2" && return 1
+    [ "$(now_ms)" -lt "$end" ] || return 2
+    sleep 0.01
+  done
+}
+# What a stuck process was doing: its threads' kernel state and, where gdb exists, stacks.
+snapshot() {
+  local p=$1 f=$2
+  {
+    echo "== pid $p: $(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null)"
+    for t in /proc/"$p"/task/*; do
+      echo "task ${t##*/}: $(awk '{print $3}' "$t/stat" 2>/dev/null) $(cat "$t/wchan" 2>/dev/null) $(cat "$t/comm" 2>/dev/null)"
+    done
+    command -v gdb >/dev/null &&
+      timeout 30 gdb -p "$p" -batch -ex 'thread apply all bt 12' 2>&1 | grep -E '^(Thread|#)' | head -80
+  } >>"$f" 2>&1
+}
+# Kill whatever of DIR is still running and reap libfabric's shm regions of every process.
+finish_trial() {
+  local dir=$1 f p
+  for f in "$dir"/*.pid; do
+    [ -e "$f" ] || continue
+    f=${f##*/}; kill_it "$dir" "${f%.pid}"
+  done
+  for w in "${WRAPPERS[@]}"; do wait "$w" 2>/dev/null; done
+  for f in "$dir"/*.pid; do
+    [ -e "$f" ] || continue
+    p=$(cat "$f")
+    [ -e "/proc/$p" ] || rm -f /dev/shm/"$p:$(id -u):"*
+  done
+  WRAPPERS=()
+}
+
+# ---- counters ------------------------------------------------------------------------------------
+declare -A C
+row_key() { echo "$1|$2|$3"; }     # mode|version|provider
+bump() { C[$1|$2]=$(( ${C[$1|$2]:-0} + ${3:-1} )); }
+slowest() { local k="$1|slow"; [ "${C[$k]:-0}" -ge "$2" ] || { C[$k]=$2; C["$1|slowat"]=$3; }; }
+FAILED_TRIALS=()
+defect() { # defect KEY COLUMN TRIAL WHAT
+  bump "$1" "$2"; FAILED_TRIALS+=("$3: $4"); log "  DEFECT ($2): $4"
+}
+
+# ---- ranks ---------------------------------------------------------------------------------------
+ranks_trial() {
+  local v=$1 prov=$2 idx=$3 seed=$4 phase=$5 key dir port victim delay trig n r
+  key=$(row_key ranks "$v" "$prov")
+  RANDOM=$seed
+  victim=$((RANDOM % 4))
+  dir=$TMP/run/ranks-$v-$prov-$idx; mkdir -p "$dir"
+  port=$(free_port)
+  n=100000000
+  case $phase in
+    before) delay=$((RANDOM % 40)); trig= ;;
+    during) delay=$((RANDOM % 80)); trig="rank $victim of 4" ;;
+    setup) delay=$((RANDOM % 400)); trig="link 0:" ;;
+    transfer) delay=$((RANDOM % 1500)); trig="rank $victim: run 0 started" ;;
+    between) delay=$((RANDOM % 40)); trig="rank [0-9]: run 0 done"; n=40 ;;
+    teardown) delay=$((RANDOM % 40)); trig="rank [0-9]: run 1 done"; n=40 ;;
+  esac
+  local args=(run -vv --provider "$prov" --pattern all-to-all --sizes 4K,8K --pages 16 -n "$n"
+    --idle-timeout 5 --rendezvous-timeout 6)
+  WRAPPERS=()
+  local order=(0 1 2 3)
+  # The victim of "before" starts first, so that its kill lands before the others exist too.
+  [ "$phase" = before ] && order=("$victim" $(for r in 0 1 2 3; do [ "$r" = "$victim" ] || echo "$r"; done))
+  local t_start
+  for r in "${order[@]}"; do
+    start "rank$r" "$dir" RANK="$r" WORLD_SIZE=4 LOCAL_RANK="$r" MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT="$port" -- "${args[@]}" || return
+    if [ "$phase" = before ] && [ "$r" = "$victim" ]; then
+      t_start=$(now_ms)
+      while [ $(( $(now_ms) - t_start )) -lt "$delay" ]; do sleep 0.002; done
+      kill_it "$dir" "rank$victim"
+    fi
+  done
+  if [ -n "$trig" ]; then
+    local files=$dir/rank$victim.err
+    case $phase in between|teardown) files=$(echo "$dir"/rank{0,1,2,3}.err) ;; esac
+    wait_for "$dir" "rank$victim" "$trig" 60 "$files"
+    local got=$?
+    # At the end of a short job the victim may have finished before the trigger was seen.
+    [ $got = 1 ] && [ "$phase" = teardown ] && [ "$(rc_of "$dir" "rank$victim")" = 0 ] && got=0
+    case $got in
+      1) defect "$key" setup "$v/$prov #$idx seed $seed" "the victim (rank $victim) ended before \"$trig\": $(tail -2 "$dir/rank$victim.err" | tr '\n' ' ')"
+         cp -r "$dir" "$LOGS/"; finish_trial "$dir"; return ;;
+      2) defect "$key" setup "$v/$prov #$idx seed $seed" "no \"$trig\" from rank $victim within 60 s"
+         cp -r "$dir" "$LOGS/"; finish_trial "$dir"; return ;;
+    esac
+    t_start=$(now_ms)
+    while [ $(( $(now_ms) - t_start )) -lt "$delay" ]; do sleep 0.002; done
+    kill_it "$dir" "rank$victim"
+  fi
+  local t_kill; t_kill=$(now_ms)
+  # Where the victim really was (its last marker).
+  local seen=before e=$dir/rank$victim.err
+  grep -q "rank $victim of 4" "$e" && seen=during
+  grep -q "link 0:" "$e" && seen=setup
+  grep -q "run 0 started" "$e" && seen=transfer
+  grep -q "run 0 done" "$e" && seen=between
+  grep -q "run 1 started" "$e" && seen=transfer
+  grep -q "run 1 done" "$e" && seen=teardown
+  bump "$key" "phase-$seen"
+  # Survivors: until each ended, or LIMIT seconds.
+  local left
+  while :; do
+    left=0
+    for r in 0 1 2 3; do [ "$r" = "$victim" ] || ended "$dir" "rank$r" || left=$((left + 1)); done
+    [ $left -gt 0 ] || break
+    [ $(( $(now_ms) - t_kill )) -lt $((LIMIT * 1000)) ] || break
+    sleep 0.02
+  done
+  local complete=0
+  grep -q "write over efa" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
+  grep -q "the job is complete" "$dir"/rank*.err 2>/dev/null && complete=1
+  local bad=0 what rc at took wd=
+  for r in 0 1 2 3; do
+    [ "$r" = "$victim" ] && continue
+    what="$v/$prov #$idx seed $seed, rank $victim killed ($phase, seen $seen, +$delay ms): rank $r"
+    if ! ended "$dir" "rank$r"; then
+      snapshot "$(pid_of "$dir" "rank$r")" "$dir/rank$r.stuck"
+      defect "$key" alive "$what" "still running ${LIMIT} s after the kill; stderr: $(tail -c 300 "$dir/rank$r.err" | tr '\n' ' ')"
+      bad=1; continue
+    fi
+    grep -q "still inside a provider call" "$dir/rank$r.err" && { bump "$key" watchdog; wd="$wd $r"; }
+    rc=$(rc_of "$dir" "rank$r"); at=$(at_of "$dir" "rank$r"); took=$((at - t_kill))
+    [ $took -ge 0 ] || took=0
+    slowest "$key" "$took" "$what"
+    if [ "$rc" -ge 128 ]; then
+      defect "$key" signal "$what" "killed by signal $((rc - 128)); stderr: $(tail -c 300 "$dir/rank$r.err" | tr '\n' ' ')"
+      bad=1
+    elif [ "$rc" -eq 0 ]; then
+      if [ $complete = 1 ]; then bump "$key" completed-survivor; else
+        defect "$key" exit0 "$what" "exited 0 though the job was not complete"; bad=1
+      fi
+    elif ! grep -E '^rdma-bench: error:' "$dir/rank$r.err" | grep -qE "rank $victim([^0-9]|$)"; then
+      defect "$key" noname "$what" "exit $rc without naming rank $victim: $(grep -E '^rdma-bench: error' "$dir/rank$r.err" | tail -c 400)"
+      bad=1
+    fi
+  done
+  bump "$key" trials
+  [ $complete = 1 ] && bump "$key" completed
+  printf 'kill-soak: ranks %s/%s #%d seed %d: rank %d killed in %s (+%d ms, seen %s)%s\n' \
+    "$v" "$prov" "$idx" "$seed" "$victim" "$phase" "$delay" "$seen" \
+    "$([ $complete = 1 ] && echo ', job was complete')${wd:+, the watchdog ended rank(s)$wd}$([ $bad = 1 ] && echo ' FAILED')" >&2
+  [ $bad = 0 ] || cp -r "$dir" "$LOGS/"
+  finish_trial "$dir"
+  rm -rf "$dir"
+}
+
+# ---- server / client -------------------------------------------------------------------------------
+server_trial() {
+  local v=$1 prov=$2 idx=$3 seed=$4 key dir addr which delay long rc at took what bad=0
+  key=$(row_key server "$v" "$prov")
+  RANDOM=$seed
+  dir=$TMP/run/server-$v-$prov-$idx; mkdir -p "$dir"
+  WRAPPERS=()
+  which=$([ $((idx % 2)) = 0 ] && echo client || echo server)
+  start srv "$dir" -- server --listen 127.0.0.1:0 --provider "$prov" --idle-timeout 5 || return
+  local t0; t0=$(now_ms)
+  until grep -q "listening on" "$dir/srv.out" 2>/dev/null; do
+    ended "$dir" srv && break
+    [ $(( $(now_ms) - t0 )) -lt 30000 ] || break
+    sleep 0.01
+  done
+  addr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$dir/srv.out" | head -1)
+  if [ -z "$addr" ]; then
+    defect "$key" setup "$v/$prov #$idx seed $seed" "the server did not start: $(tail -c 300 "$dir/srv.err")"
+    cp -r "$dir" "$LOGS/"; finish_trial "$dir"; return
+  fi
+  # A long client (ends only when killed), or one of about a second (its end can be hit).
+  long=$((RANDOM % 2))
+  local n=100000000; [ $long = 1 ] || n=300
+  delay=$((RANDOM % 2500))
+  start cli "$dir" -- client --connect "$addr" --provider "$prov" -s 4K --pages 16 -n "$n" \
+    --idle-timeout 5 --connect-timeout 10 -v || return
+  t0=$(now_ms)
+  while [ $(( $(now_ms) - t0 )) -lt "$delay" ]; do sleep 0.002; done
+  local victim=$which; [ "$which" = client ] && victim=cli || victim=srv
+  ended "$dir" "$victim" && { bump "$key" "missed"; }
+  kill_it "$dir" "$victim"
+  local t_kill; t_kill=$(now_ms)
+  what="$v/$prov #$idx seed $seed, $which killed at +$delay ms ($([ $long = 1 ] && echo endless || echo short) run)"
+  if [ "$which" = server ]; then
+    # The client must end non-zero, naming the server, within LIMIT s.
+    while ! ended "$dir" cli && [ $(( $(now_ms) - t_kill )) -lt $((LIMIT * 1000)) ]; do sleep 0.02; done
+    if ! ended "$dir" cli; then
+      snapshot "$(pid_of "$dir" cli)" "$dir/cli.stuck"
+      defect "$key" alive "$what" "the client still runs ${LIMIT} s after the kill; stderr: $(tail -c 300 "$dir/cli.err" | tr '\n' ' ')"; bad=1
+    else
+      grep -q "still inside a provider call" "$dir/cli.err" && bump "$key" watchdog
+      rc=$(rc_of "$dir" cli); at=$(at_of "$dir" cli); took=$((at - t_kill)); [ $took -ge 0 ] || took=0
+      slowest "$key" "$took" "$what: the client"
+      if [ "$rc" -ge 128 ]; then
+        defect "$key" signal "$what" "the client died of signal $((rc - 128)): $(tail -c 300 "$dir/cli.err")"; bad=1
+      elif [ "$rc" -eq 0 ]; then
+        if [ $long = 1 ]; then defect "$key" exit0 "$what" "the client exited 0"; bad=1
+        else bump "$key" completed; fi
+      elif ! grep -E '^rdma-bench: error:' "$dir/cli.err" | grep -qiE 'server|peer is gone|rank 0'; then
+        defect "$key" noname "$what" "the client exit $rc without naming the server: $(grep -E '^rdma-bench: error' "$dir/cli.err")"; bad=1
+      fi
+    fi
+  else
+    # The server must note the lost session, keep running and serve the next client.
+    local had_session=0
+    grep -q "session 0 from" "$dir/srv.err" && had_session=1
+    if [ $had_session = 1 ] && ! wait_for "$dir" srv "session 0 from .*(done|gone|closed|failed|abandoned|error|refused|timed out)" $LIMIT >/dev/null; then
+      if ended "$dir" srv; then :; else
+        defect "$key" noname "$what" "the server did not report the lost client within ${LIMIT} s: $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"; bad=1
+      fi
+    fi
+    start next "$dir" -- client --connect "$addr" --provider "$prov" -s 4K --pages 16 -n 20 \
+      --idle-timeout 10 --connect-timeout 10 --verify || return
+    t0=$(now_ms)
+    while ! ended "$dir" next && [ $(( $(now_ms) - t0 )) -lt 60000 ]; do sleep 0.02; done
+    if ended "$dir" srv; then
+      rc=$(rc_of "$dir" srv)
+      if [ "$rc" -ge 128 ]; then
+        defect "$key" signal "$what" "the server died of signal $((rc - 128)): $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"
+      else
+        defect "$key" exit0 "$what" "the server exited ($rc): $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"
+      fi
+      bad=1
+    elif ! ended "$dir" next; then
+      snapshot "$(pid_of "$dir" srv)" "$dir/srv.stuck"
+      defect "$key" alive "$what" "the next client still runs after 60 s: $(tail -c 300 "$dir/next.err" | tr '\n' ' ')"; bad=1
+    elif [ "$(rc_of "$dir" next)" != 0 ]; then
+      defect "$key" next "$what" "the next client failed ($(rc_of "$dir" next)): $(tail -c 300 "$dir/next.err" | tr '\n' ' ')"; bad=1
+    fi
+    grep -q "session abandoned" "$dir/srv.err" && bump "$key" watchdog
+    if ended "$dir" cli && [ "$(rc_of "$dir" cli)" = 0 ]; then bump "$key" completed; fi
+  fi
+  bump "$key" trials
+  printf 'kill-soak: server %s/%s #%d seed %d: %s killed at +%d ms%s\n' "$v" "$prov" "$idx" \
+    "$seed" "$which" "$delay" "$([ $bad = 1 ] && echo ' FAILED')" >&2
+  [ $bad = 0 ] || cp -r "$dir" "$LOGS/"
+  finish_trial "$dir"
+  rm -rf "$dir"
+}
+
+# ---- the soak ----------------------------------------------------------------------------------
+log "seed $SEED, $TRIALS trial(s) per mode, provider and version; logs of failed trials in $LOGS"
+T0=$SECONDS
+read -ra PH <<<"$PHASES"
+vi=0
+for v in $VERSIONS; do
+  B=${BIN[$v]}; LD=${LDP[$v]}
+  pi=0
+  for prov in $PROVIDERS; do
+    for mode in $MODES; do
+      for i in $(seq 0 $((TRIALS - 1))); do
+        seed=$(( (SEED * 7919 + vi * 100003 + pi * 10007 + i * 101 + ${#mode}) % 1000003 ))
+        case $mode in
+          ranks) ranks_trial "$v" "$prov" "$i" "$seed" "${PH[$((i % ${#PH[@]}))]}" ;;
+          server) server_trial "$v" "$prov" "$i" "$seed" ;;
+        esac
+      done
+    done
+    pi=$((pi + 1))
+  done
+  vi=$((vi + 1))
+done
+DUR=$((SECONDS - T0))
+
+# ---- the table -------------------------------------------------------------------------------
+total=0
+echo
+echo "kill soak: seed $SEED, $TRIALS trial(s) each, load $LOAD busy loop(s), ${DUR} s"
+for mode in $MODES; do
+  echo
+  if [ "$mode" = ranks ]; then
+    echo "rdma-bench run, 4 ranks, one SIGKILLed (survivors: 3 per trial)"
+    printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %9s %8s  %s\n' version prov trials "exit 0" \
+      noname "alive$LIMIT" signal setup "slowest" watchdog "seen: before/during/setup/transfer/between/teardown, complete"
+  else
+    echo "rdma-bench server/client, the client or the server SIGKILLed"
+    printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %9s %8s  %s\n' version prov trials "exit 0" \
+      noname "alive$LIMIT" signal "next" "slowest" watchdog "completed before the kill"
+  fi
+  for v in $VERSIONS; do
+    for prov in $PROVIDERS; do
+      k=$(row_key "$mode" "$v" "$prov")
+      g() { echo "${C[$k|$1]:-0}"; }
+      sum=$(( $(g exit0) + $(g noname) + $(g alive) + $(g signal) + $(g setup) + $(g next) ))
+      total=$((total + sum))
+      if [ "$mode" = ranks ]; then
+        printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %8.2fs %8s  %s/%s/%s/%s/%s/%s, %s\n' "$v" "$prov" \
+          "$(g trials)" "$(g exit0)" "$(g noname)" "$(g alive)" "$(g signal)" "$(g setup)" \
+          "$(echo "$(g slow)" | awk '{print $1/1000}')" "$(g watchdog)" "$(g phase-before)" "$(g phase-during)" \
+          "$(g phase-setup)" "$(g phase-transfer)" "$(g phase-between)" "$(g phase-teardown)" \
+          "$(g completed)"
+      else
+        printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %8.2fs %8s  %s\n' "$v" "$prov" "$(g trials)" \
+          "$(g exit0)" "$(g noname)" "$(g alive)" "$(g signal)" "$(g next)" \
+          "$(echo "$(g slow)" | awk '{print $1/1000}')" "$(g watchdog)" "$(g completed)"
+      fi
+    done
+  done
+  for v in $VERSIONS; do
+    for prov in $PROVIDERS; do
+      k=$(row_key "$mode" "$v" "$prov")
+      [ -n "${C[$k|slowat]:-}" ] && echo "  slowest $v/$prov: ${C[$k|slowat]}"
+    done
+  done
+done
+echo
+if [ "$total" -eq 0 ]; then
+  echo "kill soak: PASSED, every column zero"
+  rmdir "$LOGS" 2>/dev/null
+else
+  echo "kill soak: FAILED, $total defect(s):"
+  printf '  %s\n' "${FAILED_TRIALS[@]}"
+  echo "logs: $LOGS"
+fi
+[ "$total" -eq 0 ]
