@@ -102,6 +102,7 @@ mod gid;
 mod gpu;
 mod mr;
 mod netdev;
+mod options;
 mod util;
 
 pub use addr::{addr_len, WireAddr, ADDR_VERSION, MAX_GIDS};

@@ -26,3 +26,12 @@ pub(crate) fn provider_err(call: &'static str, code: i32, hint: impl Into<String
 pub(crate) const MEMLOCK_HINT: &str =
     "if this is ENOMEM or EPERM, raise the locked-memory limit (`ulimit -l unlimited`, or \
      memlock in /etc/security/limits.conf / LimitMEMLOCK= for services)";
+
+/// `Ok` where a verbs call returned 0, else its error with `hint`.
+pub(crate) fn check(rc: i32, call: &'static str, hint: impl Into<String>) -> Result<(), Error> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(provider_err(call, rc, hint))
+    }
+}

@@ -1,0 +1,326 @@
+//! The post path: SEND, receive and WRITE work requests built in the endpoint's own arrays,
+//! consecutive WRITEs to one peer chained into one `ibv_post_send`, and each send queue's
+//! ring of caller contexts (every WR is signaled; completions free the slots in order).
+
+use std::ptr;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+use transport_core::{Error, LocalSlice, PeerId, Post, RemoteSlice, Result, WriteOp};
+
+use super::{Endpoint, CHAN_DATA, CHAN_MSG, TAG_RECV, TAG_SHIFT, TAG_SQ};
+use crate::mr::VerbsMr;
+use crate::util::provider_err;
+
+/// Work requests chained into one `ibv_post_send`.
+pub(super) const POST_BATCH: usize = 32;
+
+impl Endpoint {
+    /// [`Transport::post_send`](transport_core::Transport::post_send) on `peer`'s message QP.
+    #[inline]
+    pub(super) fn send_msg(
+        &mut self,
+        peer: PeerId,
+        buf: LocalSlice<'_, VerbsMr>,
+        ctx: u64,
+    ) -> Result<Post> {
+        self.own_region(buf.mr, "post_send")?;
+        let pi = self.peer_index(peer)?;
+        if buf.len > self.caps.max_msg_size {
+            return Err(Error::InvalidArgument(format!(
+                "send of {} bytes exceeds the port's maximum message size {}",
+                buf.len, self.caps.max_msg_size
+            )));
+        }
+        let depth = self.caps.tx_depth;
+        let q = &self.peers[pi].msg;
+        if q.outstanding >= depth {
+            return Ok(Post::QueueFull);
+        }
+        let (qp, slot) = (q.qp, q.head);
+        let p = Prepared {
+            peer: pi,
+            sge: self.sge(&buf),
+            inline: self.can_inline(&buf),
+            opcode: sys::IBV_WR_SEND,
+            imm: 0,
+            remote_addr: 0,
+            rkey: 0,
+        };
+        self.fill(0, &p, CHAN_MSG, slot);
+        if self.post_chain(qp, 1)? == 0 {
+            return Ok(Post::QueueFull);
+        }
+        let q = &mut self.peers[pi].msg;
+        q.ctx[slot] = ctx;
+        q.head = ring_add(slot, 1, depth);
+        q.outstanding += 1;
+        Ok(Post::Posted)
+    }
+
+    /// [`Transport::post_recv`](transport_core::Transport::post_recv) on the receive SRQ.
+    #[inline]
+    pub(super) fn recv_msg(&mut self, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
+        self.own_region(buf.mr, "post_recv")?;
+        if buf.len > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "receive buffer of {} bytes exceeds 4 GiB",
+                buf.len
+            )));
+        }
+        let Some(slot) = self.recv_free.pop() else {
+            return Ok(Post::QueueFull);
+        };
+        let mut sge = self.sge(&buf);
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: (TAG_RECV << TAG_SHIFT) | u64::from(slot),
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(buf.len > 0),
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: `recv_srq` is live; `wr` and `sge` live across the call (the provider copies
+        // them); the SGE lies in a region of this endpoint kept alive by the caller.
+        let rc = unsafe { sys::ibvs_post_srq_recv(self.recv_srq, &mut wr, &mut bad) };
+        if rc != 0 {
+            self.recv_free.push(slot);
+            if rc == libc::ENOMEM {
+                return Ok(Post::QueueFull);
+            }
+            return Err(provider_err("ibv_post_srq_recv", rc, "application receive"));
+        }
+        self.recv_ctx[slot as usize] = ctx;
+        Ok(Post::Posted)
+    }
+
+    /// [`Transport::post_write`](transport_core::Transport::post_write) on `peer`'s data QP.
+    #[inline]
+    pub(super) fn write_one(
+        &mut self,
+        peer: PeerId,
+        buf: LocalSlice<'_, VerbsMr>,
+        remote: RemoteSlice,
+        imm: Option<u32>,
+        ctx: u64,
+    ) -> Result<Post> {
+        // The one-WRITE path: checked once, no chain.
+        let p = self.prepare_write(&WriteOp {
+            peer,
+            local: buf,
+            remote,
+            imm,
+            ctx,
+        })?;
+        let depth = self.caps.tx_depth;
+        let q = &self.peers[p.peer].data;
+        if q.outstanding >= depth {
+            return Ok(Post::QueueFull);
+        }
+        let (qp, slot) = (q.qp, q.head);
+        self.fill(0, &p, CHAN_DATA, slot);
+        if self.post_chain(qp, 1)? == 0 {
+            return Ok(Post::QueueFull);
+        }
+        let q = &mut self.peers[p.peer].data;
+        q.ctx[slot] = ctx;
+        q.head = ring_add(slot, 1, depth);
+        q.outstanding += 1;
+        Ok(Post::Posted)
+    }
+
+    /// [`Transport::post_writes`](transport_core::Transport::post_writes) on the data QPs:
+    /// every op checked first, then a chain per run of ops to one peer, closed at
+    /// `POST_BATCH` WRs, at `chain_bytes` of payload, or where the send queue is full.
+    #[inline]
+    pub(super) fn write_chained(&mut self, ops: &[WriteOp<'_, VerbsMr>]) -> Result<usize> {
+        for op in ops {
+            self.prepare_write(op)?;
+        }
+        let depth = self.caps.tx_depth;
+        let mut i = 0;
+        while i < ops.len() {
+            let peer = ops[i].peer.0 as usize;
+            let q = &self.peers[peer].data;
+            let room = depth - q.outstanding;
+            if room == 0 {
+                break;
+            }
+            let (qp, head) = (q.qp, q.head);
+            let (mut n, mut bytes) = (0, 0usize);
+            while n < room.min(POST_BATCH)
+                && bytes < self.chain_bytes
+                && i + n < ops.len()
+                && ops[i + n].peer.0 as usize == peer
+            {
+                let p = self.prepare_write(&ops[i + n])?;
+                self.fill(n, &p, CHAN_DATA, ring_add(head, n, depth));
+                bytes += p.sge.length as usize;
+                n += 1;
+            }
+            let took = self.post_chain(qp, n)?;
+            let q = &mut self.peers[peer].data;
+            for k in 0..took {
+                q.ctx[ring_add(head, k, depth)] = ops[i + k].ctx;
+            }
+            q.head = ring_add(head, took, depth);
+            q.outstanding += took;
+            i += took;
+            if took < n {
+                break;
+            }
+        }
+        Ok(i)
+    }
+
+    /// Check one WRITE and describe it; nothing is posted.
+    ///
+    /// The hot path: every condition is evaluated without a branch of its own and checked
+    /// once; which one failed is worked out again, out of line, only on failure.
+    #[inline(always)]
+    fn prepare_write(&self, op: &WriteOp<'_, VerbsMr>) -> Result<Prepared> {
+        let peer = op.peer.0 as usize;
+        let len = op.local.len;
+        let ok = Arc::ptr_eq(&op.local.mr.domain, &self.domain)
+            & (peer < self.peers.len())
+            & (len <= self.caps.max_write_size)
+            & (len as u64 <= op.remote.len)
+            & (op.remote.key <= u64::from(u32::MAX));
+        if !ok {
+            return Err(self.write_error(op));
+        }
+        Ok(Prepared {
+            peer,
+            sge: self.sge(&op.local),
+            inline: self.can_inline(&op.local),
+            opcode: if op.imm.is_some() {
+                sys::IBV_WR_RDMA_WRITE_WITH_IMM
+            } else {
+                sys::IBV_WR_RDMA_WRITE
+            },
+            imm: op.imm.unwrap_or(0),
+            remote_addr: op.remote.addr,
+            rkey: op.remote.key as u32,
+        })
+    }
+
+    /// Why [`Self::prepare_write`] refused a WRITE (the first failed check, in order).
+    #[cold]
+    #[inline(never)]
+    fn write_error(&self, op: &WriteOp<'_, VerbsMr>) -> Error {
+        if let Err(e) = self.own_region(op.local.mr, "post_write") {
+            return e;
+        }
+        if let Err(e) = self.peer_index(op.peer) {
+            return e;
+        }
+        let len = op.local.len;
+        if len > self.caps.max_write_size {
+            return Error::InvalidArgument(format!(
+                "write of {len} bytes exceeds the port's maximum message size {}",
+                self.caps.max_write_size
+            ));
+        }
+        if (len as u64) > op.remote.len {
+            return Error::InvalidArgument(format!(
+                "write of {len} bytes into a {}-byte remote slice",
+                op.remote.len
+            ));
+        }
+        Error::InvalidArgument(format!(
+            "remote key {:#x} is not a verbs rkey (32 bits): is it from another backend?",
+            op.remote.key
+        ))
+    }
+
+    #[inline(always)]
+    fn sge(&self, s: &LocalSlice<'_, VerbsMr>) -> sys::ibv_sge {
+        sys::ibv_sge {
+            addr: s.mr.iova + s.offset as u64,
+            length: s.len as u32,
+            lkey: s.mr.lkey,
+        }
+    }
+
+    #[inline(always)]
+    fn can_inline(&self, s: &LocalSlice<'_, VerbsMr>) -> bool {
+        s.len <= self.caps.inject_size && s.mr.host_addr != 0
+    }
+
+    /// Fill `self.wrs[i]` from `p` using ring slot `slot` of channel `chan`.
+    #[inline(always)]
+    fn fill(&mut self, i: usize, p: &Prepared, chan: u64, slot: usize) {
+        self.sges[i] = p.sge;
+        let sge_ptr: *mut sys::ibv_sge = &mut self.sges[i];
+        let w = &mut self.wrs[i];
+        w.wr_id = (TAG_SQ << TAG_SHIFT) | (chan << 56) | ((p.peer as u64) << 32) | slot as u64;
+        w.next = ptr::null_mut();
+        w.sg_list = sge_ptr;
+        w.num_sge = i32::from(p.sge.length > 0);
+        w.opcode = p.opcode;
+        w.send_flags = sys::IBV_SEND_SIGNALED | if p.inline { sys::IBV_SEND_INLINE } else { 0 };
+        w.__bindgen_anon_1.imm_data = p.imm.to_be();
+        w.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: p.remote_addr,
+            rkey: p.rkey,
+        };
+    }
+
+    /// Post `self.wrs[..n]` (already chained) on `qp`; how many the provider took, or the
+    /// error where it took none.
+    #[inline(always)]
+    fn post_chain(&mut self, qp: *mut sys::ibv_qp, n: usize) -> Result<usize> {
+        let base = self.wrs.as_mut_ptr();
+        for i in 0..n.saturating_sub(1) {
+            // SAFETY: `i + 1 < n <= POST_BATCH`: pointers into the same boxed array.
+            unsafe { (*base.add(i)).next = base.add(i + 1) };
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: `qp` is a live connected QP; `wrs[..n]` is an initialised chain whose SGEs
+        // point into `sges` and into registered memory kept alive by the caller's regions; the
+        // provider copies (or, for inline, reads) them before returning.
+        let rc = unsafe { sys::ibvs_post_send(qp, base, &mut bad) };
+        if rc == 0 {
+            return Ok(n);
+        }
+        // WRs before `bad` were posted.
+        let taken = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: a non-null `bad` points into the chain (providers set it on failure).
+            unsafe { bad.offset_from(base) }.max(0) as usize
+        };
+        if taken > 0 || rc == libc::ENOMEM || rc == libc::EAGAIN {
+            return Ok(taken.min(n));
+        }
+        Err(provider_err(
+            "ibv_post_send",
+            rc,
+            "is the peer's queue pair in the error state after an earlier failure?",
+        ))
+    }
+}
+
+/// `(slot + n) % depth` for `slot < depth` and `n <= depth`, without the division (`depth`
+/// is a run-time value, so `%` would be one per post).
+#[inline]
+fn ring_add(slot: usize, n: usize, depth: usize) -> usize {
+    debug_assert!(slot < depth && n <= depth);
+    let s = slot + n;
+    if s >= depth {
+        s - depth
+    } else {
+        s
+    }
+}
+
+/// A checked WRITE, ready to be put into a work request.
+#[derive(Clone, Copy)]
+struct Prepared {
+    peer: usize,
+    sge: sys::ibv_sge,
+    inline: bool,
+    opcode: sys::ibv_wr_opcode,
+    imm: u32,
+    remote_addr: u64,
+    rkey: u32,
+}
