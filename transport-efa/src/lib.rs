@@ -108,9 +108,11 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod domain;
 mod error;
 mod gpu;
 mod imm;
+mod mr;
 mod nic;
 mod options;
 mod select;
@@ -119,7 +121,7 @@ mod slab;
 
 use std::ffi::c_void;
 use std::fmt;
-use std::mem::{ManuallyDrop, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -127,16 +129,22 @@ use std::sync::Arc;
 use libfabric_sys as fi;
 use transport_core::{
     Caps, Completion, CompletionError, CompletionKind, EndpointAddr, Error, LocalSlice, Memory,
-    MemoryMut, MemoryRegion, NicDesc, Op, PeerId, Post, RemoteMr, RemoteSlice, Result, Transport,
-    WriteOp,
+    NicDesc, Op, PeerId, Post, RemoteSlice, Result, Transport, WriteOp,
 };
 
+// Named by the crate docs.
+#[cfg(doc)]
+use transport_core::{MemoryRegion, RemoteMr};
+
+use crate::domain::{Domain, Fabric, NEXT_DOMAIN_ID};
 use crate::error::{provider, runtime_version};
 use crate::imm::ImmRecvs;
+use crate::mr::RegisterOn;
 use crate::options::{CudaApi, Options, WriteCompletion};
 use crate::select::Selected;
 use crate::slab::{Kind, Slab};
 
+pub use crate::mr::{Mr, MrMode};
 pub use crate::nic::{match_nic, DomainInfo, Pci};
 pub use crate::shm::{
     exit_abandoning_endpoints, remove_shm_regions_of, remove_shm_regions_of_this_process,
@@ -153,122 +161,6 @@ const MAX_DEPTH: usize = 16 * 1024;
 const DEFAULT_DEPTH: usize = 256;
 /// Completions read per `fi_cq_read`.
 const POLL_BATCH: usize = 32;
-/// Access every region is registered with.
-const ACCESS: u64 = fi::FI_SEND | fi::FI_RECV | fi::FI_WRITE | fi::FI_REMOTE_WRITE;
-
-/// Memory registration mode bits (`FI_MR_*`) as a provider returned them.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct MrMode(
-    /// The `FI_MR_*` bits.
-    pub u64,
-);
-
-impl MrMode {
-    /// `FI_MR_LOCAL`: local buffers need descriptors.
-    pub const LOCAL: MrMode = MrMode(fi::FI_MR_LOCAL);
-    /// `FI_MR_VIRT_ADDR`: remote addresses are virtual addresses, not offsets.
-    pub const VIRT_ADDR: MrMode = MrMode(fi::FI_MR_VIRT_ADDR);
-    /// `FI_MR_ALLOCATED`: only allocated (backed) memory may be registered.
-    pub const ALLOCATED: MrMode = MrMode(fi::FI_MR_ALLOCATED);
-    /// `FI_MR_PROV_KEY`: the provider chooses keys.
-    pub const PROV_KEY: MrMode = MrMode(fi::FI_MR_PROV_KEY);
-    /// `FI_MR_ENDPOINT`: regions are bound to an endpoint and enabled.
-    pub const ENDPOINT: MrMode = MrMode(fi::FI_MR_ENDPOINT);
-    /// `FI_MR_HMEM`: device memory must be registered (always true here).
-    pub const HMEM: MrMode = MrMode(fi::FI_MR_HMEM);
-    /// EFA's set: `LOCAL | VIRT_ADDR | ALLOCATED | PROV_KEY` (what `mr_mode=strict` asks).
-    pub const STRICT: MrMode =
-        MrMode(fi::FI_MR_LOCAL | fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY);
-    /// Every bit this backend honours (what it offers `fi_getinfo` by default).
-    pub const SUPPORTED: MrMode = MrMode(Self::STRICT.0 | fi::FI_MR_ENDPOINT);
-
-    /// Whether every bit of `other` is set.
-    pub fn contains(self, other: MrMode) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl fmt::Debug for MrMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "MrMode({self})")
-    }
-}
-
-impl fmt::Display for MrMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const NAMES: [(u64, &str); 10] = [
-            (fi::FI_MR_LOCAL, "FI_MR_LOCAL"),
-            (fi::FI_MR_RAW, "FI_MR_RAW"),
-            (fi::FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"),
-            (fi::FI_MR_ALLOCATED, "FI_MR_ALLOCATED"),
-            (fi::FI_MR_PROV_KEY, "FI_MR_PROV_KEY"),
-            (fi::FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"),
-            (fi::FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"),
-            (fi::FI_MR_ENDPOINT, "FI_MR_ENDPOINT"),
-            (fi::FI_MR_HMEM, "FI_MR_HMEM"),
-            (fi::FI_MR_COLLECTIVE, "FI_MR_COLLECTIVE"),
-        ];
-        let mut rest = self.0;
-        let mut first = true;
-        for (bit, name) in NAMES {
-            if rest & bit == bit && bit != 0 {
-                write!(f, "{}{name}", if first { "" } else { " | " })?;
-                rest &= !bit;
-                first = false;
-            }
-        }
-        if rest != 0 {
-            write!(f, "{}{rest:#x}", if first { "" } else { " | " })?;
-        } else if first {
-            write!(f, "0")?;
-        }
-        Ok(())
-    }
-}
-
-/// Ids telling endpoints (domains) apart, so a region of another endpoint is refused.
-static NEXT_DOMAIN_ID: AtomicU64 = AtomicU64::new(1);
-
-/// The fabric, closed on drop.
-struct Fabric(*mut fi::fid_fabric);
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: a fabric opened by fi_fabric, closed once, after its domain.
-            unsafe { fi::rs_fi_close(fi::rs_fi_fabric_fid(self.0)) };
-        }
-    }
-}
-
-/// The domain and its fabric. Shared by the endpoint and its regions, so it closes after the
-/// last of them.
-struct Domain {
-    ptr: *mut fi::fid_domain,
-    id: u64,
-    next_key: AtomicU64,
-    // Dropped after `Domain::drop` closed the domain.
-    _fabric: Fabric,
-}
-
-// SAFETY: the domain's own calls (registering and closing regions, closing the domain) may
-// come from any thread: every provider here guards its registration map with the domain's
-// lock whatever the threading model (see `select::THREADING`); the endpoint, CQ and AV, which
-// FI_THREAD_DOMAIN leaves unguarded, are only used through `&mut Endpoint`. The pointer is
-// only closed once, in Drop, when the last owner goes.
-unsafe impl Send for Domain {}
-// SAFETY: as above; the only shared mutable state of ours is an atomic.
-unsafe impl Sync for Domain {}
-
-impl Drop for Domain {
-    fn drop(&mut self) {
-        if !self.ptr.is_null() {
-            // SAFETY: a domain opened by fi_domain; every endpoint and region of it is closed
-            // (they hold this Arc), so it is closed once, here.
-            unsafe { fi::rs_fi_close(fi::rs_fi_domain_fid(self.ptr)) };
-        }
-    }
-}
 
 /// A libfabric `FI_EP_RDM` endpoint with its completion queue and address vector.
 ///
@@ -457,14 +349,6 @@ impl Endpoint {
     }
 }
 
-impl Mr {
-    /// Start address and descriptor of the region (see [`raw`]).
-    #[doc(hidden)]
-    pub fn raw_buf(&self) -> (*mut c_void, *mut c_void) {
-        (self.base as usize as *mut c_void, self.desc)
-    }
-}
-
 impl Endpoint {
     /// The memory registration mode the provider granted.
     pub fn mr_mode(&self) -> MrMode {
@@ -517,14 +401,19 @@ impl Endpoint {
     /// `Ok` where GPU memory can be registered on this endpoint, else
     /// [`Error::Unsupported`] saying why (no `FI_HMEM` in the provider, no CUDA device, ...).
     pub fn gpu_support(&self) -> Result<()> {
-        match &self.gpu_reason {
-            None => Ok(()),
-            Some(why) => Err(Error::Unsupported(format!(
-                "GPU memory cannot be registered on provider {} (libfabric {}): {why}; use \
-                 host memory, or a provider and libfabric built with FI_HMEM (CUDA) support",
-                self.provider,
-                runtime_version()
-            ))),
+        mr::gpu_support(&self.provider, self.gpu_reason.as_deref())
+    }
+
+    /// What registering a region needs of this endpoint ([`Mr::register`]).
+    fn register_on(&self) -> RegisterOn<'_> {
+        RegisterOn {
+            domain: &self.domain,
+            mr_mode: self.mr_mode,
+            provider: &self.provider,
+            gpu_reason: self.gpu_reason.as_deref(),
+            hmem_flags: self.hmem_flags,
+            ep: self.ep,
+            data_ep: self.imm.as_ref().map(|i| i.ep).filter(|p| !p.is_null()),
         }
     }
 
@@ -1309,115 +1198,11 @@ impl Transport for Endpoint {
     }
 
     fn register(&mut self, mem: Memory) -> Result<Mr> {
-        if mem.is_empty() {
-            return Err(Error::InvalidArgument("cannot register 0 bytes".into()));
-        }
-        let (base, len) = mem_range(&mem);
-        let policy = MrPolicy::new(self.mr_mode, base, || {
-            self.domain.next_key.fetch_add(1, Ordering::Relaxed)
-        });
-        let requested_key = policy.requested_key;
-        let mut fid: *mut fi::fid_mr = ptr::null_mut();
-        match &mem {
-            Memory::Host(h) => {
-                // SAFETY: the domain is open; [ptr, ptr+len) is the host buffer, owned by the
-                // region from here on and never moved (HostBuffer's storage is boxed).
-                let ret = unsafe {
-                    fi::rs_fi_mr_reg(
-                        self.domain.ptr,
-                        h.as_ptr().cast(),
-                        len,
-                        ACCESS,
-                        requested_key,
-                        0,
-                        &mut fid,
-                    )
-                };
-                if ret != 0 {
-                    return Err(provider(
-                        "fi_mr_reg",
-                        ret.into(),
-                        format!(
-                            "registering {len} bytes of host memory on provider {} failed; \
-                             check the locked-memory limit (ulimit -l)",
-                            self.provider
-                        ),
-                    ));
-                }
-            }
-            Memory::Gpu(g) => {
-                self.gpu_support()?;
-                fid = gpu::register(
-                    self.domain.ptr,
-                    &self.provider,
-                    g,
-                    ACCESS,
-                    requested_key,
-                    self.hmem_flags,
-                )?;
-            }
-        }
-        let mut mr = Mr {
-            mem: ManuallyDrop::new(mem),
-            fid,
-            desc: ptr::null_mut(),
-            base,
-            len,
-            remote: RemoteMr {
-                addr: 0,
-                len: len as u64,
-                key: 0,
-            },
-            _domain: Arc::clone(&self.domain),
-            domain_id: self.domain.id,
-            state: MrState::Live,
-        };
-        if self.mr_mode.contains(MrMode::ENDPOINT) {
-            // Bound to the message endpoint, and to the data endpoint where peers' WRITEs land
-            // (FI_RX_CQ_DATA).
-            let data = self.imm.as_ref().map(|i| i.ep).filter(|p| !p.is_null());
-            for ep in std::iter::once(self.ep).chain(data) {
-                // SAFETY: fid is the region just registered, ep an enabled endpoint of ours.
-                let ret = unsafe { fi::rs_fi_mr_bind(fid, fi::rs_fi_ep_fid(ep), 0) };
-                if ret != 0 {
-                    return Err(provider(
-                        "fi_mr_bind",
-                        ret.into(),
-                        "binding the region to the endpoint (FI_MR_ENDPOINT) failed",
-                    ));
-                }
-            }
-            // SAFETY: as above; the region is bound.
-            let ret = unsafe { fi::rs_fi_mr_enable(fid) };
-            if ret != 0 {
-                return Err(provider(
-                    "fi_mr_enable",
-                    ret.into(),
-                    "enabling the region (FI_MR_ENDPOINT) failed",
-                ));
-            }
-        }
-        // SAFETY: fid is a registered (and, where needed, enabled) region.
-        let (desc, key) = unsafe { (fi::rs_fi_mr_desc(fid), fi::rs_fi_mr_key(fid)) };
-        if key == fi::FI_KEY_NOTAVAIL_ {
-            return Err(Error::Unsupported(format!(
-                "provider {} gave no key for the region (raw keys, FI_MR_RAW, are not supported)",
-                self.provider
-            )));
-        }
-        mr.desc = desc;
-        mr.remote.key = key;
-        mr.remote.addr = policy.remote_base;
-        Ok(mr)
+        Mr::register(self.register_on(), mem)
     }
 
-    fn deregister(&mut self, mut mr: Mr) -> Result<Memory> {
-        mr.close()?;
-        // SAFETY: the region is closed and its memory is taken exactly once; state Taken
-        // tells Drop not to drop it again.
-        let mem = unsafe { ManuallyDrop::take(&mut mr.mem) };
-        mr.state = MrState::Taken;
-        Ok(mem)
+    fn deregister(&mut self, mr: Mr) -> Result<Memory> {
+        mr.into_memory()
     }
 
     #[inline]
@@ -1635,178 +1420,9 @@ fn invalid(args: fmt::Arguments<'_>) -> Error {
     Error::InvalidArgument(args.to_string())
 }
 
-/// What registration does under a memory registration mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MrPolicy {
-    /// Key to ask for: 0 where the provider picks keys (`FI_MR_PROV_KEY`), else one of ours,
-    /// unique in the domain.
-    requested_key: u64,
-    /// Address a peer uses for byte 0: the virtual address under `FI_MR_VIRT_ADDR`, else 0
-    /// (offsets).
-    remote_base: u64,
-}
-
-impl MrPolicy {
-    fn new(mode: MrMode, base: u64, next_key: impl FnOnce() -> u64) -> Self {
-        MrPolicy {
-            requested_key: if mode.contains(MrMode::PROV_KEY) {
-                0
-            } else {
-                next_key()
-            },
-            remote_base: if mode.contains(MrMode::VIRT_ADDR) {
-                base
-            } else {
-                0
-            },
-        }
-    }
-}
-
-/// Start address and length of memory to register.
-fn mem_range(mem: &Memory) -> (u64, usize) {
-    match mem {
-        Memory::Host(h) => (h.as_ptr() as u64, h.len()),
-        Memory::Gpu(g) => (g.device_ptr(), g.len()),
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MrState {
-    /// Registered; memory owned.
-    Live,
-    /// Deregistered; memory still owned.
-    Closed,
-    /// Deregistration failed: the provider may still use the memory, so it is leaked.
-    Leaked,
-    /// Memory handed back by `deregister`.
-    Taken,
-}
-
-/// A registered memory region of an [`Endpoint`]. Owns its memory; dropping it deregisters.
-pub struct Mr {
-    mem: ManuallyDrop<Memory>,
-    fid: *mut fi::fid_mr,
-    desc: *mut c_void,
-    /// Address of byte 0 as registered (host pointer or CUDA device pointer).
-    base: u64,
-    len: usize,
-    remote: RemoteMr,
-    /// Keeps the domain (and fabric) open while the region lives.
-    _domain: Arc<Domain>,
-    domain_id: u64,
-    state: MrState,
-}
-
-// SAFETY: the region owns its memory; its libfabric object is only closed (once, from
-// `deregister` or Drop, on whatever thread), which the provider serializes with the domain's
-// own lock whatever the threading model (see `select::THREADING`). `desc`
-// is an opaque value only read by the owning endpoint's posts.
-unsafe impl Send for Mr {}
-
-impl fmt::Debug for Mr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Mr")
-            .field("len", &self.len)
-            .field("remote", &self.remote)
-            .finish()
-    }
-}
-
-impl Mr {
-    fn close(&mut self) -> Result<()> {
-        if self.state != MrState::Live {
-            return Ok(());
-        }
-        // SAFETY: fid is the live region, closed once (state moves off Live).
-        let ret = unsafe { fi::rs_fi_close(fi::rs_fi_mr_fid(self.fid)) };
-        if ret == 0 {
-            self.state = MrState::Closed;
-            Ok(())
-        } else {
-            self.state = MrState::Leaked;
-            Err(provider(
-                "fi_close(mr)",
-                ret.into(),
-                "deregistration failed; the memory is leaked rather than freed while the \
-                 provider may still use it",
-            ))
-        }
-    }
-}
-
-impl Drop for Mr {
-    fn drop(&mut self) {
-        let _ = self.close();
-        if self.state == MrState::Closed {
-            // SAFETY: the region is deregistered, so nothing uses the memory; dropped once.
-            unsafe { ManuallyDrop::drop(&mut self.mem) };
-        }
-        // Leaked: memory deliberately not freed. Taken: handed back by deregister. The
-        // domain Arc drops after this, closing the domain if this was its last user.
-    }
-}
-
-impl MemoryRegion for Mr {
-    #[inline]
-    fn memory(&self) -> &Memory {
-        &self.mem
-    }
-    fn memory_mut(&mut self) -> MemoryMut<'_> {
-        MemoryMut::new(&mut self.mem)
-    }
-    #[inline]
-    fn remote(&self) -> RemoteMr {
-        self.remote
-    }
-    #[inline]
-    fn len(&self) -> usize {
-        self.len
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mr_mode_display() {
-        assert_eq!(MrMode(0).to_string(), "0");
-        assert_eq!(
-            MrMode::STRICT.to_string(),
-            "FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY"
-        );
-        assert!(MrMode::SUPPORTED.contains(MrMode::STRICT));
-        assert!(!MrMode::LOCAL.contains(MrMode::STRICT));
-    }
-
-    #[test]
-    fn mr_policy_follows_the_mode() {
-        let strict = MrPolicy::new(MrMode::STRICT, 0x7000, || panic!("no key of ours"));
-        assert_eq!(
-            strict,
-            MrPolicy {
-                requested_key: 0,
-                remote_base: 0x7000
-            }
-        );
-        let scalable = MrPolicy::new(MrMode(0), 0x7000, || 5);
-        assert_eq!(
-            scalable,
-            MrPolicy {
-                requested_key: 5,
-                remote_base: 0
-            }
-        );
-        let shm = MrPolicy::new(MrMode::VIRT_ADDR, 0x7000, || 6);
-        assert_eq!(
-            shm,
-            MrPolicy {
-                requested_key: 6,
-                remote_base: 0x7000
-            }
-        );
-    }
 
     /// efa gets shared memory off (a same-host run measures the NIC, not shm's copies) and,
     /// with GPU memory, the provider's CUDA calls off (GPUDirect RDMA or nothing), as

@@ -10,9 +10,9 @@ use libfabric_sys as fi;
 use transport_core::{Error, NicDesc, Result};
 
 use crate::error::{cstr, provider, runtime_version};
+use crate::mr::MrMode;
 use crate::nic::{dedup, match_nic, DomainInfo, Pci};
 use crate::options::{Hmem, Options};
-use crate::MrMode;
 
 /// The oldest libfabric this backend runs on (Debian 12's).
 pub(crate) const MIN_API_VERSION: u32 = fi::fi_version_of(1, 17);
