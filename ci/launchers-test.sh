@@ -26,8 +26,12 @@ TMP=$(mktemp -d /tmp/rdma-bench-launchers.XXXXXX)
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$TMP"
+  # The daemons are not this shell's children (wait returns at once): give each up to 10 s
+  # to go, so that none still writes into $TMP while it is removed (slurmctld, under load).
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  done
+  rm -rf "$TMP" 2>/dev/null || { sleep 1; rm -rf "$TMP"; } || true
 }
 trap cleanup EXIT
 fail() { echo "launchers-test: FAILED: $*" >&2; exit 1; }
