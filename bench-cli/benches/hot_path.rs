@@ -12,10 +12,10 @@
 mod shm {
     use std::time::{Duration, Instant};
 
-    use bench_cli::config::Knobs;
-    use bench_cli::ctrl::Liveness;
-    use bench_cli::workload::write::{WriteActive, WriteParts};
-    use bench_cli::workload::{drive, NicWork, Polled, RunCtx, Shared};
+    use bench_core::config::Knobs;
+    use bench_core::ctrl::Liveness;
+    use bench_core::workload::write::{WriteActive, WriteParts};
+    use bench_core::workload::{drive, NicWork, Polled, RunCtx, Shared};
     use criterion::{Criterion, Throughput};
     use transport_core::{
         Completion, CompletionKind, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc, Post,
@@ -60,10 +60,10 @@ mod shm {
         fn start_phase(&mut self, iters: u64) {
             self.inner.start_phase(iters)
         }
-        fn post(&mut self, max: usize) -> bench_cli::error::Result<usize> {
+        fn post(&mut self, max: usize) -> bench_core::error::Result<usize> {
             self.inner.post(max)
         }
-        fn poll(&mut self, buf: &mut [Completion]) -> bench_cli::error::Result<Polled> {
+        fn poll(&mut self, buf: &mut [Completion]) -> bench_core::error::Result<Polled> {
             let p = self.inner.poll(buf)?;
             let _ = self.target.poll(&mut self.tbuf);
             Ok(p)
@@ -74,7 +74,7 @@ mod shm {
         fn nic(&self) -> usize {
             self.inner.nic()
         }
-        fn stats(&self, t0: Instant) -> bench_cli::proto::NicStats {
+        fn stats(&self, t0: Instant) -> bench_core::proto::NicStats {
             self.inner.stats(t0)
         }
     }
@@ -212,7 +212,7 @@ mod shm {
                 peer,
                 remote,
                 slots: (0..PAGES as u32).collect(),
-                ver: bench_cli::buffers::Versions::new(PS, PAGES as u64, false),
+                ver: bench_core::buffers::Versions::new(PS, PAGES as u64, false),
                 page_size: PS,
                 max_inflight: tx,
                 batch: knobs.batch as usize,

@@ -6,25 +6,27 @@ use std::time::Duration;
 use serde::Serialize;
 use transport_core::Transport;
 
-use crate::backend::{dispatch, WithTransport};
+use bench_coord::backend::{dispatch, WithTransport};
+use bench_coord::ranks::{self, RunCfg};
+use bench_coord::session::{self, ClientOut, ServerCfg};
+use bench_core::config::{Backend, MemKind};
+use bench_core::error::{Error, Result};
+use bench_core::plan::Plan;
+use bench_core::report::{self, RunReport};
+use bench_core::side::SideCfg;
+use bench_core::topo_glue;
+use bench_report::gate::GateResult;
+use bench_report::outputs::{self, Done, OutputSpec};
+
 use crate::cli::{
-    Cli, ClientArgs, Command, Common, CompareArgs, LoopbackArgs, ServerArgs, TopoArgs,
+    Cli, ClientArgs, Command, Common, CompareArgs, LoopbackArgs, RunArgs, ServerArgs, TopoArgs,
 };
-use crate::config::{Backend, MemKind};
-use crate::error::{Error, Result};
-use crate::gate::GateResult;
-use crate::outputs::{self, Done};
-use crate::plan::Plan;
-use crate::report::{self, RunReport};
-use crate::session::{self, ClientOut, ServerCfg};
-use crate::side::SideCfg;
-use crate::topo_glue;
 
 /// Run the command line; print the result or the error; the process exit code.
 pub fn main_with(cli: Cli) -> ExitCode {
     if let Command::Doctor(a) = &cli.cmd {
         // Its own exit statuses: 0 ok, 1 warnings, 2 failures.
-        return crate::doctor::main(a);
+        return bench_doctor::main(&a.into());
     }
     set_provider_env(&cli);
     match run(cli) {
@@ -62,7 +64,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Compare(a) => compare(a),
         // main_with runs doctor itself (it has exit statuses of its own).
         Command::Doctor(_) => Ok(()),
-        Command::Run(a) => crate::ranks::run(a),
+        Command::Run(a) => run_rank(a),
     }
 }
 
@@ -79,17 +81,12 @@ fn idle(c: &Common) -> Result<Duration> {
     Ok(Duration::from_secs_f64(c.idle_timeout))
 }
 
-pub(crate) fn side_cfg(
-    c: &Common,
-    provider: Option<String>,
-    devices: Vec<String>,
-) -> Result<SideCfg> {
+fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Result<SideCfg> {
     let nics_per_gpu = match c.nics_per_gpu {
         Some(n) => n,
-        None => crate::instances::default_nics_per_gpu(
-            crate::instances::local(),
-            c.backend,
-            provider.as_deref(),
+        None => bench_doctor::instances::default_nics_per_gpu(
+            bench_doctor::instances::local(),
+            c.backend.nic_driver(provider.as_deref()),
         ),
     };
     let cfg = SideCfg {
@@ -109,8 +106,8 @@ pub(crate) fn side_cfg(
             Some(path) => Some(topo_glue::hints_from(path)?),
             None => topo_glue::hints(),
         },
-        verbs_opts: match (c.backend, std::env::var(crate::side::VERBS_OPTS_ENV)) {
-            (Backend::Verbs, Ok(v)) => crate::side::parse_verbs_opts(&v)?,
+        verbs_opts: match (c.backend, std::env::var(bench_core::side::VERBS_OPTS_ENV)) {
+            (Backend::Verbs, Ok(v)) => bench_core::side::parse_verbs_opts(&v)?,
             _ => Default::default(),
         },
     };
@@ -178,8 +175,8 @@ fn default_provider(c: &Common) -> Option<String> {
 fn report_runs(
     reports: Vec<RunReport>,
     plan: &Plan,
-    out: &outputs::OutputArgs,
-    gate: Option<&crate::gate::GateSpec>,
+    out: &OutputSpec,
+    gate: Option<&bench_report::gate::GateSpec>,
     json: bool,
 ) -> Result<()> {
     let ladder = plan.ladder;
@@ -200,8 +197,9 @@ fn print_runs(reports: &[RunReport], json: bool, ladder: bool, gate: Option<&Gat
 }
 
 fn loopback(a: LoopbackArgs) -> Result<()> {
-    let plan = Plan::new(&a.work, true)?;
-    let gate = a.out.prepare(plan.workload.name())?;
+    let plan = Plan::new(&(&a.work).into(), true)?;
+    let out_spec = OutputSpec::from(&a.out);
+    let gate = out_spec.prepare(plan.workload.name())?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
     let out = dispatch(
         a.common.backend,
@@ -212,7 +210,7 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    report_runs(out.reports, &plan, &a.out, gate.as_ref(), a.common.json)
+    report_runs(out.reports, &plan, &out_spec, gate.as_ref(), a.common.json)
 }
 
 struct Serve<'a> {
@@ -277,14 +275,15 @@ fn client(a: ClientArgs) -> Result<()> {
             "--connect-timeout: seconds, more than 0".into(),
         ));
     }
-    let plan = Plan::new(&a.work, false)?;
-    let gate = a.out.prepare(plan.workload.name())?;
+    let plan = Plan::new(&(&a.work).into(), false)?;
+    let out_spec = OutputSpec::from(&a.out);
+    let gate = out_spec.prepare(plan.workload.name())?;
     let cfg = side_cfg(
         &a.common,
         a.common.provider.clone(),
         a.common.devices.clone(),
     )?;
-    if !crate::backend::built().contains(&a.common.backend.name()) {
+    if !bench_coord::backend::built().contains(&a.common.backend.name()) {
         // Say so before touching the network.
         return dispatch(a.common.backend, Noop).map(|_| ());
     }
@@ -298,7 +297,7 @@ fn client(a: ClientArgs) -> Result<()> {
             json: a.common.json,
         },
     )?;
-    report_runs(out.reports, &plan, &a.out, gate.as_ref(), a.common.json)
+    report_runs(out.reports, &plan, &out_spec, gate.as_ref(), a.common.json)
 }
 
 struct Noop;
@@ -333,14 +332,15 @@ fn compare(a: CompareArgs) -> Result<()> {
                 .into(),
         ));
     }
-    let plan = Plan::new(&a.work, true)?;
+    let plan = Plan::new(&(&a.work).into(), true)?;
     if plan.rounds > 1 {
         return Err(Error::Usage(
             "--rounds: loopback and client repeat a plan in rounds; compare runs it once per pair"
                 .into(),
         ));
     }
-    let gate = a.out.prepare(plan.workload.name())?;
+    let out_spec = OutputSpec::from(&a.out);
+    let gate = out_spec.prepare(plan.workload.name())?;
     let mut rows: Vec<(String, std::result::Result<RunReport, String>)> = Vec::new();
     for p in &a.pairs {
         let Some(backend) = Backend::parse(&p.backend) else {
@@ -411,7 +411,7 @@ fn compare(a: CompareArgs) -> Result<()> {
         print!("{}", report::render_compare(&rows));
     }
     let finished = outputs::finish(
-        &a.out,
+        &out_spec,
         gate.as_ref(),
         &done,
         verdict.as_ref(),
@@ -430,4 +430,36 @@ fn compare(a: CompareArgs) -> Result<()> {
             failed.join(", ")
         )))
     }
+}
+
+/// `rdma-bench run`: this rank's side and the job's plan, then the rank; rank 0 prints the
+/// job's table (or `--json`).
+fn run_rank(a: RunArgs) -> Result<()> {
+    let plan = Plan::new(&(&a.work).into(), true)?;
+    let side = side_cfg(
+        &a.common,
+        a.common.provider.clone(),
+        a.common.devices.clone(),
+    )?;
+    let cfg = RunCfg {
+        side,
+        plan,
+        pattern: a.pattern,
+        rendezvous: a.rendezvous,
+        rendezvous_timeout: a.rendezvous_timeout,
+        gpu_per_rank: a.gpu_per_rank,
+        provider: a.common.provider.clone().unwrap_or_default(),
+    };
+    if let Some(rep) = ranks::run(cfg)? {
+        if a.common.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&rep)
+                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            );
+        } else {
+            print!("{}", ranks::render(&rep));
+        }
+    }
+    Ok(())
 }

@@ -1,12 +1,26 @@
-//! The command line (clap derive). Vocabulary follows perftest where it has a word:
-//! `-s` size, `-n` iterations.
+//! The command line (clap derive), and the mapping from its flags to the libraries' configs.
+//! Vocabulary follows perftest where it has a word: `-s` size, `-n` iterations.
 
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Backend, LatOp, MemKind, Threads, Workload};
-use crate::units::{GpuList, Pair, Size};
+use bench_core::config::{Backend, Choice, LatOp, MemKind, Pattern, Threads, Workload};
+use bench_core::plan::WorkloadSpec;
+use bench_core::units::{GpuList, Pair, Size};
+use bench_doctor::DoctorCfg;
+use bench_report::outputs::OutputSpec;
+
+/// A flag's parser for one of bench-core's [`Choice`] sets: their names are the values it
+/// takes and `--help` lists, each with its line of help.
+fn choice<T: Choice>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::ALL.iter().map(|v| match v.help() {
+        "" => PossibleValue::new(v.name()),
+        h => PossibleValue::new(v.name()).help(h),
+    }))
+    .try_map(|s| T::from_name(&s).ok_or_else(|| format!("{s:?}: not one of the values listed")))
+}
 
 /// One RDMA benchmark for every backend: EFA (libfabric) and verbs, GPU or host memory,
 /// with each step of the 3200 Gbps write-up as a knob.
@@ -31,9 +45,9 @@ pub enum Command {
     Compare(CompareArgs),
     /// Check this node before a run: RDMA devices and links, libfabric, GPU memory paths,
     /// PCIe, IOMMU, NUMA placement, FI_*/NCCL_* settings. Exit 0 ok, 1 warnings, 2 failures.
-    Doctor(crate::doctor::DoctorArgs),
+    Doctor(DoctorArgs),
     /// One rank of N, started by srun, mpirun or torchrun-style env: all-to-all, incast, ...
-    Run(crate::ranks::RunArgs),
+    Run(RunArgs),
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -59,7 +73,7 @@ pub struct TopoArgs {
 #[derive(Debug, Clone, Args)]
 pub struct Common {
     /// Transport backend.
-    #[arg(long, value_enum, default_value_t = Backend::Efa)]
+    #[arg(long, value_parser = choice::<Backend>(), default_value = "efa")]
     pub backend: Backend,
     /// libfabric provider for the efa backend: efa, shm, tcp, ...
     #[arg(long, value_name = "NAME")]
@@ -79,12 +93,12 @@ pub struct Common {
     pub gpus: GpuList,
     /// NICs per GPU: each GPU's endpoints, round-robined over its NIC group. Default: on a
     /// known instance type with its own NICs in use (efa provider, or verbs on ConnectX), that
-    /// type's NICs per GPU from bench-cli/data/instances.toml (p5: 4, p5en: 2, p6-b200: 1);
+    /// type's NICs per GPU from bench-doctor/data/instances.toml (p5: 4, p5en: 2, p6-b200: 1);
     /// else 1.
     #[arg(long, value_name = "N")]
     pub nics_per_gpu: Option<usize>,
     /// Buffer memory.
-    #[arg(long, value_enum, default_value_t = MemKind::Host)]
+    #[arg(long, value_parser = choice::<MemKind>(), default_value = "host")]
     pub mem: MemKind,
     /// Print one JSON object instead of tables.
     #[arg(long)]
@@ -106,7 +120,7 @@ pub struct Common {
 #[derive(Debug, Clone, Args)]
 pub struct WorkloadArgs {
     /// Workload.
-    #[arg(long, value_enum, default_value_t = Workload::Write)]
+    #[arg(long, value_parser = choice::<Workload>(), default_value = "write")]
     pub workload: Workload,
     /// Message or page size (write: 64K, send: 64K, lat: 8, rate: 64).
     #[arg(short = 's', long = "size", value_name = "BYTES")]
@@ -148,10 +162,10 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub no_verify: bool,
     /// Latency operation.
-    #[arg(long, value_enum, default_value_t = LatOp::WriteImm)]
+    #[arg(long, value_parser = choice::<LatOp>(), default_value = "write-imm")]
     pub op: LatOp,
     /// Threads on the side that posts: one, or one per GPU.
-    #[arg(long, value_enum, default_value_t = Threads::One)]
+    #[arg(long, value_parser = choice::<Threads>(), default_value = "one")]
     pub threads: Threads,
     /// Pin each thread to a core near its GPU.
     #[arg(long)]
@@ -192,7 +206,7 @@ pub struct LoopbackArgs {
     #[command(flatten)]
     pub work: WorkloadArgs,
     #[command(flatten)]
-    pub out: crate::outputs::OutputArgs,
+    pub out: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -229,7 +243,7 @@ pub struct ClientArgs {
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub connect_timeout: f64,
     #[command(flatten)]
-    pub out: crate::outputs::OutputArgs,
+    pub out: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -247,5 +261,121 @@ pub struct CompareArgs {
     )]
     pub pairs: Vec<Pair>,
     #[command(flatten)]
-    pub out: crate::outputs::OutputArgs,
+    pub out: OutputArgs,
+}
+
+impl From<&WorkloadArgs> for WorkloadSpec {
+    fn from(w: &WorkloadArgs) -> Self {
+        WorkloadSpec {
+            workload: w.workload,
+            size: w.size.map(|s| s.0),
+            sizes: w.sizes.iter().map(|s| s.0).collect(),
+            iters: w.iters,
+            pages: w.pages,
+            single_buffer: w.single_buffer,
+            imm_every: w.imm_every,
+            seed: w.seed,
+            verify: if w.no_verify {
+                Some(false)
+            } else {
+                w.verify.then_some(true)
+            },
+            op: w.op,
+            threads: w.threads,
+            pin: w.pin,
+            sharded: w.sharded,
+            batch: w.batch,
+            lazy: w.lazy,
+            warmup: w.warmup,
+            no_nic_groups: w.no_nic_groups,
+            ladder: w.ladder,
+            rounds: w.rounds,
+        }
+    }
+}
+
+/// Gate, plot and report flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct OutputArgs {
+    /// Gate against an instance type's line rates (p5, p5e, p5en, p6-b200, p4d, cx7-400):
+    /// every NIC, GPU and the node must reach its threshold (exit status 3 if one does not).
+    #[arg(long, value_name = "TYPE")]
+    pub expect: Option<String>,
+    /// Gate: percent of line rate each NIC, GPU and the node must reach (the table's
+    /// threshold with --expect, else each NIC's reported link speed).
+    #[arg(long, value_name = "PCT")]
+    pub min_pct: Option<f64>,
+    /// Gate: Gbit/s each NIC endpoint must reach (works where no line rate is known, e.g. shm).
+    #[arg(long, value_name = "GBPS")]
+    pub min_gbps: Option<f64>,
+    /// Draw bandwidth against size (--sizes), stage (--ladder) or pair (compare) into an SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Write one self-contained HTML page: tables, gate, plot, topology, node check.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
+    /// The hwloc XML export the report's topology section shows (default: this machine).
+    #[arg(long, value_name = "FILE", requires = "report")]
+    pub report_topology: Option<PathBuf>,
+}
+
+impl From<&OutputArgs> for OutputSpec {
+    fn from(o: &OutputArgs) -> Self {
+        OutputSpec {
+            expect: o.expect.clone(),
+            min_pct: o.min_pct,
+            min_gbps: o.min_gbps,
+            plot: o.plot.clone(),
+            report: o.report.clone(),
+            report_topology: o.report_topology.clone(),
+        }
+    }
+}
+
+/// `rdma-bench doctor` flags.
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Read sysfs and procfs under DIR instead of / (a copy of another node's files, or a
+    /// test fixture); libfabric, which is this process's, is then not checked.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Take the GPU/NIC/NUMA layout from an hwloc XML export instead of this machine.
+    #[arg(long, value_name = "FILE")]
+    pub topology: Option<PathBuf>,
+}
+
+impl From<&DoctorArgs> for DoctorCfg {
+    fn from(a: &DoctorArgs) -> Self {
+        DoctorCfg {
+            json: a.json,
+            root: a.root.clone(),
+            topology: a.topology.clone(),
+        }
+    }
+}
+
+/// `rdma-bench run`'s flags.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub work: WorkloadArgs,
+    /// Who WRITEs to whom.
+    #[arg(long, value_parser = choice::<Pattern>(), default_value = "all-to-all")]
+    pub pattern: Pattern,
+    /// Where rank 0 listens. Default: MASTER_ADDR:MASTER_PORT, else the first node of the
+    /// Slurm step (port from the job id).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub rendezvous: Option<String>,
+    /// Seconds rank 0 waits for every rank to join (and a rank for rank 0).
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub rendezvous_timeout: f64,
+    /// One rank per GPU: this rank drives only GPU number LOCAL_RANK of --gpus (use when the
+    /// launcher starts one rank per GPU). Without it every rank drives all of --gpus.
+    #[arg(long)]
+    pub gpu_per_rank: bool,
 }

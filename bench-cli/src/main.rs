@@ -1,9 +1,14 @@
-//! `rdma-bench`: see `rdma-bench --help`.
+//! `rdma-bench`: see `rdma-bench --help`. The flags ([`cli`]) and their mapping onto the
+//! libraries' configs ([`app`]); everything else lives in bench-core, bench-coord,
+//! bench-report and bench-doctor.
 
 #![forbid(unsafe_code)]
+
+mod app;
+mod cli;
 
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    bench_cli::app::main_with(bench_cli::cli::Cli::parse())
+    app::main_with(cli::Cli::parse())
 }

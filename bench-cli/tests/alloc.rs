@@ -6,11 +6,11 @@
 use std::alloc::System;
 use std::time::{Duration, Instant};
 
-use bench_cli::config::{Knobs, Threads};
-use bench_cli::ctrl::Liveness;
-use bench_cli::proto::NicStats;
-use bench_cli::workload::write::{WriteActive, WriteParts};
-use bench_cli::workload::{drive, NicWork, Polled, RunCtx, Shared};
+use bench_core::config::{Knobs, Threads};
+use bench_core::ctrl::Liveness;
+use bench_core::proto::NicStats;
+use bench_core::workload::write::{WriteActive, WriteParts};
+use bench_core::workload::{drive, NicWork, Polled, RunCtx, Shared};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use transport_core::{
     Completion, CompletionKind, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc, Post,
@@ -34,10 +34,10 @@ impl<W: NicWork> NicWork for WithTarget<'_, W> {
     fn start_phase(&mut self, iters: u64) {
         self.inner.start_phase(iters)
     }
-    fn post(&mut self, max: usize) -> bench_cli::error::Result<usize> {
+    fn post(&mut self, max: usize) -> bench_core::error::Result<usize> {
         self.inner.post(max)
     }
-    fn poll(&mut self, buf: &mut [Completion]) -> bench_cli::error::Result<Polled> {
+    fn poll(&mut self, buf: &mut [Completion]) -> bench_core::error::Result<Polled> {
         let p = self.inner.poll(buf)?;
         let n = self.target.poll(&mut self.tbuf).expect("target poll");
         for c in &self.tbuf[..n] {
@@ -159,7 +159,7 @@ fn steady_state_allocates_nothing() {
             peer,
             remote,
             slots: (0..PAGES as u32).rev().collect(),
-            ver: bench_cli::buffers::Versions::new(PS, PAGES as u64, false),
+            ver: bench_core::buffers::Versions::new(PS, PAGES as u64, false),
             page_size: PS,
             max_inflight: tx,
             batch: knobs.batch as usize,

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bench_cli::doctor::lf::Libfabric;
-use bench_cli::doctor::{self, Inputs, Report, Status};
+use bench_doctor::lf::Libfabric;
+use bench_doctor::{self as doctor, Inputs, Report, Status};
 
 /// A fake machine root: sysfs and procfs files as the kernel shows them.
 struct Fx {

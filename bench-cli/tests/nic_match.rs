@@ -18,10 +18,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bench_cli::config::{Backend, MemKind};
-use bench_cli::instances;
-use bench_cli::side::SideCfg;
-use bench_cli::topo_glue::from_topology;
+use bench_core::config::{Backend, MemKind};
+use bench_core::side::SideCfg;
+use bench_core::topo_glue::from_topology;
+use bench_doctor::instances;
 use transport_efa::{match_nic, DomainInfo, Pci};
 
 /// What libfabric's efa provider (2.x) offers on a node with these NICs.
@@ -47,7 +47,7 @@ fn efa_offer(t: &topo::Topology) -> Vec<DomainInfo> {
 fn check_node(path: &Path, instance: &str) {
     let t = topo::from_xml(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let inst = instances::by_name(instance).expect("instance");
-    let npg = instances::default_nics_per_gpu(Some(inst), Backend::Efa, None);
+    let npg = instances::default_nics_per_gpu(Some(inst), Backend::Efa.nic_driver(None));
     let offer = efa_offer(&t);
     assert!(
         offer

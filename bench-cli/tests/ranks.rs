@@ -8,8 +8,8 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bench_cli::config::{Knobs, MemKind, Pattern, Workload};
-use bench_cli::proto::{self, Join, Msg, RankSpec, RunSpec};
+use bench_core::config::{Knobs, MemKind, Pattern, Workload};
+use bench_core::proto::{self, Join, Msg, RankSpec, RunSpec};
 use common::*;
 
 const SMALL_RUN: &[&str] = &["-s", "4K", "--pages", "16", "-n", "3"];

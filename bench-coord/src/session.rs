@@ -8,18 +8,18 @@ use std::time::{Duration, Instant};
 
 use transport_core::{Completion, CompletionKind, LocalSlice, Transport};
 
-use crate::buffers::{self, PageLayout};
-use crate::config::{LatOp, Workload};
-use crate::ctrl::{Ctrl, Watchdog, IO_TIMEOUT};
-use crate::error::{Error, Result, TransportContext};
-use crate::plan::{Plan, Planned};
-use crate::proto::{Done, Hello, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
-use crate::report::{self, NicReport, Progress, RunReport};
-use crate::side::{Side, SideCfg};
-use crate::workload::lat::{one_way_stats, PingPong};
-use crate::workload::send::{self, RecvNic, SendActive, SendParts};
-use crate::workload::write::{self, WriteActive, WriteParts};
-use crate::workload::{group, run_active};
+use bench_core::buffers::{self, PageLayout};
+use bench_core::config::{LatOp, Workload};
+use bench_core::ctrl::{Ctrl, Watchdog, IO_TIMEOUT};
+use bench_core::error::{Error, Result, TransportContext};
+use bench_core::plan::{Plan, Planned};
+use bench_core::proto::{Done, Hello, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
+use bench_core::report::{self, NicReport, Progress, RunReport};
+use bench_core::side::{Side, SideCfg};
+use bench_core::workload::lat::{one_way_stats, PingPong};
+use bench_core::workload::send::{self, RecvNic, SendActive, SendParts};
+use bench_core::workload::write::{self, WriteActive, WriteParts};
+use bench_core::workload::{group, run_active};
 
 /// How long a side waits for the other to prepare a run (allocate, fill, post receives).
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -292,7 +292,11 @@ fn run_one<T: Transport>(
     let size = p.size as usize;
     let label = match &p.stage {
         Some(s) => format!("{} {s}", plan.workload),
-        None => format!("{} {}", plan.workload, crate::units::human_bytes(p.size)),
+        None => format!(
+            "{} {}",
+            plan.workload,
+            bench_core::units::human_bytes(p.size)
+        ),
     };
     let mut progress = Progress::new(label, json);
     let mut lat = None;

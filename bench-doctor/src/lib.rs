@@ -6,7 +6,11 @@
 //! tree), except what only this process can know: the libfabric it loaded (skipped under
 //! `--root`) and, without `--topology`, hwloc's view of the live machine.
 
+#![forbid(unsafe_code)]
+
 pub mod env;
+pub mod error;
+pub mod instances;
 pub mod lf;
 pub mod sys;
 
@@ -14,24 +18,20 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+pub use crate::error::{Error, Result};
 use sys::{Facts, Limit, Sys};
 
-/// `rdma-bench doctor` flags.
-#[derive(Debug, Clone, Args)]
-pub struct DoctorArgs {
+/// What the doctor reads and how it prints (`rdma-bench doctor`'s flags).
+#[derive(Debug, Clone, Default)]
+pub struct DoctorCfg {
     /// Print one JSON object instead of the table.
-    #[arg(long)]
     pub json: bool,
-    /// Read sysfs and procfs under DIR instead of / (a copy of another node's files, or a
-    /// test fixture); libfabric, which is this process's, is then not checked.
-    #[arg(long, value_name = "DIR")]
+    /// Read sysfs and procfs under this directory instead of / (a copy of another node's
+    /// files, or a test fixture); libfabric, which is this process's, is then not checked.
     pub root: Option<PathBuf>,
     /// Take the GPU/NIC/NUMA layout from an hwloc XML export instead of this machine.
-    #[arg(long, value_name = "FILE")]
     pub topology: Option<PathBuf>,
 }
 
@@ -1030,7 +1030,7 @@ fn collect_env() -> Vec<(String, String)> {
 }
 
 /// Gather the inputs `a` asks for: this machine, or files under `--root`.
-pub fn inputs(a: &DoctorArgs) -> Result<Inputs> {
+pub fn inputs(a: &DoctorCfg) -> Result<Inputs> {
     let root = a.root.clone().unwrap_or_else(|| PathBuf::from("/"));
     if !sys::is_dir(&root) {
         return Err(Error::Usage(format!(
@@ -1055,7 +1055,7 @@ pub fn inputs(a: &DoctorArgs) -> Result<Inputs> {
 }
 
 /// `rdma-bench doctor`: print the verdict, exit 0/1/2.
-pub fn main(a: &DoctorArgs) -> ExitCode {
+pub fn main(a: &DoctorCfg) -> ExitCode {
     let inp = match inputs(a) {
         Ok(i) => i,
         Err(e) => {

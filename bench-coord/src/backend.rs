@@ -2,10 +2,10 @@
 
 use transport_core::Transport;
 
-use crate::config::Backend;
+use bench_core::config::Backend;
 #[cfg(not(all(feature = "efa", feature = "verbs")))]
-use crate::error::Error;
-use crate::error::Result;
+use bench_core::error::Error;
+use bench_core::error::Result;
 
 /// Work that runs on whichever backend is chosen at run time.
 pub trait WithTransport {
@@ -20,7 +20,7 @@ pub fn dispatch<W: WithTransport>(backend: Backend, w: W) -> Result<W::Output> {
         Backend::Efa => {
             #[cfg(feature = "efa")]
             {
-                crate::ctrl::on_abandon(transport_efa::exit_abandoning_endpoints);
+                bench_core::ctrl::on_abandon(transport_efa::exit_abandoning_endpoints);
                 w.call::<transport_efa::Endpoint>()
             }
             #[cfg(not(feature = "efa"))]

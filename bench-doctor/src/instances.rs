@@ -1,4 +1,4 @@
-//! The per-instance line-rate table (`bench-cli/data/instances.toml`, compiled in): what
+//! The per-instance line-rate table (`bench-doctor/data/instances.toml`, compiled in): what
 //! `--expect NAME` gates against and what `rdma-bench doctor` counts NICs against.
 
 use std::sync::OnceLock;
@@ -126,24 +126,15 @@ pub fn local() -> Option<&'static Instance> {
 }
 
 /// Endpoints per GPU when `--nics-per-gpu` is not given: on a known instance type whose NICs
-/// the run uses (EFA through libfabric's efa provider, ConnectX through verbs), that type's
-/// NICs per GPU, rounded up (p5: 4, p5en: 2, p6-b200: 1; p4d's GPUs share one NIC per two:
-/// 1); otherwise 1. A p5 run that opened one endpoint per GPU used 8 of its 32 EFAs.
-pub fn default_nics_per_gpu(
-    instance: Option<&Instance>,
-    backend: crate::config::Backend,
-    provider: Option<&str>,
-) -> usize {
-    use crate::config::Backend;
+/// the run uses (`nic_driver`, the driver of the NICs the run goes over: `efa` for libfabric's
+/// efa provider, `mlx5` for ConnectX through verbs, `None` for shm, tcp or Soft-RoCE), that
+/// type's NICs per GPU, rounded up (p5: 4, p5en: 2, p6-b200: 1; p4d's GPUs share one NIC per
+/// two: 1); otherwise 1. A p5 run that opened one endpoint per GPU used 8 of its 32 EFAs.
+pub fn default_nics_per_gpu(instance: Option<&Instance>, nic_driver: Option<&str>) -> usize {
     let Some(i) = instance else {
         return 1;
     };
-    let uses_its_nics = match (i.nic_driver.as_str(), backend) {
-        ("efa", Backend::Efa) => provider.map_or(true, |p| p == "efa"),
-        ("mlx5", Backend::Verbs) => true,
-        _ => false,
-    };
-    if uses_its_nics {
+    if nic_driver == Some(i.nic_driver.as_str()) {
         (i.nics_per_gpu().ceil() as usize).max(1)
     } else {
         1
@@ -193,19 +184,19 @@ mod tests {
 
     /// On a known instance type the default endpoints per GPU are its NICs per GPU, where
     /// the run goes over those NICs; everywhere else 1 (the old default everywhere).
+    /// (`bench_core::config::Backend::nic_driver` says which driver a backend and provider
+    /// use: efa for the efa provider or none named, mlx5 for verbs, none for shm or tcp.)
     #[test]
     fn default_nics_per_gpu_follows_the_instance() {
-        use crate::config::Backend;
-        let n = |name: &str, b, p| default_nics_per_gpu(Some(by_name(name).unwrap()), b, p);
-        assert_eq!(n("p5", Backend::Efa, None), 4);
-        assert_eq!(n("p5", Backend::Efa, Some("efa")), 4);
-        assert_eq!(n("p5en", Backend::Efa, None), 2);
-        assert_eq!(n("p6-b200", Backend::Efa, None), 1);
-        assert_eq!(n("p4d", Backend::Efa, None), 1);
-        assert_eq!(n("p5", Backend::Efa, Some("shm")), 1, "shm uses no NIC");
-        assert_eq!(n("p5", Backend::Verbs, None), 1, "no ConnectX on a p5");
-        assert_eq!(n("cx7-400", Backend::Verbs, None), 1);
-        assert_eq!(default_nics_per_gpu(None, Backend::Efa, None), 1);
+        let n = |name: &str, d| default_nics_per_gpu(Some(by_name(name).unwrap()), d);
+        assert_eq!(n("p5", Some("efa")), 4);
+        assert_eq!(n("p5en", Some("efa")), 2);
+        assert_eq!(n("p6-b200", Some("efa")), 1);
+        assert_eq!(n("p4d", Some("efa")), 1);
+        assert_eq!(n("p5", None), 1, "shm uses no NIC");
+        assert_eq!(n("p5", Some("mlx5")), 1, "no ConnectX on a p5");
+        assert_eq!(n("cx7-400", Some("mlx5")), 1);
+        assert_eq!(default_nics_per_gpu(None, Some("efa")), 1);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The meeting point of `rdma-bench run`: every rank keeps one control connection to rank 0
-//! (the versioned protocol of [`crate::proto`], over [`Ctrl`]).
+//! (the versioned protocol of [`bench_core::proto`], over [`Ctrl`]).
 //!
 //! Rank 0 ([`Hub`]) accepts the other ranks, checks that each was started with the same
 //! version and options, routes endpoint addresses and regions between them, releases
@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::ctrl::{Ctrl, CtrlOpts, Liveness, Watchdog, IO_TIMEOUT};
-use crate::error::{Error, Result, TransportContext};
 use crate::launch::Rendezvous;
-use crate::proto::{self, Frame, Join, LinkWire, Links, Msg, RankDone};
+use bench_core::ctrl::{Ctrl, CtrlOpts, Liveness, Watchdog, IO_TIMEOUT};
+use bench_core::error::{Error, Result, TransportContext};
+use bench_core::proto::{self, Frame, Join, LinkWire, Links, Msg, RankDone};
 
 /// How long a rank waits for an abort after its own data path failed (the failure may be a
 /// consequence of another rank dying; the job should name that rank).

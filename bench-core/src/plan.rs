@@ -1,8 +1,76 @@
-//! From the command line's workload flags to the list of runs a client asks for.
+//! From a workload's settings ([`WorkloadSpec`], what `rdma-bench`'s workload flags fill in)
+//! to the list of runs a client asks for.
 
-use crate::cli::WorkloadArgs;
-use crate::config::{Knobs, LatOp, Workload};
+use crate::config::{Knobs, LatOp, Threads, Workload};
 use crate::error::{Error, Result};
+
+/// What to run and how: the workload and the ladder's knobs. Every field is a flag of
+/// `rdma-bench loopback`, `client`, `compare` and `run` (named beside it); [`Default`] is what
+/// those flags default to.
+#[derive(Clone, Debug)]
+pub struct WorkloadSpec {
+    /// `--workload`.
+    pub workload: Workload,
+    /// `-s`: page or message size; `None`: the workload's default ([`defaults`]).
+    pub size: Option<u64>,
+    /// `--sizes`: a bandwidth-by-size table (non-empty: `size` is not used).
+    pub sizes: Vec<u64>,
+    /// `-n`: repeats of the whole page set (write, rate), messages per NIC (send), round trips
+    /// (lat); with `imm_every` K, immediates (each after K passes over the page set).
+    pub iters: Option<u64>,
+    /// `--pages`: pages per GPU (write, rate).
+    pub pages: Option<u64>,
+    /// `--single-buffer`: one buffer per side, reused by every operation.
+    pub single_buffer: bool,
+    /// `--imm-every`: passes over the page set per immediate (write, rate); 1 by default.
+    pub imm_every: u32,
+    /// `--seed`: of the random page order and of the data pattern.
+    pub seed: u64,
+    /// `--verify` / `--no-verify`: `None` takes the command's default.
+    pub verify: Option<bool>,
+    /// `--op`: the latency workload's operation.
+    pub op: LatOp,
+    /// `--threads`, `--pin`, `--sharded`, `--batch`, `--lazy`: the ladder's knobs.
+    pub threads: Threads,
+    pub pin: bool,
+    pub sharded: bool,
+    pub batch: u32,
+    pub lazy: bool,
+    /// `--warmup`: warm-up iterations; `None`: the workload's default.
+    pub warmup: Option<u32>,
+    /// `--no-nic-groups`: only the first NIC of each GPU's group.
+    pub no_nic_groups: bool,
+    /// `--ladder`: each stage adds one knob to the previous.
+    pub ladder: bool,
+    /// `--rounds`: the whole list this many times, interleaved.
+    pub rounds: u32,
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        WorkloadSpec {
+            workload: Workload::Write,
+            size: None,
+            sizes: Vec::new(),
+            iters: None,
+            pages: None,
+            single_buffer: false,
+            imm_every: 1,
+            seed: 1,
+            verify: None,
+            op: LatOp::WriteImm,
+            threads: Threads::One,
+            pin: false,
+            sharded: false,
+            batch: 16,
+            lazy: false,
+            warmup: None,
+            no_nic_groups: false,
+            ladder: false,
+            rounds: 1,
+        }
+    }
+}
 
 /// One run of a plan.
 #[derive(Clone, Debug)]
@@ -54,7 +122,7 @@ pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
 
 impl Plan {
     /// Build the plan; `verify_default` is on for loopback and compare.
-    pub fn new(w: &WorkloadArgs, verify_default: bool) -> Result<Self> {
+    pub fn new(w: &WorkloadSpec, verify_default: bool) -> Result<Self> {
         let (dsize, dpages, diters, dwarm) = defaults(w.workload);
         let diters = if w.workload == Workload::Send {
             2000
@@ -102,9 +170,9 @@ impl Plan {
             )));
         }
         let sizes: Vec<u64> = if !w.sizes.is_empty() {
-            w.sizes.iter().map(|s| s.0).collect()
+            w.sizes.clone()
         } else {
-            vec![w.size.map_or(dsize, |s| s.0)]
+            vec![w.size.unwrap_or(dsize)]
         };
         if let Some(z) = sizes.iter().find(|&&s| s == 0) {
             return Err(Error::Usage(format!("size {z}: must be at least 1 byte")));
@@ -166,11 +234,7 @@ impl Plan {
             workload: w.workload,
             op: w.op,
             seed: w.seed,
-            verify: if w.no_verify {
-                false
-            } else {
-                w.verify || verify_default
-            },
+            verify: w.verify.unwrap_or(verify_default),
             ladder: w.ladder,
             single_buffer: w.single_buffer,
             imm_every: w.imm_every,

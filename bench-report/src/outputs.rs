@@ -4,36 +4,29 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::Args;
-
-use crate::error::{Error, Result, TransportContext};
 use crate::gate::{self, GateResult, GateSpec};
 use crate::html;
 use crate::plot;
-use crate::report::RunReport;
+use bench_core::error::{Error, Result, TransportContext};
+use bench_core::report::RunReport;
 
-/// Gate, plot and report flags.
-#[derive(Debug, Clone, Default, Args)]
-pub struct OutputArgs {
+/// What to do after the runs (`rdma-bench`'s `--expect`, `--min-pct`, `--min-gbps`, `--plot`,
+/// `--report`, `--report-topology`).
+#[derive(Debug, Clone, Default)]
+pub struct OutputSpec {
     /// Gate against an instance type's line rates (p5, p5e, p5en, p6-b200, p4d, cx7-400):
-    /// every NIC, GPU and the node must reach its threshold (exit status 3 if one does not).
-    #[arg(long, value_name = "TYPE")]
+    /// every NIC, GPU and the node must reach its threshold.
     pub expect: Option<String>,
     /// Gate: percent of line rate each NIC, GPU and the node must reach (the table's
-    /// threshold with --expect, else each NIC's reported link speed).
-    #[arg(long, value_name = "PCT")]
+    /// threshold with `expect`, else each NIC's reported link speed).
     pub min_pct: Option<f64>,
     /// Gate: Gbit/s each NIC endpoint must reach (works where no line rate is known, e.g. shm).
-    #[arg(long, value_name = "GBPS")]
     pub min_gbps: Option<f64>,
-    /// Draw bandwidth against size (--sizes), stage (--ladder) or pair (compare) into an SVG.
-    #[arg(long, value_name = "FILE.svg")]
+    /// Draw bandwidth against size, stage or pair into this SVG file.
     pub plot: Option<PathBuf>,
     /// Write one self-contained HTML page: tables, gate, plot, topology, node check.
-    #[arg(long, value_name = "FILE.html")]
     pub report: Option<PathBuf>,
     /// The hwloc XML export the report's topology section shows (default: this machine).
-    #[arg(long, value_name = "FILE", requires = "report")]
     pub report_topology: Option<PathBuf>,
 }
 
@@ -51,7 +44,7 @@ fn check_dir(flag: &str, p: &Path) -> Result<()> {
     Ok(())
 }
 
-impl OutputArgs {
+impl OutputSpec {
     /// Check the flags before anything runs; the gate they ask for.
     pub fn prepare(&self, workload: &str) -> Result<Option<GateSpec>> {
         let spec = GateSpec::from_flags(self.expect.as_deref(), self.min_pct, self.min_gbps)?;
@@ -135,7 +128,7 @@ fn line_rate(
 /// Write the plot and the report, print the gate table (unless `json`), and fail when the
 /// gate does.
 pub fn finish(
-    o: &OutputArgs,
+    o: &OutputSpec,
     spec: Option<&GateSpec>,
     d: &Done<'_>,
     gate: Option<&GateResult>,
@@ -174,13 +167,9 @@ pub fn finish(
             .map(|(_, t)| plot::topology_svg(t))
             .transpose()?;
         // The node check is of this machine, whatever topology the page shows.
-        let doctor = crate::doctor::inputs(&crate::doctor::DoctorArgs {
-            json: false,
-            root: None,
-            topology: None,
-        })
-        .ok()
-        .map(|i| crate::doctor::run(&i));
+        let doctor = bench_doctor::inputs(&bench_doctor::DoctorCfg::default())
+            .ok()
+            .map(|i| bench_doctor::run(&i));
         let page = html::Page {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             runs: d.runs.clone(),

@@ -4,51 +4,47 @@
 //!
 //! The rank finds its place in the job ([`crate::launch`]), meets the others at rank 0
 //! ([`crate::rendezvous`]), and runs the `write` workload's WRITEs over links to its peers
-//! ([`crate::workload::ranks`]). Rank 0 prints one table (or `--json`) for the whole job:
+//! ([`bench_core::workload::ranks`]). Rank 0 prints one table (or `--json`) for the whole job:
 //! per rank and per NIC, min/median/max across ranks, and the slowest rank and NIC.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use clap::Args;
 use serde::Serialize;
 use transport_core::{Completion, Transport};
 
 use crate::backend::{dispatch, WithTransport};
-use crate::buffers::PageLayout;
-use crate::cli::{Common, WorkloadArgs};
-use crate::config::{Knobs, Pattern, Workload};
-use crate::error::{Error, Result};
 use crate::launch::{self, Launch, Launcher, Rendezvous};
-use crate::plan::Plan;
-use crate::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, VERSION};
 use crate::rendezvous::{self, Coord, Hub, Leaf, Member};
-use crate::report::gbps;
-use crate::side::SideCfg;
-use crate::units::{human_bytes, GpuList};
-use crate::workload::ranks::{self as data, Link, Phase};
+use bench_core::buffers::PageLayout;
+use bench_core::config::{Knobs, Pattern, Workload};
+use bench_core::error::{Error, Result};
+use bench_core::plan::Plan;
+use bench_core::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, VERSION};
+use bench_core::report::gbps;
+use bench_core::side::SideCfg;
+use bench_core::units::human_bytes;
+use bench_core::workload::ranks::{self as data, Link, Phase};
 
-/// `rdma-bench run`'s flags.
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub common: Common,
-    #[command(flatten)]
-    pub work: WorkloadArgs,
+/// One rank's `rdma-bench run` (what its flags say once parsed).
+#[derive(Debug)]
+pub struct RunCfg {
+    /// This rank's endpoints, NICs and memory, over every GPU of `--gpus`
+    /// (`gpu_per_rank` narrows it to this rank's).
+    pub side: SideCfg,
+    /// The runs, the same on every rank.
+    pub plan: Plan,
     /// Who WRITEs to whom.
-    #[arg(long, value_enum, default_value_t = Pattern::AllToAll)]
     pub pattern: Pattern,
-    /// Where rank 0 listens. Default: MASTER_ADDR:MASTER_PORT, else the first node of the
+    /// Where rank 0 listens. `None`: MASTER_ADDR:MASTER_PORT, else the first node of the
     /// Slurm step (port from the job id).
-    #[arg(long, value_name = "HOST:PORT")]
     pub rendezvous: Option<String>,
     /// Seconds rank 0 waits for every rank to join (and a rank for rank 0).
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub rendezvous_timeout: f64,
-    /// One rank per GPU: this rank drives only GPU number LOCAL_RANK of --gpus (use when the
-    /// launcher starts one rank per GPU). Without it every rank drives all of --gpus.
-    #[arg(long)]
+    /// One rank per GPU: this rank drives only GPU number LOCAL_RANK of `side.gpus`.
     pub gpu_per_rank: bool,
+    /// The provider asked for (part of the options every rank must share; "" for none).
+    pub provider: String,
 }
 
 struct Job<'a> {
@@ -69,8 +65,9 @@ impl WithTransport for Job<'_> {
     }
 }
 
-/// The `run` subcommand.
-pub fn run(a: RunArgs) -> Result<()> {
+/// The `run` subcommand: this rank's part of the job. Rank 0 returns the job's report, the
+/// other ranks `None`.
+pub fn run(a: RunCfg) -> Result<Option<JobReport>> {
     let env = |k: &str| std::env::var(k).ok();
     let launch = launch::detect(&env)?;
     let rdv = launch::rendezvous(a.rendezvous.as_deref(), &env)?;
@@ -80,7 +77,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "--rendezvous-timeout: seconds, more than 0".into(),
         ));
     }
-    let plan = Plan::new(&a.work, true)?;
+    let plan = a.plan;
     if plan.rounds > 1 {
         return Err(Error::Usage(
             "--rounds: loopback and client repeat a plan in rounds; rdma-bench run runs it once"
@@ -105,40 +102,29 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.pattern, launch.world
         )));
     }
-    let mut common = a.common.clone();
+    let mut cfg = a.side;
     if a.gpu_per_rank {
         let l = launch.local_rank as usize;
-        let Some(&g) = common.gpus.0.get(l) else {
+        let Some(&g) = cfg.gpus.get(l) else {
             return Err(Error::Usage(format!(
                 "--gpu-per-rank: local rank {l} has no GPU in --gpus {:?}; list one GPU per rank \
                  of a node",
-                common.gpus.0
+                cfg.gpus
             )));
         };
-        common.gpus = GpuList(vec![g]);
+        cfg.gpus = vec![g];
+        cfg.check()?;
     }
-    let cfg = crate::app::side_cfg(&common, common.provider.clone(), common.devices.clone())?;
     let job = Job {
         cfg: &cfg,
         plan: &plan,
         pattern: a.pattern,
         launch: &launch,
         rdv: &rdv,
-        provider: common.provider.clone().unwrap_or_default(),
+        provider: a.provider,
         timeout: Duration::from_secs_f64(t),
     };
-    if let Some(rep) = dispatch(common.backend, job)? {
-        if common.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&rep)
-                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-            );
-        } else {
-            print!("{}", render(&rep));
-        }
-    }
-    Ok(())
+    dispatch(cfg.backend, job)
 }
 
 fn layout(plan: &Plan, i: usize, npg: usize) -> PageLayout {
@@ -224,7 +210,7 @@ fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
             // thread stuck inside it, can hang or crash this rank. End here instead, with the
             // message and status main would give.
             eprintln!("rdma-bench: error: {e}");
-            crate::ctrl::abandon(e.exit_code())
+            bench_core::ctrl::abandon(e.exit_code())
         }
     }
 }
@@ -723,7 +709,7 @@ pub fn render(r: &JobReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::LinkStats;
+    use bench_core::proto::LinkStats;
 
     fn done(rank: u32, tx: &[(u32, u64, f64)], rx: &[(u32, u64, f64)]) -> RankDone {
         let mut links = Vec::new();

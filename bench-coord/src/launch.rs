@@ -8,9 +8,9 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
+use bench_core::error::{Error, Result};
 
-pub use crate::proto::MAX_RANKS;
+pub use bench_core::proto::MAX_RANKS;
 /// Rendezvous port when neither `--rendezvous`, `MASTER_PORT` nor a Slurm job id gives one
 /// (torchrun's default).
 pub const DEFAULT_PORT: u16 = 29500;

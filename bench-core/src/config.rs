@@ -2,11 +2,69 @@
 
 use std::fmt;
 
-use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
+/// A closed set of named values, as a command line offers them: every value, its name and a
+/// line of help. The `rdma-bench` binary turns each into a flag's possible values; this crate
+/// names no command-line parser.
+pub trait Choice: Copy + Send + Sync + 'static {
+    /// Every value, in the order `--help` lists them.
+    const ALL: &'static [Self];
+    /// The value's name on the command line, on the wire and in reports.
+    fn name(self) -> &'static str;
+    /// One line of help for the value (`""`: none).
+    fn help(self) -> &'static str {
+        ""
+    }
+    /// The value called `s`.
+    fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|v| v.name() == s)
+    }
+}
+
+/// `impl Choice` from a list of `Value => ("name", "help")`.
+macro_rules! choice {
+    ($t:ty { $($v:ident => ($name:literal, $help:literal)),+ $(,)? }) => {
+        impl Choice for $t {
+            const ALL: &'static [Self] = &[$(<$t>::$v),+];
+            fn name(self) -> &'static str {
+                match self { $(<$t>::$v => $name),+ }
+            }
+            fn help(self) -> &'static str {
+                match self { $(<$t>::$v => $help),+ }
+            }
+        }
+    };
+}
+
+choice!(Backend {
+    Efa => ("efa", "libfabric (AWS EFA, and the shm and tcp providers anywhere)"),
+    Verbs => ("verbs", "ibverbs RC (ConnectX, Soft-RoCE)"),
+});
+choice!(MemKind { Host => ("host", ""), Cuda => ("cuda", "") });
+choice!(Workload {
+    Write => ("write", "Paged scatter WRITE, one immediate per NIC per repeat (the write-up's transfer)"),
+    Send => ("send", "SEND/RECV bandwidth"),
+    Lat => ("lat", "Ping-pong latency (one-way, half the round trip)"),
+    Rate => ("rate", "Small-message WRITE rate in Mops"),
+});
+choice!(LatOp {
+    WriteImm => ("write-imm", "RDMA WRITE with immediate; the target sees a completion, posts no receive"),
+    Send => ("send", "SEND into a posted receive"),
+});
+choice!(Pattern {
+    Pairwise => ("pairwise", "Rank i with rank i xor 1, both ways"),
+    AllToAll => ("all-to-all", "Every rank WRITEs a slice into every other rank, one immediate per peer (MoE dispatch)"),
+    Incast => ("incast", "Every other rank into rank 0"),
+    Bisection => ("bisection", "The first half with the second half: rank i with rank i + N/2, both ways"),
+});
+choice!(Threads {
+    One => ("one", "One thread polls and posts on every NIC"),
+    PerGpu => ("per-gpu", "One thread per GPU, each driving its GPU's NIC group"),
+});
+
 /// Which `Transport` implementation to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// libfabric (AWS EFA, and the shm and tcp providers anywhere).
@@ -20,6 +78,15 @@ impl Backend {
         match self {
             Backend::Efa => "efa",
             Backend::Verbs => "verbs",
+        }
+    }
+    /// The driver of the NICs a run of this backend and `provider` goes over, as the instance
+    /// table names them: `efa` for libfabric's efa provider (or none named), `mlx5` for verbs;
+    /// `None` for providers that use no NIC of the instance's (shm, tcp).
+    pub fn nic_driver(self, provider: Option<&str>) -> Option<&'static str> {
+        match self {
+            Backend::Efa => provider.map_or(true, |p| p == "efa").then_some("efa"),
+            Backend::Verbs => Some("mlx5"),
         }
     }
     /// Parse a backend name as it arrives from a peer or a `--pairs` entry.
@@ -39,7 +106,7 @@ impl fmt::Display for Backend {
 }
 
 /// Where the benchmark's buffers live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MemKind {
     Host,
@@ -56,7 +123,7 @@ impl fmt::Display for MemKind {
 }
 
 /// What to measure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Workload {
     /// Paged scatter WRITE, one immediate per NIC per repeat (the write-up's transfer).
@@ -87,7 +154,7 @@ impl fmt::Display for Workload {
 }
 
 /// The operation the latency test bounces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LatOp {
     /// RDMA WRITE with immediate; the target sees a completion, posts no receive.
@@ -106,7 +173,7 @@ impl fmt::Display for LatOp {
 }
 
 /// Who WRITEs to whom in `rdma-bench run` (N ranks).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Pattern {
     /// Rank i with rank i xor 1, both ways.
@@ -165,13 +232,19 @@ impl fmt::Display for Pattern {
 }
 
 /// How many threads drive the NICs of the active side.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Threads {
     /// One thread polls and posts on every NIC.
     One,
     /// One thread per GPU, each driving its GPU's NIC group.
     PerGpu,
+}
+
+impl fmt::Display for Threads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(Choice::name(*self))
+    }
 }
 
 /// The optimisation ladder's knobs, one per step of the write-up.
@@ -232,7 +305,41 @@ impl Knobs {
 
 #[cfg(test)]
 mod tests {
-    use super::Pattern;
+    use super::{Backend, Choice, LatOp, MemKind, Pattern, Threads, Workload};
+
+    /// The instance's NICs count for a run that goes over them: the efa provider (or none
+    /// named, which picks efa where it exists) and verbs; shm and tcp use none of them.
+    #[test]
+    fn the_nic_driver_follows_backend_and_provider() {
+        assert_eq!(Backend::Efa.nic_driver(None), Some("efa"));
+        assert_eq!(Backend::Efa.nic_driver(Some("efa")), Some("efa"));
+        assert_eq!(Backend::Efa.nic_driver(Some("shm")), None);
+        assert_eq!(Backend::Efa.nic_driver(Some("tcp")), None);
+        assert_eq!(Backend::Verbs.nic_driver(None), Some("mlx5"));
+    }
+
+    /// Every choice's name parses back to it, and matches its `Display` and serde name (the
+    /// command line, the wire and the report say the same word).
+    #[test]
+    fn choice_names_round_trip() {
+        fn check<T: Choice + std::fmt::Display + serde::Serialize + PartialEq + std::fmt::Debug>() {
+            for &v in T::ALL {
+                assert_eq!(T::from_name(v.name()), Some(v));
+                assert_eq!(v.to_string(), v.name());
+                assert_eq!(
+                    serde_json::to_string(&v).unwrap(),
+                    format!("\"{}\"", v.name())
+                );
+            }
+            assert_eq!(T::from_name("bogus"), None);
+        }
+        check::<Backend>();
+        check::<MemKind>();
+        check::<Workload>();
+        check::<LatOp>();
+        check::<Pattern>();
+        check::<Threads>();
+    }
 
     #[test]
     fn patterns() {

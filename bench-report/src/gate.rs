@@ -10,10 +10,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::instances::{self, Instance};
-use crate::report::RunReport;
-use crate::units::human_bytes;
+use bench_core::error::{Error, Result};
+use bench_core::report::RunReport;
+use bench_core::units::human_bytes;
+use bench_doctor::instances::{self, Instance};
 
 /// What a run must reach.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,7 +47,13 @@ impl GateSpec {
                 )));
             }
         }
-        let expect = expect.map(instances::by_name).transpose()?;
+        let expect = expect
+            .map(instances::by_name)
+            .transpose()
+            .map_err(|e| match e {
+                bench_doctor::Error::Usage(m) => Error::Usage(m),
+                bench_doctor::Error::Unavailable(m) => Error::Unavailable(m),
+            })?;
         if expect.is_none() && min_pct.is_none() && min_gbps.is_none() {
             return Ok(None);
         }
@@ -402,8 +408,8 @@ pub fn render(g: &GateResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Knobs;
-    use crate::report::NicReport;
+    use bench_core::config::Knobs;
+    use bench_core::report::NicReport;
 
     fn nic(index: usize, gpu: usize, name: &str, gbps: f64, link: Option<f64>) -> NicReport {
         NicReport {

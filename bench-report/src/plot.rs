@@ -4,9 +4,9 @@
 
 use plotters::prelude::*;
 
-use crate::error::{Error, Result};
-use crate::report::RunReport;
-use crate::units::human_bytes;
+use bench_core::error::{Error, Result};
+use bench_core::report::RunReport;
+use bench_core::units::human_bytes;
 
 /// One line of a bandwidth plot.
 #[derive(Clone, Debug)]

@@ -4,10 +4,10 @@
 
 use std::fmt::Write as _;
 
-use crate::doctor;
 use crate::gate::GateResult;
-use crate::report::RunReport;
-use crate::units::human_bytes;
+use bench_core::report::RunReport;
+use bench_core::units::human_bytes;
+use bench_doctor as doctor;
 
 /// Everything the page shows.
 pub struct Page<'a> {
