@@ -11,9 +11,13 @@
 //!   two sides of a workload talk over.
 //! - [`report`]: measurements, tables and JSON; [`progress`]: the progress bar; [`units`].
 //!
-//! The coordination (server, client, loopback, ranks) is `bench-coord`; the outputs (gate,
-//! plot, HTML) are `bench-report`; the node check is `bench-doctor`; the `rdma-bench` binary
-//! (`bench-cli`) maps its flags onto these crates' configs.
+//! Every setting is a plain struct: a [`side::SideCfg`] says how a side opens its NICs and
+//! memory, a [`plan::WorkloadSpec`] what to run (its [`Default`] is `rdma-bench`'s defaults),
+//! and [`plan::Plan::new`] turns it into the runs. `bench-coord` puts two sides together (in one
+//! process, as server and client, or as N ranks); its crate docs run a verified benchmark from
+//! a program with these structs. The outputs (gate, plot, HTML) are `bench-report`, the node
+//! check is `bench-doctor`, and the `rdma-bench` binary (`bench-cli`) maps its flags onto these
+//! configs.
 
 #![forbid(unsafe_code)]
 

@@ -44,6 +44,27 @@ pub struct SideCfg {
     pub verbs_opts: BTreeMap<String, String>,
 }
 
+impl Default for SideCfg {
+    /// What `rdma-bench`'s flags default to: the efa backend (its default provider), one
+    /// endpoint on GPU (or logical NIC group) 0, host memory, a 10 s idle timeout, and no
+    /// topology (set `hints` from [`crate::topo_glue::hints`] to place NICs and threads).
+    fn default() -> Self {
+        SideCfg {
+            backend: Backend::Efa,
+            provider: None,
+            devices: Vec::new(),
+            options: Vec::new(),
+            gpus: vec![0],
+            nics_per_gpu: 1,
+            mem: MemKind::Host,
+            verbose: 0,
+            idle: Duration::from_secs(10),
+            hints: None,
+            verbs_opts: BTreeMap::new(),
+        }
+    }
+}
+
 /// `key=value,...` options handed to every verbs NIC: transport-verbs' `NicDesc::options`
 /// (`timeout`, `retry_cnt`, `rnr_retry`, `min_rnr_timer`, `sl`, `traffic_class`, ...).
 pub const VERBS_OPTS_ENV: &str = "RDMA_BENCH_VERBS_OPTS";
