@@ -2,6 +2,9 @@
 //! middle of a transfer, garbage addresses), the two-queue-pair design (immediates never take
 //! a receive buffer), several peers, batching, device selection.
 //!
+//! One file (about 800 lines): every test here runs on the same two devices of one VM and
+//! shares its setup helpers; splitting it would split that harness, not the concern.
+//!
 //! Same environment as `conformance.rs`: `VERBS_DEV0/1`, `VERBS_GID0/1`; skipped without a
 //! device unless `CONFORMANCE_REQUIRE_DEVICE=1`.
 
