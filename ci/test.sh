@@ -31,7 +31,7 @@ RT=0 RDMA_BENCH=${CARGO_TARGET_DIR:-target}/debug/rdma-bench ci/compare-ref.sh -
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 for v in ${LIBFABRIC_VERSIONS-2.1.0 2.6.0}; do
-  step "libfabric $v: build (cached), then the transport-efa and rdma-bench tests"
+  step "libfabric $v: build (cached), then the transport-efa, bench-coord (its docs example) and rdma-bench tests"
   if [ ! -f ../shared/libfabric/libfabric-$v.tar.xz ] && [ -z "${LIBFABRIC_SRC:-}" ]; then
     echo "libfabric $v: SKIPPED, no ../shared/libfabric/libfabric-$v.tar.xz beside the checkout"
     continue
@@ -39,7 +39,7 @@ for v in ${LIBFABRIC_VERSIONS-2.1.0 2.6.0}; do
   prefix=$(ci/libfabric.sh "$v")
   PKG_CONFIG_PATH=$prefix/lib/pkgconfig LD_LIBRARY_PATH=$prefix/lib \
     LIBFABRIC_EXPECT=${v%.*} \
-    cargo test --target-dir "${CARGO_TARGET_DIR:-target}-lf-$v" -p transport-efa -p bench-cli
+    cargo test --target-dir "${CARGO_TARGET_DIR:-target}-lf-$v" -p transport-efa -p bench-coord -p bench-cli
 done
 if [ -n "${SKIP_EFA_SIM:-}" ]; then
   echo "efa-sim: SKIPPED (SKIP_EFA_SIM)"
