@@ -19,7 +19,7 @@ use bench_core::workload::send::{self, RecvNic};
 use bench_core::workload::write;
 
 use super::report::build_report;
-use super::{PREPARE_TIMEOUT, WATCHDOG_GRACE};
+use super::timeouts::{PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
 /// Most receives the send workload keeps posted per NIC.
 const MAX_RECV_DEPTH: u64 = 256;

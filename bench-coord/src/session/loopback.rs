@@ -13,7 +13,7 @@ use bench_core::side::SideCfg;
 
 use super::client::{client, connect, ClientOut};
 use super::server::{session, ServerCfg};
-use super::PREPARE_TIMEOUT;
+use super::timeouts::PREPARE_TIMEOUT;
 
 /// Both sides in this process: a one-session server in a thread, the client in this one.
 pub fn loopback<T: Transport>(

@@ -19,7 +19,7 @@ use bench_core::workload::send::{SendActive, SendParts};
 use bench_core::workload::write::{WriteActive, WriteParts};
 use bench_core::workload::{group, run_active};
 
-use super::WATCHDOG_GRACE;
+use super::timeouts::WATCHDOG_GRACE;
 
 /// How long a failed transfer waits for the control connection to say whether the peer left
 /// (a transfer error and the peer's departure arrive in either order).
