@@ -1,12 +1,6 @@
-//! The meeting point of `rdma-bench run`: every rank keeps one control connection to rank 0
-//! (the versioned protocol of [`bench_core::proto`], over [`Ctrl`]).
-//!
-//! Rank 0 ([`Hub`]) accepts the other ranks, checks that each was started with the same
-//! version and options, routes endpoint addresses and regions between them, releases
-//! barriers and collects results. When a rank dies (its connection closes without `Bye`) or
-//! fails (it sends `Error`), the connection's reader thread tells every other rank at once
-//! with `Abort`, naming the rank; the data path of every rank sees its liveness flag drop, and
-//! the control-connection watchdog ends a rank stuck inside a provider call.
+//! Rank 0's side of the rendezvous ([`Hub`]): it listens, accepts and checks every other
+//! rank's join, routes endpoints between them, and keeps the job's first failure, told to every
+//! rank at once.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -17,11 +11,7 @@ use std::time::{Duration, Instant};
 use crate::launch::Rendezvous;
 use bench_core::ctrl::{Ctrl, CtrlOpts, Liveness, Watchdog, IO_TIMEOUT};
 use bench_core::error::{Error, Result, TransportContext};
-use bench_core::proto::{self, Frame, Join, LinkWire, Links, Msg, RankDone};
-
-/// How long a rank waits for an abort after its own data path failed (the failure may be a
-/// consequence of another rank dying; the job should name that rank).
-const BLAME_WAIT: Duration = Duration::from_secs(1);
+use bench_core::proto::{self, Frame, Join, LinkWire, Links, Msg};
 
 /// How long rank 0 keeps answering late ranks after the rendezvous failed.
 const LINGER: Duration = Duration::from_secs(10);
@@ -85,7 +75,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Send `msg` to every rank but `except` (errors ignored: the job is ending).
-fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
+pub(super) fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
     let mut w = lock(writers);
     for (r, s) in w.iter_mut().enumerate() {
         if Some(r as u32) == except {
@@ -102,7 +92,7 @@ fn broadcast(writers: &Writers, except: Option<u32>, msg: &Msg) {
 ///
 /// The failure is visible ([`check`]) only once every rank has been told: rank 0's main
 /// thread, which learns of it there, may end the process at once.
-fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> bool {
+pub(super) fn fail_job(writers: &Writers, failed: &Failure, rank: u32, message: String) -> bool {
     let mut f = lock(failed);
     if f.is_some() {
         return false;
@@ -129,26 +119,14 @@ fn check(failed: &Failure) -> Result<()> {
 
 /// Rank 0's side: a control connection per rank.
 pub struct Hub {
-    ctrls: Vec<Option<Ctrl>>,
-    writers: Writers,
-    live: Liveness,
-    failed: Failure,
+    pub(super) ctrls: Vec<Option<Ctrl>>,
+    pub(super) writers: Writers,
+    pub(super) live: Liveness,
+    pub(super) failed: Failure,
     /// Every rank reached the last barrier: each has sent its results, so a rank that dies
     /// now fails nothing.
-    complete: Arc<AtomicBool>,
+    pub(super) complete: Arc<AtomicBool>,
     pub members: Vec<Member>,
-}
-
-/// Another rank's side: its connection to rank 0.
-pub struct Leaf {
-    ctrl: Ctrl,
-    rank: u32,
-}
-
-/// Either side.
-pub enum Coord {
-    Root(Hub),
-    Leaf(Leaf),
 }
 
 /// Listen where the other ranks will look for rank 0: the rendezvous address where it is
@@ -242,7 +220,11 @@ fn json_diff(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut
 }
 
 /// The peer end of each of `mine`'s links, from every rank's announced links.
-fn route(rank: u32, mine: &[LinkWire], all: &HashMap<u32, Links>) -> Result<Vec<LinkWire>> {
+pub(super) fn route(
+    rank: u32,
+    mine: &[LinkWire],
+    all: &HashMap<u32, Links>,
+) -> Result<Vec<LinkWire>> {
     let mut out = Vec::with_capacity(mine.len());
     for l in mine {
         let other = all
@@ -447,7 +429,7 @@ impl Hub {
         Ok(())
     }
 
-    fn send(&self, rank: u32, msg: &Msg) -> Result<()> {
+    pub(super) fn send(&self, rank: u32, msg: &Msg) -> Result<()> {
         let mut w = lock(&self.writers);
         match w.get_mut(rank as usize).and_then(|s| s.as_mut()) {
             Some(s) => proto::write_msg(s, msg),
@@ -455,12 +437,12 @@ impl Hub {
         }
     }
 
-    fn check_failed(&self) -> Result<()> {
+    pub(super) fn check_failed(&self) -> Result<()> {
         check(&self.failed)
     }
 
     /// Wait until every other rank sent what `want` accepts, polling (`poll`) meanwhile.
-    fn collect<T>(
+    pub(super) fn collect<T>(
         &mut self,
         timeout: Duration,
         what: &str,
@@ -512,314 +494,6 @@ impl Hub {
             .enumerate()
             .filter_map(|(r, v)| v.map(|v| (r as u32, v)))
             .collect())
-    }
-}
-
-/// Rank 0's connection closing is rank 0's failure.
-fn leaf_err(e: Error) -> Error {
-    match e {
-        Error::PeerGone(m) => Error::RankFailed {
-            rank: 0,
-            message: format!("rank 0 is gone ({m})"),
-        },
-        e => e,
-    }
-}
-
-fn unexpected(what: &str, m: &Msg) -> Error {
-    Error::Protocol(format!("expected {what}, got {}", m.kind()))
-}
-
-impl Leaf {
-    /// Connect to rank 0 (retrying until `timeout`) and join.
-    pub fn join(rdv: &Rendezvous, me: &Join, timeout: Duration, grace: Duration) -> Result<Leaf> {
-        let stream = crate::session::connect(&rdv.to_string(), timeout).map_err(|e| match e {
-            Error::Timeout { after, .. } => Error::Timeout {
-                what: format!(
-                    "rank 0 at {rdv} (from {}); is rank 0 running, and is that its host?",
-                    rdv.from
-                ),
-                after,
-            },
-            e => e,
-        })?;
-        let mut ctrl = Ctrl::with(
-            stream,
-            CtrlOpts {
-                watchdog: Some(Watchdog::Exit(grace)),
-                name: Some("rank 0".into()),
-                ..CtrlOpts::default()
-            },
-        )?;
-        // Rank 0 may die as this rank joins: name it.
-        ctrl.send(&Msg::Join(me.clone())).map_err(leaf_err)?;
-        Ok(Leaf {
-            ctrl,
-            rank: me.rank,
-        })
-    }
-
-    /// The next message; `Abort` becomes the failure of the rank it names.
-    fn recv(&mut self, timeout: Duration, what: &str) -> Result<Msg> {
-        match self.ctrl.recv(timeout, what) {
-            Ok(Msg::Abort { rank, message }) => Err(Error::RankFailed { rank, message }),
-            Ok(m) => Ok(m),
-            Err(e) => Err(leaf_err(e)),
-        }
-    }
-
-    /// Like `recv`, polling meanwhile.
-    fn recv_polling(
-        &mut self,
-        timeout: Duration,
-        what: &str,
-        poll: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<Msg> {
-        let start = Instant::now();
-        loop {
-            poll()?;
-            let m = self.ctrl.try_recv().map_err(leaf_err)?;
-            match m {
-                Some(Msg::Abort { rank, message }) => {
-                    return Err(Error::RankFailed { rank, message })
-                }
-                Some(m) => return Ok(m),
-                None => {}
-            }
-            if start.elapsed() > timeout {
-                return Err(Error::Timeout {
-                    what: what.to_string(),
-                    after: timeout,
-                });
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
-impl Coord {
-    /// Every rank's endpoints to rank 0; back to each rank the peer ends of its own.
-    pub fn exchange(&mut self, mine: Links, timeout: Duration) -> Result<Vec<LinkWire>> {
-        match self {
-            Coord::Root(h) => {
-                let rest = h.collect(
-                    timeout,
-                    "send their endpoints",
-                    |r, m| match m {
-                        Msg::Links(l) if l.rank == r => Ok(Some(l)),
-                        m => Err(Error::Protocol(format!(
-                            "rank {r}: expected its endpoints, got {}",
-                            m.kind()
-                        ))),
-                    },
-                    &mut || Ok(()),
-                )?;
-                let world = h.ctrls.len() as u32;
-                let mut all: HashMap<u32, Links> = rest.into_iter().collect();
-                all.insert(0, mine);
-                for r in 1..world {
-                    let routed = route(r, &all[&r].links, &all)?;
-                    h.send(
-                        r,
-                        &Msg::Links(Links {
-                            rank: r,
-                            links: routed,
-                        }),
-                    )?;
-                }
-                route(0, &all[&0].links, &all)
-            }
-            Coord::Leaf(l) => {
-                l.ctrl.send(&Msg::Links(mine.clone()))?;
-                let m = l.recv(timeout, "the peers' endpoints from rank 0")?;
-                let Msg::Links(got) = m else {
-                    return Err(unexpected("the peers' endpoints", &m));
-                };
-                if got.rank != l.rank
-                    || got.links.len() != mine.links.len()
-                    || got
-                        .links
-                        .iter()
-                        .zip(&mine.links)
-                        .any(|(a, b)| a.peer != b.peer || a.nic != b.nic || a.send == b.send)
-                {
-                    return Err(Error::Protocol(
-                        "rank 0 answered with endpoints that do not match this rank's".into(),
-                    ));
-                }
-                Ok(got.links)
-            }
-        }
-    }
-
-    /// The flag the data path watches: rank 0's connection (a rank), any rank's (rank 0).
-    pub fn liveness(&self) -> Liveness {
-        match self {
-            Coord::Root(h) => h.live.clone(),
-            Coord::Leaf(l) => l.ctrl.liveness(),
-        }
-    }
-
-    /// Every rank waits here until all have arrived at barrier `id`.
-    pub fn barrier(
-        &mut self,
-        id: u32,
-        timeout: Duration,
-        poll: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
-        self.barrier_inner(id, timeout, poll, false)
-    }
-
-    fn barrier_inner(
-        &mut self,
-        id: u32,
-        timeout: Duration,
-        poll: &mut dyn FnMut() -> Result<()>,
-        last: bool,
-    ) -> Result<()> {
-        match self {
-            Coord::Root(h) => {
-                h.collect(
-                    timeout,
-                    &format!("reach barrier {id}"),
-                    |r, m| match m {
-                        Msg::Barrier { id: got } if got == id => Ok(Some(())),
-                        m => Err(Error::Protocol(format!(
-                            "rank {r}: expected barrier {id}, got {}",
-                            m.kind()
-                        ))),
-                    },
-                    poll,
-                )?;
-                if last {
-                    h.complete.store(true, Ordering::Release);
-                }
-                broadcast(&h.writers, None, &Msg::Barrier { id });
-                Ok(())
-            }
-            Coord::Leaf(l) => {
-                l.ctrl.send(&Msg::Barrier { id })?;
-                match l.recv_polling(timeout, &format!("barrier {id}"), poll)? {
-                    Msg::Barrier { id: got } if got == id => Ok(()),
-                    m => Err(unexpected(&format!("barrier {id}"), &m)),
-                }
-            }
-        }
-    }
-
-    /// Rank 0 gets every rank's result (its own first); the others send theirs.
-    pub fn gather(
-        &mut self,
-        mine: RankDone,
-        timeout: Duration,
-        poll: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<Option<Vec<RankDone>>> {
-        match self {
-            Coord::Root(h) => {
-                let id = mine.id;
-                let rest = h.collect(
-                    timeout,
-                    &format!("send their results of run {id}"),
-                    |r, m| match m {
-                        Msg::RankDone(d) if d.rank == r && d.id == id => Ok(Some(d)),
-                        m => Err(Error::Protocol(format!(
-                            "rank {r}: expected its result of run {id}, got {}",
-                            m.kind()
-                        ))),
-                    },
-                    poll,
-                )?;
-                let mut all = vec![mine];
-                all.extend(rest.into_iter().map(|(_, d)| d));
-                Ok(Some(all))
-            }
-            Coord::Leaf(l) => {
-                l.ctrl.send(&Msg::RankDone(mine))?;
-                Ok(None)
-            }
-        }
-    }
-
-    /// This rank's own failure `e`, or the failure of the rank that caused it: tell the job,
-    /// and return the error to print.
-    pub fn fail(&mut self, e: Error) -> Error {
-        if let Error::RankFailed { .. } = e {
-            return e;
-        }
-        match self {
-            Coord::Root(h) => {
-                // A dead rank may be why this side failed: give its hook a moment. The data
-                // path can see a dead peer (shm answers a WRITE to it with EIO) before the
-                // control reader sees its socket close, so wait the whole moment.
-                let start = Instant::now();
-                while start.elapsed() < BLAME_WAIT {
-                    if let Err(f) = h.check_failed() {
-                        return f;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                if let Err(f) = h.check_failed() {
-                    return f;
-                }
-                let _ = fail_job(&h.writers, &h.failed, 0, format!("rank 0: {e}"));
-                e
-            }
-            Coord::Leaf(l) => {
-                let start = Instant::now();
-                loop {
-                    match l.ctrl.try_recv() {
-                        Ok(Some(Msg::Abort { rank, message })) => {
-                            return Error::RankFailed { rank, message }
-                        }
-                        Ok(Some(_)) => continue,
-                        Ok(None) => {}
-                        Err(Error::PeerGone(m)) => {
-                            return Error::RankFailed {
-                                rank: 0,
-                                message: format!("rank 0 is gone ({m})"),
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                    if start.elapsed() > BLAME_WAIT {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                l.ctrl.send_error(&format!("rank {}: {e}", l.rank));
-                e
-            }
-        }
-    }
-
-    /// The end of a good job: everyone leaves together (rank 0 last).
-    pub fn finish(
-        &mut self,
-        id: u32,
-        timeout: Duration,
-        poll: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
-        self.barrier_inner(id, timeout, poll, true)?;
-        match self {
-            Coord::Root(h) => {
-                let _ = h.collect(
-                    IO_TIMEOUT,
-                    "say goodbye",
-                    |_, m| match m {
-                        Msg::Bye => Ok(Some(())),
-                        m => Err(unexpected("bye", &m)),
-                    },
-                    &mut || Ok(()),
-                );
-                Ok(())
-            }
-            Coord::Leaf(l) => {
-                // Past the last barrier every rank has sent its results: the job is done,
-                // whether or not rank 0 is still there to hear the goodbye.
-                let _ = l.ctrl.send(&Msg::Bye);
-                Ok(())
-            }
-        }
     }
 }
 

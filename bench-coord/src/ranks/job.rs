@@ -1,0 +1,280 @@
+//! One rank's job, generic over the backend: it meets the others at rank 0, opens and connects
+//! its links, runs every run of the plan between barriers, and (rank 0) builds the job's report.
+
+use std::time::Duration;
+
+use transport_core::{Completion, Transport};
+
+use crate::backend::WithTransport;
+use crate::launch::{self, Launch, Rendezvous};
+use crate::rendezvous::{self, Coord, Hub, Leaf, Member};
+use bench_core::buffers::PageLayout;
+use bench_core::config::Pattern;
+use bench_core::error::{Error, Result};
+use bench_core::plan::Plan;
+use bench_core::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, VERSION};
+use bench_core::side::SideCfg;
+use bench_core::workload::ranks::{self as data, Link, Phase};
+
+use super::report::{summarize, JobReport};
+
+pub(super) struct Job<'a> {
+    pub(super) cfg: &'a SideCfg,
+    pub(super) plan: &'a Plan,
+    pub(super) pattern: Pattern,
+    pub(super) launch: &'a Launch,
+    pub(super) rdv: &'a Rendezvous,
+    /// The provider asked for (part of the options every rank must share).
+    pub(super) provider: String,
+    pub(super) timeout: Duration,
+}
+
+impl WithTransport for Job<'_> {
+    type Output = Option<JobReport>;
+    fn call<T: Transport>(self) -> Result<Option<JobReport>> {
+        job::<T>(&self)
+    }
+}
+
+fn layout(plan: &Plan, i: usize, npg: usize) -> PageLayout {
+    let p = &plan.runs[i];
+    PageLayout {
+        page_size: p.size as usize,
+        pages: p.pages,
+        used: if p.knobs.nic_groups { npg } else { 1 },
+    }
+}
+
+fn spec<T: Transport>(j: &Job<'_>) -> RankSpec {
+    RankSpec {
+        build: env!("CARGO_PKG_VERSION").into(),
+        backend: T::BACKEND.into(),
+        provider: j.provider.clone(),
+        pattern: j.pattern,
+        workload: j.plan.workload,
+        gpus: j.cfg.gpus.len() as u32,
+        nics_per_gpu: j.cfg.nics_per_gpu as u32,
+        mem: j.cfg.mem,
+        seed: j.plan.seed,
+        verify: j.plan.verify,
+        runs: j
+            .plan
+            .runs
+            .iter()
+            .map(|p| RunSpec {
+                stage: p.stage.clone(),
+                size: p.size,
+                pages: p.pages,
+                iters: p.iters,
+                knobs: p.knobs,
+            })
+            .collect(),
+    }
+}
+
+fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
+    let (rank, world) = (j.launch.rank, j.launch.world);
+    let cfg = j.cfg;
+    // The watchdog acts within the idle timeout of a rank's death.
+    let grace = cfg.idle;
+    let me = Join {
+        magic: MAGIC.into(),
+        version: VERSION,
+        rank,
+        world,
+        local_rank: j.launch.local_rank,
+        host: launch::hostname(),
+        pid: std::process::id(),
+        spec: spec::<T>(j),
+    };
+    if cfg.verbose > 0 {
+        eprintln!(
+            "rdma-bench: rank {rank} of {world} ({}, local rank {}), rendezvous {} (from {})",
+            j.launch.launcher, j.launch.local_rank, j.rdv, j.rdv.from
+        );
+    }
+    let mut coord = if rank == 0 {
+        let listener = rendezvous::listen(j.rdv)?;
+        Coord::Root(Hub::accept(&listener, &me, j.timeout, grace)?)
+    } else {
+        Coord::Leaf(Leaf::join(j.rdv, &me, j.timeout, grace)?)
+    };
+    // From the first endpoint to the last barrier this process uses its endpoints: should a
+    // peer die and this rank not end on its own within the grace period (a thread spinning
+    // inside the provider), the control connection's watchdog ends it.
+    let live = coord.liveness();
+    let busy = live.busy();
+    let mut links: Vec<Link<T>> = Vec::new();
+    let r = ranks_main(j, &mut coord, &mut links);
+    match r {
+        Ok(rep) => {
+            drop(busy);
+            Ok(rep)
+        }
+        Err(_) if links.is_empty() => r.map_err(|e| coord.fail(e)),
+        Err(e) => {
+            let e = coord.fail(e);
+            // The job failed, often because a peer died: closing endpoints it may have
+            // wedged (a queue lock it held), or letting libfabric's destructors run beside a
+            // thread stuck inside it, can hang or crash this rank. End here instead, with the
+            // message and status main would give.
+            eprintln!("rdma-bench: error: {e}");
+            bench_core::ctrl::abandon(e.exit_code())
+        }
+    }
+}
+
+fn ranks_main<T: Transport>(
+    j: &Job<'_>,
+    coord: &mut Coord,
+    links: &mut Vec<Link<T>>,
+) -> Result<Option<JobReport>> {
+    let (rank, world) = (j.launch.rank, j.launch.world);
+    let (cfg, plan) = (j.cfg, j.plan);
+    let npg = cfg.nics_per_gpu;
+    let nics = cfg.gpus.len() * npg;
+    let len = |jj: usize| {
+        (0..plan.runs.len())
+            .map(|i| {
+                let l = layout(plan, i, npg);
+                l.slots(jj).saturating_mul(l.page_size as u64)
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    *links = data::open_links::<T>(cfg, j.pattern, rank, world, len)?;
+    for (k, l) in links.iter().enumerate() {
+        let lim = l.ep.caps().max_write_size as u64;
+        if let Some(p) = plan.runs.iter().find(|p| lim > 0 && p.size > lim) {
+            return Err(Error::Usage(format!(
+                "size {} is over the largest WRITE of link {k} (NIC {}): {lim} bytes",
+                p.size, l.nic
+            )));
+        }
+    }
+    let mine = Links {
+        rank,
+        links: data::wire(links),
+    };
+    let ends = coord.exchange(mine, j.timeout)?;
+    for (k, e) in ends.iter().enumerate() {
+        let p = plan.max_size();
+        if e.max_write_size > 0 && p > e.max_write_size && links[k].send {
+            return Err(Error::Usage(format!(
+                "size {p} is over rank {}'s largest WRITE on NIC {}: {} bytes",
+                e.peer, e.nic, e.max_write_size
+            )));
+        }
+    }
+    data::connect(links, ends)?;
+    let names: Vec<String> = (0..nics)
+        .map(|n| {
+            links
+                .iter()
+                .find(|l| l.nic == n)
+                .map(|l| l.ep.nic_name().to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    let provider = links
+        .first()
+        .map(|l| l.ep.provider().to_string())
+        .unwrap_or_default();
+    let live = coord.liveness();
+    let mut buf = vec![Completion::default(); 16];
+    let mut barrier = 0u32;
+    let mut results: Vec<Vec<RankDone>> = Vec::new();
+    // Waits between phases are bounded by the rendezvous timeout plus the idle timeout: a
+    // slow rank may still be filling its buffers.
+    let wait = j.timeout + cfg.idle;
+    for (id, p) in plan.runs.iter().enumerate() {
+        let phase = Phase {
+            rank,
+            world,
+            pattern: j.pattern,
+            npg,
+            gpus: &cfg.gpus,
+            layout: layout(plan, id, npg),
+            seed: plan.seed,
+            knobs: p.knobs,
+            live: &live,
+            idle: cfg.idle,
+            hints: cfg.hints.as_ref(),
+        };
+        phase.prepare(links, plan.verify)?;
+        let mut poll = |ls: &mut Vec<Link<T>>| data::poll_idle(ls, &mut buf);
+        coord.barrier(barrier, wait, &mut || poll(links))?;
+        barrier += 1;
+        if cfg.verbose > 0 {
+            eprintln!("rdma-bench: rank {rank}: run {id} started");
+        }
+        let busy = live.busy();
+        if p.knobs.warmup > 0 {
+            phase.run(links, u64::from(p.knobs.warmup))?;
+            drop(busy);
+            coord.barrier(barrier, wait, &mut || poll(links))?;
+            barrier += 1;
+        } else {
+            drop(busy);
+        }
+        let busy = live.busy();
+        let out = phase.run(links, p.iters)?;
+        drop(busy);
+        if plan.verify {
+            phase.verify(links)?;
+        }
+        let done = RankDone {
+            rank,
+            id: id as u32,
+            seconds: out.seconds,
+            verified: plan.verify,
+            nics: names.clone(),
+            links: data::link_stats(links, &out),
+            cores: out.cores.clone(),
+        };
+        if cfg.verbose > 0 {
+            eprintln!(
+                "rdma-bench: rank {rank}: run {id} done in {:.4} s",
+                out.seconds
+            );
+        }
+        if let Some(all) = coord.gather(done, wait, &mut || poll(links))? {
+            results.push(all);
+        }
+    }
+    let mut poll = |ls: &mut Vec<Link<T>>| data::poll_idle(ls, &mut buf);
+    coord.finish(barrier, wait, &mut || poll(links))?;
+    if cfg.verbose > 0 {
+        eprintln!("rdma-bench: rank {rank}: the job is complete");
+    }
+    let Coord::Root(hub) = coord else {
+        return Ok(None);
+    };
+    Ok(Some(build(j, &provider, &hub.members, &results)))
+}
+
+fn build(j: &Job<'_>, provider: &str, members: &[Member], results: &[Vec<RankDone>]) -> JobReport {
+    let spec = j.plan.runs.iter().map(|p| RunSpec {
+        stage: p.stage.clone(),
+        size: p.size,
+        pages: p.pages,
+        iters: p.iters,
+        knobs: p.knobs,
+    });
+    JobReport {
+        pattern: j.pattern.to_string(),
+        workload: j.plan.workload.to_string(),
+        backend: j.cfg.backend.to_string(),
+        provider: provider.to_string(),
+        mem: j.cfg.mem.to_string(),
+        launcher: j.launch.launcher,
+        world: j.launch.world,
+        gpus_per_rank: j.cfg.gpus.len(),
+        nics_per_gpu: j.cfg.nics_per_gpu,
+        verified: j.plan.verify,
+        runs: spec
+            .zip(results)
+            .map(|(p, done)| summarize(members, j.cfg.nics_per_gpu, p, done))
+            .collect(),
+    }
+}

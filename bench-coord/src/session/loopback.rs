@@ -1,0 +1,78 @@
+//! Loopback: both sides of a session in this process, a one-session server in a thread and
+//! the client in the caller's, over a TCP connection on 127.0.0.1.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use transport_core::Transport;
+
+use bench_core::error::{Error, Result, TransportContext};
+use bench_core::plan::Plan;
+use bench_core::side::SideCfg;
+
+use super::client::{client, connect, ClientOut};
+use super::server::{session, ServerCfg};
+use super::timeouts::PREPARE_TIMEOUT;
+
+/// Both sides in this process: a one-session server in a thread, the client in this one.
+pub fn loopback<T: Transport>(
+    client_cfg: &SideCfg,
+    server_cfg: &ServerCfg,
+    plan: &Plan,
+    json: bool,
+) -> Result<ClientOut> {
+    let listener = TcpListener::bind("127.0.0.1:0").ctx(|| "binding 127.0.0.1")?;
+    let addr = listener
+        .local_addr()
+        .ctx(|| "reading the loopback address")?;
+    listener
+        .set_nonblocking(true)
+        .ctx(|| "making the loopback listener non-blocking")?;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let server = s.spawn(|| -> Result<u64> {
+            let start = Instant::now();
+            let stream = loop {
+                match listener.accept() {
+                    Ok((st, _)) => break st,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if stop.load(Ordering::Relaxed) {
+                            return Ok(0);
+                        }
+                        if start.elapsed() > PREPARE_TIMEOUT {
+                            return Err(Error::Timeout {
+                                what: "the loopback client to connect".into(),
+                                after: PREPARE_TIMEOUT,
+                            });
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => {
+                        return Err(Error::Io {
+                            what: "accepting the loopback client".into(),
+                            source: e,
+                        })
+                    }
+                }
+            };
+            stream
+                .set_nonblocking(false)
+                .ctx(|| "configuring the loopback connection")?;
+            session::<T>(server_cfg, stream)
+        });
+        let client = connect(&addr.to_string(), Duration::from_secs(5))
+            .and_then(|st| client::<T>(client_cfg, plan, st, json));
+        stop.store(true, Ordering::Relaxed);
+        let server = server.join().unwrap_or_else(|_| {
+            Err(Error::Protocol(
+                "the loopback server thread panicked".into(),
+            ))
+        });
+        match (client, server) {
+            (Ok(c), Ok(_)) => Ok(c),
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(e),
+        }
+    })
+}

@@ -1,0 +1,475 @@
+//! The server side: listens, runs one session per client (each in its own thread), checks the
+//! client's hello, and serves each of its runs as the active side.
+
+use std::net::{TcpListener, TcpStream};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use transport_core::{LocalSlice, Transport};
+
+use bench_core::buffers::{self, PageLayout};
+use bench_core::config::{LatOp, Workload};
+use bench_core::ctrl::{Ctrl, Watchdog, IO_TIMEOUT};
+use bench_core::error::{Error, Result, TransportContext};
+use bench_core::proto::{Done, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
+use bench_core::side::{Side, SideCfg};
+use bench_core::workload::lat::PingPong;
+use bench_core::workload::send::{SendActive, SendParts};
+use bench_core::workload::write::{WriteActive, WriteParts};
+use bench_core::workload::{group, run_active};
+
+use super::timeouts::WATCHDOG_GRACE;
+
+/// How long a failed transfer waits for the control connection to say whether the peer left
+/// (a transfer error and the peer's departure arrive in either order).
+const GONE_WAIT: Duration = Duration::from_secs(1);
+
+/// The server's configuration.
+#[derive(Clone, Debug)]
+pub struct ServerCfg {
+    pub side: SideCfg,
+    pub max_mem: u64,
+    pub session_timeout: Duration,
+    pub max_sessions: usize,
+    pub sessions: Option<u64>,
+    /// Do not log sessions (loopback: the client reports).
+    pub quiet: bool,
+}
+
+/// Serve clients until `cfg.sessions` have been served (forever without it).
+pub fn serve<T: Transport>(cfg: &ServerCfg, listen: &str) -> Result<()> {
+    let listener = TcpListener::bind(listen).ctx(|| format!("listening on {listen}"))?;
+    let addr = listener
+        .local_addr()
+        .ctx(|| "reading the listening address")?;
+    println!(
+        "rdma-bench server: listening on {addr} ({} backend{})",
+        T::BACKEND,
+        cfg.side
+            .provider
+            .as_deref()
+            .map(|p| format!(", provider {p}"))
+            .unwrap_or_default()
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    accept_loop::<T>(cfg, &listener, &AtomicBool::new(false))
+}
+
+fn accept_loop<T: Transport>(
+    cfg: &ServerCfg,
+    listener: &TcpListener,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let active = AtomicUsize::new(0);
+    let next_id = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let mut served = 0u64;
+        for conn in listener.incoming() {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let stream = match conn {
+                Ok(st) => st,
+                Err(e) => {
+                    eprintln!("rdma-bench server: accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            if active.load(Ordering::Acquire) >= cfg.max_sessions {
+                eprintln!(
+                    "rdma-bench server: {peer}: refused, {} sessions running",
+                    cfg.max_sessions
+                );
+                let max = cfg.max_sessions;
+                s.spawn(move || {
+                    if let Ok(mut c) = Ctrl::new(stream) {
+                        c.send_error(&format!(
+                            "server: busy, {max} sessions running (--max-sessions); try again later"
+                        ));
+                    }
+                });
+                continue;
+            }
+            active.fetch_add(1, Ordering::AcqRel);
+            let id = next_id.fetch_add(1, Ordering::Relaxed);
+            let active = &active;
+            let spawned = std::thread::Builder::new()
+                .name(format!("session-{id}"))
+                .spawn_scoped(s, move || {
+                    let t0 = Instant::now();
+                    if !cfg.quiet {
+                        eprintln!("rdma-bench server: session {id} from {peer}: started");
+                    }
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| session::<T>(cfg, stream)))
+                        .unwrap_or_else(|_| Err(Error::Protocol("the session panicked".into())));
+                    if !cfg.quiet {
+                        match &r {
+                            Ok(n) => eprintln!(
+                                "rdma-bench server: session {id} from {peer}: done, {n} run(s) in {:.1} s",
+                                t0.elapsed().as_secs_f64()
+                            ),
+                            Err(e) => eprintln!("rdma-bench server: session {id} from {peer}: {e}"),
+                        }
+                    }
+                    active.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                eprintln!("rdma-bench server: cannot start a session thread: {e}");
+                active.fetch_sub(1, Ordering::AcqRel);
+            }
+            served += 1;
+            if cfg.sessions.is_some_and(|n| served >= n) {
+                break;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// One client session; returns the number of runs served.
+pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream) -> Result<u64> {
+    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Warn(WATCHDOG_GRACE)))?;
+    let r = session_inner::<T>(cfg, &mut ctrl).map_err(|e| peer_gone_cause(e, &ctrl));
+    if let Err(e) = &r {
+        if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) {
+            ctrl.send_error(&format!("server: {e}"));
+        }
+    }
+    r
+}
+
+/// A transfer that failed because the peer left (an error completion for a WRITE into a
+/// process that is gone) is reported as the peer's departure, with the provider's error.
+fn peer_gone_cause(e: Error, ctrl: &Ctrl) -> Error {
+    if !matches!(e, Error::Transport { .. }) {
+        return e;
+    }
+    let live = ctrl.liveness();
+    let start = Instant::now();
+    while !live.gone() && start.elapsed() < GONE_WAIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if live.gone() {
+        Error::PeerGone(format!("the client is gone; the transfer failed with: {e}"))
+    } else {
+        e
+    }
+}
+
+fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> {
+    let hello = match ctrl.recv(IO_TIMEOUT, "the client's hello")? {
+        Msg::Hello(h) => h,
+        m => {
+            return Err(Error::Protocol(format!(
+                "expected a hello, got {}",
+                m.kind()
+            )))
+        }
+    };
+    if hello.backend != T::BACKEND {
+        return Err(Error::Protocol(format!(
+            "backend mismatch: the client uses {}, this server runs {}",
+            hello.backend,
+            T::BACKEND
+        )));
+    }
+    let (gpus, npg) = (cfg.side.gpus.len(), cfg.side.nics_per_gpu);
+    if hello.gpus as usize != gpus || hello.nics_per_gpu as usize != npg {
+        return Err(Error::Protocol(format!(
+            "layout mismatch: the client uses {} GPU(s) x {} NIC(s), this server {gpus} x {npg}; give both the same number of --gpus and --nics-per-gpu",
+            hello.gpus, hello.nics_per_gpu
+        )));
+    }
+    let want = hello.nics.iter().map(|n| n.mrs[0].len).max().unwrap_or(0);
+    if want > cfg.max_mem {
+        return Err(Error::Protocol(format!(
+            "the client needs {want} bytes per NIC, over this server's --max-mem {}",
+            cfg.max_mem
+        )));
+    }
+    // A provider call that does not return after the client died is reported (the session
+    // is then lost, the server goes on); the transfers are not the only such calls.
+    let live = ctrl.liveness();
+    let _busy = live.busy();
+    let mut side = Side::<T>::open(&cfg.side)?;
+    if T::BACKEND == "efa" && side.provider() != hello.provider {
+        return Err(Error::Protocol(format!(
+            "provider mismatch: the client uses {}, this server {}",
+            hello.provider,
+            side.provider()
+        )));
+    }
+    side.register(cfg.side.mem, want.max(64) as usize)?;
+    let wire = side.wire();
+    side.connect(hello.nics)?;
+    ctrl.send(&Msg::Welcome(Welcome {
+        magic: MAGIC.into(),
+        version: VERSION,
+        mem: cfg.side.mem,
+        nics: wire,
+    }))?;
+    let mut runs = 0;
+    loop {
+        match ctrl.recv(cfg.session_timeout, "the client's next request")? {
+            Msg::Request(r) => {
+                if runs == 0 {
+                    // The client announced its endpoints before its first request.
+                    side.settle()?;
+                }
+                let done = serve_request(&mut side, ctrl, cfg, &r)?;
+                ctrl.send(&Msg::Done(done))?;
+                runs += 1;
+            }
+            Msg::Bye => return Ok(runs),
+            m => {
+                return Err(Error::Protocol(format!(
+                    "expected a request, got {}",
+                    m.kind()
+                )))
+            }
+        }
+    }
+}
+
+fn serve_request<T: Transport>(
+    side: &mut Side<T>,
+    ctrl: &mut Ctrl,
+    cfg: &ServerCfg,
+    r: &Request,
+) -> Result<Done> {
+    let nics = side.eps.len();
+    let npg = side.npg;
+    let used = if r.knobs.nic_groups { npg } else { 1 };
+    let size = usize::try_from(r.size).map_err(|_| Error::Protocol("size too large".into()))?;
+    let own_len = side
+        .data
+        .first()
+        .map_or(0, transport_core::MemoryRegion::len) as u64;
+    let peer_len = side.remote.iter().map(|n| n.mrs[0].len).min().unwrap_or(0);
+    let region = own_len.min(peer_len);
+    let uses_write = match r.workload {
+        Workload::Write | Workload::Rate => true,
+        Workload::Send => false,
+        Workload::Lat => r.op == LatOp::WriteImm,
+    };
+    for i in 0..nics {
+        let c = side.caps(i);
+        let limit = if uses_write {
+            c.max_write_size
+        } else {
+            c.max_msg_size
+        } as u64;
+        if limit > 0 && r.size > limit {
+            return Err(Error::Protocol(format!(
+                "size {} is over this server's largest {} on NIC {i}: {limit} bytes",
+                r.size,
+                if uses_write { "WRITE" } else { "message" }
+            )));
+        }
+    }
+    let live = ctrl.liveness();
+    let _busy = live.busy();
+    let idle = cfg.side.idle;
+    let hints = cfg.side.hints.as_ref();
+    let knobs = r.knobs;
+    let warm = u64::from(knobs.warmup);
+    let mut done = Done {
+        id: r.id,
+        ..Done::default()
+    };
+    let out = match r.workload {
+        Workload::Write | Workload::Rate => {
+            let layout = PageLayout {
+                page_size: size,
+                pages: r.count,
+                used,
+            };
+            let need = layout.slots(0).checked_mul(r.size);
+            if r.count > u64::from(u32::MAX) || need.exceeds(region) {
+                return Err(Error::Protocol(format!(
+                    "{} pages of {} bytes do not fit the {region}-byte regions",
+                    r.count, r.size
+                )));
+            }
+            let mut slots = Vec::with_capacity(nics);
+            let mut vers = Vec::with_capacity(nics);
+            for i in 0..nics {
+                let (g, j) = (i / npg, i % npg);
+                // A client that checks bytes gets a source that turns with the repeat, with the
+                // slack page it sized the regions for (`buffers::Versions`).
+                let ver = if r.verify && j < used {
+                    let v = buffers::Versions::new(size, layout.slots(j), r.shifts > 1);
+                    if v.slots() > 1 && v.shifts() != r.shifts {
+                        return Err(Error::Protocol(format!(
+                            "the client asks for {} source shifts of {size}-byte pages; this \
+                             server makes {}",
+                            r.shifts,
+                            v.shifts()
+                        )));
+                    }
+                    if r.shifts > 1 && (layout.slots(j) as usize + 1) * size > region as usize {
+                        return Err(Error::Protocol(format!(
+                            "{} pages of {size} bytes and a slack page do not fit the \
+                             {region}-byte regions",
+                            layout.slots(j)
+                        )));
+                    }
+                    v
+                } else {
+                    buffers::Versions::none(size)
+                };
+                vers.push(ver);
+                if j < used {
+                    buffers::fill_pages(&mut side.data[i], &layout, r.seed, g as u64, j)?;
+                }
+                let order = if j < used {
+                    layout.post_order(r.seed, g as u64, j)
+                } else {
+                    Vec::new()
+                };
+                // --imm-every K: the page set K times over before the immediate.
+                let order: Vec<u32> = order.into_iter().map(|p| p / used as u32).collect();
+                slots.push(order.repeat(r.imm_every as usize));
+            }
+            let per_rep: u64 = slots.iter().map(|s| s.len() as u64).sum();
+            ctrl.send(&Msg::Ready { id: r.id })?;
+            let parts: Vec<WriteParts<'_, T>> = side
+                .eps
+                .iter_mut()
+                .zip(side.data.iter_mut())
+                .zip(slots)
+                .enumerate()
+                .map(|(i, ((ep, src), slots))| {
+                    let c = ep.caps();
+                    WriteParts {
+                        nic: i,
+                        max_inflight: c.tx_depth.max(1),
+                        ep,
+                        src,
+                        peer: side.peers[i],
+                        remote: side.remote[i].mrs[0],
+                        slots,
+                        ver: vers[i],
+                        page_size: size,
+                        batch: knobs.batch as usize,
+                    }
+                })
+                .collect();
+            let groups = group(parts, &side.gpus, npg, knobs.threads);
+            run_active(
+                groups,
+                nics,
+                &knobs,
+                warm,
+                r.iters,
+                |it| it.saturating_mul(per_rep),
+                &live,
+                idle,
+                hints,
+                WriteActive::new,
+            )?
+        }
+        Workload::Send => {
+            let depth = r.count;
+            if r.size > own_len {
+                return Err(Error::Protocol(format!(
+                    "messages of {} bytes do not fit the {own_len}-byte region",
+                    r.size
+                )));
+            }
+            let warm_msgs = warm.saturating_mul(depth);
+            let total = warm_msgs.saturating_add(r.iters);
+            for i in 0..nics {
+                if i % npg < used {
+                    buffers::fill_messages(&mut side.data[i], r.seed, size, 1)?;
+                }
+            }
+            ctrl.send(&Msg::Ready { id: r.id })?;
+            let parts: Vec<SendParts<'_, T>> = side
+                .eps
+                .iter_mut()
+                .zip(side.data.iter_mut())
+                .enumerate()
+                .filter(|(i, _)| i % npg < used)
+                .map(|(i, (ep, src))| {
+                    let c = ep.caps();
+                    SendParts {
+                        nic: i,
+                        max_inflight: c.tx_depth.max(1),
+                        ep,
+                        src,
+                        peer: side.peers[i],
+                        size,
+                        initial_credits: depth,
+                        total,
+                    }
+                })
+                .collect();
+            let n_used = parts.len() as u64;
+            // Groups by GPU: parts of NIC i sit at position (i / npg) * used + (i % npg).
+            let groups = group(parts, &side.gpus, used, knobs.threads);
+            run_active(
+                groups,
+                nics,
+                &knobs,
+                warm_msgs,
+                r.iters,
+                |it| it.saturating_mul(n_used),
+                &live,
+                idle,
+                hints,
+                SendActive::new,
+            )?
+        }
+        Workload::Lat => {
+            if r.size.checked_mul(2).exceeds(region) {
+                return Err(Error::Protocol(format!(
+                    "latency messages of {} bytes do not fit the {region}-byte regions",
+                    r.size
+                )));
+            }
+            let data = &side.data[0];
+            let mut pp = PingPong {
+                ep: &mut side.eps[0],
+                peer: side.peers[0],
+                src: LocalSlice::new(data, size, size).ctx(|| "pong buffer")?,
+                dst: LocalSlice::new(data, 0, size).ctx(|| "ping buffer")?,
+                remote: side.remote[0].mrs[0]
+                    .slice(r.size, r.size)
+                    .ctx(|| "the client's region")?,
+                op: r.op,
+            };
+            pp.prepare()?;
+            ctrl.send(&Msg::Ready { id: r.id })?;
+            pp.pong(warm + r.iters, &live, idle)?;
+            Default::default()
+        }
+    };
+    done.seconds = out.seconds;
+    done.bytes = out.bytes;
+    done.ops = out.ops;
+    done.per_nic = if out.per_nic.is_empty() {
+        vec![NicStats::default(); nics]
+    } else {
+        out.per_nic
+    };
+    done.cores = out.cores;
+    Ok(done)
+}
+
+/// `None` (an overflow) or a value over `limit`.
+trait Exceeds {
+    fn exceeds(self, limit: u64) -> bool;
+}
+impl Exceeds for Option<u64> {
+    fn exceeds(self, limit: u64) -> bool {
+        self.map_or(true, |v| v > limit)
+    }
+}
