@@ -1,7 +1,7 @@
 //! The checks, by area: [`rdma`] (devices, links, counts, memlock, libfabric), [`gpu`]
 //! (GPUs and the GPU memory paths), [`pcie`] (link width and speed, IOMMU, ACS) and
-//! [`numa`] (the NIC nearest each GPU); here the instance check and the helpers they share.
-//! The `FI_*` / `NCCL_*` rules are [`crate::env`].
+//! [`numa`](mod@numa) (the NIC nearest each GPU); here the instance check and the helpers
+//! they share. The `FI_*` / `NCCL_*` rules are [`crate::env`].
 
 mod gpu;
 mod numa;
