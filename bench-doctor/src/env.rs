@@ -1,8 +1,8 @@
 //! `FI_*` / `NCCL_*` settings that conflict with the machine: one table of rules, each a
 //! condition, a status and a one-line fix. README.md lists the same table.
 
-use super::sys::Facts;
-use super::{Check, Status};
+use crate::report::{Check, Status};
+use crate::sys::Facts;
 
 /// The environment as doctor sees it (this process's, or a test's).
 pub struct Env<'a>(pub &'a [(String, String)]);

@@ -1,0 +1,99 @@
+//! The out-of-band control protocol: JSON messages, each behind a 4-byte big-endian length.
+//!
+//! A session is: client `Hello` -> server `Welcome` (or `Error`), then per run client
+//! `Request` -> server `Ready` -> (the transfer) -> server `Done` (or `Error`), and finally
+//! client `Bye`. Every count and length that arrives is checked against the limits below before
+//! it is used; a frame that does not decode is an error, never a panic.
+//!
+//! Here: the limits and [`Msg`], every message. The modules behind it (all re-exported here):
+//! `session`, the client's and the server's messages; `ranks`, those of `rdma-bench run`;
+//! `frame`, encoding, decoding and reading frames; `validate`, the checks of what arrives.
+
+mod frame;
+mod ranks;
+mod session;
+mod validate;
+
+#[cfg(test)]
+mod fixtures;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+pub use frame::{decode_body, decode_frame, encode, read_frame, write_msg, Frame};
+pub use ranks::{
+    Join, LinkStats, LinkWire, Links, RankDone, RankSpec, RunSpec, MAX_LINKS, MAX_RANKS, MAX_RUNS,
+};
+pub use session::{Done, Hello, NicStats, NicWire, Request, Welcome, MAX_IMM_EVERY};
+pub use validate::validate;
+
+/// First field of `Hello` and `Welcome`.
+pub const MAGIC: &str = "rdma-bench";
+/// Bumped on any incompatible change of the messages or of what they mean (2: the write
+/// workload's source turns by one slot per repeat, which the target's check relies on).
+pub const VERSION: u32 = 2;
+/// Largest frame accepted.
+pub const MAX_FRAME: usize = 1 << 20;
+/// Largest endpoint address accepted.
+pub const MAX_ADDR: usize = 4096;
+/// Most NICs one session may use.
+pub const MAX_NICS: usize = 1024;
+/// Regions per NIC: the data buffer, then a small control buffer (credits).
+pub const MRS_PER_NIC: usize = 2;
+/// Largest name (provider, backend, NIC) accepted.
+pub const MAX_NAME: usize = 256;
+/// Largest error text accepted.
+pub const MAX_TEXT: usize = 64 * 1024;
+/// Most latency round trips in one request (samples are kept in memory).
+pub const MAX_LAT_ITERS: u64 = 10_000_000;
+/// Most repeats or messages in one request.
+pub const MAX_ITERS: u64 = 1 << 40;
+/// Largest batch.
+pub const MAX_BATCH: u32 = 4096;
+/// Largest warm-up.
+pub const MAX_WARMUP: u32 = 1_000_000;
+/// Bytes of the control region of each NIC.
+pub const CTRL_LEN: usize = 4096;
+
+/// Every control message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Msg {
+    Hello(Hello),
+    Welcome(Welcome),
+    Request(Request),
+    Ready { id: u32 },
+    Done(Done),
+    Error { message: String },
+    Bye,
+    Join(Join),
+    Links(Links),
+    Barrier { id: u32 },
+    RankDone(RankDone),
+    Abort { rank: u32, message: String },
+}
+
+impl Msg {
+    /// Short name for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Msg::Hello(_) => "hello",
+            Msg::Welcome(_) => "welcome",
+            Msg::Request(_) => "request",
+            Msg::Ready { .. } => "ready",
+            Msg::Done(_) => "done",
+            Msg::Error { .. } => "error",
+            Msg::Bye => "bye",
+            Msg::Join(_) => "join",
+            Msg::Links(_) => "links",
+            Msg::Barrier { .. } => "barrier",
+            Msg::RankDone(_) => "rank_done",
+            Msg::Abort { .. } => "abort",
+        }
+    }
+}
+
+fn proto(msg: impl Into<String>) -> Error {
+    Error::Protocol(msg.into())
+}

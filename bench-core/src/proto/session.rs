@@ -1,0 +1,102 @@
+//! The messages of a client-server session (`Hello`, `Welcome`, `Request`, `Done`) and the
+//! NIC description both sides send.
+
+use serde::{Deserialize, Serialize};
+use transport_core::RemoteMr;
+
+use crate::config::{Knobs, LatOp, MemKind, Workload};
+
+/// What one side tells the other about one of its NICs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NicWire {
+    /// Index of the GPU (in this side's list) the NIC belongs to.
+    pub gpu: u32,
+    /// NIC name as opened.
+    pub name: String,
+    /// Endpoint address for this peer.
+    pub addr: Vec<u8>,
+    /// `[data, control]`.
+    pub mrs: Vec<RemoteMr>,
+    pub max_write_size: u64,
+    pub max_msg_size: u64,
+    pub rx_depth: u64,
+    pub link_gbps: Option<f64>,
+}
+
+/// Client's opening message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: String,
+    pub version: u32,
+    pub backend: String,
+    pub provider: String,
+    pub gpus: u32,
+    pub nics_per_gpu: u32,
+    pub mem: MemKind,
+    pub nics: Vec<NicWire>,
+}
+
+/// Server's answer to a good `Hello`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub magic: String,
+    pub version: u32,
+    pub mem: MemKind,
+    pub nics: Vec<NicWire>,
+}
+
+/// One run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u32,
+    pub workload: Workload,
+    /// Page or message size.
+    pub size: u64,
+    /// Pages per GPU (write, rate); receives the client keeps posted per NIC (send).
+    pub count: u64,
+    /// Repeats (write, rate), messages per NIC (send), round trips (lat).
+    pub iters: u64,
+    pub seed: u64,
+    pub op: LatOp,
+    pub knobs: Knobs,
+    /// write, rate: passes over the page set per immediate (`--imm-every`).
+    #[serde(default = "one")]
+    pub imm_every: u32,
+    /// write, rate: the client checks bytes, so the server turns its source with the repeat
+    /// (`buffers::Versions`), shifting it by `shifts` steps (1: turning only).
+    #[serde(default)]
+    pub verify: bool,
+    #[serde(default = "one_u64")]
+    pub shifts: u64,
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Most passes over the page set one immediate may cover (`--imm-every`).
+pub const MAX_IMM_EVERY: u32 = 4096;
+
+/// What the server measured for one NIC.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NicStats {
+    pub bytes: u64,
+    pub ops: u64,
+    pub seconds: f64,
+}
+
+/// The server's side of a finished run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Done {
+    pub id: u32,
+    pub seconds: f64,
+    pub bytes: u64,
+    pub ops: u64,
+    pub per_nic: Vec<NicStats>,
+    /// Cores the server's threads were pinned to, where pinned.
+    pub cores: Vec<u32>,
+}

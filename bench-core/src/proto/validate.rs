@@ -1,0 +1,375 @@
+//! The bounds every message that arrives is checked against before it is used.
+
+use super::{
+    proto, Msg, NicWire, CTRL_LEN, MAGIC, MAX_ADDR, MAX_BATCH, MAX_IMM_EVERY, MAX_ITERS,
+    MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_RANKS, MAX_RUNS, MAX_TEXT, MAX_WARMUP,
+    MRS_PER_NIC, VERSION,
+};
+use crate::config::{Knobs, Workload};
+use crate::error::Result;
+
+fn check_name(what: &str, s: &str) -> Result<()> {
+    if s.len() > MAX_NAME {
+        return Err(proto(format!(
+            "{what} is {} bytes long (limit {MAX_NAME})",
+            s.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_nics(nics: &[NicWire]) -> Result<()> {
+    if nics.is_empty() || nics.len() > MAX_NICS {
+        return Err(proto(format!(
+            "{} NICs announced (allowed: 1..={MAX_NICS})",
+            nics.len()
+        )));
+    }
+    for (i, n) in nics.iter().enumerate() {
+        check_name("NIC name", &n.name)?;
+        if n.addr.is_empty() || n.addr.len() > MAX_ADDR {
+            return Err(proto(format!(
+                "NIC {i}: address of {} bytes (allowed: 1..={MAX_ADDR})",
+                n.addr.len()
+            )));
+        }
+        if n.mrs.len() != MRS_PER_NIC {
+            return Err(proto(format!(
+                "NIC {i}: {} memory regions announced, expected {MRS_PER_NIC}",
+                n.mrs.len()
+            )));
+        }
+        if n.mrs[1].len < CTRL_LEN as u64 {
+            return Err(proto(format!("NIC {i}: control region too small")));
+        }
+        for m in &n.mrs {
+            if m.addr.checked_add(m.len).is_none() {
+                return Err(proto(format!(
+                    "NIC {i}: region {m:?} wraps the address space"
+                )));
+            }
+        }
+        if let Some(g) = n.link_gbps {
+            if !g.is_finite() || g < 0.0 {
+                return Err(proto(format!("NIC {i}: link speed {g} is not a speed")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check every bound that does not depend on this side's configuration.
+pub fn validate(msg: &Msg) -> Result<()> {
+    match msg {
+        Msg::Hello(h) => {
+            check_magic(&h.magic, h.version)?;
+            check_name("backend", &h.backend)?;
+            check_name("provider", &h.provider)?;
+            check_nics(&h.nics)?;
+            let want = (h.gpus as u64).checked_mul(h.nics_per_gpu as u64);
+            if h.gpus == 0 || h.nics_per_gpu == 0 || want != Some(h.nics.len() as u64) {
+                return Err(proto(format!(
+                    "hello announces {} GPUs x {} NICs per GPU but carries {} NICs",
+                    h.gpus,
+                    h.nics_per_gpu,
+                    h.nics.len()
+                )));
+            }
+            for (i, n) in h.nics.iter().enumerate() {
+                if n.gpu as usize != i / h.nics_per_gpu as usize {
+                    return Err(proto(format!("NIC {i} claims GPU {}", n.gpu)));
+                }
+            }
+            Ok(())
+        }
+        Msg::Welcome(w) => {
+            check_magic(&w.magic, w.version)?;
+            check_nics(&w.nics)
+        }
+        Msg::Request(r) => {
+            if r.shifts == 0 || r.shifts > 1 << 16 {
+                return Err(proto(format!("request of {} source shifts", r.shifts)));
+            }
+            if r.imm_every == 0
+                || r.imm_every > MAX_IMM_EVERY
+                || r.count.saturating_mul(u64::from(r.imm_every)) > 1 << 20
+            {
+                return Err(proto(format!(
+                    "request of --imm-every {} over {} pages",
+                    r.imm_every, r.count
+                )));
+            }
+            check_run(r.workload, r.size, r.count, r.iters, &r.knobs)
+        }
+        Msg::Error { message } => {
+            if message.len() > MAX_TEXT {
+                return Err(proto("error text too long"));
+            }
+            Ok(())
+        }
+        Msg::Done(d) => {
+            if d.per_nic.len() > MAX_NICS || d.cores.len() > MAX_NICS {
+                return Err(proto("done message lists too many NICs"));
+            }
+            if !d.seconds.is_finite() || d.seconds < 0.0 {
+                return Err(proto("done message with a bad duration"));
+            }
+            for n in &d.per_nic {
+                if !n.seconds.is_finite() || n.seconds < 0.0 {
+                    return Err(proto("done message with a bad NIC duration"));
+                }
+            }
+            Ok(())
+        }
+        Msg::Ready { .. } | Msg::Bye | Msg::Barrier { .. } => Ok(()),
+        Msg::Join(j) => {
+            check_magic(&j.magic, j.version)?;
+            check_name("host name", &j.host)?;
+            if j.world < 2 || j.world > MAX_RANKS || j.rank >= j.world {
+                return Err(proto(format!(
+                    "rank {} of a job of {} (allowed: 2..={MAX_RANKS} ranks)",
+                    j.rank, j.world
+                )));
+            }
+            let sp = &j.spec;
+            check_name("build", &sp.build)?;
+            check_name("backend", &sp.backend)?;
+            check_name("provider", &sp.provider)?;
+            let nics = (sp.gpus as u64).checked_mul(sp.nics_per_gpu as u64);
+            if sp.gpus == 0 || sp.nics_per_gpu == 0 || nics.map_or(true, |n| n > MAX_NICS as u64) {
+                return Err(proto(format!(
+                    "{} GPUs x {} NICs per rank (allowed: 1..={MAX_NICS} NICs)",
+                    sp.gpus, sp.nics_per_gpu
+                )));
+            }
+            if sp.runs.is_empty() || sp.runs.len() > MAX_RUNS {
+                return Err(proto(format!(
+                    "{} runs (allowed: 1..={MAX_RUNS})",
+                    sp.runs.len()
+                )));
+            }
+            for r in &sp.runs {
+                if let Some(s) = &r.stage {
+                    check_name("stage", s)?;
+                }
+                check_run(sp.workload, r.size, r.pages, r.iters, &r.knobs)?;
+            }
+            Ok(())
+        }
+        Msg::Links(l) => {
+            if l.rank >= MAX_RANKS || l.links.len() > MAX_LINKS {
+                return Err(proto(format!(
+                    "links of rank {}: {} entries (allowed: up to {MAX_LINKS})",
+                    l.rank,
+                    l.links.len()
+                )));
+            }
+            for (i, k) in l.links.iter().enumerate() {
+                check_name("NIC name", &k.name)?;
+                if k.peer >= MAX_RANKS || k.nic as usize >= MAX_NICS {
+                    return Err(proto(format!(
+                        "link {i}: peer {} NIC {} out of range",
+                        k.peer, k.nic
+                    )));
+                }
+                if k.addr.is_empty() || k.addr.len() > MAX_ADDR {
+                    return Err(proto(format!(
+                        "link {i}: address of {} bytes (allowed: 1..={MAX_ADDR})",
+                        k.addr.len()
+                    )));
+                }
+                match (&k.mr, k.send) {
+                    (Some(m), false) if m.addr.checked_add(m.len).is_some() => {}
+                    (None, true) => {}
+                    _ => {
+                        return Err(proto(format!(
+                            "link {i}: a receiving link carries one region that does not wrap, \
+                             a sending link none"
+                        )))
+                    }
+                }
+            }
+            Ok(())
+        }
+        Msg::RankDone(d) => {
+            if d.rank >= MAX_RANKS || d.links.len() > MAX_LINKS || d.nics.len() > MAX_NICS {
+                return Err(proto("rank result out of bounds"));
+            }
+            if d.cores.len() > MAX_NICS {
+                return Err(proto("rank result lists too many cores"));
+            }
+            for n in &d.nics {
+                check_name("NIC name", n)?;
+            }
+            if !d.seconds.is_finite() || d.seconds < 0.0 {
+                return Err(proto("rank result with a bad duration"));
+            }
+            for l in &d.links {
+                if !l.seconds.is_finite() || l.seconds < 0.0 || l.nic as usize >= d.nics.len() {
+                    return Err(proto("rank result with a bad link"));
+                }
+            }
+            Ok(())
+        }
+        Msg::Abort { rank, message } => {
+            if *rank >= MAX_RANKS || message.len() > MAX_TEXT {
+                return Err(proto("abort message out of bounds"));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The numbers of one run (a server request, or a run of a rank job).
+fn check_run(workload: Workload, size: u64, count: u64, iters: u64, knobs: &Knobs) -> Result<()> {
+    if size == 0 {
+        return Err(proto("request of size 0"));
+    }
+    if iters == 0 || iters > MAX_ITERS {
+        return Err(proto(format!("request of {iters} iterations")));
+    }
+    if workload == Workload::Lat && iters > MAX_LAT_ITERS {
+        return Err(proto(format!(
+            "{iters} latency round trips (limit {MAX_LAT_ITERS})"
+        )));
+    }
+    if count == 0 || count > MAX_ITERS {
+        return Err(proto(format!("request count {count}")));
+    }
+    if knobs.batch == 0 || knobs.batch > MAX_BATCH {
+        return Err(proto(format!(
+            "batch {} (allowed: 1..={MAX_BATCH})",
+            knobs.batch
+        )));
+    }
+    if knobs.warmup > MAX_WARMUP {
+        return Err(proto(format!("warm-up {} over {MAX_WARMUP}", knobs.warmup)));
+    }
+    Ok(())
+}
+
+fn check_magic(magic: &str, version: u32) -> Result<()> {
+    if magic != MAGIC {
+        return Err(proto(format!(
+            "peer is not rdma-bench (magic {:?})",
+            magic.chars().take(32).collect::<String>()
+        )));
+    }
+    if version != VERSION {
+        return Err(proto(format!(
+            "protocol version mismatch: peer speaks {version}, this side {VERSION}; run the same rdma-bench on both sides"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::fixtures::{hello, join, links, rank_done, request};
+    use crate::proto::{decode_frame, Join, Links};
+
+    #[test]
+    fn rank_messages_bounds() {
+        for m in [
+            Msg::Join(join()),
+            Msg::Links(links()),
+            Msg::RankDone(rank_done()),
+        ] {
+            validate(&m).unwrap();
+        }
+        let bad_join = |f: fn(&mut Join)| {
+            let mut j = join();
+            f(&mut j);
+            validate(&Msg::Join(j)).unwrap_err().to_string()
+        };
+        assert!(bad_join(|j| j.version = 9).contains("version mismatch"));
+        assert!(bad_join(|j| j.world = 1).contains("rank"));
+        assert!(bad_join(|j| j.rank = 4).contains("rank 4"));
+        assert!(bad_join(|j| j.world = MAX_RANKS + 1).contains("rank"));
+        assert!(bad_join(|j| j.spec.runs.clear()).contains("runs"));
+        assert!(bad_join(|j| j.spec.runs[0].size = 0).contains("size 0"));
+        assert!(bad_join(|j| j.spec.gpus = 0).contains("GPUs"));
+        assert!(bad_join(|j| j.host = "h".repeat(MAX_NAME + 1)).contains("host"));
+        let bad_links = |f: fn(&mut Links)| {
+            let mut l = links();
+            f(&mut l);
+            validate(&Msg::Links(l)).is_err()
+        };
+        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr));
+        assert!(bad_links(|l| l.links[1].mr = None));
+        assert!(bad_links(
+            |l| l.links[1].mr.as_mut().unwrap().addr = u64::MAX
+        ));
+        assert!(bad_links(|l| l.links[0].addr.clear()));
+        assert!(bad_links(|l| l.links[0].peer = MAX_RANKS));
+        let mut d = rank_done();
+        d.links[0].nic = 2;
+        assert!(
+            validate(&Msg::RankDone(d)).is_err(),
+            "NIC index past the names"
+        );
+        let mut d = rank_done();
+        d.seconds = f64::NAN;
+        assert!(validate(&Msg::RankDone(d)).is_err());
+        assert!(validate(&Msg::Abort {
+            rank: 0,
+            message: "x".repeat(MAX_TEXT + 1)
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn bounds() {
+        let mut h = hello();
+        h.version = VERSION + 1;
+        assert!(validate(&Msg::Hello(h))
+            .unwrap_err()
+            .to_string()
+            .contains("version"));
+        let mut h = hello();
+        h.nics_per_gpu = 3;
+        assert!(validate(&Msg::Hello(h)).is_err());
+        let mut h = hello();
+        h.gpus = u32::MAX;
+        h.nics_per_gpu = u32::MAX;
+        assert!(validate(&Msg::Hello(h)).is_err());
+        let mut h = hello();
+        h.nics[0].addr = vec![0; MAX_ADDR + 1];
+        assert!(validate(&Msg::Hello(h)).is_err());
+        let mut h = hello();
+        h.nics[1].mrs.pop();
+        assert!(validate(&Msg::Hello(h)).is_err());
+        let mut h = hello();
+        h.nics[1].mrs[0].addr = u64::MAX;
+        assert!(validate(&Msg::Hello(h)).is_err());
+        let mut r = request();
+        r.size = 0;
+        assert!(validate(&Msg::Request(r)).is_err());
+        let mut r = request();
+        r.knobs.batch = 0;
+        assert!(validate(&Msg::Request(r)).is_err());
+        let mut r = request();
+        r.workload = Workload::Lat;
+        r.iters = MAX_LAT_ITERS + 1;
+        assert!(validate(&Msg::Request(r)).is_err());
+        for (k, count) in [(0, 16), (MAX_IMM_EVERY + 1, 1), (MAX_IMM_EVERY, 1 << 20)] {
+            let mut r = request();
+            (r.imm_every, r.count) = (k, count);
+            assert!(
+                validate(&Msg::Request(r)).is_err(),
+                "imm_every {k} x {count}"
+            );
+        }
+        // A request from a peer that predates --imm-every means one pass per immediate.
+        let mut v = serde_json::to_value(Msg::Request(request())).unwrap();
+        v.as_object_mut().unwrap().remove("imm_every").unwrap();
+        match serde_json::from_value::<Msg>(v).unwrap() {
+            Msg::Request(r) => assert_eq!(r.imm_every, 1),
+            m => panic!("{}", m.kind()),
+        }
+        assert!(decode_frame(&[0, 0, 0, 0]).is_err());
+        assert!(decode_frame(&[0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(decode_frame(&[0, 0]).is_err());
+    }
+}
