@@ -2,6 +2,11 @@
 /*
  * efa-sim: devices. The device file, the private sysfs tree the efa provider reads, the
  * device list, opening a device and the queries (ibv_query_device/port/gid, efadv).
+ *
+ * One file: what a device is (read once, under init_once, from the device file and the
+ * environment into g_sim) and everything that reports it (the sysfs tree, the device list,
+ * the queries) sit together, so an attribute's parsing and each place that reports it are
+ * read and changed as one.
  */
 #define _GNU_SOURCE
 #include <ctype.h>

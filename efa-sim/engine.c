@@ -12,6 +12,11 @@
  * receive work requests (or answers RNR), writes completions, and answers each request
  * once. The initiator completes an operation when the answer arrives, resends after an
  * RNR within the QP's rnr_retry, and fails it when no answer comes within the timeout.
+ *
+ * One file: it is one thread's state machine. The packet format, the transmit queue, the
+ * operation table, the reassembly of WRITEs and struct sim_engine are private to it, and
+ * each section (initiator, target, loop) works on that state; splitting it would put them
+ * all in sim.h for no reader but this engine.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -3,6 +3,12 @@
  * efa-sim: the verbs objects. Protection domains, memory regions, address handles,
  * completion queues (the ibv_cq_ex and efadv_cq function pointers) and queue pairs (the
  * ibv_qp_ex work-request pointers), filled the way rdma-core's efa provider fills them.
+ *
+ * One file, as the efa provider keeps them in one (providers/efa/verbs.c): these are the
+ * objects of one context, created, looked up and destroyed against each other under its
+ * locks (ibv_destroy_qp purges the QP's entries from its CQs), the ibv_cq_ex readers share
+ * the CQ cursor with ibv_poll_cq, and ibv_post_send is built from the static ibv_qp_ex
+ * work-request functions.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -15,26 +15,19 @@
 //! immediate's value is read. The trait loop builds each `RemoteSlice` from the region's
 //! fields, as the raw loop computes the remote address, with no check of its own.
 //!
-//! Two measurements:
-//! - criterion, one function after the other (trait, raw, trait again: the spread between
-//!   the two trait runs is the host's drift);
-//! - then an interleaved A/B pass: `AB_ROUNDS` rounds, each timing `AB_ITERS` iterations of
-//!   the trait loop and then of the raw loop, both pairs of endpoints open throughout. It
-//!   prints the median and minimum ns/op of each and the median of the per-round differences,
-//!   which cancels drift slower than one round (a few ms). On a shared or virtual host that
-//!   paired figure is the one to quote. `HOT_PATH_AB=ROUNDS,ITERS` changes its size.
+//! Two measurements, as `transport_conformance::ab` says (which holds what this bench shares
+//! with transport-verbs' hot_path bench, the trait loop included): criterion, then an
+//! interleaved A/B pass of `AB_ROUNDS` rounds of `AB_ITERS` iterations, whose paired
+//! difference is the figure to quote on a shared or virtual host. `HOT_PATH_AB=ROUNDS,ITERS`
+//! changes its size.
 
 use std::ffi::c_void;
-use std::hint::black_box;
 use std::mem::MaybeUninit;
 
-use criterion::{Criterion, Throughput};
-use transport_core::{
-    Completion, CompletionKind, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc, PeerId,
-    Post, RemoteMr, RemoteSlice, Transport,
-};
+use transport_conformance::ab;
+use transport_core::{MemoryRegion, NicDesc, RemoteMr, Transport};
 use transport_efa::raw::sys as fi;
-use transport_efa::{Endpoint, Mr};
+use transport_efa::Endpoint;
 
 const BATCH: usize = 32;
 const GROUP: &str = "shm_write_imm_8B";
@@ -42,96 +35,26 @@ const LEN: usize = 8;
 const AB_ROUNDS: usize = 400;
 const AB_ITERS: usize = 100;
 
-/// Two connected shm endpoints, a registered source on the first and a target region on the
-/// second.
-struct Setup {
-    a: Endpoint,
-    b: Endpoint,
-    peer: PeerId,
-    src: Mr,
-    dst: Mr,
-}
+type Setup = ab::Setup<Endpoint>;
 
+/// Two connected shm endpoints with a source and a target region of `LEN * BATCH` bytes.
 fn setup() -> Setup {
     let open = |_| Endpoint::open(&NicDesc::provider("shm"));
-    let mut p = transport_conformance::connect(&open)
+    let p = transport_conformance::connect(&open)
         .expect("opening two shm endpoints")
         .expect("shm is always there");
-    let src =
-        p.a.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-            .unwrap();
-    let dst =
-        p.b.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-            .unwrap();
-    Setup {
-        a: p.a,
-        b: p.b,
-        peer: p.a_to_b,
-        src,
-        dst,
-    }
+    Setup::new(p, LEN * BATCH)
 }
 
-/// The trait loop's state.
-struct TraitPath {
-    s: Setup,
-    remote: RemoteMr,
-    out: [Completion; 64],
-}
+/// The trait loop ([`ab::TraitLoop`]): other completions are passed over, contexts and
+/// immediates XORed, as the raw loop does.
+struct TraitPath(ab::TraitLoop<Endpoint, BATCH, LEN>);
 
 impl TraitPath {
-    fn new() -> Self {
-        let s = setup();
-        let remote = s.dst.remote();
-        TraitPath {
-            s,
-            remote,
-            out: std::array::from_fn(|_| Completion::default()),
-        }
-    }
-
     /// One iteration: BATCH WRITEs posted, their completions and immediates read.
     #[inline(never)]
     fn iteration(&mut self) -> u64 {
-        let Setup {
-            a, b, peer, src, ..
-        } = &mut self.s;
-        let (remote, out) = (&self.remote, &mut self.out);
-        let (mut posted, mut w, mut imm, mut sink) = (0, 0, 0, 0u64);
-        while w < BATCH || imm < BATCH {
-            while posted < BATCH {
-                let local = LocalSlice {
-                    mr: &*src,
-                    offset: posted * LEN,
-                    len: LEN,
-                };
-                let r = RemoteSlice {
-                    addr: remote.addr + (posted * LEN) as u64,
-                    len: LEN as u64,
-                    key: remote.key,
-                };
-                match a.post_write(*peer, local, r, Some(posted as u32), posted as u64) {
-                    Ok(Post::Posted) => posted += 1,
-                    Ok(Post::QueueFull) => break,
-                    Err(e) => panic!("post_write: {e}"),
-                }
-            }
-            let n = a.poll(out).unwrap();
-            for c in &out[..n] {
-                if c.kind == CompletionKind::Write {
-                    w += 1;
-                    sink ^= c.ctx;
-                }
-            }
-            let n = b.poll(out).unwrap();
-            for c in &out[..n] {
-                if let CompletionKind::RemoteWrite { imm: v } = c.kind {
-                    imm += 1;
-                    sink ^= u64::from(v);
-                }
-            }
-        }
-        sink
+        self.0.iteration(|sink, v| sink ^ v, false)
     }
 }
 
@@ -253,21 +176,15 @@ impl RawPath {
     }
 }
 
-fn bench(c: &mut Criterion, name: &str, mut f: impl FnMut() -> u64) {
-    let mut g = c.benchmark_group(GROUP);
-    g.throughput(Throughput::Elements(BATCH as u64));
-    g.bench_function(name, |bench| bench.iter(|| black_box(f())));
-    g.finish();
-}
-
 fn main() {
-    let mut c = Criterion::default().configure_from_args();
-    let mut t = TraitPath::new();
+    let mut t = TraitPath(ab::TraitLoop::new(setup()));
     let mut r = RawPath::new();
-    bench(&mut c, "trait", || t.iteration());
-    bench(&mut c, "raw_libfabric", || r.iteration());
-    bench(&mut c, "trait #2", || t.iteration());
-    c.final_summary();
-    let size = transport_conformance::ab::size((AB_ROUNDS, AB_ITERS));
-    transport_conformance::ab::run(GROUP, BATCH, size, || t.iteration(), || r.iteration());
+    ab::compare(
+        GROUP,
+        "raw_libfabric",
+        BATCH,
+        (AB_ROUNDS, AB_ITERS),
+        || t.iteration(),
+        || r.iteration(),
+    );
 }

@@ -17,31 +17,23 @@
 //! costs per operation. The raw path runs on its own pair of endpoints, whose own posting
 //! and polling it never uses.
 //!
-//! Two measurements, as in transport-efa's hot_path bench:
-//! - criterion, one function after the other (trait, raw, trait again: the spread between
-//!   the two trait runs is the host's drift);
-//! - then an interleaved A/B pass: `AB_ROUNDS` rounds, each timing `AB_ITERS` iterations of
-//!   the trait loop and then of the raw loop, both pairs of endpoints open throughout. It
-//!   prints the median and minimum ns/op of each and the median of the per-round differences,
-//!   which cancels drift slower than one round. On a shared or virtual host that paired
-//!   figure is the one to quote. `HOT_PATH_AB=ROUNDS,ITERS` changes its size; without
-//!   `--bench` (`cargo test --benches`) it is a short smoke pass.
+//! Two measurements, as `transport_conformance::ab` says (which holds what this bench shares
+//! with transport-efa's hot_path bench, the trait loop included): criterion, then an
+//! interleaved A/B pass of `AB_ROUNDS` rounds of `AB_ITERS` iterations, whose paired
+//! difference is the figure to quote on a shared or virtual host. `HOT_PATH_AB=ROUNDS,ITERS`
+//! changes its size; without `--bench` (`cargo test --benches`) it is a short smoke pass.
 //!
 //! Each loop is one `#[inline(never)]` function (`TraitPath::iteration`,
 //! `RawPath::iteration`), so an instruction profiler can count them apart:
 //! `ci/verbs-bench.sh --callgrind` runs this under callgrind in the Soft-RoCE VM and prints
 //! instructions per operation of each.
 
-use std::hint::black_box;
 use std::ptr;
 
-use criterion::{Criterion, Throughput};
-use transport_core::{
-    Completion, CompletionKind, Error, HostBuffer, LocalSlice, Memory, MemoryRegion, Post,
-    RemoteMr, RemoteSlice, Result, Transport,
-};
+use transport_conformance::ab;
+use transport_core::{Error, MemoryRegion, Result, Transport};
 use transport_verbs::raw::sys;
-use transport_verbs::{Endpoint, VerbsMr};
+use transport_verbs::Endpoint;
 
 const BATCH: usize = 32;
 const LEN: usize = 8;
@@ -53,101 +45,25 @@ fn open(side: usize) -> Result<Endpoint> {
     Endpoint::open(&transport_verbs::test_nic(side)?)
 }
 
-/// Two connected endpoints, a registered source on the first and a target region on the
-/// second.
-struct Setup {
-    a: Endpoint,
-    b: Endpoint,
-    peer: transport_core::PeerId,
-    src: VerbsMr,
-    dst: VerbsMr,
-}
+type Setup = ab::Setup<Endpoint>;
 
+/// Two connected endpoints with a source and a target region of `LEN * BATCH` bytes.
 fn setup() -> Setup {
-    let mut p = transport_conformance::connect(&open)
+    let p = transport_conformance::connect(&open)
         .expect("opening and connecting two verbs endpoints")
         .expect("main() checked that a device is there");
-    let src =
-        p.a.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-            .unwrap();
-    let dst =
-        p.b.register(Memory::Host(HostBuffer::new(LEN * BATCH)))
-            .unwrap();
-    Setup {
-        a: p.a,
-        b: p.b,
-        peer: p.a_to_b,
-        src,
-        dst,
-    }
+    Setup::new(p, LEN * BATCH)
 }
 
-/// The trait loop's state.
-struct TraitPath {
-    s: Setup,
-    remote: RemoteMr,
-    out: [Completion; 64],
-}
+/// The trait loop ([`ab::TraitLoop`]): any other completion is a failure, contexts and
+/// immediates are summed, as the raw loop does.
+struct TraitPath(ab::TraitLoop<Endpoint, BATCH, LEN>);
 
 impl TraitPath {
-    fn new() -> Self {
-        let s = setup();
-        let remote = s.dst.remote();
-        TraitPath {
-            s,
-            remote,
-            out: std::array::from_fn(|_| Completion::default()),
-        }
-    }
-
     /// One iteration: BATCH WRITEs posted, their completions and immediates read.
     #[inline(never)]
     fn iteration(&mut self) -> u64 {
-        let Setup {
-            a, b, peer, src, ..
-        } = &mut self.s;
-        let (remote, out) = (&self.remote, &mut self.out);
-        let (mut posted, mut w, mut imm, mut sum) = (0, 0, 0, 0u64);
-        while w < BATCH || imm < BATCH {
-            while posted < BATCH {
-                let local = LocalSlice {
-                    mr: &*src,
-                    offset: posted * LEN,
-                    len: LEN,
-                };
-                let r = RemoteSlice {
-                    addr: remote.addr + (posted * LEN) as u64,
-                    len: LEN as u64,
-                    key: remote.key,
-                };
-                match a.post_write(*peer, local, r, Some(posted as u32), posted as u64) {
-                    Ok(Post::Posted) => posted += 1,
-                    Ok(Post::QueueFull) => break,
-                    Err(e) => panic!("post_write: {e}"),
-                }
-            }
-            let n = a.poll(out).unwrap();
-            for c in &out[..n] {
-                match c.kind {
-                    CompletionKind::Write => {
-                        w += 1;
-                        sum = sum.wrapping_add(c.ctx);
-                    }
-                    _ => panic!("unexpected completion on the writer: {c:?}"),
-                }
-            }
-            let n = b.poll(out).unwrap();
-            for c in &out[..n] {
-                match c.kind {
-                    CompletionKind::RemoteWrite { imm: v } => {
-                        imm += 1;
-                        sum = sum.wrapping_add(u64::from(v));
-                    }
-                    _ => panic!("unexpected completion on the target: {c:?}"),
-                }
-            }
-        }
-        sum
+        self.0.iteration(u64::wrapping_add, true)
     }
 }
 
@@ -328,13 +244,6 @@ impl RawPath {
     }
 }
 
-fn bench(c: &mut Criterion, name: &str, mut f: impl FnMut() -> u64) {
-    let mut g = c.benchmark_group(GROUP);
-    g.throughput(Throughput::Elements(BATCH as u64));
-    g.bench_function(name, |bench| bench.iter(|| black_box(f())));
-    g.finish();
-}
-
 fn main() {
     // No RDMA device (no RDMA stack: ENOSYS, or an empty list): nothing to measure.
     match open(0) {
@@ -345,13 +254,14 @@ fn main() {
         Err(e) => panic!("opening a verbs endpoint: {e}"),
         Ok(ep) => drop(ep),
     }
-    let mut c = Criterion::default().configure_from_args();
-    let mut t = TraitPath::new();
+    let mut t = TraitPath(ab::TraitLoop::new(setup()));
     let mut r = RawPath::new();
-    bench(&mut c, "trait", || t.iteration());
-    bench(&mut c, "raw_verbs", || r.iteration());
-    bench(&mut c, "trait #2", || t.iteration());
-    c.final_summary();
-    let size = transport_conformance::ab::size((AB_ROUNDS, AB_ITERS));
-    transport_conformance::ab::run(GROUP, BATCH, size, || t.iteration(), || r.iteration());
+    ab::compare(
+        GROUP,
+        "raw_verbs",
+        BATCH,
+        (AB_ROUNDS, AB_ITERS),
+        || t.iteration(),
+        || r.iteration(),
+    );
 }
