@@ -44,14 +44,18 @@ fn send_counts(p: &Planned, rx_depth: usize) -> (u64, u64, u64) {
     (warm, total, recv_depth(rx_depth, total))
 }
 
-/// Bytes of data region each NIC needs for the whole plan.
-fn data_len<T: Transport>(plan: &Plan, side: &Side<T>) -> Result<usize> {
-    let rx = side
-        .eps
+/// The shallowest receive queue of this side's NICs (0 without NICs).
+fn min_rx_depth<T: Transport>(side: &Side<T>) -> usize {
+    side.eps
         .iter()
         .map(|e| e.caps().rx_depth)
         .min()
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// Bytes of data region each NIC needs for the whole plan.
+fn data_len<T: Transport>(plan: &Plan, side: &Side<T>) -> Result<usize> {
+    let rx = min_rx_depth(side);
     let mut need = 0u64;
     for p in &plan.runs {
         let n = match plan.workload {
@@ -366,12 +370,7 @@ fn run_one<T: Transport>(
             (done, plan.verify)
         }
         Workload::Send => {
-            let rx = side
-                .eps
-                .iter()
-                .map(|e| e.caps().rx_depth)
-                .min()
-                .unwrap_or(0);
+            let rx = min_rx_depth(side);
             let (_warm, total, depth) = send_counts(p, rx);
             if plan.verify {
                 for mr in side.data.iter_mut() {
