@@ -553,7 +553,10 @@ fn p5_topology_from_hwloc_export() {
     let xml = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/topologies/hwloc/aws-p5.48xlarge.8xH100-32xEFA.nixl.hwloc2.xml");
     if !xml.exists() {
-        eprintln!("skipped: {} not present", xml.display());
+        transport_core::skip::note(
+            "no ../shared/topologies",
+            &format!("{} not present", xml.display()),
+        );
         return;
     }
     let fx = p5("p5-topo");

@@ -171,7 +171,10 @@ fn browse(chrome: &Path, profile: &Path, extra: &[&str], page: &Path) -> Out {
 #[test]
 fn html_report_renders_in_a_browser_without_console_errors() {
     let Some(chrome) = chromium() else {
-        eprintln!("skipped: chromium is not installed (ci/setup.sh installs it for ci/test.sh)");
+        transport_core::skip::note(
+            "no chromium",
+            "chromium is not installed (ci/setup.sh installs it for ci/test.sh)",
+        );
         return;
     };
     let d = tmp("html");

@@ -25,7 +25,8 @@ pub fn connect<T: Transport>(open: &dyn Fn(usize) -> Result<T>) -> Result<Option
     let mut a = match open(0) {
         Ok(a) => a,
         Err(Error::NoDevice(why)) if std::env::var("CONFORMANCE_REQUIRE_DEVICE").is_err() => {
-            eprintln!("conformance: skipped, no device: {why}");
+            let backend = std::any::type_name::<T>().split("::").next().unwrap_or("?");
+            transport_core::skip::note(&format!("no device ({backend})"), &why);
             return Ok(None);
         }
         Err(e) => return Err(e),

@@ -58,6 +58,7 @@
 
 mod error;
 mod mem;
+pub mod skip;
 mod types;
 pub mod wait;
 

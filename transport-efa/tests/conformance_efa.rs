@@ -55,7 +55,7 @@ fn efa_fabric_opens() {
             ep.mr_mode()
         ),
         Err(Error::NoDevice(why)) if std::env::var("CONFORMANCE_REQUIRE_DEVICE").is_err() => {
-            eprintln!("conformance: skipped, no device: {why}")
+            transport_core::skip::note("no device (transport_efa)", &why)
         }
         Err(e) => panic!("open efa: {e}"),
     }

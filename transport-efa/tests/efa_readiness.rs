@@ -17,7 +17,7 @@ fn open(nic: &NicDesc) -> Option<Endpoint> {
     match Endpoint::open(nic) {
         Ok(ep) => Some(ep),
         Err(Error::NoDevice(why)) if std::env::var_os("CONFORMANCE_REQUIRE_DEVICE").is_none() => {
-            eprintln!("SKIPPED, no efa device: {why}");
+            transport_core::skip::note("no device (transport_efa)", &why);
             None
         }
         Err(e) => panic!("open efa: {e}"),
@@ -61,7 +61,7 @@ fn each_domain_opens_by_its_pci_address() -> Result<()> {
             std::env::var_os("CONFORMANCE_REQUIRE_DEVICE").is_none(),
             "no efa domain"
         );
-        eprintln!("SKIPPED, no efa device");
+        transport_core::skip::note("no device (transport_efa)", "no efa domain");
         return Ok(());
     }
     let mut seen = 0;

@@ -28,7 +28,7 @@ fn gpu_present() -> bool {
             !required(),
             "REQUIRE_CUDA_PROVIDER is set, but no CUDA driver or device"
         );
-        eprintln!("SKIPPED: no CUDA driver or device on this machine");
+        transport_core::skip::note("no CUDA device", "no CUDA driver or device on this machine");
         return false;
     }
     true
@@ -37,7 +37,7 @@ fn gpu_present() -> bool {
 /// A skip for want of a CUDA-capable provider: fatal under `REQUIRE_CUDA_PROVIDER`.
 fn no_cuda_provider(why: &str) {
     assert!(!required(), "REQUIRE_CUDA_PROVIDER is set: {why}");
-    eprintln!("SKIPPED: {why}");
+    transport_core::skip::note("no CUDA-capable libfabric", why);
 }
 
 /// tcp on libfabric 1.x has no FI_HMEM: registering GPU memory is refused, naming why.
@@ -170,7 +170,7 @@ fn gpu_buffers_are_gpudirect_capable_and_export_dmabufs() {
                 assert!(d.range.export_len >= len as u64);
             }
             Err(e) if !required() => {
-                eprintln!("SKIPPED dmabuf export: {e}");
+                transport_core::skip::note("no dmabuf export", &e.to_string());
                 continue;
             }
             Err(e) => panic!("dmabuf export of {len} bytes: {e}"),

@@ -178,7 +178,7 @@ fn gpu_memory_between_processes_moves_device_to_device() {
             !required(),
             "REQUIRE_CUDA_PROVIDER is set, but no CUDA device"
         );
-        eprintln!("SKIPPED: no CUDA driver or device on this machine");
+        transport_core::skip::note("no CUDA device", "no CUDA driver or device on this machine");
         return;
     }
     let mut ep = match Endpoint::open(&nic()) {
@@ -189,7 +189,7 @@ fn gpu_memory_between_processes_moves_device_to_device() {
                 Err(e) => format!("shm with hmem=on does not open: {e}"),
             };
             assert!(!required(), "REQUIRE_CUDA_PROVIDER is set: {why}");
-            eprintln!("SKIPPED: {why}");
+            transport_core::skip::note("no CUDA-capable libfabric", &why);
             return;
         }
     };

@@ -34,7 +34,7 @@ fn open_or_skip(side: usize, f: impl FnOnce(&mut NicDesc)) -> Option<Endpoint> {
     match Endpoint::open(&n) {
         Ok(e) => Some(e),
         Err(Error::NoDevice(why)) if !required() => {
-            eprintln!("skipped, no device: {why}");
+            transport_core::skip::note("no device (transport_verbs)", &why);
             None
         }
         Err(e) => panic!("open side {side}: {e}"),
@@ -678,7 +678,10 @@ fn gid_follows_the_peers_subnet() {
         vm_gid("SOFTROCE_GID0_VLAN"),
         vm_gid("SOFTROCE_GID1_VLAN"),
     ) else {
-        eprintln!("skipped: needs the Soft-RoCE VM's second subnet and VLAN (ci/vm/init)");
+        transport_core::skip::note(
+            "not in the Soft-RoCE VM",
+            "needs the VM's second subnet and VLAN (ci/vm/init)",
+        );
         return;
     };
     let auto = |n: &mut NicDesc| n.gid_index = None;

@@ -96,7 +96,7 @@ fn fill_and_verify_host() {
 #[test]
 fn fill_and_verify_gpu() {
     if !cuda_driver() || cuda_devices().unwrap_or(0) == 0 {
-        eprintln!("fill_and_verify_gpu: skipped, no CUDA device");
+        transport_core::skip::note("no CUDA device", "no CUDA driver or device on this machine");
         return;
     }
     fill_verify_round(MemKind::Cuda);
