@@ -436,19 +436,36 @@ mod gpu_tests {
         nic
     }
 
-    /// tcp on libfabric 1.17 has no FI_HMEM: asking for it fails to open, clearly.
+    /// Whether libfabric `version`'s tcp provider offers `FI_HMEM`: not in any release this
+    /// project builds against (1.17.1, 2.1.0, 2.6.0: prov/tcp never sets it, and tcp;ofi_rxm
+    /// asks its tcp core for it), with or without CUDA. A newer release fails the tests that
+    /// ask until someone checks its prov/tcp and says here.
+    fn tcp_has_fi_hmem(version: &str) -> bool {
+        let mut it = version.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+        let v = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        assert!(
+            v <= (2, 6),
+            "libfabric {version} is newer than what this test knows of tcp's FI_HMEM \
+             (none through 2.6): check its prov/tcp and extend tcp_has_fi_hmem"
+        );
+        false
+    }
+
+    /// tcp has no FI_HMEM in the libfabric releases we run: asking for it fails to open,
+    /// clearly, naming the provider.
     #[test]
     fn hmem_on_without_fi_hmem_is_unsupported() {
+        let version = runtime_version();
+        assert!(!tcp_has_fi_hmem(&version));
         match Endpoint::open(&tcp("on")) {
             Err(Error::Unsupported(m)) => {
                 assert!(m.contains("FI_HMEM"), "{m}");
                 assert!(m.contains("tcp"), "{m}");
             }
-            Ok(ep) => {
-                // A libfabric whose tcp has FI_HMEM: then GPU memory is allowed.
-                assert!(ep.gpu_support().is_ok());
-                assert!(ep.caps().gpu_memory);
-            }
+            Ok(ep) => panic!(
+                "libfabric {version}'s tcp has no FI_HMEM, yet hmem=on opened: caps {:?}",
+                ep.caps()
+            ),
             Err(e) => panic!("expected Unsupported, got {e}"),
         }
     }

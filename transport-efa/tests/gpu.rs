@@ -40,26 +40,45 @@ fn no_cuda_provider(why: &str) {
     transport_core::skip::note("no CUDA-capable libfabric", why);
 }
 
-/// tcp on libfabric 1.x has no FI_HMEM: registering GPU memory is refused, naming why.
+/// Whether libfabric `version`'s tcp provider offers `FI_HMEM`: not in any release this
+/// project builds against (1.17.1, 2.1.0, 2.6.0: prov/tcp never sets it, and tcp;ofi_rxm asks
+/// its tcp core for it), CUDA-enabled or not. A newer release fails here until someone checks
+/// its prov/tcp (as `transport-efa/src/endpoint.rs`'s `tcp_has_fi_hmem` does).
+fn tcp_has_fi_hmem(version: &str) -> bool {
+    let mut it = version.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+    let v = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    assert!(
+        v <= (2, 6),
+        "libfabric {version} is newer than what this test knows of tcp's FI_HMEM (none through \
+         2.6): check its prov/tcp and extend tcp_has_fi_hmem"
+    );
+    false
+}
+
+/// tcp has no FI_HMEM in the libfabric releases we run (the GPU host's CUDA-enabled 2.6.0
+/// included): registering GPU memory is refused, naming why.
 #[test]
 fn gpu_memory_without_fi_hmem_is_unsupported() {
     if !gpu_present() {
         return;
     }
+    let version = Endpoint::libfabric_version();
+    assert!(!tcp_has_fi_hmem(&version));
     let mut nic = NicDesc::provider("tcp");
     nic.device = Some("lo".into());
     let mut ep = Endpoint::open(&nic).expect("open tcp");
+    assert!(
+        !ep.caps().gpu_memory,
+        "libfabric {version}: {:?}",
+        ep.caps()
+    );
     let g = GpuBuffer::alloc(0, LEN).expect("cudaMalloc");
     match ep.register(Memory::Gpu(g)) {
         Err(Error::Unsupported(m)) => {
             eprintln!("tcp: {m}");
             assert!(m.contains("FI_HMEM"), "{m}");
-            assert!(!ep.caps().gpu_memory);
         }
-        Ok(_) => {
-            assert!(ep.caps().gpu_memory, "registered without FI_HMEM");
-            eprintln!("tcp: {} registers GPU memory", ep.provider());
-        }
+        Ok(_) => panic!("libfabric {version}'s tcp has no FI_HMEM, yet GPU memory registered"),
         Err(e) => panic!("expected Unsupported, got {e}"),
     }
 }
