@@ -82,6 +82,31 @@ fn check_node(path: &Path, instance: &str) {
             let hits = match_nic(&offer, &d)
                 .unwrap_or_else(|e| panic!("{}: GPU {ordinal} NIC {j}: {e}", path.display()));
             assert_eq!(hits.len(), 2, "one domain per fabric: {hits:?}");
+            // The same NIC under a name no domain carries (a renamed device): only its PCI
+            // address can find it. With its own name the name fallback (`rdmap79s0` is
+            // `rdmap79s0-rdm`) would find the domains even if the PCI match were broken.
+            let renamed = transport_core::NicDesc {
+                device: Some(format!("renamed-{}", d.device.as_deref().unwrap_or("?"))),
+                ..d.clone()
+            };
+            let by_pci = match_nic(&offer, &renamed).unwrap_or_else(|e| {
+                panic!(
+                    "{}: GPU {ordinal} NIC {j} by PCI {pci}: {e}",
+                    path.display()
+                )
+            });
+            assert_eq!(by_pci, hits, "by PCI address alone");
+            assert!(
+                match_nic(
+                    &offer,
+                    &transport_core::NicDesc {
+                        pci: None,
+                        ..renamed.clone()
+                    }
+                )
+                .is_err(),
+                "the wrong name alone matches: it would not test the PCI match"
+            );
             for &h in &hits {
                 assert_eq!(offer[h].pci.map(|p| p.to_string()), Some(pci.clone()));
                 assert_eq!(Some(&offer[h].nic_name), d.device.as_ref());
@@ -124,10 +149,20 @@ fn every_endpoint_of_a_p5_fixture_finds_its_own_efa_domain() {
     check_node(&fixture("p5en.48xlarge.xml"), "p5en");
 }
 
+/// Where `../shared/topologies/hwloc` exists, every dump named here must be in it: a renamed
+/// or missing dump fails instead of leaving the test to pass having checked none.
 #[test]
 fn every_endpoint_of_the_real_aws_dumps_finds_its_own_efa_domain() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/topologies/hwloc");
+    if !dir.is_dir() {
+        transport_core::skip::note(
+            "no ../shared/topologies",
+            &format!("{} not present", dir.display()),
+        );
+        return;
+    }
     let mut ran = 0;
+    let mut missing = Vec::new();
     for (file, instance) in [
         ("aws-p5.48xlarge.8xH100-32xEFA.nixl.hwloc2.xml", "p5"),
         ("aws-p5en.48xlarge.8xH200-16xEFA.nixl.hwloc2.xml", "p5en"),
@@ -141,8 +176,13 @@ fn every_endpoint_of_the_real_aws_dumps_finds_its_own_efa_domain() {
             check_node(&p, instance);
             ran += 1;
         } else {
-            eprintln!("SKIPPED: {} not present", p.display());
+            missing.push(file);
         }
     }
     eprintln!("{ran} real topologies checked");
+    assert!(
+        missing.is_empty() && ran == 3,
+        "{} has no {missing:?}: {ran} of 3 real topologies checked",
+        dir.display()
+    );
 }

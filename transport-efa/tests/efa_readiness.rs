@@ -52,7 +52,9 @@ fn efa_fabric_uses_the_device_and_no_shm() {
 
 /// Every efa domain is matched by its PCI address, whatever its name: the ibverbs name
 /// `topo` reports (`rdmap79s0`) is not a domain name (`rdmap79s0-rdm`), which stopped a p5 run
-/// at its first endpoint.
+/// at its first endpoint. The NIC is named wrongly on purpose (as a renamed device would be):
+/// with its right name, the name fallback (`rdmap79s0` is `rdmap79s0-rdm`) would find the
+/// domain even if matching by PCI address were broken.
 #[test]
 fn each_domain_opens_by_its_pci_address() -> Result<()> {
     let domains = Endpoint::domains(Some("efa"))?;
@@ -70,13 +72,22 @@ fn each_domain_opens_by_its_pci_address() -> Result<()> {
             .pci
             .expect("the efa provider reports each device's PCI address");
         let nic = NicDesc {
-            device: Some(d.nic_name.clone()),
+            device: Some(format!("renamed-{}", d.nic_name)),
             pci: Some(pci.to_string()),
             ..efa()
         };
         assert!(
             !domains.iter().any(|x| x.domain == d.nic_name),
             "a bare ibverbs name"
+        );
+        assert!(
+            Endpoint::open(&NicDesc {
+                pci: None,
+                ..nic.clone()
+            })
+            .is_err(),
+            "the wrong name alone opens {}: it would not test the PCI match",
+            d.domain
         );
         let hits = match_nic(&domains, &nic)?;
         assert!(hits.iter().all(|&i| domains[i].pci == Some(pci)));
@@ -92,6 +103,11 @@ fn each_domain_opens_by_its_pci_address() -> Result<()> {
         "{seen} domains opened by PCI address of {} offered",
         domains.len()
     );
+    assert!(
+        seen > 0,
+        "no domain of the efa fabric among the {} offered: {domains:?}",
+        domains.len()
+    );
     let e = Endpoint::open(&NicDesc {
         pci: Some("0000:ff:1f.7".into()),
         device: Some("rdmap255s31".into()),
@@ -102,20 +118,44 @@ fn each_domain_opens_by_its_pci_address() -> Result<()> {
     Ok(())
 }
 
+/// Whether the simulated devices have unsolicited write receive: the `caps` line of the
+/// device file `EFA_SIM_DEVICES` names (ci/efa-sim.sh sets it); `None` outside the simulator.
+fn sim_unsolicited_write_recv() -> Option<bool> {
+    let file = std::env::var_os("EFA_SIM_DEVICES")?;
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("EFA_SIM_DEVICES={}: {e}", file.to_string_lossy()));
+    let caps: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("caps "))
+        .collect();
+    assert_eq!(caps.len(), 1, "one caps line in {}", file.to_string_lossy());
+    Some(
+        caps[0]
+            .split_whitespace()
+            .any(|c| c == "unsolicited_write_recv"),
+    )
+}
+
 /// efa-direct on a device without unsolicited write receive (`--devices minimal-nouwr`):
 /// without `FI_RX_CQ_DATA` the fabric offers no RMA and the open failed with no reason; now
 /// the endpoint posts receives for immediates on a data endpoint. A SEND is capped at the
-/// device's message size, a WRITE at its RDMA size. On other devices the endpoint takes the
-/// unsolicited path and says so.
+/// device's message size, a WRITE at its RDMA size. On a device with unsolicited write receive
+/// (`minimal`, `p5`) the endpoint takes the unsolicited path: no receives for immediates.
 #[test]
 fn efa_direct_opens_with_receives_for_immediates_where_the_device_needs_them() {
     let direct = efa().with_option("fabric", "efa-direct");
     let Some(ep) = open(&direct) else { return };
     let info = ep.info();
-    let nouwr = std::env::var("EFA_SIM_DEVICES").is_ok_and(|d| d.ends_with("minimal-nouwr"));
     eprintln!("efa-direct: {info}, caps {:?}", ep.caps());
-    if nouwr {
-        assert!(info.rx_cq_data, "{info}");
+    match sim_unsolicited_write_recv() {
+        Some(uwr) => assert_eq!(
+            info.rx_cq_data, !uwr,
+            "unsolicited write recv {uwr}: {info}"
+        ),
+        None => eprintln!(
+            "not the simulator: rx_cq_data {} not checked",
+            info.rx_cq_data
+        ),
     }
     assert!(
         ep.caps().max_msg_size < ep.caps().max_write_size,
