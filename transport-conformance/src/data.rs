@@ -136,30 +136,43 @@ pub fn write_at_offset<T: Transport>(p: &mut Pair<T>) -> Result<()> {
 
 /// Many WRITEs with immediates, batched: every immediate arrives exactly once.
 pub fn immediates_exactly_once<T: Transport>(p: &mut Pair<T>) -> Result<()> {
-    const N: usize = 256;
-    const CHUNK: usize = 1024;
-    let data = pattern(N * CHUNK, 5);
+    immediates_n(p, 256, 1024)
+}
+
+/// `n` WRITEs of 64 bytes with immediates, batched, every immediate exactly once and every
+/// byte in place: enough (a few thousand) to wrap a backend's queues of posted receives for
+/// immediates (`FI_RX_CQ_DATA`) several times, which only holds where each receive is posted
+/// again as its immediate completes.
+pub fn immediates_many<T: Transport>(p: &mut Pair<T>, n: usize) -> Result<()> {
+    immediates_n(p, n, 64)
+}
+
+fn immediates_n<T: Transport>(p: &mut Pair<T>, n: usize, chunk: usize) -> Result<()> {
+    let data = pattern(n * chunk, 5);
     let src = host_mr(&mut p.a, &data)?;
-    let dst = host_mr(&mut p.b, &vec![0u8; N * CHUNK])?;
+    let dst = host_mr(&mut p.b, &vec![0u8; n * chunk])?;
     let r = dst.remote();
-    let mut seen = vec![0u32; N];
+    let mut seen = vec![0u32; n];
     let (mut posted, mut writes) = (0usize, 0usize);
     let mut imms = 0usize;
     let start = std::time::Instant::now();
-    while writes < N || imms < N {
+    while writes < n || imms < n {
         if start.elapsed() > TIMEOUT {
             return Err(Error::Timeout {
-                what: "batched writes".into(),
+                what: format!(
+                    "{n} WRITEs with immediates: {posted} posted, {writes} completed, {imms} \
+                     immediates arrived"
+                ),
                 after: TIMEOUT,
             });
         }
-        if posted < N {
+        if posted < n {
             let mut ops = Vec::with_capacity(16);
-            for i in posted..(posted + 16).min(N) {
+            for i in posted..(posted + 16).min(n) {
                 ops.push(WriteOp {
                     peer: p.a_to_b,
-                    local: LocalSlice::new(&src, i * CHUNK, CHUNK)?,
-                    remote: r.slice((i * CHUNK) as u64, CHUNK as u64)?,
+                    local: LocalSlice::new(&src, i * chunk, chunk)?,
+                    remote: r.slice((i * chunk) as u64, chunk as u64)?,
                     imm: Some(i as u32),
                     ctx: i as u64,
                 });
@@ -171,7 +184,10 @@ pub fn immediates_exactly_once<T: Transport>(p: &mut Pair<T>) -> Result<()> {
             match (side, &c.kind) {
                 (0, CompletionKind::Write) => writes += 1,
                 (1, CompletionKind::RemoteWrite { imm }) => {
-                    seen[*imm as usize] += 1;
+                    match seen.get_mut(*imm as usize) {
+                        Some(s) => *s += 1,
+                        None => panic!("immediate {imm} was never sent (0..{n} were)"),
+                    }
                     imms += 1
                 }
                 other => panic!("unexpected completion {other:?}"),
@@ -179,9 +195,14 @@ pub fn immediates_exactly_once<T: Transport>(p: &mut Pair<T>) -> Result<()> {
             Ok(())
         })?;
     }
+    let bad: Vec<(usize, u32)> = (0..n)
+        .filter(|&i| seen[i] != 1)
+        .map(|i| (i, seen[i]))
+        .take(16)
+        .collect();
     assert!(
-        seen.iter().all(|&n| n == 1),
-        "some immediate did not arrive exactly once: {seen:?}"
+        bad.is_empty(),
+        "immediates that did not arrive exactly once (immediate, times): {bad:?}"
     );
     assert!(host_bytes(&dst) == &data[..]);
     Ok(())

@@ -29,8 +29,8 @@ mod refused;
 mod support;
 
 pub use data::{
-    fill_queue_then_drain, immediates_exactly_once, register_deregister, send_recv_len,
-    send_recv_sizes, write_at_offset,
+    fill_queue_then_drain, immediates_exactly_once, immediates_many, register_deregister,
+    send_recv_len, send_recv_sizes, write_at_offset,
 };
 pub use pair::{connect, poll_both, post_retry, warm_up, Pair, TIMEOUT};
 pub use refused::{

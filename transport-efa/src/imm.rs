@@ -17,8 +17,10 @@ use std::ptr;
 
 use libfabric_sys as fi;
 
-/// Receives kept posted on the data endpoint, at most.
-pub(crate) const MAX_IMM_RECVS: usize = 1024;
+/// Receives kept posted on the data endpoint, at most (fewer where the receive queue is
+/// shorter): a run of more immediates than this holds only because each completed receive is
+/// posted again.
+pub const MAX_IMM_RECVS: usize = 1024;
 
 /// One receive's context: scratch space for providers that need `FI_CONTEXT2`.
 #[repr(C, align(64))]

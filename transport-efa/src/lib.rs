@@ -129,6 +129,7 @@ mod slab; // operation contexts, a fixed slab
 use transport_core::{MemoryRegion, NicDesc, Post, RemoteMr};
 
 pub use crate::endpoint::{Endpoint, EndpointInfo};
+pub use crate::imm::MAX_IMM_RECVS;
 pub use crate::mr::{Mr, MrMode};
 pub use crate::nic::{match_nic, DomainInfo, Pci};
 pub use crate::shm::{

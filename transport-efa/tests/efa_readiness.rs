@@ -141,6 +141,10 @@ fn sim_unsolicited_write_recv() -> Option<bool> {
 /// the endpoint posts receives for immediates on a data endpoint. A SEND is capped at the
 /// device's message size, a WRITE at its RDMA size. On a device with unsolicited write receive
 /// (`minimal`, `p5`) the endpoint takes the unsolicited path: no receives for immediates.
+///
+/// Where it posts receives, enough immediates to wrap its receive queue several times: each
+/// receive must be posted again as its immediate completes (a `repost` that did nothing would
+/// stop the run after the first `MAX_IMM_RECVS`).
 #[test]
 fn efa_direct_opens_with_receives_for_immediates_where_the_device_needs_them() {
     let direct = efa().with_option("fabric", "efa-direct");
@@ -167,5 +171,13 @@ fn efa_direct_opens_with_receives_for_immediates_where_the_device_needs_them() {
     if let Some(mut p) = pair {
         transport_conformance::immediates_exactly_once(&mut p).expect("immediates");
         transport_conformance::send_recv_len(&mut p, 4096).expect("send");
+        if info.rx_cq_data {
+            let n = 4 * transport_efa::MAX_IMM_RECVS + 100;
+            transport_conformance::immediates_many(&mut p, n).expect("immediates");
+            eprintln!(
+                "{n} immediates: the {} receives wrapped 4 times",
+                transport_efa::MAX_IMM_RECVS
+            );
+        }
     }
 }
