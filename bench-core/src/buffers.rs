@@ -363,6 +363,31 @@ impl Versions {
         }
     }
 
+    /// The source slot and the byte offset in its page of `word`, where `word` is a word of
+    /// NIC `j`'s source (`None`: a word of no page of it, or pages not a whole number of words).
+    #[inline]
+    fn locate(&self, layout: &PageLayout, m: u64, j: usize, word: [u8; 8]) -> Option<(u64, u64)> {
+        let ps = self.page_size as u64;
+        if ps % 8 != 0 || ps == 0 {
+            return None;
+        }
+        let pos = (u64::from_le_bytes(word) ^ m).checked_mul(8)?;
+        let (page, off) = (pos / ps, pos % ps);
+        let used = layout.used as u64;
+        if page < j as u64 || (page - j as u64) % used != 0 {
+            return None;
+        }
+        Some(((page - j as u64) / used, off))
+    }
+
+    /// The repeat, modulo the period, that reads source slot `s` shifted by `q` steps into
+    /// target slot `k`.
+    #[inline]
+    fn repeat_of(&self, s: u64, q: u64, k: u64) -> u64 {
+        let n = self.slots.max(1);
+        (s + n - k % n) % n + n * q
+    }
+
     /// What repeat, modulo [`Self::period`], left `word` (the first 8 bytes of target slot
     /// `k` of NIC `j`); `None` where the word is no page start of this NIC's source (bytes of
     /// two WRITEs mixed by a read while one landed, or memory nothing wrote).
@@ -375,40 +400,125 @@ impl Versions {
         k: u64,
         word: [u8; 8],
     ) -> Option<u64> {
-        let ps = self.page_size as u64;
-        let n = self.slots.max(1);
-        if ps % 8 != 0 {
+        let (s, q) = self.decode_source(layout, mask(seed, gpu), j, k, word)?;
+        Some(self.repeat_of(s, q, k))
+    }
+
+    /// The source slot and shift step of the repeat that left `word` at the start of target
+    /// slot `k` (see [`Self::decode`]).
+    #[inline]
+    fn decode_source(
+        &self,
+        layout: &PageLayout,
+        m: u64,
+        j: usize,
+        k: u64,
+        word: [u8; 8],
+    ) -> Option<(u64, u64)> {
+        let (s, off) = self.locate(layout, m, j, word)?;
+        if off % SHIFT_STEP as u64 != 0 {
             return None;
         }
-        let pos = (u64::from_le_bytes(word) ^ mask(seed, gpu)).checked_mul(8)?;
-        let (page, off) = (pos / ps, pos % ps);
-        let used = layout.used as u64;
-        if page < j as u64 || (page - j as u64) % used != 0 || off % SHIFT_STEP as u64 != 0 {
-            return None;
-        }
-        let s = (page - j as u64) / used;
         let q = off / SHIFT_STEP as u64;
-        if s >= n || q >= self.shifts {
+        if s >= self.slots.max(1) || q >= self.shifts || (self.slots == 0 && s != k) {
             return None;
         }
-        Some((s + n - k % n) % n + n * q)
+        Some((s, q))
+    }
+
+    /// The last 8 bytes of a target slot that the repeat reading source slot `s` shifted by
+    /// `q` steps leaves (multiplications only: the check's common case, a whole page).
+    #[inline]
+    fn last_word(&self, layout: &PageLayout, m: u64, j: usize, s: u64, q: u64) -> [u8; 8] {
+        let ps = self.page_size as u64;
+        let pos = if q == 0 {
+            layout.page_of(j, s) * ps + ps - 8
+        } else {
+            layout.page_of(j, s + 1) * ps + q * SHIFT_STEP as u64 - 8
+        };
+        ((pos / 8) ^ m).to_le_bytes()
+    }
+
+    /// What repeat, modulo [`Self::period`], left `word` as the last 8 bytes of target slot
+    /// `k` of NIC `j`: the end of the source page, or, where the repeat shifts its source by
+    /// `shift` bytes, the word before `shift` of the next source page (the slack page after
+    /// the last). `None` as for [`Self::decode`].
+    pub fn decode_last(
+        &self,
+        layout: &PageLayout,
+        seed: u64,
+        gpu: u64,
+        j: usize,
+        k: u64,
+        word: [u8; 8],
+    ) -> Option<u64> {
+        self.decode_last_m(layout, mask(seed, gpu), j, k, word)
+    }
+
+    #[inline]
+    fn decode_last_m(
+        &self,
+        layout: &PageLayout,
+        m: u64,
+        j: usize,
+        k: u64,
+        word: [u8; 8],
+    ) -> Option<u64> {
+        let (s, off) = self.locate(layout, m, j, word)?;
+        let (ps, n, step) = (self.page_size as u64, self.slots.max(1), SHIFT_STEP as u64);
+        if off == ps - 8 {
+            // Unshifted: the end of source slot s.
+            if s >= n || (self.slots == 0 && s != k) {
+                return None;
+            }
+            return Some(self.repeat_of(s, 0, k));
+        }
+        // Shifted by q steps: the word before q * step of the page after source slot s.
+        let q = (off + 8) / step;
+        if (off + 8) % step != 0 || q == 0 || q >= self.shifts || s == 0 || s > n {
+            return None;
+        }
+        Some(self.repeat_of(s - 1, q, k))
     }
 }
 
+/// Slots the check of a short-period run reads per immediate, in turn (see [`RepeatCheck`]).
+const SLOTS_PER_CHECK: u64 = 64;
+
+/// What [`RepeatCheck`] can tell from a slot's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckKind {
+    /// The source turns with a period long enough to tell an older repeat from a newer one:
+    /// every slot, every immediate; a slot behind the immediate's repeat fails.
+    Order,
+    /// The source turns, with a period too short to tell older from newer: both words of each
+    /// slot must name a page of this run ([`SLOTS_PER_CHECK`] slots per immediate, in turn).
+    Whole,
+    /// The source does not turn (one buffer, fewer than [`Versions::MIN_SLOTS`] slots): every
+    /// WRITE of a slot writes the same bytes, so both words of every slot must be exactly
+    /// those bytes at every immediate (a race cannot change them).
+    Fixed,
+}
+
 /// The target's check of each immediate: when the immediate of repeat `g` arrives on a NIC,
-/// no slot of that NIC may hold an older repeat's page. One 8-byte load per slot (the first
-/// word of each page names the repeat, see [`Versions::decode`]), so it stays on whenever
-/// bytes are verified. Host memory only; the full check after the run covers GPU memory.
+/// no slot of that NIC may hold an older repeat's page, nor bytes that are no page of the run.
+/// Two 8-byte loads per slot: the first and the last word of each page, each naming the
+/// repeat that wrote it ([`Versions::decode`], [`Versions::decode_last`]), so it stays on
+/// whenever bytes are verified. Host memory only; the full check after the run covers GPU
+/// memory.
 ///
 /// The initiator does not wait for the target to read its immediates, so a slot may hold a
 /// repeat far newer than `g`; it is told from an older one by the period of the versions,
 /// which must exceed twice what the target can lag ([`RepeatCheck::MIN_PERIOD`]: the target's
-/// completion queue holds a few thousand immediates at most). Shorter periods (few or small
-/// pages) get the final check only.
+/// completion queue holds a few thousand immediates at most). Shorter periods check that each
+/// slot holds whole pages of the run ([`CheckKind::Whole`]); a source that does not turn, that
+/// each slot holds exactly its page ([`CheckKind::Fixed`]).
 ///
 /// A slot that holds an older repeat's page is a WRITE that was lost or that landed after the
 /// immediate meant to announce it: the error names the slot and both repeats. A word that
-/// names no page is a read that raced a landing WRITE; the final check looks at it again.
+/// names no page is a read that raced a landing WRITE, once: the same slot read so at its next
+/// check too is memory no WRITE of the run wrote (a lost WRITE into a fresh buffer, a stale
+/// page of another run) and fails.
 pub struct RepeatCheck {
     nic: usize,
     j: usize,
@@ -416,6 +526,13 @@ pub struct RepeatCheck {
     seed: u64,
     layout: PageLayout,
     ver: Versions,
+    /// The pattern's mask for this NIC's GPU (`mask(seed, gpu)`).
+    mask: u64,
+    kind: CheckKind,
+    /// Slots whose words named no page at their last check, a bit each.
+    torn_last: Vec<u64>,
+    /// The next slot a [`CheckKind::Whole`] check reads.
+    cursor: u64,
     /// Slots that matched no page at some check.
     pub torn: u64,
     /// Immediates checked.
@@ -423,11 +540,13 @@ pub struct RepeatCheck {
 }
 
 impl RepeatCheck {
-    /// Periods below this give no mid-run check.
+    /// Periods below this cannot tell a newer repeat from an older one (see
+    /// [`CheckKind::Whole`]).
     pub const MIN_PERIOD: u64 = 1 << 13;
 
-    /// The check of NIC `j` (index `nic`) of GPU index `gpu`, or `None` where the period of
-    /// `ver` is too short to tell a new repeat from an old one.
+    /// The check of NIC `j` (index `nic`) of GPU index `gpu` under `ver`, or `None` where
+    /// the source turns over pages that are not a whole number of words (no word names its
+    /// place).
     pub fn new(
         layout: &PageLayout,
         ver: Versions,
@@ -436,45 +555,124 @@ impl RepeatCheck {
         j: usize,
         nic: usize,
     ) -> Option<Self> {
-        (ver.period() >= Self::MIN_PERIOD && layout.page_size % 8 == 0).then_some(RepeatCheck {
+        let ps = layout.page_size;
+        let kind = if ver.slots() == 0 {
+            CheckKind::Fixed
+        } else if ps % 8 != 0 {
+            return None;
+        } else if ver.period() >= Self::MIN_PERIOD {
+            CheckKind::Order
+        } else {
+            CheckKind::Whole
+        };
+        Some(RepeatCheck {
             nic,
             j,
             gpu,
             seed,
             layout: *layout,
             ver,
+            mask: mask(seed, gpu),
+            kind,
+            torn_last: vec![0; layout.slots(j).div_ceil(64) as usize],
+            cursor: 0,
             torn: 0,
             checked: 0,
         })
     }
 
-    /// The immediate of repeat `g` arrived: check every slot of `mr`.
+    /// What this check can tell.
+    pub fn kind(&self) -> CheckKind {
+        self.kind
+    }
+
+    /// The immediate of repeat `g` arrived: check the slots of `mr`.
     pub fn check<M: MemoryRegion>(&mut self, mr: &M, g: u64) -> Result<()> {
         let Some(h) = mr.memory().host() else {
             return Ok(());
         };
-        let period = self.ver.period();
         self.checked += 1;
-        for k in 0..self.layout.slots(self.j) {
-            let Some(word) = h.peek8(k as usize * self.layout.page_size) else {
-                return Ok(());
-            };
-            let Some(x) = self
-                .ver
-                .decode(&self.layout, self.seed, self.gpu, self.j, k, word)
-            else {
-                self.torn += 1;
-                continue;
-            };
-            // How far ahead of g the slot's repeat is, modulo the period: a repeat behind g
-            // shows as almost a whole period ahead.
-            let ahead = (x + period - g % period) % period;
+        let slots = self.layout.slots(self.j);
+        if self.kind == CheckKind::Fixed {
+            return (0..slots).try_for_each(|k| self.check_fixed(h, k, g));
+        }
+        let (first, n) = match self.kind {
+            CheckKind::Whole => (self.cursor, SLOTS_PER_CHECK.min(slots)),
+            _ => (0, slots),
+        };
+        let period = self.ver.period();
+        let gp = g % period;
+        let mut k = first;
+        for _ in 0..n {
+            self.check_turned(h, k, g, gp, period)?;
+            k += 1;
+            if k == slots {
+                k = 0;
+            }
+        }
+        self.cursor = k;
+        Ok(())
+    }
+
+    /// The two words of slot `k`, where they fit in `h`.
+    #[inline]
+    fn words(&self, h: &HostBuffer, k: u64) -> Result<([u8; 8], [u8; 8])> {
+        let ps = self.layout.page_size;
+        let at = k as usize * ps;
+        match (h.peek8(at), h.peek8(at + ps - 8)) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(Error::Verify(format!(
+                "NIC {}: slot {k} ({ps} bytes at {at}) is past the end of the {}-byte region",
+                self.nic,
+                h.len()
+            ))),
+        }
+    }
+
+    /// Slot `k` at the immediate of repeat `g` (`gp`: `g` modulo the period).
+    #[inline]
+    fn check_turned(&mut self, h: &HostBuffer, k: u64, g: u64, gp: u64, period: u64) -> Result<()> {
+        let (first, last) = self.words(h, k)?;
+        let (l, v, m, j) = (&self.layout, &self.ver, self.mask, self.j);
+        let src = v.decode_source(l, m, j, k, first);
+        let a = src.map(|(sl, q)| v.repeat_of(sl, q, k));
+        let (b, whole) = match src {
+            _ if l.page_size <= 8 => (a, true),
+            // The whole page of one repeat (the common case): no second decode.
+            Some((sl, q)) if v.last_word(l, m, j, sl, q) == last => (a, true),
+            _ => (v.decode_last_m(l, m, j, k, last), false),
+        };
+        let (bit, w) = ((k % 64) as u32, (k / 64) as usize);
+        let (Some(a), Some(b)) = (a, b) else {
+            self.torn += 1;
+            if self.torn_last[w] & (1 << bit) != 0 {
+                return Err(Error::Verify(format!(
+                    "NIC {}: slot {k} held bytes that are no page of this run at two checks in \
+                     a row (the last at the immediate of repeat {g}; first word {}, last word \
+                     {}): a WRITE that never landed, or memory of something else",
+                    self.nic,
+                    hex8(first),
+                    hex8(last)
+                )));
+            }
+            self.torn_last[w] |= 1 << bit;
+            return Ok(());
+        };
+        self.torn_last[w] &= !(1 << bit);
+        if self.kind != CheckKind::Order {
+            return Ok(());
+        }
+        // How far ahead of g each word's repeat is, modulo the period: a repeat behind g shows
+        // as almost a whole period ahead.
+        let words = if whole { 1 } else { 2 };
+        for (x, which) in [(a, "first"), (b, "last")].into_iter().take(words) {
+            let ahead = (x + period - gp) % period;
             if ahead > period / 2 {
                 let behind = period - ahead;
                 return Err(Error::Verify(format!(
                     "NIC {}: when the immediate of repeat {g} arrived, slot {k} still held the \
-                     page of repeat {}: a WRITE of repeat {g} was lost, or landed after the \
-                     immediate that announced it",
+                     page of repeat {} (its {which} word): a WRITE of repeat {g} was lost, or \
+                     landed after the immediate that announced it",
                     self.nic,
                     g.saturating_sub(behind)
                 )));
@@ -482,6 +680,52 @@ impl RepeatCheck {
         }
         Ok(())
     }
+
+    /// A source that does not turn: slot `k` holds its own page, byte for byte, in its first
+    /// and last word (its only word, for pages of 8 bytes or fewer).
+    fn check_fixed(&self, h: &HostBuffer, k: u64, g: u64) -> Result<()> {
+        let ps = self.layout.page_size;
+        let base = self.layout.page_of(self.j, k) * ps as u64;
+        let n = ps.min(8);
+        for (off, which) in [(0, "first"), (ps - n, "last")] {
+            let at = k as usize * ps + off;
+            // The n bytes at `at`, read as 8 bytes that fit the region.
+            let from = at.min(h.len().saturating_sub(8));
+            let Some(got) = h.peek8(from) else {
+                return Err(Error::Verify(format!(
+                    "NIC {}: slot {k} ({ps} bytes at {}) is past the end of the {}-byte region",
+                    self.nic,
+                    k as usize * ps,
+                    h.len()
+                )));
+            };
+            let got = &got[at - from..at - from + n];
+            let mut want = [0u8; 8];
+            fill_at(self.seed, self.gpu, base + off as u64, &mut want[..n]);
+            if got != &want[..n] {
+                return Err(Error::Verify(format!(
+                    "NIC {}: when the immediate of repeat {g} arrived, slot {k}'s {which} \
+                     {n} bytes were {}, not its page's {}: every WRITE of the slot writes \
+                     that page, so none of them landed there",
+                    self.nic,
+                    hex8_n(got),
+                    hex8_n(&want[..n])
+                )));
+            }
+            if ps <= 8 {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn hex8(w: [u8; 8]) -> String {
+    hex8_n(&w)
+}
+
+fn hex8_n(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Fill `len` bytes at the start of `mr` with one message's pattern, `slots` times back to back.

@@ -155,6 +155,7 @@ impl HostBuffer {
     /// Eight bytes at `offset`, read with a volatile load, for checks that look at memory a
     /// peer's WRITEs may still be changing (the bytes may then mix an old and a new value);
     /// `None` where they do not fit the buffer.
+    #[inline]
     pub fn peek8(&self, offset: usize) -> Option<[u8; 8]> {
         let end = offset.checked_add(8)?;
         if end > self.len {

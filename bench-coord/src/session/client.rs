@@ -346,9 +346,16 @@ fn run_one<T: Transport>(
                     .iter()
                     .flatten()
                     .fold((0, 0), |(a, b), c| (a + c.checked, b + c.torn));
+                let of = |k: buffers::CheckKind| {
+                    checks.iter().flatten().filter(|c| c.kind() == k).count()
+                };
                 eprintln!(
                     "rdma-bench: {n} immediates checked on arrival ({torn} slot reads raced a \
-                     landing WRITE); NICs without the check: {}",
+                     landing WRITE); NICs checked for order: {}, for whole pages: {}, for \
+                     their fixed page: {}; NICs without the check: {}",
+                    of(buffers::CheckKind::Order),
+                    of(buffers::CheckKind::Whole),
+                    of(buffers::CheckKind::Fixed),
                     checks.iter().filter(|c| c.is_none()).count()
                 );
             }

@@ -138,6 +138,12 @@ fn versions_name_the_repeat_a_slot_holds() {
                 ver.decode(&layout, 7, 3, j, k, word),
                 Some(h % ver.period())
             );
+            let last: [u8; 8] = got[248..256].try_into().unwrap();
+            assert_eq!(
+                ver.decode_last(&layout, 7, 3, j, k, last),
+                Some(h % ver.period()),
+                "repeat {h} slot {k}: last word"
+            );
         }
     }
     // Words that are no page start of this NIC: another NIC's page, a mid-page word.
@@ -151,8 +157,20 @@ fn versions_name_the_repeat_a_slot_holds() {
     assert_eq!(Versions::new(256, Versions::MIN_SLOTS - 1, true), none);
 }
 
+/// The pages `ver` leaves in NIC `j`'s slots after repeat `g`, written into `mr`.
+fn put(mr: &mut Plain, layout: &PageLayout, ver: &Versions, seed: u64, j: usize, g: u64) {
+    let ps = layout.page_size;
+    let mut page = vec![0u8; ps];
+    for k in 0..layout.slots(j) {
+        ver.expected(layout, seed, 0, j, k, g, &mut page);
+        mr.0.write_at(k as usize * ps, &page).unwrap();
+    }
+}
+
 /// The immediate check: a slot still holding the previous repeat's page fails, naming
-/// both repeats; newer pages (the initiator runs ahead) and torn words pass.
+/// both repeats, in its first word or its last; newer pages (the initiator runs ahead) pass,
+/// and so does a word that names no page once (a read racing a WRITE), but not twice in a
+/// row at the same slot.
 #[test]
 fn repeat_check_catches_a_stale_slot() {
     let layout = PageLayout {
@@ -163,15 +181,9 @@ fn repeat_check_catches_a_stale_slot() {
     let n = layout.slots(0);
     let ver = Versions::new(4096, n, true);
     let mut chk = RepeatCheck::new(&layout, ver, 5, 0, 0, 2).expect("long period");
-    let mut mr = Plain(Memory::Host(HostBuffer::new(n as usize * 4096)));
-    let put = |mr: &mut Plain, g: u64| {
-        let mut page = vec![0u8; 4096];
-        for k in 0..n {
-            ver.expected(&layout, 5, 0, 0, k, g, &mut page);
-            mr.0.write_at(k as usize * 4096, &page).unwrap();
-        }
-    };
-    put(&mut mr, 1000);
+    assert_eq!(chk.kind(), CheckKind::Order);
+    let mut mr = Plain(Memory::Host(HostBuffer::new((n as usize + 1) * 4096)));
+    put(&mut mr, &layout, &ver, 5, 0, 1000);
     chk.check(&mr, 1000).unwrap();
     chk.check(&mr, 990).unwrap(); // pages newer than the immediate: fine
     let mut page = vec![0u8; 4096];
@@ -182,16 +194,150 @@ fn repeat_check_catches_a_stale_slot() {
         e.contains("NIC 2") && e.contains("slot 17") && e.contains("repeat 999"),
         "{e}"
     );
+    // Only the end of the page is stale (a WRITE whose last piece was lost).
+    put(&mut mr, &layout, &ver, 5, 0, 1000);
+    ver.expected(&layout, 5, 0, 0, 18, 999, &mut page);
+    mr.0.write_at(18 * 4096 + 4096 - 64, &page[4096 - 64..])
+        .unwrap();
+    let e = chk.check(&mr, 1000).unwrap_err().to_string();
+    assert!(
+        e.contains("slot 18") && e.contains("repeat 999") && e.contains("last word"),
+        "{e}"
+    );
+    // A word that names no page: once is a race, twice in a row at that slot is a failure.
+    put(&mut mr, &layout, &ver, 5, 0, 1000);
     mr.0.write_at(17 * 4096, &[0x55; 8]).unwrap();
     chk.check(&mr, 1000).unwrap();
     assert_eq!(chk.torn, 1);
-    // Too short a period for a mid-run check: 16 pages of 4 KiB.
-    let small = PageLayout {
-        page_size: 4096,
-        pages: 16,
+    let e = chk.check(&mr, 1000).unwrap_err().to_string();
+    assert!(
+        e.contains("slot 17") && e.contains("two checks in a row"),
+        "{e}"
+    );
+    // Torn, then whole again: the count starts over.
+    let mut chk = RepeatCheck::new(&layout, ver, 5, 0, 0, 2).unwrap();
+    put(&mut mr, &layout, &ver, 5, 0, 1000);
+    mr.0.write_at(4096 - 8, &[0x66; 8]).unwrap(); // slot 0's last word
+    chk.check(&mr, 1000).unwrap();
+    put(&mut mr, &layout, &ver, 5, 0, 1001);
+    chk.check(&mr, 1001).unwrap();
+    mr.0.write_at(4096 - 8, &[0x66; 8]).unwrap();
+    chk.check(&mr, 1001).unwrap();
+    assert_eq!(chk.torn, 2);
+}
+
+/// A slot nothing wrote (a lost WRITE into a zeroed buffer) and a stale page whose first
+/// word is junk each fail by the second check, under every kind of check.
+#[test]
+fn repeat_check_fails_a_slot_never_written() {
+    for (pages, ps) in [(256u64, 4096usize), (16, 4096), (64, 64)] {
+        let layout = PageLayout {
+            page_size: ps,
+            pages,
+            used: 1,
+        };
+        let n = layout.slots(0);
+        let ver = Versions::new(ps, n, true);
+        let mut chk = RepeatCheck::new(&layout, ver, 9, 0, 0, 0).unwrap();
+        let mut mr = Plain(Memory::Host(HostBuffer::new((n as usize + 1) * ps)));
+        put(&mut mr, &layout, &ver, 9, 0, 50); // the initiator ahead of the checks
+        chk.check(&mr, 40).unwrap();
+        // Slot 3 never written.
+        mr.0.write_at(3 * ps, &vec![0u8; ps]).unwrap();
+        let mut failed = None;
+        for g in 40..44 {
+            if let Err(e) = chk.check(&mr, g) {
+                failed = Some(e.to_string());
+                break;
+            }
+        }
+        let e = failed
+            .unwrap_or_else(|| panic!("{pages} x {ps}: a zeroed slot passed ({} torn)", chk.torn));
+        assert!(e.contains("slot 3"), "{e}");
+    }
+}
+
+/// Periods too short to tell older from newer: whole pages of any repeat pass, 64 slots an
+/// immediate in turn, and a slot that is no page at two of its checks in a row fails.
+#[test]
+fn short_periods_check_whole_pages_in_turn() {
+    let layout = PageLayout {
+        page_size: 64,
+        pages: 200,
         used: 1,
     };
-    assert!(RepeatCheck::new(&small, Versions::new(4096, 16, true), 5, 0, 0, 0).is_none());
+    let n = layout.slots(0);
+    let ver = Versions::new(64, n, true);
+    assert!(ver.period() < RepeatCheck::MIN_PERIOD);
+    let mut chk = RepeatCheck::new(&layout, ver, 3, 0, 0, 0).unwrap();
+    assert_eq!(chk.kind(), CheckKind::Whole);
+    let mut mr = Plain(Memory::Host(HostBuffer::new((n as usize + 1) * 64)));
+    put(&mut mr, &layout, &ver, 3, 0, 7);
+    // An older page passes: nothing tells it from a newer one.
+    let mut page = vec![0u8; 64];
+    ver.expected(&layout, 3, 0, 0, 150, 2, &mut page);
+    mr.0.write_at(150 * 64, &page).unwrap();
+    for g in 7..7 + 2 * n.div_ceil(64) {
+        chk.check(&mr, g).unwrap();
+    }
+    // Slot 199 junk: read at its turn (every 4th immediate), fails at its second.
+    mr.0.write_at(199 * 64 + 56, &[0xee; 8]).unwrap();
+    let mut at = None;
+    for g in 100..120 {
+        if let Err(e) = chk.check(&mr, g) {
+            assert!(e.to_string().contains("slot 199"), "{e}");
+            at = Some(g);
+            break;
+        }
+    }
+    assert!(at.is_some(), "a junk slot passed");
+    assert_eq!(chk.torn, 2);
+}
+
+/// A source that does not turn (one buffer, fewer than 16 slots): every slot must hold its
+/// own page, first and last word, at every immediate; a slot nothing wrote fails at once.
+#[test]
+fn fixed_pages_are_checked_at_every_immediate() {
+    for (pages, ps) in [(1u64, 65536usize), (5, 4096), (3, 12), (4, 3), (1, 8)] {
+        let layout = PageLayout {
+            page_size: ps,
+            pages,
+            used: 1,
+        };
+        let n = layout.slots(0);
+        let ver = Versions::new(ps, n, true);
+        assert_eq!(ver, Versions::none(ps));
+        let mut chk = RepeatCheck::new(&layout, ver, 4, 0, 0, 1).unwrap();
+        assert_eq!(chk.kind(), CheckKind::Fixed);
+        let len = ((n as usize + 1) * ps).max(64);
+        let mut mr = Plain(Memory::Host(HostBuffer::new(len)));
+        put(&mut mr, &layout, &ver, 4, 0, 0);
+        chk.check(&mr, 0).unwrap();
+        chk.check(&mr, 77).unwrap();
+        let k = n - 1;
+        // The last byte of the last slot wrong (for pages of 8 bytes or fewer, the first).
+        let at = k as usize * ps + ps - 1;
+        let mut b = [0u8; 1];
+        mr.0.read_at(at, &mut b).unwrap();
+        mr.0.write_at(at, &[b[0] ^ 1]).unwrap();
+        let e = chk.check(&mr, 78).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("slot {k}'s")) && e.contains("NIC 1"),
+            "{e}"
+        );
+        // A zeroed slot fails at its first check.
+        put(&mut mr, &layout, &ver, 4, 0, 0);
+        mr.0.write_at(0, &vec![0u8; ps]).unwrap();
+        let e = chk.check(&mr, 79).unwrap_err().to_string();
+        assert!(e.contains("slot 0's"), "{pages} x {ps}: {e}");
+    }
+    // A turning source over pages that are no whole number of words: no mid-run check.
+    let odd = PageLayout {
+        page_size: 100,
+        pages: 32,
+        used: 1,
+    };
+    assert!(RepeatCheck::new(&odd, Versions::new(100, 32, true), 5, 0, 0, 0).is_none());
 }
 
 #[test]
