@@ -39,7 +39,7 @@ p5)
   # the one a p5 user types.
   topo=${RDMA_BENCH_TOPOLOGY:?run with --devices p5}
   timeout 300 "$B" loopback --provider efa --gpus 0-7 --nics-per-gpu 4 \
-    -s 4K -n 3 -v > "$TMP/out" 2> "$TMP/err" || { cat "$TMP/err" >&2; fail "loopback (rc $?)"; }
+    -s 4K -n 3 -v > "$TMP/out" 2> "$TMP/err" || { rc=$?; cat "$TMP/err" >&2; fail "loopback (rc $rc)"; }
   cat "$TMP/out"
   grep -q "8 GPU(s) x 4 NIC(s), every byte verified" "$TMP/out" || fail "not 8 x 4, verified"
   # Each NIC line of -v: "NIC i (GPU g): efa <domain> ... PCI <addr>"; topo's JSON names each
@@ -68,7 +68,10 @@ lost-write)
   export EFA_SIM_REORDER=16 EFA_SIM_SEED=${EFA_SIM_SEED:-3}
   timeout 300 "$B" loopback --provider efa -s 4K -n 20 -v > "$TMP/ok" 2>&1 ||
     { cat "$TMP/ok" >&2; fail "a clean run failed"; }
-  grep -q "immediates checked on arrival" "$TMP/ok" || fail "the check did not run"
+  # Every immediate checked (20 repeats and the warm-up's), on the one NIC, for order.
+  checked=$(sed -n 's/^rdma-bench: \([0-9]*\) immediates checked on arrival.*/\1/p' "$TMP/ok")
+  [ "${checked:-0}" -ge 20 ] || fail "the check did not run (${checked:-no} immediates checked)"
+  grep -q "NICs checked for order: 1," "$TMP/ok" || fail "the check did not look at the order"
   set +e
   EFA_SIM_LOSE_WRITE_PERMILLE=5 timeout 300 "$B" loopback --provider efa -s 4K -n 20 \
     > "$TMP/lost" 2>&1
