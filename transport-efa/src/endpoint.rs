@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use libfabric_sys as fi;
 use transport_core::{
-    Caps, Completion, EndpointAddr, Error, LocalSlice, Memory, NicDesc, PeerId, Post, RemoteSlice,
-    Result, Transport, WriteOp,
+    BackendInfo, Caps, Completion, EndpointAddr, Error, LocalSlice, Memory, NicDesc, PeerId, Post,
+    RemoteSlice, Result, Runtime, Transport, WriteOp,
 };
 
+use crate::about;
 use crate::domain::Domain;
 use crate::error::{provider, runtime_version};
 use crate::imm::ImmRecvs;
@@ -93,6 +94,10 @@ pub struct EndpointInfo {
     pub rx_cq_data: bool,
     /// The NIC's PCI function, where the provider reports it.
     pub pci: Option<Pci>,
+    /// The provider's own version (`fabric_attr->prov_version`, `major.minor`).
+    pub provider_version: String,
+    /// The NIC's firmware (`nic->device_attr->firmware`), where the provider reports it.
+    pub firmware: Option<String>,
 }
 
 impl fmt::Display for EndpointInfo {
@@ -258,7 +263,7 @@ impl Endpoint {
 impl Transport for Endpoint {
     type Mr = Mr;
 
-    const BACKEND: &'static str = "efa";
+    const INFO: &'static BackendInfo = &about::INFO;
 
     fn open(nic: &NicDesc) -> Result<Self> {
         Self::open_inner(nic)
@@ -423,6 +428,10 @@ impl Transport for Endpoint {
 
     fn details(&self) -> String {
         format!("fabric {}, {}", self.fabric, self.info)
+    }
+
+    fn runtime(&self) -> Runtime {
+        about::runtime(self)
     }
 }
 

@@ -108,6 +108,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod about; // what the backend says about itself: INFO, the doctor's probe, an endpoint's runtime
 mod addr; // peers' addresses: add_peer, the AV, each post's destination
 mod cq; // the completion path: a CQ entry as a Completion, an error entry
 mod domain; // the fabric and domain, shared by the endpoint and its regions
@@ -128,6 +129,7 @@ mod slab; // operation contexts, a fixed slab
 #[cfg(doc)]
 use transport_core::{MemoryRegion, NicDesc, Post, RemoteMr};
 
+pub use crate::about::{libfabric_release, probe};
 pub use crate::endpoint::{Endpoint, EndpointInfo};
 pub use crate::mr::{Mr, MrMode};
 pub use crate::nic::{match_nic, DomainInfo, Pci};
