@@ -332,6 +332,62 @@ mod tests {
         );
     }
 
+    /// The record's facts show, the peer's beside this side's, each compare pair's and each
+    /// differing rank's backends under them, all escaped.
+    #[test]
+    fn the_run_record_shows_every_side() {
+        use bench_core::record::{Facts, PairRecord, RankFacts, Record};
+        use transport_core::Runtime;
+        let rt = |dev: &str| Runtime {
+            backend: "efa".into(),
+            library: "libfabric".into(),
+            version: Some("2.6.0".into()),
+            provider: Some("efa".into()),
+            device: dev.into(),
+            firmware: Some("<fw 1.2>".into()),
+            ..Runtime::default()
+        };
+        let mut me = Facts::here("0.1.0", "abc123");
+        me.host = "node<a>".into();
+        let mut r = Record::now(me.with_backend(rt("rdmap0")));
+        let mut other = me.with_backend(rt("rdmap1"));
+        other.host = "node-b".into();
+        r.peer = Some(other.clone());
+        r.pairs.push(PairRecord {
+            pair: "efa:efa".into(),
+            backend: rt("rdmap0"),
+            peer: rt("rdmap1"),
+        });
+        r.ranks.push(RankFacts {
+            rank: 3,
+            facts: other,
+        });
+        let p = Page {
+            command: "rdma-bench".into(),
+            runs: vec![],
+            failures: vec![],
+            gate: None,
+            plot_svg: None,
+            topology: None,
+            topology_svg: None,
+            doctor: None,
+            record: Some(&r),
+        };
+        let h = render(&p);
+        for want in [
+            "<h2>Run record</h2>",
+            "<th class=\"l\">peer</th>",
+            "<td class=\"l\">node&lt;a&gt;</td><td class=\"l\">node-b</td>",
+            "0.1.0 (abc123)",
+            "libfabric 2.6.0",
+            "&lt;fw 1.2&gt;",
+            "<td class=\"l\">efa:efa</td>",
+            "<td>3</td><td class=\"l\">node-b</td>",
+        ] {
+            assert!(h.contains(want), "{want}:\n{h}");
+        }
+    }
+
     #[test]
     fn empty_page_is_well_formed() {
         let p = Page {

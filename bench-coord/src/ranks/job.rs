@@ -299,3 +299,24 @@ fn build(
         record: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rank 0's facts head the record; another rank's follow only where they differ.
+    #[test]
+    fn the_record_lists_the_ranks_that_differ() {
+        let f = |host: &str| Facts {
+            host: host.into(),
+            rdma_bench: "0.1.0".into(),
+            ..Facts::default()
+        };
+        let all = vec![(0, f("a")), (1, f("a")), (2, f("b")), (3, f("a"))];
+        let r = record(&all).unwrap();
+        assert_eq!(r.this.host, "a");
+        assert_eq!(r.ranks.len(), 1);
+        assert_eq!((r.ranks[0].rank, r.ranks[0].facts.host.as_str()), (2, "b"));
+        assert!(record(&all[1..]).is_none(), "no rank 0, no record");
+    }
+}
