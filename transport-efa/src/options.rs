@@ -106,11 +106,9 @@ impl Options {
 
 #[cfg(test)]
 mod tests {
-    use transport_core::{NicDesc, Transport};
+    use transport_core::{Error, NicDesc, Transport};
 
-    use super::*;
     use crate::Endpoint;
-    use transport_core::Error;
 
     #[test]
     fn unknown_option_is_refused() {

@@ -148,10 +148,10 @@ fn ranks_main<T: Transport>(
     let mine = Links {
         rank,
         links: data::wire(links),
-        facts: Some(match links.first() {
+        facts: Some(Box::new(match links.first() {
             Some(l) => cfg.facts.with_backend(l.ep.runtime()),
             None => cfg.facts.clone(),
-        }),
+        })),
     };
     let ends = coord.exchange(mine, j.timeout)?;
     for (k, e) in ends.iter().enumerate() {

@@ -61,7 +61,7 @@ impl Coord {
                 let mut all: HashMap<u32, Links> = rest.into_iter().collect();
                 all.insert(0, mine);
                 h.facts = (0..world)
-                    .filter_map(|r| Some((r, all.get(&r)?.facts.clone()?)))
+                    .filter_map(|r| Some((r, *all.get(&r)?.facts.clone()?)))
                     .collect();
                 for r in 1..world {
                     let routed = route(r, &all[&r].links, &all)?;

@@ -153,7 +153,7 @@ pub fn client<T: Transport>(
         nics_per_gpu: cfg.nics_per_gpu as u32,
         mem: cfg.mem,
         nics: side.wire(),
-        facts: Some(facts.clone()),
+        facts: Some(Box::new(facts.clone())),
     };
     ctrl.send(&Msg::Hello(hello))?;
     let welcome: Welcome = match ctrl.recv(PREPARE_TIMEOUT, "the server's welcome")? {
@@ -176,7 +176,7 @@ pub fn client<T: Transport>(
             n.mrs[0].len
         )));
     }
-    let peer = welcome.facts;
+    let peer = welcome.facts.map(|f| *f);
     side.connect(welcome.nics)?;
     // The server announced its endpoints before its welcome: take that in now.
     side.settle()?;

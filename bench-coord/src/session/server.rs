@@ -208,7 +208,9 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
         )));
     }
     side.register(cfg.side.mem, want.max(64) as usize)?;
-    let facts = side.runtime().map(|r| cfg.side.facts.with_backend(r));
+    let facts = side
+        .runtime()
+        .map(|r| Box::new(cfg.side.facts.with_backend(r)));
     let wire = side.wire();
     side.connect(hello.nics)?;
     ctrl.send(&Msg::Welcome(Welcome {

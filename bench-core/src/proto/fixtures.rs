@@ -43,7 +43,7 @@ pub(crate) fn hello() -> Hello {
         nics_per_gpu: 1,
         mem: MemKind::Host,
         nics: vec![nic(0), nic(1)],
-        facts: Some(facts()),
+        facts: Some(Box::new(facts())),
     }
 }
 
@@ -143,7 +143,7 @@ pub(super) fn links() -> Links {
     Links {
         rank: 1,
         links: vec![link(true), link(false)],
-        facts: Some(facts()),
+        facts: Some(Box::new(facts())),
     }
 }
 

@@ -84,7 +84,7 @@ pub struct Links {
     pub links: Vec<LinkWire>,
     /// What the rank is and runs on (rank to rank 0 only), for the job's run record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub facts: Option<Facts>,
+    pub facts: Option<Box<Facts>>,
 }
 
 /// What one link measured in the timed phase.

@@ -37,7 +37,7 @@ pub struct Hello {
     pub nics: Vec<NicWire>,
     /// What the client is and runs on (its run record's facts, with its backend's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub facts: Option<Facts>,
+    pub facts: Option<Box<Facts>>,
 }
 
 /// Server's answer to a good `Hello`.
@@ -49,7 +49,7 @@ pub struct Welcome {
     pub nics: Vec<NicWire>,
     /// What the server is and runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub facts: Option<Facts>,
+    pub facts: Option<Box<Facts>>,
 }
 
 /// One run.
