@@ -1,6 +1,6 @@
 //! rdma-bench's coordination layer: who runs what, where, and with whom.
 //!
-//! - [`backend`]: a backend as a program offers it ([`backend::Backend`]: its description and
+//! - [`backend`](mod@backend): a backend as a program offers it ([`backend::Backend`]: its description and
 //!   this crate's entry points for it); a program's table of them is the one place a backend
 //!   is chosen, and everything below it is generic over [`transport_core::Transport`].
 //! - [`session`]: the server (one session per client), the client, and loopback (both sides
