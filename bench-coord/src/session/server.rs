@@ -173,7 +173,8 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
             )))
         }
     };
-    if hello.backend != T::BACKEND {
+    // By name or by an alias (a renamed backend still meets a client that uses its old name).
+    if !T::INFO.answers_to(&hello.backend) {
         return Err(Error::Protocol(format!(
             "backend mismatch: the client uses {}, this server runs {}",
             hello.backend,
