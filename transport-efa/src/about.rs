@@ -1,39 +1,17 @@
-//! What this backend says about itself ([`INFO`]), what a node check learns from the loaded
-//! libfabric ([`probe`]), and what an open endpoint runs on ([`runtime`]).
+//! What this backend says about itself (the parts of `crate::INFO`: its options, NIC driver,
+//! provider environment), what a node check learns from the loaded libfabric ([`probe`]),
+//! and what an open endpoint runs on (`Endpoint::runtime_facts`).
 
 use std::os::raw::{c_char, c_void};
 
 use libfabric_sys as fi;
-use transport_core::{
-    mapped_library, BackendInfo, NicDesc, OptionInfo, Probe, ProviderInfo, Runtime, Transport,
-};
+use transport_core::{mapped_library, NicDesc, OptionInfo, Probe, Runtime, Transport};
 
 use crate::endpoint::Endpoint;
 use crate::error::{cstr, runtime_version};
 
-/// This backend, as `transport_core::Transport::INFO` gives it.
-pub(crate) const INFO: BackendInfo = BackendInfo {
-    name: "efa",
-    aliases: &[],
-    help: "libfabric (AWS EFA, and the shm and tcp providers anywhere)",
-    library: "libfabric",
-    provider: Some(ProviderInfo {
-        loopback_default: "shm",
-        env: provider_env,
-    }),
-    nic_driver,
-    options: OPTIONS,
-    options_env: None,
-    // Both sides in one process: shm cannot move GPU memory between them by CUDA IPC (CUDA
-    // opens no handle in the process that made it), so GPU regions are registered without
-    // FI_HMEM_DEVICE_ONLY and shm copies through the host (tests/gpu_ipc.rs).
-    same_process_gpu: &[("gpu_ipc", "off")],
-    probe: Some(probe),
-    exit_abandoning: Some(crate::shm::exit_abandoning_endpoints),
-};
-
 /// The options of `NicDesc::options` (the crate docs say what each does).
-const OPTIONS: &[OptionInfo] = &[
+pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         key: "mr_mode",
         values: "strict|default",
@@ -78,13 +56,13 @@ const OPTIONS: &[OptionInfo] = &[
 
 /// The efa provider (named, or the default) goes over the machine's EFA devices; shm and tcp
 /// copy memory.
-fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
+pub(crate) fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
     provider.map_or(true, |p| p == "efa").then_some("efa")
 }
 
 /// libfabric's tcp provider stays on the loopback interface unless told otherwise: traffic
 /// of a run on one host (and of tests) never leaves it.
-fn provider_env(provider: &str) -> &'static [(&'static str, &'static str)] {
+pub(crate) fn provider_env(provider: &str) -> &'static [(&'static str, &'static str)] {
     if provider.starts_with("tcp") {
         &[("FI_TCP_IFACE", "lo")]
     } else {
@@ -151,49 +129,52 @@ fn names_libcuda(path: &str) -> Option<bool> {
     Some(bytes.windows(needle.len()).any(|w| w == needle))
 }
 
-/// What `ep` runs on.
-pub(crate) fn runtime(ep: &Endpoint) -> Runtime {
-    let i = ep.info();
-    let mut settings = std::collections::BTreeMap::new();
-    let mut set = |k: &str, v: String| {
-        settings.insert(k.to_string(), v);
-    };
-    set("api_version", i.api_version.clone());
-    set("provider_version", i.provider_version.clone());
-    set("threading", i.threading.to_string());
-    set("mr_mode", ep.mr_mode().to_string());
-    set(
-        "write_completion",
-        if ep.write_flags & fi::FI_DELIVERY_COMPLETE != 0 {
-            "delivery"
-        } else {
-            "transmit"
+impl Endpoint {
+    /// What this endpoint runs on (`Transport::runtime`).
+    pub(crate) fn runtime_facts(&self) -> Runtime {
+        let ep = self;
+        let i = ep.info();
+        let mut settings = std::collections::BTreeMap::new();
+        let mut set = |k: &str, v: String| {
+            settings.insert(k.to_string(), v);
+        };
+        set("api_version", i.api_version.clone());
+        set("provider_version", i.provider_version.clone());
+        set("threading", i.threading.to_string());
+        set("mr_mode", ep.mr_mode().to_string());
+        set(
+            "write_completion",
+            if ep.write_flags & fi::FI_DELIVERY_COMPLETE != 0 {
+                "delivery"
+            } else {
+                "transmit"
+            }
+            .into(),
+        );
+        set("gpu_memory", ep.caps().gpu_memory.to_string());
+        set("rx_cq_data", i.rx_cq_data.to_string());
+        let opt = |b: Option<bool>| b.map(|b| b.to_string());
+        for (k, v) in [
+            ("shm_permitted", opt(i.shm_permitted)),
+            ("cuda_api_permitted", opt(i.cuda_api_permitted)),
+            ("emulated_write", opt(i.emulated_write)),
+            ("pci", i.pci.map(|p| p.to_string())),
+        ] {
+            if let Some(v) = v {
+                set(k, v);
+            }
         }
-        .into(),
-    );
-    set("gpu_memory", ep.caps().gpu_memory.to_string());
-    set("rx_cq_data", i.rx_cq_data.to_string());
-    let opt = |b: Option<bool>| b.map(|b| b.to_string());
-    for (k, v) in [
-        ("shm_permitted", opt(i.shm_permitted)),
-        ("cuda_api_permitted", opt(i.cuda_api_permitted)),
-        ("emulated_write", opt(i.emulated_write)),
-        ("pci", i.pci.map(|p| p.to_string())),
-    ] {
-        if let Some(v) = v {
-            set(k, v);
+        Runtime {
+            backend: Endpoint::BACKEND.into(),
+            library: "libfabric".into(),
+            version: Some(libfabric_release()),
+            path: mapped_library("libfabric"),
+            provider: Some(ep.provider().to_string()),
+            fabric: Some(ep.fabric_name().to_string()),
+            device: ep.nic_name().to_string(),
+            firmware: i.firmware.clone(),
+            settings,
         }
-    }
-    Runtime {
-        backend: Endpoint::BACKEND.into(),
-        library: "libfabric".into(),
-        version: Some(libfabric_release()),
-        path: mapped_library("libfabric"),
-        provider: Some(ep.provider().to_string()),
-        fabric: Some(ep.fabric_name().to_string()),
-        device: ep.nic_name().to_string(),
-        firmware: i.firmware.clone(),
-        settings,
     }
 }
 
@@ -202,6 +183,7 @@ mod tests {
     use transport_core::{check_options, Transport};
 
     use super::*;
+    use crate::INFO;
 
     /// The release libfabric reports begins with the API version `fi_version` gives.
     #[test]

@@ -14,7 +14,6 @@ use transport_core::{
     RemoteSlice, Result, Runtime, Transport, WriteOp,
 };
 
-use crate::about;
 use crate::domain::Domain;
 use crate::error::{provider, runtime_version};
 use crate::imm::ImmRecvs;
@@ -263,7 +262,7 @@ impl Endpoint {
 impl Transport for Endpoint {
     type Mr = Mr;
 
-    const INFO: &'static BackendInfo = &about::INFO;
+    const INFO: &'static BackendInfo = &crate::INFO;
 
     fn open(nic: &NicDesc) -> Result<Self> {
         Self::open_inner(nic)
@@ -431,7 +430,7 @@ impl Transport for Endpoint {
     }
 
     fn runtime(&self) -> Runtime {
-        about::runtime(self)
+        self.runtime_facts()
     }
 }
 

@@ -125,6 +125,7 @@ mod select; // fi_getinfo, the API version and threading model, the entry chosen
 mod shm; // the shm provider's regions in /dev/shm; exit_abandoning_endpoints
 mod slab; // operation contexts, a fixed slab
 
+use transport_core::{BackendInfo, ProviderInfo};
 // Named by the crate docs.
 #[cfg(doc)]
 use transport_core::{MemoryRegion, NicDesc, Post, RemoteMr};
@@ -136,6 +137,27 @@ pub use crate::nic::{match_nic, DomainInfo, Pci};
 pub use crate::shm::{
     exit_abandoning_endpoints, remove_shm_regions_of, remove_shm_regions_of_this_process,
     shm_regions_of,
+};
+
+/// This backend, as `Transport::INFO` gives it (the parts in `about.rs`).
+pub(crate) const INFO: BackendInfo = BackendInfo {
+    name: "efa",
+    aliases: &[],
+    help: "libfabric (AWS EFA, and the shm and tcp providers anywhere)",
+    library: "libfabric",
+    provider: Some(ProviderInfo {
+        loopback_default: "shm",
+        env: about::provider_env,
+    }),
+    nic_driver: about::nic_driver,
+    options: about::OPTIONS,
+    options_env: None,
+    // Both sides in one process: shm cannot move GPU memory between them by CUDA IPC (CUDA
+    // opens no handle in the process that made it), so GPU regions are registered without
+    // FI_HMEM_DEVICE_ONLY and shm copies through the host (tests/gpu_ipc.rs).
+    same_process_gpu: &[("gpu_ipc", "off")],
+    probe: Some(about::probe),
+    exit_abandoning: Some(shm::exit_abandoning_endpoints),
 };
 
 /// Largest single message or WRITE offered, even where the provider reports no limit

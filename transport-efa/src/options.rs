@@ -96,8 +96,8 @@ impl Options {
                 ("gpu_ipc", "off") => o.gpu_ipc = false,
                 ("rx_cq_data", "auto") => o.rx_cq_data_forced = false,
                 ("rx_cq_data", "on") => o.rx_cq_data_forced = true,
-                // The keys are crate::about::INFO's options, which name them in the error.
-                _ => return Err(crate::about::INFO.unknown_option(k, v)),
+                // The keys are crate::INFO's options, which name them in the error.
+                _ => return Err(crate::INFO.unknown_option(k, v)),
             }
         }
         Ok(o)

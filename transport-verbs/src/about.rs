@@ -1,33 +1,14 @@
-//! What this backend says about itself ([`INFO`]) and what an open endpoint runs on
-//! ([`runtime`]).
+//! What this backend says about itself (the parts of `crate::INFO`: its options and NIC
+//! driver) and what an open endpoint runs on (`Endpoint::runtime_facts`).
 
 use std::collections::BTreeMap;
 
-use transport_core::{mapped_library, BackendInfo, OptionInfo, OptionsEnv, Runtime, Transport};
+use transport_core::{mapped_library, OptionInfo, Runtime, Transport};
 
 use crate::endpoint::Endpoint;
 
-/// This backend, as `transport_core::Transport::INFO` gives it.
-pub(crate) const INFO: BackendInfo = BackendInfo {
-    name: "verbs",
-    aliases: &[],
-    help: "ibverbs RC (ConnectX, Soft-RoCE)",
-    library: "verbs",
-    provider: None,
-    nic_driver,
-    options: OPTIONS,
-    options_env: Some(OptionsEnv {
-        name: "RDMA_BENCH_VERBS_OPTS",
-        example: "timeout=20,retry_cnt=7",
-    }),
-    same_process_gpu: &[],
-    // The node check reads the RDMA devices from sysfs itself.
-    probe: None,
-    exit_abandoning: None,
-};
-
 /// The options of `NicDesc::options` (the crate docs say what each does).
-const OPTIONS: &[OptionInfo] = &[
+pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         key: "port",
         values: "1..=255",
@@ -102,7 +83,7 @@ const OPTIONS: &[OptionInfo] = &[
 
 /// Every verbs run goes over the machine's RDMA NICs; the instance table names ConnectX's
 /// driver.
-fn nic_driver(_provider: Option<&str>) -> Option<&'static str> {
+pub(crate) fn nic_driver(_provider: Option<&str>) -> Option<&'static str> {
     Some("mlx5")
 }
 
@@ -116,32 +97,35 @@ fn rdma_core_release(path: &str) -> Option<String> {
         .then(|| parts[2..].join("."))
 }
 
-/// What `ep` runs on.
-pub(crate) fn runtime(ep: &Endpoint) -> Runtime {
-    let path = mapped_library("libibverbs");
-    let mut settings = BTreeMap::new();
-    settings.insert("port".into(), ep.port().to_string());
-    settings.insert(
-        "link_layer".into(),
-        if ep.is_roce() { "RoCE" } else { "InfiniBand" }.into(),
-    );
-    settings.insert("active_mtu".into(), ep.active_mtu().to_string());
-    settings.insert("gid_index".into(), ep.gid_index().to_string());
-    settings.insert("traffic_class".into(), ep.traffic_class().to_string());
-    settings.insert(
-        "relaxed_ordering".into(),
-        if ep.relaxed_ordering() { "on" } else { "off" }.into(),
-    );
-    Runtime {
-        backend: Endpoint::BACKEND.into(),
-        library: "rdma-core".into(),
-        version: path.as_deref().and_then(rdma_core_release),
-        path,
-        provider: None,
-        fabric: None,
-        device: ep.device().to_string(),
-        firmware: ep.firmware().map(str::to_string),
-        settings,
+impl Endpoint {
+    /// What this endpoint runs on (`Transport::runtime`).
+    pub(crate) fn runtime_facts(&self) -> Runtime {
+        let ep = self;
+        let path = mapped_library("libibverbs");
+        let mut settings = BTreeMap::new();
+        settings.insert("port".into(), ep.port().to_string());
+        settings.insert(
+            "link_layer".into(),
+            if ep.is_roce() { "RoCE" } else { "InfiniBand" }.into(),
+        );
+        settings.insert("active_mtu".into(), ep.active_mtu().to_string());
+        settings.insert("gid_index".into(), ep.gid_index().to_string());
+        settings.insert("traffic_class".into(), ep.traffic_class().to_string());
+        settings.insert(
+            "relaxed_ordering".into(),
+            if ep.relaxed_ordering() { "on" } else { "off" }.into(),
+        );
+        Runtime {
+            backend: Endpoint::BACKEND.into(),
+            library: "rdma-core".into(),
+            version: path.as_deref().and_then(rdma_core_release),
+            path,
+            provider: None,
+            fabric: None,
+            device: ep.device().to_string(),
+            firmware: ep.firmware().map(str::to_string),
+            settings,
+        }
     }
 }
 
@@ -152,6 +136,7 @@ mod tests {
     use transport_core::{check_options, Error, NicDesc, Transport};
 
     use super::*;
+    use crate::INFO;
 
     #[test]
     fn the_release_comes_from_the_file_name() {

@@ -27,7 +27,6 @@ use self::cq::{IMM_BATCH, POLL_BATCH};
 use self::post::POST_BATCH;
 pub use self::qp::QueriedAv;
 use self::qp::{destroy_qp, query_av, ConnOpts, QpPair};
-use crate::about;
 use crate::addr::{WireAddr, LINK_ETH, LINK_IB};
 use crate::device::{open_domain, query_port, read_gid_table, Domain};
 use crate::gid::{candidates, describe_candidates, gid_text, peer_path, GidEntry, PeerPath};
@@ -242,7 +241,7 @@ impl Endpoint {
     /// [`Transport::open`]: options first, then the device, the port and its GIDs, the CQ,
     /// the two SRQs (the immediate one filled) and the first pending pair.
     fn open_nic(nic: &NicDesc) -> Result<Self> {
-        check_options(&about::INFO, &nic.options)?;
+        check_options(&crate::INFO, &nic.options)?;
         let opts = ConnOpts::from_nic(nic)?;
         let inline = opt(nic, "inline", DEFAULT_INLINE, 4096)?;
         let imm_want = opt(nic, "imm_depth", DEFAULT_IMM_DEPTH, 1 << 20)?;
@@ -460,7 +459,7 @@ impl Endpoint {
 
 impl Transport for Endpoint {
     type Mr = VerbsMr;
-    const INFO: &'static BackendInfo = &about::INFO;
+    const INFO: &'static BackendInfo = &crate::INFO;
 
     fn open(nic: &NicDesc) -> Result<Self> {
         Self::open_nic(nic)
@@ -540,6 +539,6 @@ impl Transport for Endpoint {
     }
 
     fn runtime(&self) -> Runtime {
-        about::runtime(self)
+        self.runtime_facts()
     }
 }

@@ -112,6 +112,25 @@ pub use endpoint::{Endpoint, QueriedAv};
 pub use gid::{gid_text, GidKind, PeerPath, WireGid};
 pub use mr::{VerbsMr, ACCESS_RELAXED_ORDERING};
 
+/// This backend, as `Transport::INFO` gives it (the parts in `about.rs`).
+pub(crate) const INFO: transport_core::BackendInfo = transport_core::BackendInfo {
+    name: "verbs",
+    aliases: &[],
+    help: "ibverbs RC (ConnectX, Soft-RoCE)",
+    library: "verbs",
+    provider: None,
+    nic_driver: about::nic_driver,
+    options: about::OPTIONS,
+    options_env: Some(transport_core::OptionsEnv {
+        name: "RDMA_BENCH_VERBS_OPTS",
+        example: "timeout=20,retry_cnt=7",
+    }),
+    same_process_gpu: &[],
+    // The node check reads the RDMA devices from sysfs itself.
+    probe: None,
+    exit_abandoning: None,
+};
+
 /// The NIC this crate's tests and benches open for `side` (0 or 1): `$VERBS_DEV<side>` (else
 /// the first device) and `$VERBS_GID<side>` (else the automatic GID). Not a supported API.
 #[doc(hidden)]
