@@ -20,8 +20,9 @@
 # processes on 127.0.0.1 (server first), so shm may move GPU memory by CUDA IPC.
 #
 # Env: ROUNDS (3), SIZES (4K,64K,1M), BYTES (per bandwidth run, 1 GiB), LAT_ITERS (2000),
-#      CUDA (/usr/local/cuda), STEPS (tests,table,loopback: which parts `run` does; loopback
-#      documents the one-process protocol and runs the ladder there), JOBS (nproc);
+#      CUDA (/usr/local/cuda), STEPS (tests,record,table,loopback: which parts `run` does;
+#      record checks the run record's CUDA facts; loopback documents the one-process protocol
+#      and runs the ladder there), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's).
 # Exit status: 0 when every step ran and every GPU test passed; 1 otherwise.
@@ -91,7 +92,7 @@ bytes_of() {
 
 run() {
   [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
-  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,table,loopback} status=0
+  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,table,loopback} status=0
   local mem=${MEM:-cuda} dev=(-D cuda)
   [ "$mem" = cuda ] || dev=()
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
@@ -108,6 +109,26 @@ run() {
         log "FAILED: $(basename "$t")"; status=1
       fi
     done
+  fi
+
+  if [[ ,$steps, == *,record,* ]]; then
+    # The run record of a GPU run: the CUDA driver's version and GPU 0's name as the driver
+    # reports them (the same as nvidia-smi's), on both sides; libfabric as loaded.
+    log "the run record with --mem $mem (record.cuda, record.peer.cuda, record.backend)"
+    local rec want=null
+    [ "$mem" = cuda ] && want=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | jq -R .)
+    if rec=$("$RB" loopback --provider shm --mem "$mem" -s 64K -n 2 --json) &&
+      jq -e --argjson gpu "$want" '.record as $r | $r.peer.cuda == $r.cuda
+        and $r.backend.library == "libfabric" and ($r.backend.version | startswith("2.6"))
+        and ($r.commit | length > 0)
+        and (if $gpu == null then $r.cuda == null
+             else ($r.cuda.driver | test("^[0-9]+\\.[0-9]+$")) and $r.cuda.gpus == [$gpu] end)' \
+        <<<"$rec" >/dev/null; then
+      jq -c '.record | {commit, host, kernel, instance, cuda, backend: (.backend | {library, version, provider, fabric, device})}' <<<"$rec" >&2
+    else
+      log "FAILED: the run record (expected GPU ${want}):"; jq '.record' <<<"${rec:-null}" >&2 || true
+      status=1
+    fi
   fi
 
   if [[ ,$steps, == *,loopback,* ]]; then

@@ -4,14 +4,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Serialize;
-use transport_core::Transport;
 
-use bench_coord::backend::{dispatch, WithTransport};
+use bench_coord::backend::Backend;
 use bench_coord::ranks::{self, RunCfg};
-use bench_coord::session::{self, ClientOut, ServerCfg};
-use bench_core::config::{Backend, MemKind};
+use bench_coord::session::{self, ServerCfg};
+use bench_core::config::MemKind;
 use bench_core::error::{Error, Result};
 use bench_core::plan::Plan;
+use bench_core::record::{self, Facts, PairRecord, Record};
 use bench_core::report::{self, RunReport};
 use bench_core::side::SideCfg;
 use bench_core::topo_glue;
@@ -38,20 +38,32 @@ pub fn main_with(cli: Cli) -> ExitCode {
     }
 }
 
-/// libfabric's tcp provider must stay on 127.0.0.1 here: point it at `lo` unless told otherwise.
+/// What the providers named need in the environment (their backend says: libfabric's tcp stays
+/// on `lo` unless told otherwise), set where unset.
 fn set_provider_env(cli: &Cli) {
-    let tcp = |p: &Option<String>| p.as_deref().is_some_and(|p| p.starts_with("tcp"));
-    let uses_tcp = match &cli.cmd {
-        Command::Loopback(a) => tcp(&a.common.provider),
-        Command::Server(a) => tcp(&a.common.provider),
-        Command::Client(a) => tcp(&a.common.provider),
-        Command::Compare(a) => a.pairs.iter().any(|p| tcp(&p.provider)),
-        Command::Topo(_) | Command::Doctor(_) => false,
-        Command::Run(a) => tcp(&a.common.provider),
+    let one = |c: &Common| (c.backend, c.provider.clone());
+    let used: Vec<(&'static Backend, Option<String>)> = match &cli.cmd {
+        Command::Loopback(a) => vec![one(&a.common)],
+        Command::Server(a) => vec![one(&a.common)],
+        Command::Client(a) => vec![one(&a.common)],
+        Command::Compare(a) => a
+            .pairs
+            .iter()
+            .map(|p| (p.backend, p.provider.clone()))
+            .collect(),
+        Command::Topo(_) | Command::Doctor(_) => Vec::new(),
+        Command::Run(a) => vec![one(&a.common)],
     };
-    if uses_tcp && std::env::var_os("FI_TCP_IFACE").is_none() {
-        // Before any thread or libfabric call exists.
-        std::env::set_var("FI_TCP_IFACE", "lo");
+    for (b, p) in used {
+        let (Some(info), Some(p)) = (&b.info().provider, p) else {
+            continue;
+        };
+        for (k, v) in (info.env)(&p) {
+            if std::env::var_os(k).is_none() {
+                // Before any thread or library call exists.
+                std::env::set_var(k, v);
+            }
+        }
     }
 }
 
@@ -81,22 +93,64 @@ fn idle(c: &Common) -> Result<Duration> {
     Ok(Duration::from_secs_f64(c.idle_timeout))
 }
 
+/// rdma-bench's version and the git commit it was built from (`build.rs`).
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const COMMIT: &str = env!("RDMA_BENCH_COMMIT");
+
+/// What this process tells its peers about itself, and its run record starts from.
+fn facts(c: &Common) -> Facts {
+    let mut f = Facts::here(VERSION, COMMIT);
+    f.instance = bench_doctor::instances::local().map(|i| i.name.clone());
+    if c.mem == MemKind::Cuda {
+        f.cuda = record::cuda(&c.gpus.0);
+    }
+    f
+}
+
+/// `key=value,...` from the backend's options variable (`BackendInfo::options_env`).
+fn env_options(name: &str, example: &str, s: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for kv in s.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                out.push((k.trim().to_string(), v.trim().to_string()));
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "{name}: {kv:?} is not key=value (e.g. {example})"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Result<SideCfg> {
+    let info = c.backend.info();
+    // Only a backend with providers takes one.
+    let provider = provider.filter(|_| info.provider.is_some());
+    let nic_driver = (info.nic_driver)(provider.as_deref());
     let nics_per_gpu = match c.nics_per_gpu {
         Some(n) => n,
         None => bench_doctor::instances::default_nics_per_gpu(
             bench_doctor::instances::local(),
-            c.backend.nic_driver(provider.as_deref()),
+            nic_driver,
         ),
     };
+    // The backend's options variable first, --nic-opt after (a later key wins).
+    let mut options = match (
+        info.options_env.as_ref(),
+        info.options_env.as_ref().map(|e| std::env::var(e.name)),
+    ) {
+        (Some(e), Some(Ok(v))) => env_options(e.name, e.example, &v)?,
+        _ => Vec::new(),
+    };
+    options.extend(c.nic_opts.iter().cloned());
     let cfg = SideCfg {
-        backend: c.backend,
-        provider: match c.backend {
-            Backend::Efa => provider,
-            Backend::Verbs => None,
-        },
+        provider,
         devices,
-        options: c.nic_opts.clone(),
+        options,
+        real_nics: nic_driver.is_some(),
         gpus: c.gpus.0.clone(),
         nics_per_gpu,
         mem: c.mem,
@@ -106,10 +160,7 @@ fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Resul
             Some(path) => Some(topo_glue::hints_from(path)?),
             None => topo_glue::hints(),
         },
-        verbs_opts: match (c.backend, std::env::var(bench_core::side::VERBS_OPTS_ENV)) {
-            (Backend::Verbs, Ok(v)) => bench_core::side::parse_verbs_opts(&v)?,
-            _ => Default::default(),
-        },
+        facts: facts(c),
     };
     cfg.check()?;
     Ok(cfg)
@@ -127,14 +178,15 @@ fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, Serve
     };
     let mut client = side_cfg(c, provider.clone(), a)?;
     let mut server_side = side_cfg(c, provider, b)?;
-    // Both sides in one process: libfabric's shm cannot move GPU memory between them by CUDA
-    // IPC (CUDA opens no handle in the process that made it), so GPU regions are registered
-    // without FI_HMEM_DEVICE_ONLY and shm copies through the host (transport-efa's gpu_ipc).
-    // Between processes (server and client, rdma-bench run) IPC stays on.
-    if c.backend == Backend::Efa && c.mem == MemKind::Cuda {
+    // Both sides in one process: what the backend needs where two endpoints of one process
+    // exchange GPU memory (libfabric: no CUDA IPC, `gpu_ipc=off`), unless given. Between
+    // processes (server and client, rdma-bench run) nothing is added.
+    if c.mem == MemKind::Cuda {
         for side in [&mut client, &mut server_side] {
-            if !side.options.iter().any(|(k, _)| k == "gpu_ipc") {
-                side.options.push(("gpu_ipc".into(), "off".into()));
+            for (k, v) in c.backend.info().same_process_gpu {
+                if !side.options.iter().any(|(x, _)| x == k) {
+                    side.options.push((k.to_string(), v.to_string()));
+                }
             }
         }
     }
@@ -149,31 +201,28 @@ fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, Serve
     Ok((client, server))
 }
 
-struct Loopback<'a> {
-    client: &'a SideCfg,
-    server: &'a ServerCfg,
-    plan: &'a Plan,
-    json: bool,
-}
-
-impl WithTransport for Loopback<'_> {
-    type Output = ClientOut;
-    fn call<T: Transport>(self) -> Result<ClientOut> {
-        session::loopback::<T>(self.client, self.server, self.plan, self.json)
-    }
-}
-
+/// The provider of both sides in one process: the one named, else the backend's default.
 fn default_provider(c: &Common) -> Option<String> {
-    match c.backend {
-        Backend::Efa => Some(c.provider.clone().unwrap_or_else(|| "shm".into())),
-        Backend::Verbs => None,
-    }
+    let p = c.backend.info().provider.as_ref()?;
+    Some(
+        c.provider
+            .clone()
+            .unwrap_or_else(|| p.loopback_default.to_string()),
+    )
+}
+
+/// A client's or loopback's record: this side's facts and the server's.
+fn session_record(out: &session::ClientOut) -> Record {
+    let mut r = Record::now(out.facts.clone());
+    r.peer = out.peer.clone();
+    r
 }
 
 /// Print the runs, judge them against the gate, write the plot and report: the end of a
 /// loopback and of a client run alike.
 fn report_runs(
     reports: Vec<RunReport>,
+    record: &Record,
     plan: &Plan,
     out: &OutputSpec,
     gate: Option<&bench_report::gate::GateSpec>,
@@ -182,15 +231,25 @@ fn report_runs(
     let ladder = plan.ladder;
     let reports = report::combine_rounds(reports, plan.rounds);
     let reports = &reports[..];
-    let done = Done::of(reports, ladder);
+    let mut done = Done::of(reports, ladder);
+    done.record = Some(record);
     let verdict = outputs::judge(gate, &done);
-    print_runs(reports, json, ladder, verdict.as_ref());
+    print_runs(reports, record, json, ladder, verdict.as_ref());
     outputs::finish(out, gate, &done, verdict.as_ref(), json)
 }
 
-fn print_runs(reports: &[RunReport], json: bool, ladder: bool, gate: Option<&GateResult>) {
+fn print_runs(
+    reports: &[RunReport],
+    record: &Record,
+    json: bool,
+    ladder: bool,
+    gate: Option<&GateResult>,
+) {
     if json {
-        println!("{}", outputs::with_gate(report::to_json(reports), gate));
+        println!(
+            "{}",
+            outputs::with_gate(report::to_json(reports, Some(record)), gate)
+        );
     } else {
         print!("{}", report::render(reports, ladder));
     }
@@ -201,28 +260,19 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
     let out_spec = OutputSpec::from(&a.out);
     let gate = out_spec.prepare(plan.workload.name())?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
-    let out = dispatch(
-        a.common.backend,
-        Loopback {
-            client: &client,
-            server: &server,
-            plan: &plan,
-            json: a.common.json,
-        },
-    )?;
-    report_runs(out.reports, &plan, &out_spec, gate.as_ref(), a.common.json)
-}
-
-struct Serve<'a> {
-    cfg: &'a ServerCfg,
-    listen: &'a str,
-}
-
-impl WithTransport for Serve<'_> {
-    type Output = ();
-    fn call<T: Transport>(self) -> Result<()> {
-        session::serve::<T>(self.cfg, self.listen)
-    }
+    let out = a
+        .common
+        .backend
+        .loopback(&client, &server, &plan, a.common.json)?;
+    let record = session_record(&out);
+    report_runs(
+        out.reports,
+        &record,
+        &plan,
+        &out_spec,
+        gate.as_ref(),
+        a.common.json,
+    )
 }
 
 fn server(a: ServerArgs) -> Result<()> {
@@ -246,27 +296,7 @@ fn server(a: ServerArgs) -> Result<()> {
         sessions: a.sessions,
         quiet: false,
     };
-    dispatch(
-        a.common.backend,
-        Serve {
-            cfg: &cfg,
-            listen: &a.listen,
-        },
-    )
-}
-
-struct Client<'a> {
-    cfg: &'a SideCfg,
-    plan: &'a Plan,
-    stream: std::net::TcpStream,
-    json: bool,
-}
-
-impl WithTransport for Client<'_> {
-    type Output = ClientOut;
-    fn call<T: Transport>(self) -> Result<ClientOut> {
-        session::client::<T>(self.cfg, self.plan, self.stream, self.json)
-    }
+    a.common.backend.serve(&cfg, &a.listen)
 }
 
 fn client(a: ClientArgs) -> Result<()> {
@@ -283,29 +313,22 @@ fn client(a: ClientArgs) -> Result<()> {
         a.common.provider.clone(),
         a.common.devices.clone(),
     )?;
-    if !bench_coord::backend::built().contains(&a.common.backend.name()) {
-        // Say so before touching the network.
-        return dispatch(a.common.backend, Noop).map(|_| ());
-    }
+    // Say so before touching the network.
+    a.common.backend.check_built()?;
     let stream = session::connect(&a.connect, Duration::from_secs_f64(a.connect_timeout))?;
-    let out = dispatch(
-        a.common.backend,
-        Client {
-            cfg: &cfg,
-            plan: &plan,
-            stream,
-            json: a.common.json,
-        },
-    )?;
-    report_runs(out.reports, &plan, &out_spec, gate.as_ref(), a.common.json)
-}
-
-struct Noop;
-impl WithTransport for Noop {
-    type Output = ();
-    fn call<T: Transport>(self) -> Result<()> {
-        Ok(())
-    }
+    let out = a
+        .common
+        .backend
+        .client(&cfg, &plan, stream, a.common.json)?;
+    let record = session_record(&out);
+    report_runs(
+        out.reports,
+        &record,
+        &plan,
+        &out_spec,
+        gate.as_ref(),
+        a.common.json,
+    )
 }
 
 #[derive(Serialize)]
@@ -323,6 +346,7 @@ struct CompareOut<'a> {
     pairs: Vec<CompareRow<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     gate: Option<&'a GateResult>,
+    record: &'a Record,
 }
 
 fn compare(a: CompareArgs) -> Result<()> {
@@ -342,24 +366,25 @@ fn compare(a: CompareArgs) -> Result<()> {
     let out_spec = OutputSpec::from(&a.out);
     let gate = out_spec.prepare(plan.workload.name())?;
     let mut rows: Vec<(String, std::result::Result<RunReport, String>)> = Vec::new();
+    let mut record = Record::now(facts(&a.common));
     for p in &a.pairs {
-        let Some(backend) = Backend::parse(&p.backend) else {
-            return Err(Error::Usage(format!("unknown backend in pair {p}")));
-        };
         let mut common = a.common.clone();
-        common.backend = backend;
+        common.backend = p.backend;
         common.devices = p.devices.clone();
-        let r = loopback_cfgs(&common, p.provider.clone()).and_then(|(client, server)| {
-            dispatch(
-                backend,
-                Loopback {
-                    client: &client,
-                    server: &server,
-                    plan: &plan,
-                    json: true,
-                },
-            )
-        });
+        let r = loopback_cfgs(&common, p.provider.clone())
+            .and_then(|(client, server)| p.backend.loopback(&client, &server, &plan, true));
+        if let Ok(out) = &r {
+            if let (Some(b), Some(Some(peer))) = (
+                out.facts.backend.clone(),
+                out.peer.as_ref().map(|f| f.backend.clone()),
+            ) {
+                record.pairs.push(PairRecord {
+                    pair: p.to_string(),
+                    backend: b,
+                    peer,
+                });
+            }
+        }
         let r = match r {
             Ok(out) if out.reports.is_empty() => Err("no result".to_string()),
             Ok(out) => Ok(out.reports),
@@ -388,6 +413,7 @@ fn compare(a: CompareArgs) -> Result<()> {
             .collect(),
         ladder: false,
         workload: plan.workload.to_string(),
+        record: Some(&record),
     };
     let verdict = outputs::judge(gate.as_ref(), &done);
     if a.common.json {
@@ -402,6 +428,7 @@ fn compare(a: CompareArgs) -> Result<()> {
                 })
                 .collect(),
             gate: verdict.as_ref(),
+            record: &record,
         };
         println!(
             "{}",
@@ -450,7 +477,7 @@ fn run_rank(a: RunArgs) -> Result<()> {
         gpu_per_rank: a.gpu_per_rank,
         provider: a.common.provider.clone().unwrap_or_default(),
     };
-    if let Some(rep) = ranks::run(cfg)? {
+    if let Some(rep) = a.common.backend.rank(cfg)? {
         if a.common.json {
             println!(
                 "{}",

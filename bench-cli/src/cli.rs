@@ -6,9 +6,12 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
-use bench_core::config::{Backend, Choice, LatOp, MemKind, Pattern, Threads, Workload};
+use bench_coord::backend::Backend;
+use bench_core::config::{Choice, LatOp, MemKind, Pattern, Threads, Workload};
 use bench_core::plan::WorkloadSpec;
-use bench_core::units::{GpuList, Pair, Size};
+use bench_core::units::{GpuList, Size};
+
+use crate::backends::{self, Pair};
 use bench_doctor::DoctorCfg;
 use bench_report::outputs::OutputSpec;
 
@@ -20,6 +23,20 @@ fn choice<T: Choice>() -> impl TypedValueParser<Value = T> {
         h => PossibleValue::new(v.name()).help(h),
     }))
     .try_map(|s| T::from_name(&s).ok_or_else(|| format!("{s:?}: not one of the values listed")))
+}
+
+/// `--backend`'s parser: the table's backends (their names, and aliases that are accepted but
+/// not listed), each with its line of help.
+fn backend() -> impl TypedValueParser<Value = &'static Backend> {
+    PossibleValuesParser::new(backends::BACKENDS.iter().map(|b| {
+        let i = b.info();
+        let v = PossibleValue::new(i.name).aliases(i.aliases.iter().copied());
+        match i.help {
+            "" => v,
+            h => v.help(h),
+        }
+    }))
+    .try_map(|s| backends::find(&s).ok_or_else(|| format!("{s:?}: not one of the values listed")))
 }
 
 /// One RDMA benchmark for every backend: EFA (libfabric) and verbs, GPU or host memory,
@@ -73,8 +90,8 @@ pub struct TopoArgs {
 #[derive(Debug, Clone, Args)]
 pub struct Common {
     /// Transport backend.
-    #[arg(long, value_parser = choice::<Backend>(), default_value = "efa")]
-    pub backend: Backend,
+    #[arg(long, value_parser = backend(), default_value = backends::default_name())]
+    pub backend: &'static Backend,
     /// libfabric provider for the efa backend: efa, shm, tcp, ...
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
@@ -328,6 +345,7 @@ impl From<&OutputArgs> for OutputSpec {
             plot: o.plot.clone(),
             report: o.report.clone(),
             report_topology: o.report_topology.clone(),
+            probes: backends::probes(),
         }
     }
 }
@@ -353,6 +371,7 @@ impl From<&DoctorArgs> for DoctorCfg {
             json: a.json,
             root: a.root.clone(),
             topology: a.topology.clone(),
+            probes: backends::probes(),
         }
     }
 }

@@ -181,6 +181,7 @@ fn run(fx: &Fx, env: &[(&str, &str)], lf: Option<Libfabric>) -> Report {
             .collect(),
         topology: None,
         libfabric: lf,
+        probes: vec![],
     });
     eprintln!("{}", doctor::render(&r));
     r
@@ -229,6 +230,49 @@ fn healthy_p5_is_all_ok() {
     assert!(r.get("rdma.count").unwrap().summary.contains("32 efa"));
     assert!(r.checks.iter().all(|c| c.status <= Status::Skip));
     assert_eq!(r.exit_code, 0);
+}
+
+/// A backend the doctor has no checks of its own for: its probe is listed as a check named
+/// after its library, and the backend's own findings as checks of theirs (a warning makes the
+/// exit status 1).
+#[test]
+fn another_backends_probe_is_listed_with_its_findings() {
+    use transport_core::{Finding, FindingStatus, Probe};
+    let fx = p5("p5-probe");
+    let r = doctor::run(&Inputs {
+        root: fx.root.clone(),
+        env: vec![],
+        topology: None,
+        libfabric: Some(efa_libfabric()),
+        probes: vec![Probe {
+            library: "ucx".into(),
+            version: "1.13.1".into(),
+            path: Some("/usr/lib/x86_64-linux-gnu/libucp.so.0".into()),
+            offers: vec!["rc_verbs".into(), "tcp".into()],
+            gpu: None,
+            cuda_in_library: None,
+            findings: vec![Finding {
+                id: "ucx.fallback".into(),
+                status: FindingStatus::Warn,
+                summary: "rdmap79s0 would fall back to tcp".into(),
+                fix: Some("install UCX with verbs support".into()),
+            }],
+        }],
+    });
+    eprintln!("{}", doctor::render(&r));
+    expect(&r, "ucx", Status::Ok);
+    assert!(
+        r.get("ucx")
+            .unwrap()
+            .summary
+            .contains("ucx 1.13.1 (/usr/lib/x86_64-linux-gnu/libucp.so.0), offers: rc_verbs, tcp"),
+        "{:?}",
+        r.get("ucx")
+    );
+    expect(&r, "ucx.fallback", Status::Warn);
+    assert_eq!(r.exit_code, 1);
+    // The libfabric checks are unchanged beside it.
+    expect(&r, "libfabric", Status::Ok);
 }
 
 #[test]
@@ -566,6 +610,7 @@ fn p5_topology_from_hwloc_export() {
         env: vec![],
         topology: Some(t),
         libfabric: None,
+        probes: vec![],
     });
     eprintln!("{}", doctor::render(&r));
     expect(&r, "numa.nic", Status::Ok);

@@ -18,11 +18,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bench_core::config::{Backend, MemKind};
+use bench_core::config::MemKind;
 use bench_core::side::SideCfg;
 use bench_core::topo_glue::from_topology;
 use bench_doctor::instances;
-use transport_efa::{match_nic, DomainInfo, Pci};
+use transport_core::Transport;
+use transport_efa::{match_nic, DomainInfo, Endpoint, Pci};
 
 /// What libfabric's efa provider (2.x) offers on a node with these NICs.
 fn efa_offer(t: &topo::Topology) -> Vec<DomainInfo> {
@@ -47,7 +48,7 @@ fn efa_offer(t: &topo::Topology) -> Vec<DomainInfo> {
 fn check_node(path: &Path, instance: &str) {
     let t = topo::from_xml(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let inst = instances::by_name(instance).expect("instance");
-    let npg = instances::default_nics_per_gpu(Some(inst), Backend::Efa.nic_driver(None));
+    let npg = instances::default_nics_per_gpu(Some(inst), (Endpoint::INFO.nic_driver)(None));
     let offer = efa_offer(&t);
     assert!(
         offer
@@ -57,17 +58,17 @@ fn check_node(path: &Path, instance: &str) {
     );
     let gpus: Vec<usize> = t.gpus().iter().map(|g| g.index).collect();
     let cfg = SideCfg {
-        backend: Backend::Efa,
         provider: None,
         devices: Vec::new(),
         options: Vec::new(),
+        real_nics: true,
         gpus: gpus.clone(),
         nics_per_gpu: npg,
         mem: MemKind::Host,
         verbose: 0,
         idle: Duration::from_secs(10),
         hints: Some(from_topology(&t)),
-        verbs_opts: Default::default(),
+        facts: Default::default(),
     };
     let mut used = Vec::new();
     for (g, &ordinal) in gpus.iter().enumerate() {

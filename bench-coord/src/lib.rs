@@ -1,7 +1,8 @@
 //! rdma-bench's coordination layer: who runs what, where, and with whom.
 //!
-//! - [`backend`]: the one place a backend is chosen at run time ([`backend::dispatch`]);
-//!   everything below it is generic over [`transport_core::Transport`].
+//! - [`backend`](mod@backend): a backend as a program offers it ([`backend::Backend`]: its description and
+//!   this crate's entry points for it); a program's table of them is the one place a backend
+//!   is chosen, and everything below it is generic over [`transport_core::Transport`].
 //! - [`session`]: the server (one session per client), the client, and loopback (both sides
 //!   in one process), over `bench-core`'s control protocol.
 //! - [`ranks`]: `rdma-bench run`, N ranks: [`launch`] finds the rank in the launcher's
@@ -49,6 +50,9 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+// The `backend!` macro names it from the program's crate.
+#[doc(hidden)]
+pub use transport_core;
 pub mod launch;
 pub mod ranks;
 pub mod rendezvous;

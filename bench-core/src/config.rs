@@ -37,10 +37,6 @@ macro_rules! choice {
     };
 }
 
-choice!(Backend {
-    Efa => ("efa", "libfabric (AWS EFA, and the shm and tcp providers anywhere)"),
-    Verbs => ("verbs", "ibverbs RC (ConnectX, Soft-RoCE)"),
-});
 choice!(MemKind { Host => ("host", ""), Cuda => ("cuda", "") });
 choice!(Workload {
     Write => ("write", "Paged scatter WRITE, one immediate per NIC per repeat (the write-up's transfer)"),
@@ -62,48 +58,6 @@ choice!(Threads {
     One => ("one", "One thread polls and posts on every NIC"),
     PerGpu => ("per-gpu", "One thread per GPU, each driving its GPU's NIC group"),
 });
-
-/// Which `Transport` implementation to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// libfabric (AWS EFA, and the shm and tcp providers anywhere).
-    Efa,
-    /// ibverbs RC (ConnectX, Soft-RoCE).
-    Verbs,
-}
-
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Efa => "efa",
-            Backend::Verbs => "verbs",
-        }
-    }
-    /// The driver of the NICs a run of this backend and `provider` goes over, as the instance
-    /// table names them: `efa` for libfabric's efa provider (or none named), `mlx5` for verbs;
-    /// `None` for providers that use no NIC of the instance's (shm, tcp).
-    pub fn nic_driver(self, provider: Option<&str>) -> Option<&'static str> {
-        match self {
-            Backend::Efa => provider.map_or(true, |p| p == "efa").then_some("efa"),
-            Backend::Verbs => Some("mlx5"),
-        }
-    }
-    /// Parse a backend name as it arrives from a peer or a `--pairs` entry.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "efa" => Some(Backend::Efa),
-            "verbs" => Some(Backend::Verbs),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// Where the benchmark's buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -305,18 +259,7 @@ impl Knobs {
 
 #[cfg(test)]
 mod tests {
-    use super::{Backend, Choice, LatOp, MemKind, Pattern, Threads, Workload};
-
-    /// The instance's NICs count for a run that goes over them: the efa provider (or none
-    /// named, which picks efa where it exists) and verbs; shm and tcp use none of them.
-    #[test]
-    fn the_nic_driver_follows_backend_and_provider() {
-        assert_eq!(Backend::Efa.nic_driver(None), Some("efa"));
-        assert_eq!(Backend::Efa.nic_driver(Some("efa")), Some("efa"));
-        assert_eq!(Backend::Efa.nic_driver(Some("shm")), None);
-        assert_eq!(Backend::Efa.nic_driver(Some("tcp")), None);
-        assert_eq!(Backend::Verbs.nic_driver(None), Some("mlx5"));
-    }
+    use super::{Choice, LatOp, MemKind, Pattern, Threads, Workload};
 
     /// Every choice's name parses back to it, and matches its `Display` and serde name (the
     /// command line, the wire and the report say the same word).
@@ -333,7 +276,6 @@ mod tests {
             }
             assert_eq!(T::from_name("bogus"), None);
         }
-        check::<Backend>();
         check::<MemKind>();
         check::<Workload>();
         check::<LatOp>();

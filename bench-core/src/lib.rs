@@ -9,7 +9,8 @@
 //!   the trait; [`buffers`]: memory, the data pattern and its verification.
 //! - [`proto`] and [`ctrl`]: the versioned control protocol and the control connection the
 //!   two sides of a workload talk over.
-//! - [`report`]: measurements, tables and JSON; [`progress`]: the progress bar; [`units`].
+//! - [`report`]: measurements, tables and JSON; [`record`]: what ran, where and on what;
+//!   [`progress`]: the progress bar; [`units`].
 //!
 //! Every setting is a plain struct: a [`side::SideCfg`] says how a side opens its NICs and
 //! memory, a [`plan::WorkloadSpec`] what to run (its [`Default`] is `rdma-bench`'s defaults),
@@ -29,6 +30,7 @@ pub mod pin;
 pub mod plan;
 pub mod progress;
 pub mod proto;
+pub mod record;
 pub mod report;
 pub mod side;
 pub mod topo_glue;

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::config::Knobs;
+use crate::record::Record;
 use crate::units::human_bytes;
 
 pub use crate::progress::Progress;
@@ -151,18 +152,21 @@ pub fn pct(gbps: f64, line: Option<f64>) -> Option<f64> {
     line.filter(|&l| l > 0.0).map(|l| 100.0 * gbps / l)
 }
 
-/// What `--json` prints: the last run's fields at the top, every run in `runs`.
+/// What `--json` prints: the last run's fields at the top, every run in `runs`, and the run
+/// record (what ran, where and on what).
 #[derive(Serialize)]
 pub struct JsonOut<'a> {
     #[serde(flatten)]
     pub last: &'a RunReport,
     pub runs: &'a [RunReport],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<&'a Record>,
 }
 
-/// The JSON object for a list of runs (one object, whatever the count).
-pub fn to_json(runs: &[RunReport]) -> String {
+/// The JSON object for a list of runs (one object, whatever the count), with their record.
+pub fn to_json(runs: &[RunReport], record: Option<&Record>) -> String {
     match runs.last() {
-        Some(last) => serde_json::to_string_pretty(&JsonOut { last, runs })
+        Some(last) => serde_json::to_string_pretty(&JsonOut { last, runs, record })
             .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
         None => "{}".into(),
     }

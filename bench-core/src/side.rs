@@ -1,7 +1,6 @@
 //! One side of a session: its endpoints (one per NIC, `nics_per_gpu` per GPU), its registered
 //! regions, and the peer's NICs once the handshake is done.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use transport_core::{
@@ -18,73 +17,59 @@ use crate::buffers;
 /// separate processes; with this floor, 8-byte `lat` runs (p50 18.7 us one-way). Regions of
 /// at least this size cost nothing that matters and keep small-message runs working.
 pub const GPU_MIN_REGION: usize = 64 * 1024;
-use crate::config::{Backend, MemKind};
+use crate::config::MemKind;
 use crate::error::{Error, Result, TransportContext};
 use crate::proto::{NicWire, CTRL_LEN, MAX_NICS};
+use crate::record::Facts;
 use crate::topo_glue::Hints;
 
 /// With host memory and no GPU on the machine, GPU indexes name logical NIC groups below this.
 pub const LOGICAL_GPUS: usize = 16;
 
-/// How one side opens its NICs.
+/// How one side opens its NICs. The backend is the type a session runs with
+/// (`Side::<T>::open`); this says which of its NICs, and how.
 #[derive(Clone, Debug)]
 pub struct SideCfg {
-    pub backend: Backend,
+    /// The backend's provider, for backends with providers (`NicDesc::provider`).
     pub provider: Option<String>,
     pub devices: Vec<String>,
-    /// Backend options for every NIC (`--nic-opt`).
+    /// Backend options for every NIC, in order: a later one wins over an earlier one of the
+    /// same key (`rdma-bench` puts the backend's options variable first, `--nic-opt` after).
     pub options: Vec<(String, String)>,
+    /// Whether the endpoints go over this machine's RDMA NICs (the backend names a NIC driver
+    /// for the provider, `transport_core::BackendInfo::nic_driver`), not a provider that
+    /// copies memory (shm, tcp): only then is each GPU's NIC taken from its NIC group.
+    pub real_nics: bool,
     pub gpus: Vec<usize>,
     pub nics_per_gpu: usize,
     pub mem: MemKind,
     pub verbose: u8,
     pub idle: Duration,
     pub hints: Option<Hints>,
-    /// Extra options for every verbs NIC (`NicDesc::options`), from [`VERBS_OPTS_ENV`].
-    pub verbs_opts: BTreeMap<String, String>,
+    /// What this side tells its peer about itself, and its run record starts from (the
+    /// session adds the backend's runtime facts).
+    pub facts: Facts,
 }
 
 impl Default for SideCfg {
-    /// What `rdma-bench`'s flags default to: the efa backend (its default provider), one
-    /// endpoint on GPU (or logical NIC group) 0, host memory, a 10 s idle timeout, and no
-    /// topology (set `hints` from [`crate::topo_glue::hints`] to place NICs and threads).
+    /// What `rdma-bench`'s flags default to: the backend's default provider, one endpoint on
+    /// GPU (or logical NIC group) 0, host memory, a 10 s idle timeout, and no topology (set
+    /// `hints` from [`crate::topo_glue::hints`] to place NICs and threads).
     fn default() -> Self {
         SideCfg {
-            backend: Backend::Efa,
             provider: None,
             devices: Vec::new(),
             options: Vec::new(),
+            real_nics: true,
             gpus: vec![0],
             nics_per_gpu: 1,
             mem: MemKind::Host,
             verbose: 0,
             idle: Duration::from_secs(10),
             hints: None,
-            verbs_opts: BTreeMap::new(),
+            facts: Facts::default(),
         }
     }
-}
-
-/// `key=value,...` options handed to every verbs NIC: transport-verbs' `NicDesc::options`
-/// (`timeout`, `retry_cnt`, `rnr_retry`, `min_rnr_timer`, `sl`, `traffic_class`, ...).
-pub const VERBS_OPTS_ENV: &str = "RDMA_BENCH_VERBS_OPTS";
-
-/// Parse [`VERBS_OPTS_ENV`]'s value: comma-separated `key=value` pairs.
-pub fn parse_verbs_opts(s: &str) -> Result<BTreeMap<String, String>> {
-    let mut m = BTreeMap::new();
-    for kv in s.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
-        match kv.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
-                m.insert(k.trim().to_string(), v.trim().to_string());
-            }
-            _ => {
-                return Err(Error::Usage(format!(
-                    "{VERBS_OPTS_ENV}: {kv:?} is not key=value (e.g. timeout=20,retry_cnt=7)"
-                )))
-            }
-        }
-    }
-    Ok(m)
 }
 
 impl SideCfg {
@@ -147,7 +132,7 @@ impl SideCfg {
             let nic = self
                 .hints
                 .as_ref()
-                .filter(|_| self.real_nics())
+                .filter(|_| self.real_nics)
                 .and_then(|h| h.nic_groups.get(self.gpus[g]))
                 .filter(|grp| !grp.is_empty())
                 .map(|grp| grp[j % grp.len()].clone());
@@ -159,29 +144,10 @@ impl SideCfg {
         NicDesc {
             device,
             pci,
-            provider: match self.backend {
-                Backend::Efa => self.provider.clone(),
-                Backend::Verbs => None,
-            },
-            options: {
-                // --nic-opt wins over RDMA_BENCH_VERBS_OPTS.
-                let mut o = match self.backend {
-                    Backend::Efa => BTreeMap::new(),
-                    Backend::Verbs => self.verbs_opts.clone(),
-                };
-                o.extend(self.options.iter().cloned());
-                o
-            },
+            provider: self.provider.clone(),
+            // A later option of the same key wins.
+            options: self.options.iter().cloned().collect(),
             ..NicDesc::default()
-        }
-    }
-
-    /// Whether the endpoints go over the machine's RDMA NICs (verbs, or libfabric's efa),
-    /// not a provider that copies memory (shm, tcp).
-    pub fn real_nics(&self) -> bool {
-        match self.backend {
-            Backend::Verbs => true,
-            Backend::Efa => self.provider.as_deref().map_or(true, |p| p == "efa"),
         }
     }
 
@@ -379,30 +345,16 @@ impl<T: Transport> Side<T> {
         Ok(())
     }
 
+    /// What the backend runs on, from the first NIC (`None` without NICs).
+    pub fn runtime(&self) -> Option<transport_core::Runtime> {
+        self.eps.first().map(Transport::runtime)
+    }
+
     /// The provider actually opened (first NIC).
     pub fn provider(&self) -> String {
         self.eps
             .first()
             .map(|e| e.provider().to_string())
             .unwrap_or_default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_verbs_opts;
-
-    #[test]
-    fn verbs_opts() {
-        let m = parse_verbs_opts(" timeout=20, retry_cnt = 7,").unwrap();
-        assert_eq!(m.len(), 2);
-        assert_eq!(
-            (m["timeout"].as_str(), m["retry_cnt"].as_str()),
-            ("20", "7")
-        );
-        assert!(parse_verbs_opts("").unwrap().is_empty());
-        for bad in ["timeout", "=3", "timeout="] {
-            assert!(parse_verbs_opts(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -1,4 +1,4 @@
-//! Parsing and printing of sizes, GPU lists and backend pairs as users type them.
+//! Parsing and printing of sizes and GPU lists as users type them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -103,52 +103,6 @@ impl fmt::Display for GpuList {
     }
 }
 
-/// One `backend:provider` (or `verbs:dev0+dev1`) entry of `compare --pairs`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pair {
-    pub backend: String,
-    /// libfabric provider for `efa`; empty for `verbs`.
-    pub provider: Option<String>,
-    /// Verbs devices (`rxe0+rxe1`: one per side), or libfabric domains.
-    pub devices: Vec<String>,
-}
-
-impl FromStr for Pair {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (backend, rest) = s
-            .split_once(':')
-            .ok_or_else(|| format!("`{s}`: a pair is BACKEND:PROVIDER or verbs:DEV[+DEV]"))?;
-        let backend = backend.trim().to_ascii_lowercase();
-        let rest = rest.trim();
-        if rest.is_empty() {
-            return Err(format!("`{s}`: nothing after `:`"));
-        }
-        match backend.as_str() {
-            "efa" => Ok(Pair {
-                backend,
-                provider: Some(rest.to_string()),
-                devices: Vec::new(),
-            }),
-            "verbs" => Ok(Pair {
-                backend,
-                provider: None,
-                devices: rest.split('+').map(|d| d.trim().to_string()).collect(),
-            }),
-            other => Err(format!("`{s}`: unknown backend `{other}` (efa or verbs)")),
-        }
-    }
-}
-
-impl fmt::Display for Pair {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.provider {
-            Some(p) => write!(f, "{}:{p}", self.backend),
-            None => write!(f, "{}:{}", self.backend, self.devices.join("+")),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,17 +132,5 @@ mod tests {
         assert!("a".parse::<GpuList>().is_err());
         assert!("0-100000000000".parse::<GpuList>().is_err());
         assert!("".parse::<GpuList>().is_err());
-    }
-
-    #[test]
-    fn pairs() {
-        let p: Pair = "efa:shm".parse().unwrap();
-        assert_eq!(p.provider.as_deref(), Some("shm"));
-        let p: Pair = "verbs:rxe0+rxe1".parse().unwrap();
-        assert_eq!(p.devices, vec!["rxe0", "rxe1"]);
-        assert_eq!(p.to_string(), "verbs:rxe0+rxe1");
-        assert!("ucx:foo".parse::<Pair>().is_err());
-        assert!("efa".parse::<Pair>().is_err());
-        assert!("efa:".parse::<Pair>().is_err());
     }
 }

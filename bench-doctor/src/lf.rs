@@ -1,15 +1,16 @@
 //! What the libfabric this process loaded offers: version, providers, FI_HMEM, CUDA.
 //!
-//! Only through transport-efa's public API: `Endpoint::libfabric_version()`,
-//! `available_providers()`, and an endpoint opened with `hmem=on` (it opens only where the
-//! provider advertises `FI_HMEM`). Whether the library was built with CUDA is read from the
-//! library file itself: a CUDA-enabled libfabric names `libcuda.so` (to load or link it).
+//! The doctor names no backend: the libfabric backend's probe (`BackendInfo::probe`, which
+//! the program hands over in [`crate::DoctorCfg::probes`]) reports on its library, and this
+//! is the doctor's view of that report, for its libfabric checks.
 
 use serde::Serialize;
+use transport_core::Probe;
 
 /// The libfabric facts doctor judges.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Libfabric {
+    /// The API version, `major.minor`.
     pub version: String,
     pub providers: Vec<String>,
     /// The provider asked for `FI_HMEM` (`efa` where present, else `shm`), and whether an
@@ -22,61 +23,57 @@ pub struct Libfabric {
     pub cuda: Option<bool>,
 }
 
-/// The mapped libfabric, from `/proc/self/maps` (this process, never under `--root`).
-#[cfg(feature = "efa")]
-fn library_path() -> Option<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| {
-            std::path::Path::new(p)
-                .file_name()
-                .and_then(|f| f.to_str())
-                .is_some_and(|f| f.starts_with("libfabric.so"))
-        })
-        .map(str::to_string)
-}
-
-#[cfg(feature = "efa")]
-fn names_libcuda(path: &str) -> Option<bool> {
-    let bytes = std::fs::read(path).ok()?;
-    let needle = b"libcuda.so";
-    Some(bytes.windows(needle.len()).any(|w| w == needle))
-}
-
-/// Ask the libfabric linked into this binary; `None` in a build without the efa backend.
-pub fn probe() -> Option<Libfabric> {
-    #[cfg(feature = "efa")]
-    {
-        use transport_core::{NicDesc, Transport};
-        use transport_efa::Endpoint;
-        let providers = Endpoint::available_providers();
-        let p = if providers.iter().any(|p| p == "efa") {
-            "efa"
-        } else {
-            "shm"
+impl Libfabric {
+    /// The doctor's view of a probe of libfabric; `None` for another library's.
+    pub fn from_probe(p: &Probe) -> Option<Libfabric> {
+        if p.library != "libfabric" {
+            return None;
+        }
+        // `2.6.0`, `2.1.0amzn3.0`: the API version is the release's first two numbers.
+        let mut parts = p
+            .version
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty());
+        let version = match (parts.next(), parts.next()) {
+            (Some(a), Some(b)) => format!("{a}.{b}"),
+            _ => p.version.clone(),
         };
-        let hmem = providers.iter().any(|x| x == p) && {
-            let mut d = NicDesc {
-                provider: Some(p.into()),
-                ..NicDesc::default()
-            };
-            d.options.insert("hmem".into(), "on".into());
-            Endpoint::open(&d).is_ok_and(|ep| ep.caps().gpu_memory)
-        };
-        let library = library_path();
-        let cuda = library.as_deref().and_then(names_libcuda);
         Some(Libfabric {
-            version: Endpoint::libfabric_version(),
-            providers,
-            hmem_provider: Some(p.into()),
-            hmem,
-            library,
-            cuda,
+            version,
+            providers: p.offers.clone(),
+            hmem_provider: p.gpu.as_ref().map(|g| g.0.clone()),
+            hmem: p.gpu.as_ref().is_some_and(|g| g.1),
+            library: p.path.clone(),
+            cuda: p.cuda_in_library,
         })
     }
-    #[cfg(not(feature = "efa"))]
-    {
-        None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_of_libfabric_reads_as_its_api_version() {
+        let p = Probe {
+            library: "libfabric".into(),
+            version: "2.1.0amzn3.0".into(),
+            path: Some("/opt/amazon/efa/lib/libfabric.so.1".into()),
+            offers: vec!["efa".into(), "shm".into()],
+            gpu: Some(("efa".into(), true)),
+            cuda_in_library: Some(true),
+            findings: Vec::new(),
+        };
+        let l = Libfabric::from_probe(&p).unwrap();
+        assert_eq!(l.version, "2.1");
+        assert_eq!(
+            (l.hmem_provider.as_deref(), l.hmem, l.cuda),
+            (Some("efa"), true, Some(true))
+        );
+        let other = Probe {
+            library: "ucx".into(),
+            ..p
+        };
+        assert!(Libfabric::from_probe(&other).is_none());
     }
 }

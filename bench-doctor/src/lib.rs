@@ -3,8 +3,9 @@
 //! 0 all ok, 1 warnings, 2 a failure.
 //!
 //! Everything is read from files under a root (`/`, or `--root DIR` with a copy or a fixture
-//! tree), except what only this process can know: the libfabric it loaded (skipped under
-//! `--root`) and, without `--topology`, hwloc's view of the live machine.
+//! tree), except what only this process can know: what the backends' libraries report (each
+//! backend's probe, handed over by the program; skipped under `--root`) and, without
+//! `--topology`, hwloc's view of the live machine. The doctor names no backend.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +19,8 @@ pub mod sys;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+use transport_core::{FindingStatus, Probe};
 
 pub use crate::checks::acs_ctrl;
 pub use crate::error::{Error, Result};
@@ -39,6 +42,9 @@ pub struct DoctorCfg {
     pub root: Option<PathBuf>,
     /// Take the GPU/NIC/NUMA layout from an hwloc XML export instead of this machine.
     pub topology: Option<PathBuf>,
+    /// What to ask each backend's library in this process (`BackendInfo::probe` of every
+    /// backend the program has); not asked under `root`.
+    pub probes: Vec<fn() -> Probe>,
 }
 
 /// Everything doctor judges, injectable for tests.
@@ -49,6 +55,8 @@ pub struct Inputs {
     pub topology: Option<topo::Topology>,
     /// The loaded libfabric; `None` skips those checks.
     pub libfabric: Option<lf::Libfabric>,
+    /// What the other backends' libraries reported: each is listed, with its findings.
+    pub probes: Vec<Probe>,
 }
 
 /// Run every check.
@@ -66,6 +74,9 @@ pub fn run(inp: &Inputs) -> Report {
     c.push(iommu(&f));
     c.push(acs(&sys, &f));
     c.extend(numa(&f, inp.topology.as_ref()));
+    for p in &inp.probes {
+        c.extend(probe_checks(p));
+    }
     c.extend(env::checks(&env::Ctx {
         env: env::Env(&inp.env),
         facts: &f,
@@ -84,6 +95,37 @@ pub fn run(inp: &Inputs) -> Report {
     };
     r.exit_code = exit_code(r.worst());
     r
+}
+
+/// A library the doctor has no checks of its own for: what its probe found, and the
+/// backend's own findings.
+fn probe_checks(p: &Probe) -> Vec<Check> {
+    let mut s = format!(
+        "{} {} ({})",
+        p.library,
+        p.version,
+        p.path.as_deref().unwrap_or("library path unknown")
+    );
+    if !p.offers.is_empty() {
+        s.push_str(&format!(", offers: {}", p.offers.join(", ")));
+    }
+    let mut out = vec![Check {
+        id: p.library.clone(),
+        status: Status::Ok,
+        summary: s,
+        fix: None,
+    }];
+    out.extend(p.findings.iter().map(|f| Check {
+        id: f.id.clone(),
+        status: match f.status {
+            FindingStatus::Ok => Status::Ok,
+            FindingStatus::Warn => Status::Warn,
+            FindingStatus::Fail => Status::Fail,
+        },
+        summary: f.summary.clone(),
+        fix: f.fix.clone(),
+    }));
+    out
 }
 
 fn collect_env() -> Vec<(String, String)> {
@@ -110,11 +152,21 @@ pub fn inputs(a: &DoctorCfg) -> Result<Inputs> {
         (None, None) => topo::discover().ok(),
         (None, Some(_)) => None,
     };
+    let probes: Vec<Probe> = if a.root.is_some() {
+        Vec::new()
+    } else {
+        a.probes.iter().map(|p| p()).collect()
+    };
+    let libfabric = probes.iter().find_map(lf::Libfabric::from_probe);
     Ok(Inputs {
         root,
         env: collect_env(),
         topology,
-        libfabric: if a.root.is_some() { None } else { lf::probe() },
+        libfabric,
+        probes: probes
+            .into_iter()
+            .filter(|p| lf::Libfabric::from_probe(p).is_none())
+            .collect(),
     })
 }
 

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use crate::gate::GateResult;
+use bench_core::record::Record;
 use bench_core::report::RunReport;
 use bench_core::units::human_bytes;
 use bench_doctor as doctor;
@@ -21,6 +22,8 @@ pub struct Page<'a> {
     pub topology: Option<(String, topo::Topology)>,
     pub topology_svg: Option<String>,
     pub doctor: Option<doctor::Report>,
+    /// What ran, where and on what.
+    pub record: Option<&'a Record>,
 }
 
 /// Escape text for HTML.
@@ -63,6 +66,9 @@ pub fn render(p: &Page<'_>) -> String {
         esc(&p.command),
         env!("CARGO_PKG_VERSION")
     );
+    if let Some(r) = p.record {
+        record(&mut o, r);
+    }
     if let Some(g) = p.gate {
         let _ = write!(
             o,
@@ -235,6 +241,85 @@ pub fn render(p: &Page<'_>) -> String {
     o
 }
 
+/// The run record: a row per fact, this side's and the peer's beside it; each compare pair's
+/// backends; each rank whose facts differ from rank 0's.
+fn record(o: &mut String, r: &Record) {
+    let peer = r.peer.is_some();
+    let _ = write!(
+        o,
+        "<h2>Run record</h2>\n<table id=\"record\"><tr><th class=\"l\">fact</th><th class=\"l\">{}</th>{}</tr>\n",
+        if peer { "this side" } else { "value" },
+        if peer { "<th class=\"l\">peer</th>" } else { "" }
+    );
+    for (k, v, p) in r.rows() {
+        let _ = write!(
+            o,
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td>",
+            esc(&k),
+            esc(&v)
+        );
+        if peer {
+            let _ = write!(
+                o,
+                "<td class=\"l\">{}</td>",
+                esc(p.as_deref().unwrap_or("-"))
+            );
+        }
+        o.push_str("</tr>\n");
+    }
+    o.push_str("</table>\n");
+    let lib = |b: &transport_core::Runtime| {
+        format!(
+            "{} {} {} {}{}",
+            b.backend,
+            b.library,
+            b.version.as_deref().unwrap_or("-"),
+            b.provider.as_deref().unwrap_or(&b.device),
+            b.firmware
+                .as_deref()
+                .map(|f| format!(", firmware {f}"))
+                .unwrap_or_default()
+        )
+    };
+    if !r.pairs.is_empty() {
+        o.push_str(
+            "<table><tr><th class=\"l\">pair</th><th class=\"l\">client side</th>\
+             <th class=\"l\">server side</th></tr>\n",
+        );
+        for p in &r.pairs {
+            let _ = writeln!(
+                o,
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+                esc(&p.pair),
+                esc(&lib(&p.backend)),
+                esc(&lib(&p.peer))
+            );
+        }
+        o.push_str("</table>\n");
+    }
+    if !r.ranks.is_empty() {
+        o.push_str(
+            "<table><tr><th>rank</th><th class=\"l\">host</th><th class=\"l\">rdma-bench</th>\
+             <th class=\"l\">kernel</th><th class=\"l\">backend</th></tr>\n",
+        );
+        for k in &r.ranks {
+            let f = &k.facts;
+            let _ = writeln!(
+                o,
+                "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{} ({})</td>\
+                 <td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+                k.rank,
+                esc(&f.host),
+                esc(&f.rdma_bench),
+                esc(&f.commit),
+                esc(&f.kernel),
+                esc(&f.backend.as_ref().map(lib).unwrap_or_else(|| "-".into()))
+            );
+        }
+        o.push_str("</table>\n");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +330,62 @@ mod tests {
             esc("<a href=\"x\">&'"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
+    }
+
+    /// The record's facts show, the peer's beside this side's, each compare pair's and each
+    /// differing rank's backends under them, all escaped.
+    #[test]
+    fn the_run_record_shows_every_side() {
+        use bench_core::record::{Facts, PairRecord, RankFacts, Record};
+        use transport_core::Runtime;
+        let rt = |dev: &str| Runtime {
+            backend: "efa".into(),
+            library: "libfabric".into(),
+            version: Some("2.6.0".into()),
+            provider: Some("efa".into()),
+            device: dev.into(),
+            firmware: Some("<fw 1.2>".into()),
+            ..Runtime::default()
+        };
+        let mut me = Facts::here("0.1.0", "abc123");
+        me.host = "node<a>".into();
+        let mut r = Record::now(me.with_backend(rt("rdmap0")));
+        let mut other = me.with_backend(rt("rdmap1"));
+        other.host = "node-b".into();
+        r.peer = Some(other.clone());
+        r.pairs.push(PairRecord {
+            pair: "efa:efa".into(),
+            backend: rt("rdmap0"),
+            peer: rt("rdmap1"),
+        });
+        r.ranks.push(RankFacts {
+            rank: 3,
+            facts: other,
+        });
+        let p = Page {
+            command: "rdma-bench".into(),
+            runs: vec![],
+            failures: vec![],
+            gate: None,
+            plot_svg: None,
+            topology: None,
+            topology_svg: None,
+            doctor: None,
+            record: Some(&r),
+        };
+        let h = render(&p);
+        for want in [
+            "<h2>Run record</h2>",
+            "<th class=\"l\">peer</th>",
+            "<td class=\"l\">node&lt;a&gt;</td><td class=\"l\">node-b</td>",
+            "0.1.0 (abc123)",
+            "libfabric 2.6.0",
+            "&lt;fw 1.2&gt;",
+            "<td class=\"l\">efa:efa</td>",
+            "<td>3</td><td class=\"l\">node-b</td>",
+        ] {
+            assert!(h.contains(want), "{want}:\n{h}");
+        }
     }
 
     #[test]
@@ -258,6 +399,7 @@ mod tests {
             topology: None,
             topology_svg: None,
             doctor: None,
+            record: None,
         };
         let h = render(&p);
         assert!(h.starts_with("<!DOCTYPE html>"));

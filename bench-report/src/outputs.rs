@@ -8,7 +8,9 @@ use crate::gate::{self, GateResult, GateSpec};
 use crate::html;
 use crate::plot;
 use bench_core::error::{Error, Result, TransportContext};
+use bench_core::record::Record;
 use bench_core::report::RunReport;
+use transport_core::Probe;
 
 /// What to do after the runs (`rdma-bench`'s `--expect`, `--min-pct`, `--min-gbps`, `--plot`,
 /// `--report`, `--report-topology`).
@@ -28,6 +30,8 @@ pub struct OutputSpec {
     pub report: Option<PathBuf>,
     /// The hwloc XML export the report's topology section shows (default: this machine).
     pub report_topology: Option<PathBuf>,
+    /// What the report's node check asks each backend's library (`DoctorCfg::probes`).
+    pub probes: Vec<fn() -> Probe>,
 }
 
 fn check_dir(flag: &str, p: &Path) -> Result<()> {
@@ -80,6 +84,8 @@ pub struct Done<'a> {
     pub failures: Vec<(String, String)>,
     pub ladder: bool,
     pub workload: String,
+    /// What ran, where and on what.
+    pub record: Option<&'a Record>,
 }
 
 impl<'a> Done<'a> {
@@ -93,6 +99,7 @@ impl<'a> Done<'a> {
             failures: Vec::new(),
             ladder,
             workload: runs.first().map(|r| r.workload.clone()).unwrap_or_default(),
+            record: None,
         }
     }
 }
@@ -167,9 +174,12 @@ pub fn finish(
             .map(|(_, t)| plot::topology_svg(t))
             .transpose()?;
         // The node check is of this machine, whatever topology the page shows.
-        let doctor = bench_doctor::inputs(&bench_doctor::DoctorCfg::default())
-            .ok()
-            .map(|i| bench_doctor::run(&i));
+        let doctor = bench_doctor::inputs(&bench_doctor::DoctorCfg {
+            probes: o.probes.clone(),
+            ..bench_doctor::DoctorCfg::default()
+        })
+        .ok()
+        .map(|i| bench_doctor::run(&i));
         let page = html::Page {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             runs: d.runs.clone(),
@@ -179,6 +189,7 @@ pub fn finish(
             topology,
             topology_svg,
             doctor,
+            record: d.record,
         };
         std::fs::write(p, html::render(&page))
             .ctx(|| format!("writing --report {}", p.display()))?;

@@ -48,3 +48,28 @@ pub(crate) fn devices() -> Result<Vec<CudaDev>, String> {
     }
     Ok(out)
 }
+
+/// The CUDA driver's version (`cuDriverGetVersion`, as `major.minor`) and the names of the
+/// CUDA devices `ordinals`, in that order; or why they cannot be read.
+pub fn driver_and_names(ordinals: &[usize]) -> Result<(String, Vec<String>), String> {
+    // SAFETY: as in `devices`: a dlopen probe without preconditions.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver library".to_string());
+    }
+    result::init().map_err(|e| format!("cuInit failed: {e}"))?;
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: `v` is a valid out-pointer; the driver is loaded and initialised.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(|e| format!("cuDriverGetVersion failed: {e}"))?;
+    let mut names = Vec::with_capacity(ordinals.len());
+    for &o in ordinals {
+        let i = std::ffi::c_int::try_from(o).map_err(|_| format!("GPU {o}: no such ordinal"))?;
+        let dev = result::device::get(i).map_err(|e| format!("cuDeviceGet({o}) failed: {e}"))?;
+        names.push(
+            result::device::get_name(dev)
+                .map_err(|e| format!("cuDeviceGetName({o}) failed: {e}"))?,
+        );
+    }
+    Ok((format!("{}.{}", v / 1000, v % 1000 / 10), names))
+}

@@ -82,6 +82,8 @@ mod xmlfix;
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::driver_and_names as cuda_driver_and_names;
 
 pub use error::{Error, Result};
 pub use model::{GpuGroup, Nic, NumaGroup, Topology};

@@ -17,17 +17,20 @@
 //! `CONFORMANCE_REQUIRE_DEVICE=1` is set, where it fails.
 //!
 //! The pair and its helpers are in `pair`, the cases where data must arrive in `data`, those
-//! where something must be refused in `refused`; all are re-exported here. [`ab`] holds what
+//! where something must be refused in `refused`, the backend's description of itself in
+//! `about`; all are re-exported here. [`ab`] holds what
 //! the backends' hot-path benches share.
 //!
 //! [`Error::NoDevice`]: transport_core::Error::NoDevice
 
 pub mod ab;
+mod about;
 mod data;
 mod pair;
 mod refused;
 mod support;
 
+pub use about::describes_itself;
 pub use data::{
     fill_queue_then_drain, immediates_exactly_once, immediates_many, register_deregister,
     send_recv_len, send_recv_sizes, write_at_offset,
@@ -52,7 +55,7 @@ macro_rules! suite {
         $crate::suite!(@cases $open;
             register_deregister, send_recv_sizes, write_at_offset, immediates_exactly_once,
             fill_queue_then_drain, bad_remote_key, write_past_end, foreign_local_region,
-            bad_peer_address);
+            bad_peer_address, describes_itself);
     };
     (@cases $open:path; $($case:ident),*) => {
         $(

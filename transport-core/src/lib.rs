@@ -1,8 +1,9 @@
 //! The `Transport` trait and the types every RDMA backend shares.
 //!
 //! One [`Transport`] value is one endpoint on one NIC. Backends (`transport-efa` over
-//! libfabric, `transport-verbs` over ibverbs) implement it; workloads are written once,
-//! generic over it. This crate has no FFI of its own and knows no backend.
+//! libfabric, `transport-verbs` over ibverbs) implement it and describe themselves
+//! ([`Transport::INFO`], [`BackendInfo`]); workloads are written once, generic over it. This
+//! crate has no FFI of its own and knows no backend.
 //!
 //! # What every backend guarantees
 //! - Every operation carries a caller-chosen `u64` context, returned in its completion.
@@ -56,12 +57,17 @@
 //! }
 //! ```
 
+mod backend;
 mod error;
 mod mem;
 pub mod skip;
 mod types;
 pub mod wait;
 
+pub use backend::{
+    check_options, mapped_library, BackendInfo, Finding, FindingStatus, OptionInfo, OptionsEnv,
+    Probe, ProviderInfo, Runtime,
+};
 pub use error::{CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]
 pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
@@ -109,8 +115,12 @@ pub trait Transport: Send + Sized {
     /// The backend's registered memory region.
     type Mr: MemoryRegion;
 
-    /// Backend name as users type it: `"efa"` (libfabric) or `"verbs"`.
-    const BACKEND: &'static str;
+    /// What the backend says about itself: its name, help, providers, options, NIC driver,
+    /// and what a node check should ask of it (see [`BackendInfo`]).
+    const INFO: &'static BackendInfo;
+
+    /// Backend name as users type it ([`BackendInfo::name`]).
+    const BACKEND: &'static str = Self::INFO.name;
 
     /// Open an endpoint on the NIC `nic` describes.
     fn open(nic: &NicDesc) -> Result<Self>;
@@ -176,4 +186,9 @@ pub trait Transport: Send + Sized {
     fn details(&self) -> String {
         String::new()
     }
+
+    /// What this endpoint runs on: the library loaded (name, version, file), the provider,
+    /// fabric and NIC opened, the NIC's firmware where readable, and the settings that decide
+    /// how it behaves. For run records and peers; not on the hot path.
+    fn runtime(&self) -> Runtime;
 }

@@ -15,21 +15,22 @@ pub struct NicDesc {
     /// to them, but [`NicDesc::pci`] is what it matches first.
     pub device: Option<String>,
     /// PCI function of the NIC, `dddd:bb:dd.f` (as `topo` reports it, e.g. `0000:4f:00.0`).
-    /// Where set, the libfabric backend opens the domain whose `fi_info->nic->bus_attr` is this
-    /// function, whatever its name; the verbs backend ignores it.
+    /// A backend that can tell its NICs by PCI function opens the one at this function,
+    /// whatever its name (libfabric: the domain whose `fi_info->nic->bus_attr` it is); one
+    /// that cannot uses [`NicDesc::device`].
     #[serde(default)]
     pub pci: Option<String>,
-    /// libfabric provider (`efa`, `shm`, `tcp`). `None`: `efa` where present. Ignored by verbs.
+    /// The provider to run over, for backends whose library has several
+    /// ([`crate::BackendInfo::provider`]; libfabric: `efa`, `shm`, `tcp`, and `None` is `efa`
+    /// where present). Ignored by backends without providers.
     pub provider: Option<String>,
-    /// Verbs port number (default 1).
-    pub port: Option<u8>,
-    /// Verbs GID index (default: chosen per peer, the GID on the subnet that reaches it).
-    pub gid_index: Option<u8>,
     /// Send queue depth wanted (default: the backend's choice, capped by the NIC).
     pub tx_depth: Option<usize>,
     /// Receive queue depth wanted.
     pub rx_depth: Option<usize>,
-    /// Backend-specific options, `key=value` (for example `mr_mode=strict` on libfabric).
+    /// Backend-specific options, `key=value` (for example `mr_mode=strict` on libfabric, `gid=3`
+    /// on verbs): each backend lists the keys it takes ([`crate::BackendInfo::options`]) and
+    /// refuses others.
     pub options: BTreeMap<String, String>,
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use libfabric_sys as fi;
 use transport_core::{
-    Caps, Completion, EndpointAddr, Error, LocalSlice, Memory, NicDesc, PeerId, Post, RemoteSlice,
-    Result, Transport, WriteOp,
+    BackendInfo, Caps, Completion, EndpointAddr, Error, LocalSlice, Memory, NicDesc, PeerId, Post,
+    RemoteSlice, Result, Runtime, Transport, WriteOp,
 };
 
 use crate::domain::Domain;
@@ -93,6 +93,10 @@ pub struct EndpointInfo {
     pub rx_cq_data: bool,
     /// The NIC's PCI function, where the provider reports it.
     pub pci: Option<Pci>,
+    /// The provider's own version (`fabric_attr->prov_version`, `major.minor`).
+    pub provider_version: String,
+    /// The NIC's firmware (`nic->device_attr->firmware`), where the provider reports it.
+    pub firmware: Option<String>,
 }
 
 impl fmt::Display for EndpointInfo {
@@ -258,7 +262,7 @@ impl Endpoint {
 impl Transport for Endpoint {
     type Mr = Mr;
 
-    const BACKEND: &'static str = "efa";
+    const INFO: &'static BackendInfo = &crate::INFO;
 
     fn open(nic: &NicDesc) -> Result<Self> {
         Self::open_inner(nic)
@@ -423,6 +427,10 @@ impl Transport for Endpoint {
 
     fn details(&self) -> String {
         format!("fabric {}, {}", self.fabric, self.info)
+    }
+
+    fn runtime(&self) -> Runtime {
+        self.runtime_facts()
     }
 }
 

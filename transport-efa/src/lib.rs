@@ -108,6 +108,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod about; // what the backend says about itself: INFO, the doctor's probe, an endpoint's runtime
 mod addr; // peers' addresses: add_peer, the AV, each post's destination
 mod cq; // the completion path: a CQ entry as a Completion, an error entry
 mod domain; // the fabric and domain, shared by the endpoint and its regions
@@ -124,10 +125,12 @@ mod select; // fi_getinfo, the API version and threading model, the entry chosen
 mod shm; // the shm provider's regions in /dev/shm; exit_abandoning_endpoints
 mod slab; // operation contexts, a fixed slab
 
+use transport_core::{BackendInfo, ProviderInfo};
 // Named by the crate docs.
 #[cfg(doc)]
 use transport_core::{MemoryRegion, NicDesc, Post, RemoteMr};
 
+pub use crate::about::{libfabric_release, probe};
 pub use crate::endpoint::{Endpoint, EndpointInfo};
 pub use crate::imm::MAX_IMM_RECVS;
 pub use crate::mr::{Mr, MrMode};
@@ -135,6 +138,27 @@ pub use crate::nic::{match_nic, DomainInfo, Pci};
 pub use crate::shm::{
     exit_abandoning_endpoints, remove_shm_regions_of, remove_shm_regions_of_this_process,
     shm_regions_of,
+};
+
+/// This backend, as `Transport::INFO` gives it (the parts in `about.rs`).
+pub(crate) const INFO: BackendInfo = BackendInfo {
+    name: "efa",
+    aliases: &[],
+    help: "libfabric (AWS EFA, and the shm and tcp providers anywhere)",
+    library: "libfabric",
+    provider: Some(ProviderInfo {
+        loopback_default: "shm",
+        env: about::provider_env,
+    }),
+    nic_driver: about::nic_driver,
+    options: about::OPTIONS,
+    options_env: None,
+    // Both sides in one process: shm cannot move GPU memory between them by CUDA IPC (CUDA
+    // opens no handle in the process that made it), so GPU regions are registered without
+    // FI_HMEM_DEVICE_ONLY and shm copies through the host (tests/gpu_ipc.rs).
+    same_process_gpu: &[("gpu_ipc", "off")],
+    probe: Some(about::probe),
+    exit_abandoning: Some(shm::exit_abandoning_endpoints),
 };
 
 /// Largest single message or WRITE offered, even where the provider reports no limit

@@ -149,6 +149,8 @@ impl Endpoint {
                 emulated_write: None,
                 rx_cq_data,
                 pci: v.pci,
+                provider_version: select::version_string(v.prov_version),
+                firmware: Some(v.firmware.clone()).filter(|f| !f.is_empty()),
             },
         };
         if v.cq_data_size < select::CQ_DATA_SIZE {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use transport_core::{Error, Result};
+use transport_core::Result;
 
 /// Backend options from `NicDesc::options`.
 #[derive(Clone, Debug, Default)]
@@ -70,11 +70,6 @@ pub(crate) enum Hmem {
     Off,
 }
 
-/// The option keys this backend knows, for error messages.
-pub(crate) const OPTION_KEYS: &str = "mr_mode=strict|default, hmem=auto|on|off, \
-     write_completion=auto|delivery|transmit, fabric=NAME, shm=off|on, cuda_api=auto|on|off, \
-     rx_cq_data=auto|on, gpu_ipc=on|off";
-
 impl Options {
     pub(crate) fn parse(options: &BTreeMap<String, String>) -> Result<Self> {
         let mut o = Options {
@@ -101,11 +96,8 @@ impl Options {
                 ("gpu_ipc", "off") => o.gpu_ipc = false,
                 ("rx_cq_data", "auto") => o.rx_cq_data_forced = false,
                 ("rx_cq_data", "on") => o.rx_cq_data_forced = true,
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "unknown libfabric option `{k}={v}`; known options: {OPTION_KEYS}"
-                    )))
-                }
+                // The keys are crate::INFO's options, which name them in the error.
+                _ => return Err(crate::INFO.unknown_option(k, v)),
             }
         }
         Ok(o)
@@ -114,9 +106,8 @@ impl Options {
 
 #[cfg(test)]
 mod tests {
-    use transport_core::{NicDesc, Transport};
+    use transport_core::{Error, NicDesc, Transport};
 
-    use super::*;
     use crate::Endpoint;
 
     #[test]

@@ -108,6 +108,10 @@ pub(crate) struct View {
     pub pci: Option<Pci>,
     /// `fi_info->nic->device_attr->name` (`rdmap79s0` for the domain `rdmap79s0-rdm`).
     pub nic_name: String,
+    /// `fi_info->nic->device_attr->firmware`, where the provider reports it.
+    pub firmware: String,
+    /// `fi_info->fabric_attr->prov_version`.
+    pub prov_version: u32,
 }
 
 impl View {
@@ -216,6 +220,9 @@ fn view(info: *const fi::fi_info) -> View {
         }),
         // SAFETY: as above.
         nic_name: unsafe { cstr(v.nic_name) },
+        // SAFETY: as above.
+        firmware: unsafe { cstr(v.nic_firmware) },
+        prov_version: v.prov_version,
     }
 }
 

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 use transport_core::{
-    Caps, Completion, CompletionError, EndpointAddr, Error, LocalSlice, Memory, NicDesc, PeerId,
-    Post, RemoteSlice, Result, Transport, WriteOp,
+    check_options, BackendInfo, Caps, Completion, CompletionError, EndpointAddr, Error, LocalSlice,
+    Memory, NicDesc, PeerId, Post, RemoteSlice, Result, Runtime, Transport, WriteOp,
 };
 
 use self::cq::{IMM_BATCH, POLL_BATCH};
@@ -32,7 +32,7 @@ use crate::device::{open_domain, query_port, read_gid_table, Domain};
 use crate::gid::{candidates, describe_candidates, gid_text, peer_path, GidEntry, PeerPath};
 use crate::mr::{region_access, VerbsMr, ACCESS_RELAXED_ORDERING};
 use crate::options::{forced_gid, opt};
-use crate::util::check;
+use crate::util::{c_text, check};
 
 const DEFAULT_TX_DEPTH: usize = 256;
 const DEFAULT_RX_DEPTH: usize = 256;
@@ -74,6 +74,8 @@ pub struct Endpoint {
     link_layer: u8,
     lid: u16,
     mtu: u8,
+    /// The device's firmware version (`ibv_query_device`), empty where it reports none.
+    firmware: String,
     opts: ConnOpts,
     caps: Caps,
     imm_depth: usize,
@@ -130,6 +132,10 @@ impl Endpoint {
     /// The port used.
     pub fn port(&self) -> u8 {
         self.port
+    }
+    /// The device's firmware version, as `ibv_query_device` reports it (`None`: empty).
+    pub fn firmware(&self) -> Option<&str> {
+        Some(self.firmware.as_str()).filter(|f| !f.is_empty())
     }
     /// The GID index this side prefers, before any peer is known: the forced one (`gid=N`,
     /// `NicDesc::gid_index`), else the best of the port's (untagged IPv4 RoCE v2 first). Each
@@ -235,6 +241,7 @@ impl Endpoint {
     /// [`Transport::open`]: options first, then the device, the port and its GIDs, the CQ,
     /// the two SRQs (the immediate one filled) and the first pending pair.
     fn open_nic(nic: &NicDesc) -> Result<Self> {
+        check_options(&crate::INFO, &nic.options)?;
         let opts = ConnOpts::from_nic(nic)?;
         let inline = opt(nic, "inline", DEFAULT_INLINE, 4096)?;
         let imm_want = opt(nic, "imm_depth", DEFAULT_IMM_DEPTH, 1 << 20)?;
@@ -242,7 +249,7 @@ impl Endpoint {
         let access = region_access(nic)?;
         let forced = forced_gid(nic)?;
         let domain = Arc::new(open_domain(nic.device.as_deref())?);
-        let port = nic.port.unwrap_or(1);
+        let port = opt(nic, "port", 1u8, 255)?;
         let pinfo = query_port(&domain, port)?;
         let table = read_gid_table(&domain, port, &pinfo);
         let gids = candidates(
@@ -282,6 +289,7 @@ impl Endpoint {
             link_layer: pinfo.link_layer,
             lid: pinfo.lid,
             mtu: pinfo.active_mtu,
+            firmware: c_text(&da.fw_ver),
             opts,
             caps: Caps {
                 max_msg_size: max_msg,
@@ -451,7 +459,7 @@ impl Endpoint {
 
 impl Transport for Endpoint {
     type Mr = VerbsMr;
-    const BACKEND: &'static str = "verbs";
+    const INFO: &'static BackendInfo = &crate::INFO;
 
     fn open(nic: &NicDesc) -> Result<Self> {
         Self::open_nic(nic)
@@ -528,5 +536,9 @@ impl Transport for Endpoint {
 
     fn details(&self) -> String {
         self.describe()
+    }
+
+    fn runtime(&self) -> Runtime {
+        self.runtime_facts()
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! # Opening
 //! - Device by name ([`NicDesc::device`](transport_core::NicDesc), default the first one),
-//!   port `NicDesc::port` (default 1, which must be ACTIVE).
+//!   port `port=N` (option, default 1, which must be ACTIVE).
 //! - GID: chosen per peer at `add_peer`, from the port's GID table and the GIDs the peer's
 //!   address offers (its RoCE GIDs with their type, IP prefix and VLAN flag): RoCE v2 first,
 //!   then the pair of GIDs on one IP subnet (the netdev and subnet that reach the peer), the
@@ -18,13 +18,13 @@
 //!   before IPv6, never a link-local pair by subnet; both ends rank the pairs alike and pick
 //!   the same one ([`Endpoint::peer_path`] says which). A routed fabric (no shared subnet) gets
 //!   the untagged IPv4 RoCE v2 GID. On InfiniBand the LID routes and no GRH is used.
-//!   `gid=N` (option) or `NicDesc::gid_index` forces the local index (and a GRH on
-//!   InfiniBand); an empty index is an error naming `show_gids` and the sysfs path. The path
-//!   MTU is the smaller of the two ports' active MTUs.
+//!   `gid=N` (option) forces the local index (and a GRH on InfiniBand); an empty index is an
+//!   error naming `show_gids` and the sysfs path. The path MTU is the smaller of the two
+//!   ports' active MTUs.
 //! - Zero devices (no RDMA stack in the kernel, where `ibv_get_device_list` fails with `ENOSYS`,
 //!   or an empty list) is [`Error::NoDevice`](transport_core::Error::NoDevice), never a panic.
-//! - `NicDesc::options` (others are ignored): `timeout` (RC local ACK timeout exponent,
-//!   4.096 µs · 2^t, default 14 ≈ 67 ms), `retry_cnt` (default 7), `rnr_retry` (default 7 =
+//! - `NicDesc::options` (any other key is refused, naming these): `port`, `timeout` (RC local
+//!   ACK timeout exponent, 4.096 µs · 2^t, default 14 ≈ 67 ms), `retry_cnt` (default 7), `rnr_retry` (default 7 =
 //!   forever), `min_rnr_timer` (default 12), `inline` (largest inline payload asked for, default
 //!   128), `imm_depth` (default 512), `chain_bytes` (payload after which `post_writes` closes a
 //!   chain, default 65536), `sl`, `tc` (alias `traffic_class`: the GRH traffic class of every
@@ -95,6 +95,7 @@
 //! Endpoint: queue pairs, then the SRQs and the CQ; the PD and the device context go with the
 //! last `Arc` (the endpoint's or a region's).
 
+mod about;
 mod addr;
 mod device;
 mod endpoint;
@@ -111,6 +112,25 @@ pub use endpoint::{Endpoint, QueriedAv};
 pub use gid::{gid_text, GidKind, PeerPath, WireGid};
 pub use mr::{VerbsMr, ACCESS_RELAXED_ORDERING};
 
+/// This backend, as `Transport::INFO` gives it (the parts in `about.rs`).
+pub(crate) const INFO: transport_core::BackendInfo = transport_core::BackendInfo {
+    name: "verbs",
+    aliases: &[],
+    help: "ibverbs RC (ConnectX, Soft-RoCE)",
+    library: "verbs",
+    provider: None,
+    nic_driver: about::nic_driver,
+    options: about::OPTIONS,
+    options_env: Some(transport_core::OptionsEnv {
+        name: "RDMA_BENCH_VERBS_OPTS",
+        example: "timeout=20,retry_cnt=7",
+    }),
+    same_process_gpu: &[],
+    // The node check reads the RDMA devices from sysfs itself.
+    probe: None,
+    exit_abandoning: None,
+};
+
 /// The NIC this crate's tests and benches open for `side` (0 or 1): `$VERBS_DEV<side>` (else
 /// the first device) and `$VERBS_GID<side>` (else the automatic GID). Not a supported API.
 #[doc(hidden)]
@@ -120,11 +140,12 @@ pub fn test_nic(side: usize) -> transport_core::Result<transport_core::NicDesc> 
         nic.device = Some(d);
     }
     if let Ok(g) = std::env::var(format!("VERBS_GID{side}")) {
-        nic.gid_index = Some(g.parse().map_err(|_| {
-            transport_core::Error::InvalidArgument(format!(
+        if g.parse::<u8>().is_err() {
+            return Err(transport_core::Error::InvalidArgument(format!(
                 "VERBS_GID{side}={g}: not a GID index (0-255)"
-            ))
-        })?);
+            )));
+        }
+        nic.options.insert("gid".into(), g);
     }
     Ok(nic)
 }

@@ -1,5 +1,5 @@
 //! The endpoint's `NicDesc::options`: numbers with a range, aliases of one setting, and the
-//! forced GID index (the crate docs list every option).
+//! forced GID index (the crate docs list every option, `about.rs` their keys).
 
 use transport_core::{Error, NicDesc, Result};
 
@@ -43,15 +43,9 @@ where
     Ok(found.map(|f| f.2))
 }
 
-/// The local GID index asked for: option `gid` or `NicDesc::gid_index` (the same if both).
+/// The local GID index asked for: option `gid`.
 pub(crate) fn forced_gid(nic: &NicDesc) -> Result<Option<u8>> {
-    let o = opt_any(nic, &["gid"], 255u8)?;
-    match (o, nic.gid_index) {
-        (Some(a), Some(b)) if a != b => Err(Error::InvalidArgument(format!(
-            "verbs option gid={a} and the NIC's GID index {b} disagree: give one"
-        ))),
-        (a, b) => Ok(a.or(b)),
-    }
+    opt_any(nic, &["gid"], 255u8)
 }
 
 #[cfg(test)]
@@ -92,19 +86,11 @@ mod tests {
         }
     }
 
-    /// `gid=N` forces the GID index like `NicDesc::gid_index`; both given must agree.
+    /// `gid=N` forces the GID index, 0..=255.
     #[test]
     fn gid_option() {
         assert_eq!(forced_gid(&nic(&[])).unwrap(), None);
         assert_eq!(forced_gid(&nic(&[("gid", "3")])).unwrap(), Some(3));
-        let mut n = nic(&[("gid", "3")]);
-        n.gid_index = Some(3);
-        assert_eq!(forced_gid(&n).unwrap(), Some(3));
-        n.gid_index = Some(4);
-        assert!(matches!(forced_gid(&n), Err(Error::InvalidArgument(_))));
-        n = NicDesc::default();
-        n.gid_index = Some(9);
-        assert_eq!(forced_gid(&n).unwrap(), Some(9));
         assert!(matches!(
             forced_gid(&nic(&[("gid", "256")])),
             Err(Error::InvalidArgument(_))

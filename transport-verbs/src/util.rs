@@ -35,3 +35,13 @@ pub(crate) fn check(rc: i32, call: &'static str, hint: impl Into<String>) -> Res
         Err(provider_err(call, rc, hint))
     }
 }
+
+/// A fixed-size C char array (NUL-terminated, or full to its end) as trimmed text.
+pub(crate) fn c_text(a: &[std::os::raw::c_char]) -> String {
+    let b: Vec<u8> = a
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&b).trim().to_string()
+}

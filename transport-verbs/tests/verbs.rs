@@ -89,7 +89,9 @@ fn unknown_device_names_the_present_ones() {
 
 #[test]
 fn gid_is_chosen_automatically() {
-    let Some(a) = open_or_skip(0, |n| n.gid_index = None) else {
+    let Some(a) = open_or_skip(0, |n| {
+        n.options.remove("gid");
+    }) else {
         return;
     };
     eprintln!(
@@ -123,10 +125,9 @@ fn gid_is_chosen_automatically() {
     assert!(a.caps().tx_depth > 0 && a.caps().max_msg_size > 0);
     assert!(a.caps().cq_data_size >= 4);
     // An explicit index that does not exist is refused clearly.
-    let r = Endpoint::open(&NicDesc {
-        gid_index: Some(250),
-        ..nic(0)
-    });
+    let mut n = nic(0);
+    n.options.insert("gid".into(), "250".into());
+    let r = Endpoint::open(&n);
     match r {
         Err(Error::InvalidArgument(m)) => {
             assert!(
@@ -684,10 +685,11 @@ fn gid_follows_the_peers_subnet() {
         );
         return;
     };
-    let auto = |n: &mut NicDesc| n.gid_index = None;
+    let auto = |n: &mut NicDesc| {
+        n.options.remove("gid");
+    };
     let forced = |g: u8| {
         move |n: &mut NicDesc| {
-            n.gid_index = None;
             n.options.insert("gid".into(), g.to_string());
         }
     };

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use transport_core::{Completion, Transport};
 
-use crate::backend::WithTransport;
 use crate::launch::{self, Launch, Rendezvous};
 use crate::rendezvous::{self, Coord, Hub, Leaf, Member};
 use bench_core::buffers::PageLayout;
@@ -13,6 +12,7 @@ use bench_core::config::Pattern;
 use bench_core::error::{Error, Result};
 use bench_core::plan::Plan;
 use bench_core::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, VERSION};
+use bench_core::record::{Facts, RankFacts, Record};
 use bench_core::side::SideCfg;
 use bench_core::workload::ranks::{self as data, Link, Phase};
 
@@ -27,13 +27,6 @@ pub(super) struct Job<'a> {
     /// The provider asked for (part of the options every rank must share).
     pub(super) provider: String,
     pub(super) timeout: Duration,
-}
-
-impl WithTransport for Job<'_> {
-    type Output = Option<JobReport>;
-    fn call<T: Transport>(self) -> Result<Option<JobReport>> {
-        job::<T>(&self)
-    }
 }
 
 fn layout(plan: &Plan, i: usize, npg: usize) -> PageLayout {
@@ -72,7 +65,7 @@ fn spec<T: Transport>(j: &Job<'_>) -> RankSpec {
     }
 }
 
-fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
+pub(super) fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
     let (rank, world) = (j.launch.rank, j.launch.world);
     let cfg = j.cfg;
     // The watchdog acts within the idle timeout of a rank's death.
@@ -155,6 +148,10 @@ fn ranks_main<T: Transport>(
     let mine = Links {
         rank,
         links: data::wire(links),
+        facts: Some(Box::new(match links.first() {
+            Some(l) => cfg.facts.with_backend(l.ep.runtime()),
+            None => cfg.facts.clone(),
+        })),
     };
     let ends = coord.exchange(mine, j.timeout)?;
     for (k, e) in ends.iter().enumerate() {
@@ -250,10 +247,33 @@ fn ranks_main<T: Transport>(
     let Coord::Root(hub) = coord else {
         return Ok(None);
     };
-    Ok(Some(build(j, &provider, &hub.members, &results)))
+    let mut rep = build(j, T::BACKEND, &provider, &hub.members, &results);
+    rep.record = record(&hub.facts);
+    Ok(Some(rep))
 }
 
-fn build(j: &Job<'_>, provider: &str, members: &[Member], results: &[Vec<RankDone>]) -> JobReport {
+/// The job's run record: rank 0's facts, and each other rank's where they differ from them.
+fn record(facts: &[(u32, Facts)]) -> Option<Record> {
+    let (_, first) = facts.iter().find(|(r, _)| *r == 0)?;
+    let mut rec = Record::now(first.clone());
+    rec.ranks = facts
+        .iter()
+        .filter(|(r, f)| *r != 0 && f != first)
+        .map(|(r, f)| RankFacts {
+            rank: *r,
+            facts: f.clone(),
+        })
+        .collect();
+    Some(rec)
+}
+
+fn build(
+    j: &Job<'_>,
+    backend: &str,
+    provider: &str,
+    members: &[Member],
+    results: &[Vec<RankDone>],
+) -> JobReport {
     let spec = j.plan.runs.iter().map(|p| RunSpec {
         stage: p.stage.clone(),
         size: p.size,
@@ -264,7 +284,7 @@ fn build(j: &Job<'_>, provider: &str, members: &[Member], results: &[Vec<RankDon
     JobReport {
         pattern: j.pattern.to_string(),
         workload: j.plan.workload.to_string(),
-        backend: j.cfg.backend.to_string(),
+        backend: backend.to_string(),
         provider: provider.to_string(),
         mem: j.cfg.mem.to_string(),
         launcher: j.launch.launcher,
@@ -276,5 +296,27 @@ fn build(j: &Job<'_>, provider: &str, members: &[Member], results: &[Vec<RankDon
             .zip(results)
             .map(|(p, done)| summarize(members, j.cfg.nics_per_gpu, p, done))
             .collect(),
+        record: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rank 0's facts head the record; another rank's follow only where they differ.
+    #[test]
+    fn the_record_lists_the_ranks_that_differ() {
+        let f = |host: &str| Facts {
+            host: host.into(),
+            rdma_bench: "0.1.0".into(),
+            ..Facts::default()
+        };
+        let all = vec![(0, f("a")), (1, f("a")), (2, f("b")), (3, f("a"))];
+        let r = record(&all).unwrap();
+        assert_eq!(r.this.host, "a");
+        assert_eq!(r.ranks.len(), 1);
+        assert_eq!((r.ranks[0].rank, r.ranks[0].facts.host.as_str()), (2, "b"));
+        assert!(record(&all[1..]).is_none(), "no rank 0, no record");
     }
 }

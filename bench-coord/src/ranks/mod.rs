@@ -7,12 +7,13 @@
 //! ([`bench_core::workload::ranks`]). Rank 0 prints one table (or `--json`) for the whole job:
 //! per rank and per NIC, min/median/max across ranks, and the slowest rank and NIC.
 //!
-//! This file checks the flags and hands the job to the backend; `job.rs` is the job (rendezvous,
-//! links, the runs), `report.rs` rank 0's report of it and its rendering.
+//! This file checks the flags and runs the job on the backend it is given; `job.rs` is the job
+//! (rendezvous, links, the runs), `report.rs` rank 0's report of it and its rendering.
 
 use std::time::Duration;
 
-use crate::backend::dispatch;
+use transport_core::Transport;
+
 use crate::launch;
 use bench_core::config::{Pattern, Workload};
 use bench_core::error::{Error, Result};
@@ -46,9 +47,9 @@ pub struct RunCfg {
     pub provider: String,
 }
 
-/// The `run` subcommand: this rank's part of the job. Rank 0 returns the job's report, the
-/// other ranks `None`.
-pub fn run(a: RunCfg) -> Result<Option<JobReport>> {
+/// The `run` subcommand: this rank's part of the job, on backend `T`. Rank 0 returns the job's
+/// report, the other ranks `None`.
+pub fn run<T: Transport>(a: RunCfg) -> Result<Option<JobReport>> {
     let env = |k: &str| std::env::var(k).ok();
     let launch = launch::detect(&env)?;
     let rdv = launch::rendezvous(a.rendezvous.as_deref(), &env)?;
@@ -105,5 +106,5 @@ pub fn run(a: RunCfg) -> Result<Option<JobReport>> {
         provider: a.provider,
         timeout: Duration::from_secs_f64(t),
     };
-    dispatch(cfg.backend, job)
+    job::job::<T>(&job)
 }

@@ -9,6 +9,7 @@ use crate::launch::Launcher;
 use crate::rendezvous::Member;
 use bench_core::config::Knobs;
 use bench_core::proto::{RankDone, RunSpec};
+use bench_core::record::Record;
 use bench_core::report::gbps;
 use bench_core::units::human_bytes;
 
@@ -104,6 +105,9 @@ pub struct JobReport {
     pub nics_per_gpu: usize,
     pub verified: bool,
     pub runs: Vec<JobRun>,
+    /// What ran, where and on what: rank 0's facts, and each rank's that differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<Record>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -434,6 +438,7 @@ mod tests {
             nics_per_gpu: 2,
             verified: true,
             runs: vec![r],
+            record: None,
         };
         let t = render(&rep);
         assert!(t.contains("slowest NIC: rank 1 on h1, NIC 1 (b)"), "{t}");

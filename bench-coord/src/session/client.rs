@@ -12,6 +12,7 @@ use bench_core::ctrl::{Ctrl, Watchdog};
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::plan::{Plan, Planned};
 use bench_core::proto::{Done, Hello, Msg, Request, Welcome, MAGIC, VERSION};
+use bench_core::record::Facts;
 use bench_core::report::{Progress, RunReport};
 use bench_core::side::{Side, SideCfg};
 use bench_core::workload::lat::PingPong;
@@ -29,6 +30,10 @@ const MAX_DATA: u64 = 1 << 36;
 /// What one client command prints.
 pub struct ClientOut {
     pub reports: Vec<RunReport>,
+    /// This side's run-record facts (`SideCfg::facts`, with the backend's runtime facts).
+    pub facts: Facts,
+    /// The server's, as its welcome said (`None` from a server that sends none).
+    pub peer: Option<Facts>,
 }
 
 fn recv_depth(rx_depth: usize, total: u64) -> u64 {
@@ -135,6 +140,10 @@ pub fn client<T: Transport>(
     }
     let len = data_len(plan, &side)?;
     side.register(cfg.mem, len)?;
+    let facts = match side.runtime() {
+        Some(r) => cfg.facts.with_backend(r),
+        None => cfg.facts.clone(),
+    };
     let hello = Hello {
         magic: MAGIC.into(),
         version: VERSION,
@@ -144,6 +153,7 @@ pub fn client<T: Transport>(
         nics_per_gpu: cfg.nics_per_gpu as u32,
         mem: cfg.mem,
         nics: side.wire(),
+        facts: Some(Box::new(facts.clone())),
     };
     ctrl.send(&Msg::Hello(hello))?;
     let welcome: Welcome = match ctrl.recv(PREPARE_TIMEOUT, "the server's welcome")? {
@@ -166,6 +176,7 @@ pub fn client<T: Transport>(
             n.mrs[0].len
         )));
     }
+    let peer = welcome.facts.map(|f| *f);
     side.connect(welcome.nics)?;
     // The server announced its endpoints before its welcome: take that in now.
     side.settle()?;
@@ -188,7 +199,11 @@ pub fn client<T: Transport>(
         reports.push(r);
     }
     let _ = ctrl.send(&Msg::Bye);
-    Ok(ClientOut { reports })
+    Ok(ClientOut {
+        reports,
+        facts,
+        peer,
+    })
 }
 
 fn request(plan: &Plan, p: &Planned, id: u32, count: u64, shifts: u64) -> Request {

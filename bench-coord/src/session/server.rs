@@ -173,7 +173,8 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
             )))
         }
     };
-    if hello.backend != T::BACKEND {
+    // By name or by an alias (a renamed backend still meets a client that uses its old name).
+    if !T::INFO.answers_to(&hello.backend) {
         return Err(Error::Protocol(format!(
             "backend mismatch: the client uses {}, this server runs {}",
             hello.backend,
@@ -199,7 +200,8 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
     let live = ctrl.liveness();
     let _busy = live.busy();
     let mut side = Side::<T>::open(&cfg.side)?;
-    if T::BACKEND == "efa" && side.provider() != hello.provider {
+    // A backend with providers runs both sides over the same one.
+    if T::INFO.provider.is_some() && side.provider() != hello.provider {
         return Err(Error::Protocol(format!(
             "provider mismatch: the client uses {}, this server {}",
             hello.provider,
@@ -207,6 +209,9 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
         )));
     }
     side.register(cfg.side.mem, want.max(64) as usize)?;
+    let facts = side
+        .runtime()
+        .map(|r| Box::new(cfg.side.facts.with_backend(r)));
     let wire = side.wire();
     side.connect(hello.nics)?;
     ctrl.send(&Msg::Welcome(Welcome {
@@ -214,6 +219,7 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
         version: VERSION,
         mem: cfg.side.mem,
         nics: wire,
+        facts,
     }))?;
     let mut runs = 0;
     loop {

@@ -1,12 +1,13 @@
 //! Sample messages, one of each kind, for the protocol's unit tests.
 
-use transport_core::RemoteMr;
+use transport_core::{RemoteMr, Runtime};
 
 use super::{
     Hello, Join, LinkStats, LinkWire, Links, NicWire, RankDone, RankSpec, Request, RunSpec,
 };
 use super::{CTRL_LEN, MAGIC, VERSION};
 use crate::config::{Knobs, LatOp, MemKind, Pattern, Threads, Workload};
+use crate::record::{Cuda, Facts};
 
 pub(super) fn nic(gpu: u32) -> NicWire {
     NicWire {
@@ -42,6 +43,33 @@ pub(crate) fn hello() -> Hello {
         nics_per_gpu: 1,
         mem: MemKind::Host,
         nics: vec![nic(0), nic(1)],
+        facts: Some(Box::new(facts())),
+    }
+}
+
+/// A side's run-record facts, every field filled.
+pub(crate) fn facts() -> Facts {
+    Facts {
+        rdma_bench: "0.1.0".into(),
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        host: "node01".into(),
+        kernel: "6.1.0-28-amd64".into(),
+        instance: Some("p5".into()),
+        cuda: Some(Cuda {
+            driver: "12.8".into(),
+            gpus: vec!["NVIDIA H100 80GB HBM3".into()],
+        }),
+        backend: Some(Runtime {
+            backend: "efa".into(),
+            library: "libfabric".into(),
+            version: Some("2.6.0".into()),
+            path: Some("/opt/amazon/efa/lib/libfabric.so.1".into()),
+            provider: Some("efa".into()),
+            fabric: Some("efa".into()),
+            device: "rdmap79s0-rdm".into(),
+            firmware: Some("0.0.1".into()),
+            settings: [("api_version".to_string(), "2.6".to_string())].into(),
+        }),
     }
 }
 
@@ -115,6 +143,7 @@ pub(super) fn links() -> Links {
     Links {
         rank: 1,
         links: vec![link(true), link(false)],
+        facts: Some(Box::new(facts())),
     }
 }
 

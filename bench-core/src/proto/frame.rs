@@ -324,6 +324,7 @@ mod tests {
                     mr: with_mr.then_some(RemoteMr { addr: mr_addr, len: mr_len, key: 1 }),
                     max_write_size: mr_len,
                 }).collect(),
+                facts: None,
             };
             let _ = decode_body(&serde_json::to_vec(&Msg::Links(l)).unwrap());
             let mut d = rank_done();

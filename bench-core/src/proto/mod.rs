@@ -41,8 +41,12 @@ pub const MAX_ADDR: usize = 4096;
 pub const MAX_NICS: usize = 1024;
 /// Regions per NIC: the data buffer, then a small control buffer (credits).
 pub const MRS_PER_NIC: usize = 2;
-/// Largest name (provider, backend, NIC) accepted.
+/// Largest name (provider, backend, NIC, a run record's facts) accepted.
 pub const MAX_NAME: usize = 256;
+/// Largest file path accepted (a run record's library file).
+pub const MAX_PATH: usize = 4096;
+/// Most settings or GPUs one side's run-record facts may list.
+pub const MAX_FACTS: usize = 64;
 /// Largest error text accepted.
 pub const MAX_TEXT: usize = 64 * 1024;
 /// Most latency round trips in one request (samples are kept in memory).

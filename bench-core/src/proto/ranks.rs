@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use transport_core::RemoteMr;
 
 use crate::config::{Knobs, MemKind, Pattern, Workload};
+use crate::record::Facts;
 
 /// Most ranks one job may have (every rank keeps a control connection to rank 0).
 pub const MAX_RANKS: u32 = 4096;
@@ -81,6 +82,9 @@ pub struct LinkWire {
 pub struct Links {
     pub rank: u32,
     pub links: Vec<LinkWire>,
+    /// What the rank is and runs on (rank to rank 0 only), for the job's run record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<Box<Facts>>,
 }
 
 /// What one link measured in the timed phase.

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use transport_core::RemoteMr;
 
 use crate::config::{Knobs, LatOp, MemKind, Workload};
+use crate::record::Facts;
 
 /// What one side tells the other about one of its NICs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,6 +35,9 @@ pub struct Hello {
     pub nics_per_gpu: u32,
     pub mem: MemKind,
     pub nics: Vec<NicWire>,
+    /// What the client is and runs on (its run record's facts, with its backend's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<Box<Facts>>,
 }
 
 /// Server's answer to a good `Hello`.
@@ -43,6 +47,9 @@ pub struct Welcome {
     pub version: u32,
     pub mem: MemKind,
     pub nics: Vec<NicWire>,
+    /// What the server is and runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<Box<Facts>>,
 }
 
 /// One run.

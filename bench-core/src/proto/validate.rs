@@ -1,12 +1,13 @@
 //! The bounds every message that arrives is checked against before it is used.
 
 use super::{
-    proto, Msg, NicWire, CTRL_LEN, MAGIC, MAX_ADDR, MAX_BATCH, MAX_IMM_EVERY, MAX_ITERS,
-    MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_RANKS, MAX_RUNS, MAX_TEXT, MAX_WARMUP,
-    MRS_PER_NIC, VERSION,
+    proto, Msg, NicWire, CTRL_LEN, MAGIC, MAX_ADDR, MAX_BATCH, MAX_FACTS, MAX_IMM_EVERY, MAX_ITERS,
+    MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_PATH, MAX_RANKS, MAX_RUNS, MAX_TEXT,
+    MAX_WARMUP, MRS_PER_NIC, VERSION,
 };
 use crate::config::{Knobs, Workload};
 use crate::error::Result;
+use crate::record::Facts;
 
 fn check_name(what: &str, s: &str) -> Result<()> {
     if s.len() > MAX_NAME {
@@ -14,6 +15,58 @@ fn check_name(what: &str, s: &str) -> Result<()> {
             "{what} is {} bytes long (limit {MAX_NAME})",
             s.len()
         )));
+    }
+    Ok(())
+}
+
+/// A peer's run-record facts: every text bounded, every list too.
+fn check_facts(f: Option<&Facts>) -> Result<()> {
+    let Some(f) = f else { return Ok(()) };
+    let names = [&f.rdma_bench, &f.commit, &f.host, &f.kernel];
+    for (what, s) in ["version", "commit", "host name", "kernel"]
+        .iter()
+        .zip(names)
+    {
+        check_name(what, s)?;
+    }
+    if let Some(i) = &f.instance {
+        check_name("instance type", i)?;
+    }
+    if let Some(c) = &f.cuda {
+        check_name("CUDA driver", &c.driver)?;
+        if c.gpus.len() > MAX_FACTS {
+            return Err(proto(format!(
+                "{} GPU names (limit {MAX_FACTS})",
+                c.gpus.len()
+            )));
+        }
+        for g in &c.gpus {
+            check_name("GPU name", g)?;
+        }
+    }
+    if let Some(b) = &f.backend {
+        for s in [&b.backend, &b.library, &b.device] {
+            check_name("backend fact", s)?;
+        }
+        for s in [&b.version, &b.provider, &b.fabric, &b.firmware]
+            .into_iter()
+            .flatten()
+        {
+            check_name("backend fact", s)?;
+        }
+        if b.path.as_ref().is_some_and(|p| p.len() > MAX_PATH) {
+            return Err(proto(format!("a library path over {MAX_PATH} bytes")));
+        }
+        if b.settings.len() > MAX_FACTS {
+            return Err(proto(format!(
+                "{} backend settings (limit {MAX_FACTS})",
+                b.settings.len()
+            )));
+        }
+        for (k, v) in &b.settings {
+            check_name("backend setting", k)?;
+            check_name("backend setting", v)?;
+        }
     }
     Ok(())
 }
@@ -66,6 +119,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_name("backend", &h.backend)?;
             check_name("provider", &h.provider)?;
             check_nics(&h.nics)?;
+            check_facts(h.facts.as_deref())?;
             let want = (h.gpus as u64).checked_mul(h.nics_per_gpu as u64);
             if h.gpus == 0 || h.nics_per_gpu == 0 || want != Some(h.nics.len() as u64) {
                 return Err(proto(format!(
@@ -84,7 +138,8 @@ pub fn validate(msg: &Msg) -> Result<()> {
         }
         Msg::Welcome(w) => {
             check_magic(&w.magic, w.version)?;
-            check_nics(&w.nics)
+            check_nics(&w.nics)?;
+            check_facts(w.facts.as_deref())
         }
         Msg::Request(r) => {
             if r.shifts == 0 || r.shifts > 1 << 16 {
@@ -164,6 +219,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
                     l.links.len()
                 )));
             }
+            check_facts(l.facts.as_deref())?;
             for (i, k) in l.links.iter().enumerate() {
                 check_name("NIC name", &k.name)?;
                 if k.peer >= MAX_RANKS || k.nic as usize >= MAX_NICS {
@@ -317,6 +373,72 @@ mod tests {
             message: "x".repeat(MAX_TEXT + 1)
         })
         .is_err());
+    }
+
+    /// A peer's run-record facts are bounded like every other field: each text, the GPU
+    /// list, the settings; a message without them (a peer that sends none) is fine.
+    #[test]
+    fn facts_bounds() {
+        use crate::proto::fixtures::facts;
+        type Spoil = fn(&mut Facts);
+        let bad: Vec<(&str, Spoil)> = vec![
+            ("host name", |f| f.host = "x".repeat(MAX_NAME + 1)),
+            ("kernel", |f| f.kernel = "x".repeat(MAX_NAME + 1)),
+            ("commit", |f| f.commit = "x".repeat(MAX_NAME + 1)),
+            ("instance", |f| f.instance = Some("x".repeat(MAX_NAME + 1))),
+            ("GPU names", |f| {
+                f.cuda.as_mut().unwrap().gpus = vec![String::new(); MAX_FACTS + 1]
+            }),
+            ("GPU name", |f| {
+                f.cuda.as_mut().unwrap().gpus[0] = "x".repeat(MAX_NAME + 1)
+            }),
+            ("backend fact", |f| {
+                f.backend.as_mut().unwrap().firmware = Some("x".repeat(MAX_NAME + 1))
+            }),
+            ("library path", |f| {
+                f.backend.as_mut().unwrap().path = Some("x".repeat(MAX_PATH + 1))
+            }),
+            ("backend settings", |f| {
+                let b = f.backend.as_mut().unwrap();
+                b.settings = (0..=MAX_FACTS)
+                    .map(|i| (i.to_string(), String::new()))
+                    .collect();
+            }),
+            ("backend setting", |f| {
+                let b = f.backend.as_mut().unwrap();
+                b.settings.insert("k".into(), "x".repeat(MAX_NAME + 1));
+            }),
+        ];
+        validate(&Msg::Hello(hello())).unwrap();
+        validate(&Msg::Links(links())).unwrap();
+        for (what, f) in &bad {
+            let mut h = hello();
+            f(h.facts.as_mut().unwrap());
+            let e = validate(&Msg::Hello(h)).unwrap_err().to_string();
+            assert!(e.contains(what), "{what}: {e}");
+            let mut l = links();
+            f(l.facts.as_mut().unwrap());
+            assert!(validate(&Msg::Links(l)).is_err(), "{what}");
+            let w = Msg::Welcome(crate::proto::Welcome {
+                magic: MAGIC.into(),
+                version: VERSION,
+                mem: crate::config::MemKind::Host,
+                nics: hello().nics,
+                facts: Some(Box::new({
+                    let mut x = facts();
+                    f(&mut x);
+                    x
+                })),
+            });
+            assert!(validate(&w).is_err(), "{what}");
+        }
+        // A hello without facts (a peer that sends none) reads as `None`.
+        let mut v = serde_json::to_value(Msg::Hello(hello())).unwrap();
+        v.as_object_mut().unwrap().remove("facts").unwrap();
+        match serde_json::from_value::<Msg>(v).unwrap() {
+            Msg::Hello(h) => assert!(h.facts.is_none()),
+            m => panic!("{}", m.kind()),
+        }
     }
 
     #[test]

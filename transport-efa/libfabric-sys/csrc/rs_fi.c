@@ -80,8 +80,10 @@ void rs_fi_info_view(const struct fi_info *info, struct rs_fi_info_view *out)
 	}
 	if (info->nic && info->nic->link_attr)
 		out->link_speed = (uint64_t)info->nic->link_attr->speed;
-	if (info->nic && info->nic->device_attr)
+	if (info->nic && info->nic->device_attr) {
 		out->nic_name = info->nic->device_attr->name;
+		out->nic_firmware = info->nic->device_attr->firmware;
+	}
 	if (info->nic && info->nic->bus_attr && info->nic->bus_attr->bus_type == FI_BUS_PCI) {
 		out->has_pci = 1;
 		out->pci_domain = info->nic->bus_attr->attr.pci.domain_id;

@@ -70,6 +70,7 @@ struct rs_fi_info_view {
 	uint8_t pci_device;
 	uint8_t pci_function;
 	const char *nic_name; /* nic->device_attr->name, e.g. "rdmap79s0"; NULL where absent */
+	const char *nic_firmware; /* nic->device_attr->firmware; NULL where absent */
 };
 
 /* Fill `out` from `info`; missing sub-structs read as zero / NULL. */

@@ -1,0 +1,149 @@
+//! The one table of backends. Everything else follows from it: `--backend`'s values and help,
+//! `compare --pairs`, the providers and options each side gets, the server's checks (through
+//! `Transport::INFO`), which backends this build has, and what the doctor asks.
+//!
+//! Adding a backend: its crate, one line here, and its feature in `Cargo.toml`.
+
+use bench_coord::backend::Backend;
+use transport_core::Probe;
+
+/// Every backend this binary knows, built in or not, in the order `--help` lists them; the
+/// first is the default.
+pub static BACKENDS: &[Backend] = &[
+    bench_coord::backend!("efa", transport_efa::Endpoint),
+    bench_coord::backend!("verbs", transport_verbs::Endpoint),
+];
+
+/// The backend `s` names (its name or an alias).
+pub fn find(s: &str) -> Option<&'static Backend> {
+    BACKENDS.iter().find(|b| b.info().answers_to(s))
+}
+
+/// `--backend`'s default: the first backend of the table.
+pub fn default_name() -> &'static str {
+    BACKENDS[0].name()
+}
+
+/// The backends' names as a list for messages: `efa or verbs`, `a, b or c`.
+pub fn names() -> String {
+    let n: Vec<&str> = BACKENDS.iter().map(|b| b.name()).collect();
+    match n.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => n.join(""),
+    }
+}
+
+/// What the doctor asks each built-in backend's library.
+pub fn probes() -> Vec<fn() -> Probe> {
+    BACKENDS
+        .iter()
+        .filter(|b| b.is_built())
+        .filter_map(|b| b.info().probe)
+        .collect()
+}
+
+/// One `compare --pairs` entry: `BACKEND:PROVIDER` for a backend with providers
+/// (`efa:shm`), `BACKEND:DEV[+DEV]` for one without (`verbs:rxe0+rxe1`: a device per side).
+#[derive(Clone, Debug)]
+pub struct Pair {
+    pub backend: &'static Backend,
+    /// The provider, for a backend with providers.
+    pub provider: Option<String>,
+    /// Devices (one per side, or one for both), for a backend without.
+    pub devices: Vec<String>,
+    /// The name the entry gave the backend, as it prints.
+    pub name: String,
+}
+
+impl std::str::FromStr for Pair {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let without: Vec<String> = BACKENDS
+            .iter()
+            .filter(|b| b.info().provider.is_none())
+            .map(|b| format!("{}:DEV[+DEV]", b.name()))
+            .collect();
+        let (name, rest) = s.split_once(':').ok_or_else(|| {
+            let mut forms = vec!["BACKEND:PROVIDER".to_string()];
+            forms.extend(without);
+            format!("`{s}`: a pair is {}", forms.join(" or "))
+        })?;
+        let name = name.trim().to_ascii_lowercase();
+        let rest = rest.trim();
+        if rest.is_empty() {
+            return Err(format!("`{s}`: nothing after `:`"));
+        }
+        let backend =
+            find(&name).ok_or_else(|| format!("`{s}`: unknown backend `{name}` ({})", names()))?;
+        Ok(if backend.info().provider.is_some() {
+            Pair {
+                backend,
+                provider: Some(rest.to_string()),
+                devices: Vec::new(),
+                name,
+            }
+        } else {
+            Pair {
+                backend,
+                provider: None,
+                devices: rest.split('+').map(|d| d.trim().to_string()).collect(),
+                name,
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.provider {
+            Some(p) => write!(f, "{}:{p}", self.name),
+            None => write!(f, "{}:{}", self.name, self.devices.join("+")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table() {
+        assert_eq!(default_name(), "efa");
+        assert_eq!(names(), "efa or verbs");
+        for b in BACKENDS {
+            assert!(std::ptr::eq(find(b.name()).unwrap(), b));
+            for a in b.info().aliases {
+                assert!(std::ptr::eq(find(a).unwrap(), b), "{a}");
+            }
+        }
+        assert!(find("nope").is_none());
+        // Names and aliases are unique across the table.
+        let mut all: Vec<&str> = BACKENDS
+            .iter()
+            .flat_map(|b| std::iter::once(b.name()).chain(b.info().aliases.iter().copied()))
+            .collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n);
+    }
+
+    #[test]
+    fn pairs() {
+        let p: Pair = "efa:shm".parse().unwrap();
+        assert_eq!(p.provider.as_deref(), Some("shm"));
+        assert_eq!(p.backend.name(), "efa");
+        let p: Pair = "verbs:rxe0+rxe1".parse().unwrap();
+        assert_eq!(p.devices, vec!["rxe0", "rxe1"]);
+        assert_eq!(p.to_string(), "verbs:rxe0+rxe1");
+        assert_eq!(
+            "nope:foo".parse::<Pair>().unwrap_err(),
+            "`nope:foo`: unknown backend `nope` (efa or verbs)"
+        );
+        assert_eq!(
+            "efa".parse::<Pair>().unwrap_err(),
+            "`efa`: a pair is BACKEND:PROVIDER or verbs:DEV[+DEV]"
+        );
+        assert!("efa:".parse::<Pair>().is_err());
+    }
+}

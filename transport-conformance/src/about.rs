@@ -1,0 +1,63 @@
+//! What a backend says about itself: its description ([`Transport::INFO`]) is consistent, and
+//! what an open endpoint reports it runs on ([`Transport::runtime`]) names what was opened.
+
+use std::collections::BTreeSet;
+
+use transport_core::{check_options, Error, Result, Transport};
+
+use crate::pair::Pair;
+
+fn fail(what: String) -> Error {
+    Error::InvalidArgument(what)
+}
+
+/// `INFO` names the backend as `BACKEND` does, its names and option keys are unique, every
+/// option it lists passes its own check; each endpoint's `runtime()` names this backend, a
+/// library, the NIC `nic_name()` gives and, for a backend with providers, the provider
+/// `provider()` gives.
+pub fn describes_itself<T: Transport>(p: &mut Pair<T>) -> Result<()> {
+    let info = T::INFO;
+    if info.name != T::BACKEND || info.name.is_empty() {
+        return Err(fail(format!(
+            "INFO names {:?}, BACKEND {:?}",
+            info.name,
+            T::BACKEND
+        )));
+    }
+    let mut names = BTreeSet::new();
+    for n in std::iter::once(info.name).chain(info.aliases.iter().copied()) {
+        if !names.insert(n) {
+            return Err(fail(format!("the name {n:?} is given twice")));
+        }
+    }
+    let mut keys = BTreeSet::new();
+    for o in info.options {
+        if !keys.insert(o.key) {
+            return Err(fail(format!("option {:?} is listed twice", o.key)));
+        }
+    }
+    let all = info
+        .options
+        .iter()
+        .map(|o| (o.key.to_string(), String::new()))
+        .collect();
+    check_options(info, &all)?;
+    for ep in [&p.a, &p.b] {
+        let r = ep.runtime();
+        if r.backend != T::BACKEND || r.library.is_empty() || r.device != ep.nic_name() {
+            return Err(fail(format!(
+                "runtime() {r:?} does not name backend {}, a library and NIC {}",
+                T::BACKEND,
+                ep.nic_name()
+            )));
+        }
+        if info.provider.is_some() && r.provider.as_deref() != Some(ep.provider()) {
+            return Err(fail(format!(
+                "runtime() names provider {:?}, the endpoint {}",
+                r.provider,
+                ep.provider()
+            )));
+        }
+    }
+    Ok(())
+}
