@@ -4,9 +4,12 @@
 # no root, no kernel module. It models semantics, not speed: never quote a figure from it
 # as EFA performance.
 #
-#   ci/efa-sim.sh [--devices NAME|FILE] CMD ARGS...
+#   ci/efa-sim.sh [--devices NAME|FILE] [--expect | --expect-knobs "KNOBS"] CMD ARGS...
 #     --devices   a file of efa-sim/devices (minimal [default], minimal-nouwr, p5, p5en, p6)
 #                 or a path to a device file
+#     --expect    fail unless every fault knob that some process had on acted at least once
+#     --expect-knobs "reorder delay_us ..."   fail unless these knobs were on and acted
+#                 (efa-sim/stats.sh: what each knob did, from the processes' exit lines)
 #   ci/efa-sim.sh --build-only   build (or check) the cache and exit
 #
 # Builds once and caches under $EFA_SIM_CACHE (default ~/.cache/rdma-bench/efa-sim):
@@ -20,6 +23,8 @@
 #   PATH              its fabtests (fi_rdm_pingpong, fi_rma_bw, ...) and fi_info
 #   SYSFS_PATH        a private sysfs tree for the devices (removed afterwards)
 #   EFA_SIM_DEVICES   the device file
+#   EFA_SIM_STATS     unless set: a file of the run where each process that opened a device
+#                     writes what the device and each fault knob did; summed at the end
 #   RDMA_BENCH_TOPOLOGY  the hwloc export of the machine the devices stand in for, where the
 #                     device file names one ("# topology: PATH"): rdma-bench's NIC groups
 #   FI_EFA_ENABLE_SHM_TRANSFER=0  unless set: peers on this host go through the device,
@@ -44,8 +49,11 @@ die() { log "$*"; exit 1; }
 
 DEVICES=minimal
 BUILD_ONLY=
+EXPECT=
 while [ $# -gt 0 ]; do
   case "$1" in
+    --expect) EXPECT=(--expect); shift ;;
+    --expect-knobs) EXPECT=(--expect-knobs "${2:?--expect-knobs needs knob names}"); shift 2 ;;
     --devices) DEVICES=${2:?--devices needs a name or a file}; shift 2 ;;
     --devices=*) DEVICES=${1#--devices=}; shift ;;
     --build-only) BUILD_ONLY=1; shift ;;
@@ -160,9 +168,22 @@ export PKG_CONFIG_PATH=$LF/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export PATH=$LF/bin:$PATH
 export FI_EFA_ENABLE_SHM_TRANSFER=${FI_EFA_ENABLE_SHM_TRANSFER:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-efa-sim}
+OWN_STATS=
+if [ -z "${EFA_SIM_STATS:-}" ]; then
+  export EFA_SIM_STATS=$RUN/stats OWN_STATS=1
+fi
 log "devices $(basename "$DEVFILE") ($(grep -c '^device ' "$DEVFILE") NICs); sysfs $SYSFS_PATH"
 set +e
 "$@"
 rc=$?
 set -e
+if [ -n "$OWN_STATS" ] && { [ -s "$EFA_SIM_STATS" ] || [ -n "$EXPECT" ]; }; then
+  if [ -n "$EXPECT" ]; then
+    "$ROOT/efa-sim/stats.sh" "${EXPECT[@]}" "$EFA_SIM_STATS" "efa-sim.sh" || [ $rc -ne 0 ] || rc=1
+  else
+    "$ROOT/efa-sim/stats.sh" "$EFA_SIM_STATS" "efa-sim.sh"
+  fi
+elif [ -n "$EXPECT" ]; then
+  log "--expect: EFA_SIM_STATS was set by the caller ($EFA_SIM_STATS): check it there"; rc=1
+fi
 exit $rc

@@ -48,14 +48,17 @@ elif [ ! -f ../shared/libfabric/libfabric-2.6.0.tar.xz ] && [ -z "${LIBFABRIC_SR
 else
   step "efa-sim: build (cached), then libfabric's fabtests and the efa conformance suite on the simulated EFA device"
   ci/efa-sim.sh --build-only
-  # Out of order, with RNR: the fabtests verify their data (-v) through it.
+  # Out of order, with RNR: the fabtests verify their data (-v) through it, and each test's
+  # processes report that the knobs acted (efa-sim/stats.sh).
   EFA_SIM_REORDER=16 EFA_SIM_DELAY_US=100 EFA_SIM_RNR_PERMILLE=10 ci/efa-sim.sh efa-sim/fabtests.sh
   # The conformance suite and the hardware-readiness checks on the efa and efa-direct
   # fabrics: on a device with unsolicited write receive, on one without (efa-direct then
-  # needs FI_RX_CQ_DATA), and on p5's 32 NICs (matching by PCI address).
+  # needs FI_RX_CQ_DATA), and on p5's 32 NICs (matching by PCI address). The conformance
+  # files turn reordering and delay on themselves: --expect-knobs checks they acted.
   SIMT=${CARGO_TARGET_DIR:-target}-efa-sim
   for devs in minimal minimal-nouwr; do
     CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh --devices $devs \
+      --expect-knobs "reorder delay_us" \
       cargo test -p transport-efa --test conformance_efa --test conformance_efa_device_rdma \
       --test efa_readiness
   done

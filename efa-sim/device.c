@@ -182,6 +182,7 @@ static int set_key(struct sim_attr *a, struct sim_faults *f, const char *key, co
 	U("die_after", f->die_after)
 	U("timeout_ms", f->timeout_ms)
 	U("rnr_delay_us", f->rnr_delay_us)
+	U("lose_write_permille", f->lose_write_permille)
 #undef U
 	return EINVAL;
 }
@@ -500,6 +501,56 @@ static void do_init(void)
 		g_sim.f.delay_us, g_sim.f.rnr_permille, g_sim.f.die_after, g_sim.f.timeout_ms);
 }
 
+/*
+ * One line per process that opened a device, at exit: each fault knob as
+ * name=setting:effect (the effect is what the knob did here; a knob that acts at the peer,
+ * lose_write_permille, shows its dropped pieces in the target's line), then the other
+ * counters. Appended to $EFA_SIM_STATS (one write(2) of one line, so processes sharing the
+ * file do not mix lines), else printed on stderr at EFA_SIM_LOG >= 1. efa-sim/stats.sh sums
+ * and checks them.
+ */
+static void sim_stats_write(void)
+{
+	const char *path = getenv("EFA_SIM_STATS");
+	struct sim_stats *t = &g_sim.st;
+	char line[1024];
+	int n, fd;
+
+	if (!atomic_load(&g_sim.opened))
+		return;
+#define C(x) ((unsigned long long)atomic_load(&t->x))
+	n = snprintf(line, sizeof(line),
+		     "efa-sim stats pid=%d packets=%llu reorder=%u:%llu delay_us=%u:%llu "
+		     "rnr_permille=%u:%llu lose_write_permille=%u:%llu die_after=%u:%llu "
+		     "writes_lost=%llu lost_bytes=%llu lost_inside=%llu\n",
+		     (int)getpid(), C(packets), g_sim.f.reorder > 1 ? g_sim.f.reorder : 0,
+		     C(reordered), g_sim.f.delay_us, C(delayed), g_sim.f.rnr_permille, C(rnr_injected),
+		     g_sim.f.lose_write_permille, C(lost_pieces), g_sim.f.die_after, C(silent),
+		     C(writes_lost), C(lost_bytes), C(lost_inside));
+#undef C
+	if (n <= 0)
+		return;
+	if ((size_t)n >= sizeof(line))
+		n = sizeof(line) - 1;
+	if (path && *path) {
+		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			if (write(fd, line, (size_t)n) != n)
+				fprintf(stderr, "efa-sim: writing %s: %s\n", path, strerror(errno));
+			close(fd);
+			return;
+		}
+		fprintf(stderr, "efa-sim: cannot open EFA_SIM_STATS=%s: %s\n", path, strerror(errno));
+	}
+	if (g_sim.log >= 1 || (path && *path))
+		fputs(line, stderr);
+}
+
+__attribute__((destructor)) static void sim_fini(void)
+{
+	sim_stats_write();
+}
+
 int sim_init(void)
 {
 	pthread_once(&init_once, do_init);
@@ -601,6 +652,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 		errno = e ? e : ENOMEM;
 		return NULL;
 	}
+	atomic_store(&g_sim.opened, true);
 	sim_log(2, "opened %s (%s)\n", device->name, ctx->dev->pci);
 	return c;
 }

@@ -39,6 +39,7 @@
 
 enum { P_SEND = 1, P_WRITE, P_READ_REQ, P_READ_RESP, P_ACK };
 #define F_IMM 1
+#define F_LOSE 2 /* EFA_SIM_LOSE_WRITE_PERMILLE: the target drops this piece's bytes */
 
 struct pkt {
 	uint32_t magic;
@@ -245,8 +246,13 @@ static struct txpkt *tx_new(struct sim_qp *from, const uint8_t *dgid, uint32_t d
 static void tx_enqueue(struct sim_engine *e, struct txpkt *t)
 {
 	t->ready_at = sim_now_ns();
-	if (g_sim.f.delay_us)
-		t->ready_at += (rnd(e) % ((uint64_t)g_sim.f.delay_us + 1)) * 1000;
+	if (g_sim.f.delay_us) {
+		uint64_t d = rnd(e) % ((uint64_t)g_sim.f.delay_us + 1);
+
+		t->ready_at += d * 1000;
+		if (d)
+			atomic_fetch_add(&g_sim.st.delayed, 1);
+	}
 	t->next = NULL;
 	t->prev = e->tx_tail;
 	if (e->tx_tail)
@@ -366,7 +372,7 @@ static void op_transmit(struct sim_engine *e, struct sim_op *op)
 {
 	struct sim_ctx *ctx = op->qp->ctx;
 	struct txpkt *t;
-	uint64_t off = 0;
+	uint64_t off = 0, lose_at = UINT64_MAX;
 	int st;
 
 	op->deadline = sim_now_ns() + (uint64_t)g_sim.f.timeout_ms * 1000000;
@@ -390,6 +396,13 @@ static void op_transmit(struct sim_engine *e, struct sim_op *op)
 		tx_enqueue(e, t);
 		return;
 	}
+	/* The EFA_SIM_LOSE_WRITE_PERMILLE defect picks a WRITE (without immediate), then one of
+	 * its pieces at random, so the lost bytes may sit anywhere in the target range. */
+	if (op->kind == OP_WRITE && !op->has_imm && g_sim.f.lose_write_permille && op->len &&
+	    rnd(e) % 1000 < g_sim.f.lose_write_permille) {
+		lose_at = (rnd(e) % ((op->len + CHUNK - 1) / CHUNK)) * CHUNK;
+		atomic_fetch_add(&g_sim.st.writes_lost, 1);
+	}
 	do {
 		uint64_t n = op->len - off;
 
@@ -406,7 +419,7 @@ static void op_transmit(struct sim_engine *e, struct sim_op *op)
 			return;
 		}
 		t->p.type = op->kind == OP_SEND ? P_SEND : P_WRITE;
-		t->p.flags = op->has_imm ? F_IMM : 0;
+		t->p.flags = (op->has_imm ? F_IMM : 0) | (off == lose_at ? F_LOSE : 0);
 		t->p.imm = op->imm;
 		t->p.qkey = op->dqkey;
 		t->p.op_id = op->id;
@@ -460,8 +473,10 @@ static bool rq_pop(struct sim_engine *e, struct sim_qp *qp, struct sim_rwqe *out
 {
 	bool ok = false;
 
-	if (g_sim.f.rnr_permille && rnd(e) % 1000 < g_sim.f.rnr_permille)
+	if (g_sim.f.rnr_permille && rnd(e) % 1000 < g_sim.f.rnr_permille) {
+		atomic_fetch_add(&g_sim.st.rnr_injected, 1);
 		return false;
+	}
 	pthread_mutex_lock(&qp->rq_lock);
 	if (qp->rq_count) {
 		*out = qp->rq[qp->rq_head];
@@ -573,13 +588,20 @@ static void on_write(struct sim_engine *e, struct sim_qp *qp, struct pkt *p)
 		reply(e, qp, p, ST_REMOTE_BAD_DEST_QPN);
 		return;
 	}
-	/* A defect on purpose: a WRITE without immediate acknowledged as placed while the bytes
-	 * of its first chunk are dropped (seeded): what a device or provider bug that loses data
-	 * looks like to the application. */
-	bool lose = false;
-	if (g_sim.f.lose_write_permille && !(p->flags & F_IMM) && p->off == 0)
-		lose = rnd(e) % 1000 < g_sim.f.lose_write_permille;
+	/* A defect on purpose: a piece the initiator marked (EFA_SIM_LOSE_WRITE_PERMILLE) is
+	 * checked and acknowledged as placed while its bytes are dropped: what a device or
+	 * provider bug that loses data looks like to the application. */
+	bool lose = p->flags & F_LOSE;
 	st = rdma_access(qp, p, IBV_ACCESS_REMOTE_WRITE, NULL, lose);
+	if (lose && st == ST_OK) {
+		atomic_fetch_add(&g_sim.st.lost_pieces, 1);
+		atomic_fetch_add(&g_sim.st.lost_bytes, p->len);
+		if (p->off)
+			atomic_fetch_add(&g_sim.st.lost_inside, 1);
+		sim_log(1, "fault: QP %u dropped %u bytes at offset %llu of a %llu-byte WRITE\n",
+			qp->ex.qp_base.qp_num, p->len, (unsigned long long)p->off,
+			(unsigned long long)p->total);
+	}
 	if (p->len == p->total) {
 		write_done(e, qp, p, st);
 		return;
@@ -751,7 +773,7 @@ static uint64_t transmit(struct sim_engine *e)
 
 	while (e->tx_head && budget--) {
 		struct txpkt *ready[64], *t;
-		unsigned n = 0, scanned = 0;
+		unsigned n = 0, scanned = 0, k;
 
 		if (window > 64)
 			window = 64;
@@ -763,7 +785,8 @@ static uint64_t transmit(struct sim_engine *e)
 		}
 		if (!n)
 			break;
-		t = ready[n == 1 ? 0 : rnd(e) % n];
+		k = n == 1 ? 0 : (unsigned)(rnd(e) % n);
+		t = ready[k];
 		if (atomic_load(&g_sim.dead)) {
 			tx_unlink(e, t);
 			free(t);
@@ -788,10 +811,15 @@ static uint64_t transmit(struct sim_engine *e)
 		}
 		tx_unlink(e, t);
 		free(t);
+		atomic_fetch_add(&g_sim.st.packets, 1);
+		if (k)
+			atomic_fetch_add(&g_sim.st.reordered, 1); /* it passed k older ready packets */
 		if (g_sim.f.die_after && atomic_fetch_add(&g_sim.packets_sent, 1) + 1 >= g_sim.f.die_after &&
-		    !atomic_exchange(&g_sim.dead, true))
+		    !atomic_exchange(&g_sim.dead, true)) {
+			atomic_store(&g_sim.st.silent, 1);
 			sim_log(0, "fault: this process's devices go silent after %u packets\n",
 				g_sim.f.die_after);
+		}
 	}
 	if (e->tx_head && wait == UINT64_MAX)
 		wait = 0;

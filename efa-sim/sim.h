@@ -76,6 +76,22 @@ struct sim_dev {
 	int index;
 };
 
+/*
+ * What the device did, per process, printed at exit (sim_stats_write): each fault knob's
+ * effect next to its setting, so a script can tell a knob that was on from one that acted.
+ */
+struct sim_stats {
+	atomic_ullong packets;       /* packets sent */
+	atomic_ullong reordered;     /* packets that left ahead of an older ready one (reorder) */
+	atomic_ullong delayed;       /* packets held back by a non-zero delay (delay_us) */
+	atomic_ullong rnr_injected;  /* arrivals answered RNR by the knob (rnr_permille) */
+	atomic_ullong writes_lost;   /* WRITEs marked lost at the initiator (lose_write_permille) */
+	atomic_ullong lost_pieces;   /* pieces of them whose bytes the target dropped */
+	atomic_ullong lost_bytes;
+	atomic_ullong lost_inside;   /* lost pieces that did not start at the WRITE's first byte */
+	atomic_ullong silent;        /* 1 once this process's devices went silent (die_after) */
+};
+
 struct sim_global {
 	struct sim_dev *devs;
 	int ndev;
@@ -84,6 +100,8 @@ struct sim_global {
 	int log;
 	atomic_uint packets_sent;
 	atomic_bool dead;
+	atomic_bool opened; /* a device was opened: sim_stats_write reports at exit */
+	struct sim_stats st;
 };
 extern struct sim_global g_sim;
 
