@@ -143,10 +143,13 @@ SIM_HASH=$(cat "$ROOT"/efa-sim/*.c "$ROOT"/efa-sim/*.h "$ROOT"/efa-sim/*.map "$R
 SIM=$CACHE/sim-$SIM_HASH
 if [ ! -f "$SIM/libefa.so.1" ]; then
   log "building the simulator into $SIM"
-  rm -rf "$CACHE"/sim-*
+  # Other checkouts share this cache and may be running theirs: only builds nobody used for
+  # a day go (each run touches its own).
+  find "$CACHE" -maxdepth 1 -name 'sim-*' -type d -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
   quiet make -C "$ROOT/efa-sim" RDMA_CORE="$RC" OUT="$WORK/sim"
   mkdir -p "$SIM" && cp "$WORK/sim/libibverbs.so.1" "$WORK/sim/libefa.so.1" "$SIM/"
 fi
+touch "$SIM"
 if [ -n "$BUILD_ONLY" ]; then
   log "ready: rdma-core $RC, libfabric $LF, simulator $SIM"
   exit 0
