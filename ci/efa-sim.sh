@@ -20,7 +20,9 @@
 # Then runs CMD with:
 #   LD_LIBRARY_PATH   the simulator first, then the efa-enabled libfabric
 #   PKG_CONFIG_PATH   that libfabric (a `cargo` inside builds against it)
-#   PATH              its fabtests (fi_rdm_pingpong, fi_rma_bw, ...) and fi_info
+#   PATH              its fabtests (fi_rdm_pingpong, fi_rma_bw, ...), fi_info, and the
+#                     simulator's test programs (efa-sim-hazards: efa-sim/hazards.sh;
+#                     efa-sim-inorder128)
 #   SYSFS_PATH        a private sysfs tree for the devices (removed afterwards)
 #   EFA_SIM_DEVICES   the device file
 #   EFA_SIM_STATS     unless set: a file of the run where each process that opened a device
@@ -138,16 +140,16 @@ if ! fresh "$LF" "$LF_STAMP"; then
 fi
 
 # --- the simulator's libraries, rebuilt when its sources change ---
-SIM_HASH=$(cat "$ROOT"/efa-sim/*.c "$ROOT"/efa-sim/*.h "$ROOT"/efa-sim/*.map "$ROOT"/efa-sim/Makefile |
-  sha256sum | cut -c1-16)
+SIM_HASH=$(cat "$ROOT"/efa-sim/*.c "$ROOT"/efa-sim/tests/*.c "$ROOT"/efa-sim/*.h "$ROOT"/efa-sim/*.map \
+  "$ROOT"/efa-sim/Makefile | sha256sum | cut -c1-16)
 SIM=$CACHE/sim-$SIM_HASH
-if [ ! -f "$SIM/libefa.so.1" ]; then
+if [ ! -f "$SIM/efa-sim-inorder128" ]; then
   log "building the simulator into $SIM"
   # Other checkouts share this cache and may be running theirs: only builds nobody used for
   # a day go (each run touches its own).
   find "$CACHE" -maxdepth 1 -name 'sim-*' -type d -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
-  quiet make -C "$ROOT/efa-sim" RDMA_CORE="$RC" OUT="$WORK/sim"
-  mkdir -p "$SIM" && cp "$WORK/sim/libibverbs.so.1" "$WORK/sim/libefa.so.1" "$SIM/"
+  quiet make -C "$ROOT/efa-sim" RDMA_CORE="$RC" LIBFABRIC="$LF" OUT="$WORK/sim"
+  mkdir -p "$SIM" && cp "$WORK"/sim/{libibverbs.so.1,libefa.so.1,efa-sim-hazards,efa-sim-inorder128} "$SIM/"
 fi
 touch "$SIM"
 if [ -n "$BUILD_ONLY" ]; then
@@ -168,7 +170,7 @@ if [ -z "${RDMA_BENCH_TOPOLOGY:-}" ]; then
 fi
 export LD_LIBRARY_PATH=$SIM:$LF/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_PATH=$LF/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export PATH=$LF/bin:$PATH
+export PATH=$SIM:$LF/bin:$PATH
 export FI_EFA_ENABLE_SHM_TRANSFER=${FI_EFA_ENABLE_SHM_TRANSFER:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-efa-sim}
 OWN_STATS=

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +88,7 @@ static const struct {
 	{ "cq_with_sgid", EFADV_DEVICE_ATTR_CAPS_CQ_WITH_SGID },
 	{ "rdma_write", EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE },
 	{ "unsolicited_write_recv", EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV },
+	{ "data_polling_128", SIM_CAP_DATA_POLLING_128 },
 };
 
 static int parse_u64(const char *v, uint64_t *out)
@@ -183,6 +185,8 @@ static int set_key(struct sim_attr *a, struct sim_faults *f, const char *key, co
 	U("timeout_ms", f->timeout_ms)
 	U("rnr_delay_us", f->rnr_delay_us)
 	U("lose_write_permille", f->lose_write_permille)
+	U("pkt_size", f->pkt_size)
+	U("pin", f->pin)
 #undef U
 	return EINVAL;
 }
@@ -452,6 +456,8 @@ static void do_init(void)
 	g_sim.f.timeout_ms = 5000;
 	g_sim.f.rnr_delay_us = 50;
 	g_sim.f.seed = 1;
+	g_sim.f.pin = 1;
+	pthread_rwlock_init(&g_sim.dma_lock, NULL);
 	if (!file || !*file) {
 		sim_log(1, "EFA_SIM_DEVICES is not set: no devices\n");
 		init_err = ENODEV;
@@ -479,11 +485,14 @@ static void do_init(void)
 	env_u("EFA_SIM_TIMEOUT_MS", &g_sim.f.timeout_ms);
 	env_u("EFA_SIM_RNR_DELAY_US", &g_sim.f.rnr_delay_us);
 	env_u("EFA_SIM_LOSE_WRITE_PERMILLE", &g_sim.f.lose_write_permille);
+	env_u("EFA_SIM_PKT_SIZE", &g_sim.f.pkt_size);
+	env_u("EFA_SIM_PIN", &g_sim.f.pin);
 	if (mkdirs(sysfs) || !realpath(sysfs, real)) {
 		fprintf(stderr, "efa-sim: cannot use SYSFS_PATH=%s: %s\n", sysfs, strerror(errno));
 		init_err = errno ? errno : EINVAL;
 		return;
 	}
+	snprintf(g_sim.sysfs, sizeof(g_sim.sysfs), "%s", real);
 	init_err = make_sysfs(real);
 	if (init_err) {
 		fprintf(stderr, "efa-sim: cannot make the sysfs tree under %s: %s\n", real,
@@ -522,11 +531,15 @@ static void sim_stats_write(void)
 	n = snprintf(line, sizeof(line),
 		     "efa-sim stats pid=%d packets=%llu reorder=%u:%llu delay_us=%u:%llu "
 		     "rnr_permille=%u:%llu lose_write_permille=%u:%llu die_after=%u:%llu "
-		     "writes_lost=%llu lost_bytes=%llu lost_inside=%llu\n",
+		     "writes_lost=%llu lost_bytes=%llu lost_inside=%llu out_of_order=%llu "
+		     "late_pieces=%llu pinned_pages=%llu dma_unmapped=%llu bad_key=%llu "
+		     "pd_mismatch=%llu cq_overrun=%llu flushed=%llu stale_cqe=%llu\n",
 		     (int)getpid(), C(packets), g_sim.f.reorder > 1 ? g_sim.f.reorder : 0,
 		     C(reordered), g_sim.f.delay_us, C(delayed), g_sim.f.rnr_permille, C(rnr_injected),
 		     g_sim.f.lose_write_permille, C(lost_pieces), g_sim.f.die_after, C(silent),
-		     C(writes_lost), C(lost_bytes), C(lost_inside));
+		     C(writes_lost), C(lost_bytes), C(lost_inside), C(out_of_order), C(late_pieces),
+		     C(pinned), C(dma_unmapped), C(bad_key), C(pd_mismatch), C(cq_overrun), C(flushed),
+		     C(stale_cqe));
 #undef C
 	if (n <= 0)
 		return;
@@ -555,6 +568,70 @@ int sim_init(void)
 {
 	pthread_once(&init_once, do_init);
 	return init_err;
+}
+
+/* ---- keys ---- */
+
+/* A bijection of 32-bit values (each step is one: xor, multiplication by an odd number,
+ * xor-shift), so distinct counter values give distinct keys. */
+static uint32_t key_of(uint64_t n, uint64_t seed)
+{
+	uint32_t x = (uint32_t)n ^ (uint32_t)seed;
+
+	x *= 0x9e3779b1u;
+	x ^= x >> 16;
+	x *= 0x85ebca6bu;
+	x ^= x >> 13;
+	x ^= (uint32_t)(seed >> 32);
+	x *= 0xc2b2ae35u;
+	x ^= x >> 16;
+	return x;
+}
+
+/*
+ * The device's next key: its counter lives in a small file of the fabric's sysfs tree
+ * (efa-sim/keys-HOST-NAME), mapped shared, so every process that opens the device draws
+ * from one sequence; no key repeats on a device within the fabric. Without the file (it
+ * cannot be made), the counter is this process's own, started at a random place.
+ */
+uint32_t sim_next_key(struct sim_dev *d)
+{
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static _Atomic uint64_t local;
+	uint32_t k;
+
+	pthread_mutex_lock(&lock);
+	if (!d->keys) {
+		char dir[PATH_MAX + 16], path[PATH_MAX + 300];
+		int fd = -1;
+		void *m = MAP_FAILED;
+
+		d->key_seed = 0x243f6a8885a308d3ull;
+		for (const char *p = g_sim.ns; *p; p++)
+			d->key_seed = (d->key_seed ^ (unsigned char)*p) * 0x100000001b3ull;
+		d->key_seed ^= (uint64_t)(d->index + 1) * 0x9e3779b97f4a7c15ull ^ g_sim.host;
+		snprintf(dir, sizeof(dir), "%s/efa-sim", g_sim.sysfs);
+		snprintf(path, sizeof(path), "%s/keys-%u-%s", dir, g_sim.host, d->ibdev.name);
+		if (!mkdirs(dir))
+			fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		if (fd >= 0 && !ftruncate(fd, 4096))
+			m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (fd >= 0)
+			close(fd);
+		if (m == MAP_FAILED) {
+			sim_log(0, "cannot share %s's key counter (%s): keys are this process's own\n",
+				d->ibdev.name, strerror(errno));
+			atomic_store(&local, (uint64_t)getpid() << 32 ^ sim_now_ns());
+			d->keys = &local;
+		} else {
+			d->keys = m;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	do
+		k = key_of(atomic_fetch_add(d->keys, 1), d->key_seed);
+	while (k == 0 || k == 0xffffffffu);
+	return k;
 }
 
 /* ---- the device list ---- */
@@ -664,8 +741,11 @@ int ibv_close_device(struct ibv_context *c)
 
 	if (!sim_engine_stop(ctx))
 		return 0; /* the engine may still use the context: leave it */
-	for (i = 0; i < ctx->nmr; i++)
-		free(ctx->mrs[i]);
+	for (i = 0; i < ctx->mrs_cap; i++)
+		if (ctx->mrs[i] && ctx->mrs[i] != (struct sim_mr *)1) { /* regions left registered */
+			sim_unpin(ctx->mrs[i]);
+			free(ctx->mrs[i]);
+		}
 	free(ctx->mrs);
 	for (i = 0; i < ctx->nah; i++)
 		free(ctx->ahs[i]);
