@@ -211,6 +211,9 @@ static int add_device(const char *name, const char *pci, const struct sim_attr *
 	/* A link-local GID made from the PCI address, unique on this simulated host. */
 	d->gid.raw[0] = 0xfe;
 	d->gid.raw[1] = 0x80;
+	/* EFA_SIM_HOST: the same NICs (names, PCI addresses) on another host, another GID. */
+	d->gid.raw[6] = (uint8_t)(g_sim.host >> 8);
+	d->gid.raw[7] = (uint8_t)g_sim.host;
 	d->gid.raw[8] = 0x0e;
 	d->gid.raw[9] = 0xfa;
 	d->gid.raw[10] = (uint8_t)(dom >> 8);
@@ -221,6 +224,70 @@ static int add_device(const char *name, const char *pci, const struct sim_attr *
 	d->gid.raw[15] = (uint8_t)(d->index + 1);
 	memcpy(&d->guid, &d->gid.raw[8], 8);
 	return 0;
+}
+
+/* "a/b/c": PCI addresses, root port first. */
+static int parse_bridges(const char *v, char *out, size_t cap)
+{
+	char buf[512], *tok, *save;
+	unsigned a, b, c, d;
+
+	if (strlen(v) >= cap || strlen(v) >= sizeof(buf))
+		return EINVAL;
+	snprintf(buf, sizeof(buf), "%s", v);
+	for (tok = strtok_r(buf, "/", &save); tok; tok = strtok_r(NULL, "/", &save))
+		if (strlen(tok) != 12 || sscanf(tok, "%4x:%2x:%2x.%1x", &a, &b, &c, &d) != 4)
+			return EINVAL;
+	snprintf(out, cap, "%s", v);
+	return 0;
+}
+
+/* "pci ADDR class=C vendor=V device=D numa=N bridges=..." : a PCI function that is not a
+ * simulated NIC (a GPU), for the sysfs tree. */
+static int add_pci(char **tok, int n, int numa)
+{
+	struct sim_pcifn *f, *v;
+	unsigned a, b, c, d;
+	int i, err = 0;
+
+	if (strlen(tok[0]) != 12 || sscanf(tok[0], "%4x:%2x:%2x.%1x", &a, &b, &c, &d) != 4)
+		return EINVAL;
+	v = realloc(g_sim.pcis, (size_t)(g_sim.npci + 1) * sizeof(*v));
+	if (!v)
+		return ENOMEM;
+	g_sim.pcis = v;
+	f = &v[g_sim.npci];
+	memset(f, 0, sizeof(*f));
+	snprintf(f->addr, sizeof(f->addr), "%s", tok[0]);
+	f->numa = numa;
+	for (i = 1; i < n && !err; i++) {
+		char *eq = strchr(tok[i], '=');
+		uint64_t x = 0;
+
+		if (!eq)
+			return EINVAL;
+		if (!strncmp(tok[i], "bridges=", 8)) {
+			err = parse_bridges(eq + 1, f->bridges, sizeof(f->bridges));
+			continue;
+		}
+		if (!strncmp(tok[i], "numa=", 5)) {
+			f->numa = atoi(eq + 1);
+			continue;
+		}
+		if (parse_u64(eq + 1, &x))
+			return EINVAL;
+		if (!strncmp(tok[i], "class=", 6))
+			f->cls = (uint32_t)x;
+		else if (!strncmp(tok[i], "vendor=", 7))
+			f->vendor = (uint32_t)x;
+		else if (!strncmp(tok[i], "device=", 7))
+			f->device = (uint32_t)x;
+		else
+			return EINVAL;
+	}
+	if (!err)
+		g_sim.npci++;
+	return err;
 }
 
 static int load_file(const char *path)
@@ -263,17 +330,24 @@ static int load_file(const char *path)
 					err = EINVAL;
 					break;
 				}
+				if (!strncmp(toks[i], "gid=", 4) || !strncmp(toks[i], "bridges=", 8))
+					continue; /* applied below, to the device */
 				*eq = 0;
-				if (!strcmp(toks[i], "gid"))
-					continue; /* applied below */
 				err = set_key(&a, &g_sim.f, toks[i], eq + 1);
 				*eq = '=';
 			}
 			if (!err)
 				err = add_device(toks[1], toks[2], &a);
-			for (i = 3; i < n && !err; i++)
+			for (i = 3; i < n && !err; i++) {
+				struct sim_dev *d = &g_sim.devs[g_sim.ndev - 1];
+
 				if (!strncmp(toks[i], "gid=", 4))
-					err = parse_gid(toks[i] + 4, &g_sim.devs[g_sim.ndev - 1].gid);
+					err = parse_gid(toks[i] + 4, &d->gid);
+				else if (!strncmp(toks[i], "bridges=", 8))
+					err = parse_bridges(toks[i] + 8, d->path, sizeof(d->path));
+			}
+		} else if (!strcmp(toks[0], "pci")) {
+			err = n < 2 ? EINVAL : add_pci(toks + 1, n - 1, global.numa_node);
 		} else {
 			char val[512] = "";
 			int i;
@@ -377,17 +451,95 @@ static int path_fmt(char *buf, const char *fmt, ...)
 			return ENAMETOOLONG;                                               \
 	} while (0)
 
+/* Write the attribute files of a PCI function (kept when they exist). */
+static int pci_files(const char *dir, uint32_t cls, uint32_t vendor, uint32_t device, int numa,
+		     const char *speed, int width)
+{
+	char text[64];
+	int err;
+
+	snprintf(text, sizeof(text), "0x%06x\n", cls);
+	if ((err = put_file(dir, "class", text)))
+		return err;
+	snprintf(text, sizeof(text), "0x%04x\n", vendor);
+	if ((err = put_file(dir, "vendor", text)))
+		return err;
+	snprintf(text, sizeof(text), "0x%04x\n", device);
+	if ((err = put_file(dir, "device", text)))
+		return err;
+	snprintf(text, sizeof(text), "%d\n", numa);
+	if ((err = put_file(dir, "numa_node", text)))
+		return err;
+	if (speed) {
+		snprintf(text, sizeof(text), "%s\n", speed);
+		if ((err = put_file(dir, "current_link_speed", text)) ||
+		    (err = put_file(dir, "max_link_speed", text)))
+			return err;
+		snprintf(text, sizeof(text), "%d\n", width);
+		if ((err = put_file(dir, "current_link_width", text)) ||
+		    (err = put_file(dir, "max_link_width", text)))
+			return err;
+	}
+	return 0;
+}
+
+/*
+ * The directory of PCI function `addr` below the bridges of `bridges` ("a/b/c", root port
+ * first; empty: on the root bus), made with each bridge's own directory on the way (a PCI
+ * bridge, class 0x0604, with the vendor's switch id) and a bus/pci/devices link for each.
+ * `rel_root` gets the "../" path from the function's directory back to the tree's top.
+ */
+static int pci_dir(const char *root, const char *addr, const char *bridges, int numa, char *out,
+		   char *rel_root)
+{
+	char chain[512], *tok, *save, path[PATH_MAX], link[PATH_MAX], rel[PATH_MAX];
+	const char *first = *bridges ? bridges : addr;
+	int depth = 2, err, n;
+
+	/* The host bridge is named after the root port's domain and bus. */
+	PATHF(out, "%s/devices/pci%.4s:%.2s", root, first, first + 5);
+	snprintf(chain, sizeof(chain), "%s%s%s", bridges, *bridges ? "/" : "", addr);
+	for (tok = strtok_r(chain, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
+		bool last = !strcmp(tok, addr);
+
+		if (strlen(out) + strlen(tok) + 2 >= PATH_MAX)
+			return ENAMETOOLONG;
+		strcat(out, "/");
+		strcat(out, tok);
+		depth++;
+		if ((err = mkdirs(out)))
+			return err;
+		if (!last && (err = pci_files(out, 0x060400, 0x1d0f, 0x0200, numa, NULL, 0)))
+			return err;
+		/* bus/pci/devices/ADDR -> ../../../devices/.../ADDR */
+		PATHF(link, "%s/bus/pci/devices/%s", root, tok);
+		n = snprintf(rel, sizeof(rel), "../../..%s", out + strlen(root));
+		if (n < 0 || (size_t)n >= sizeof(rel))
+			return ENAMETOOLONG;
+		if ((err = put_link(rel, link)))
+			return err;
+	}
+	rel_root[0] = 0;
+	while (depth--)
+		strcat(rel_root, "../");
+	(void)path;
+	return 0;
+}
+
 /*
  * The sysfs tree the efa provider reads (efa_device.c, efa_prov_info.c), laid out as on
- * an EC2 instance:
+ * an EC2 instance, with the PCIe switches of the device file (bridges=) above each NIC and
+ * its GPUs (pci lines), so code that walks sysfs pairs them as on the instance:
  *   class/infiniband_verbs/abi_version
- *   class/infiniband/NAME -> ../../devices/pci0000:BB/DBDF/infiniband/NAME
- *   devices/pci0000:BB/DBDF/{vendor,device,numa_node,driver -> bus/pci/drivers/efa}
- *   devices/pci0000:BB/DBDF/infiniband/NAME/device -> ../../../DBDF
+ *   class/infiniband/NAME -> ../../devices/pci0000:BB/B1/.../DBDF/infiniband/NAME
+ *   devices/pci0000:BB/B1/.../DBDF/{class,vendor,device,numa_node,link attributes,
+ *     driver -> bus/pci/drivers/efa}
+ *   devices/pci0000:BB/B1/.../DBDF/infiniband/NAME/device -> ../../../DBDF
+ *   bus/pci/devices/DBDF -> ../../../devices/.../DBDF (every function, bridges included)
  */
 static int make_sysfs(const char *root)
 {
-	char dir[PATH_MAX], path[PATH_MAX], text[64];
+	char dir[PATH_MAX], path[PATH_MAX], rel[PATH_MAX];
 	int i, err;
 
 	PATHF(dir, "%s/class/infiniband_verbs", root);
@@ -396,37 +548,41 @@ static int make_sysfs(const char *root)
 	PATHF(dir, "%s/bus/pci/drivers/efa", root);
 	if ((err = mkdirs(dir)))
 		return err;
+	PATHF(dir, "%s/bus/pci/devices", root);
+	if ((err = mkdirs(dir)))
+		return err;
 	PATHF(dir, "%s/class/infiniband", root);
 	if ((err = mkdirs(dir)))
 		return err;
+	for (i = 0; i < g_sim.npci; i++) {
+		struct sim_pcifn *f = &g_sim.pcis[i];
+		char fdir[PATH_MAX], up[PATH_MAX];
+
+		if ((err = pci_dir(root, f->addr, f->bridges, f->numa, fdir, up)) ||
+		    (err = pci_files(fdir, f->cls, f->vendor, f->device, f->numa, "32.0 GT/s PCIe", 16)))
+			return err;
+	}
 	for (i = 0; i < g_sim.ndev; i++) {
 		struct sim_dev *d = &g_sim.devs[i];
-		char pcidir[PATH_MAX], rel[PATH_MAX];
-		char bus[3] = { d->pci[5], d->pci[6], 0 };
+		char pcidir[PATH_MAX], up[PATH_MAX];
 
-		PATHF(pcidir, "%s/devices/pci0000:%s/%s", root, bus, d->pci);
+		if ((err = pci_dir(root, d->pci, d->path, d->a.numa_node, pcidir, up)) ||
+		    (err = pci_files(pcidir, 0x020000, d->a.vendor_id, d->a.vendor_part_id,
+				     d->a.numa_node, "16.0 GT/s PCIe", 8)))
+			return err;
 		PATHF(dir, "%s/infiniband/%s", pcidir, d->ibdev.name);
 		if ((err = mkdirs(dir)))
 			return err;
-		snprintf(text, sizeof(text), "0x%04x\n", d->a.vendor_id);
-		if ((err = put_file(pcidir, "vendor", text)))
-			return err;
-		snprintf(text, sizeof(text), "0x%04x\n", d->a.vendor_part_id);
-		if ((err = put_file(pcidir, "device", text)))
-			return err;
-		snprintf(text, sizeof(text), "%d\n", d->a.numa_node);
-		if ((err = put_file(pcidir, "numa_node", text)))
-			return err;
 		PATHF(path, "%s/driver", pcidir);
-		if ((err = put_link("../../../bus/pci/drivers/efa", path)))
+		PATHF(rel, "%sbus/pci/drivers/efa", up);
+		if ((err = put_link(rel, path)))
 			return err;
 		PATHF(path, "%s/device", dir);
 		PATHF(rel, "../../../%s", d->pci);
 		if ((err = put_link(rel, path)))
 			return err;
 		PATHF(path, "%s/class/infiniband/%s", root, d->ibdev.name);
-		PATHF(rel, "../../devices/pci0000:%s/%s/infiniband/%s", bus, d->pci,
-			 d->ibdev.name);
+		PATHF(rel, "../..%s/infiniband/%s", pcidir + strlen(root), d->ibdev.name);
 		if ((err = put_link(rel, path)))
 			return err;
 		/* What libibverbs and the provider read from struct ibv_device. */
@@ -469,6 +625,7 @@ static void do_init(void)
 		init_err = ENODEV;
 		return;
 	}
+	env_u("EFA_SIM_HOST", &g_sim.host); /* before the devices: their GIDs carry it */
 	init_err = load_file(file);
 	if (init_err)
 		return;
