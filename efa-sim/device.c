@@ -843,6 +843,7 @@ extern int sim_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_r
 extern int sim_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 extern int sim_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 extern int sim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+extern int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -874,6 +875,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->ops.post_send = sim_post_send;
 	c->ops.poll_cq = sim_poll_cq;
 	c->ops.req_notify_cq = sim_req_notify_cq;
+	c->ops.post_srq_recv = sim_post_srq_recv;
 	pthread_mutex_init(&c->mutex, NULL);
 	pthread_mutex_init(&ctx->newq_lock, NULL);
 	pthread_mutex_init(&ctx->qp_lock, NULL);
