@@ -56,7 +56,7 @@ def chain(path):
     return parts[i:]
 nics = {n: chain(f"{root}/class/infiniband/{n}/device") for n in os.listdir(f"{root}/class/infiniband")}
 gpus = {}
-for addr in os.listdir(f"{root}/bus/pci/devices"):
+for addr in (os.listdir(f"{root}/bus/pci/devices") if os.path.isdir(f"{root}/bus/pci/devices") else []):
     if open(f"{root}/bus/pci/devices/{addr}/class").read().startswith("0x03"):
         gpus[addr] = chain(f"{root}/bus/pci/devices/{addr}")
 if not gpus:
