@@ -1207,8 +1207,9 @@ static struct ibv_qp *create_qp(struct ibv_context *c, struct ibv_qp_init_attr_e
 	atomic_fetch_add(&ctx->qp_gen, 1);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	sim_engine_wake(ctx);
-	sim_log(2, "%s QP %u created on %s (unsolicited write recv %d)\n", qp->srd ? "SRD" : "UD",
-		qp->ex.qp_base.qp_num, ctx->dev->ibdev.name, qp->unsolicited_write_recv);
+	sim_log(2, "%s QP %u created on %s (unsolicited write recv %d, send CQ %p, recv CQ %p)\n",
+		qp->srd ? "SRD" : "UD", qp->ex.qp_base.qp_num, ctx->dev->ibdev.name,
+		qp->unsolicited_write_recv, (void *)qp->ex.qp_base.send_cq, (void *)qp->ex.qp_base.recv_cq);
 	return &qp->ex.qp_base;
 }
 
