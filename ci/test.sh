@@ -71,6 +71,23 @@ else
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh workloads
   SETUP_LAUNCHERS=1 source ci/setup.sh
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
+  # The device as strict as the hardware (efa-sim/README.md): code that breaks on EFA must
+  # break here (a send buffer reused before its completion, a buffer polled by its last byte,
+  # LL128-style polling without the 128-byte in-order capability, a region freed while
+  # registered, a key of another PD or process, a CQ sized too small, a QP destroyed with work
+  # in flight, a wrong QP attribute mask), and p5's 128-byte capability is granted and kept.
+  ci/efa-sim.sh efa-sim/hazards.sh
+  ci/efa-sim.sh --devices p5 efa-sim/hazards.sh poll-128
+  ci/efa-sim.sh efa-sim-inorder128 --expect no
+  ci/efa-sim.sh --devices p5 efa-sim-inorder128 --expect yes
+  # p5's PCIe switches in the simulated sysfs, as in its dump; two simulated p5 hosts (same
+  # NICs, other GIDs) with rdma-bench between them.
+  ci/efa-sim.sh --devices p5 efa-sim/topology.sh pcie
+  CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh --devices p5 efa-sim/topology.sh two-hosts
+  # The binary a user ships (default features: efa and verbs; the host build's, whose
+  # libibverbs imports are the release build's) loads on the simulated device, runs over efa,
+  # and its verbs backend says the device is EFA, without RC queue pairs.
+  ci/efa-sim.sh efa-sim/abi.sh --run "${CARGO_TARGET_DIR:-target}/debug/rdma-bench"
 fi
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)"
 ci/launchers-test.sh
