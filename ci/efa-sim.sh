@@ -4,9 +4,12 @@
 # no root, no kernel module. It models semantics, not speed: never quote a figure from it
 # as EFA performance.
 #
-#   ci/efa-sim.sh [--devices NAME|FILE] CMD ARGS...
+#   ci/efa-sim.sh [--devices NAME|FILE] [--expect | --expect-knobs "KNOBS"] CMD ARGS...
 #     --devices   a file of efa-sim/devices (minimal [default], minimal-nouwr, p5, p5en, p6)
 #                 or a path to a device file
+#     --expect    fail unless every fault knob that some process had on acted at least once
+#     --expect-knobs "reorder delay_us ..."   fail unless these knobs were on and acted
+#                 (efa-sim/stats.sh: what each knob did, from the processes' exit lines)
 #   ci/efa-sim.sh --build-only   build (or check) the cache and exit
 #
 # Builds once and caches under $EFA_SIM_CACHE (default ~/.cache/rdma-bench/efa-sim):
@@ -17,9 +20,13 @@
 # Then runs CMD with:
 #   LD_LIBRARY_PATH   the simulator first, then the efa-enabled libfabric
 #   PKG_CONFIG_PATH   that libfabric (a `cargo` inside builds against it)
-#   PATH              its fabtests (fi_rdm_pingpong, fi_rma_bw, ...) and fi_info
+#   PATH              its fabtests (fi_rdm_pingpong, fi_rma_bw, ...), fi_info, and the
+#                     simulator's test programs (efa-sim-hazards: efa-sim/hazards.sh;
+#                     efa-sim-inorder128)
 #   SYSFS_PATH        a private sysfs tree for the devices (removed afterwards)
 #   EFA_SIM_DEVICES   the device file
+#   EFA_SIM_STATS     unless set: a file of the run where each process that opened a device
+#                     writes what the device and each fault knob did; summed at the end
 #   RDMA_BENCH_TOPOLOGY  the hwloc export of the machine the devices stand in for, where the
 #                     device file names one ("# topology: PATH"): rdma-bench's NIC groups
 #   FI_EFA_ENABLE_SHM_TRANSFER=0  unless set: peers on this host go through the device,
@@ -44,8 +51,11 @@ die() { log "$*"; exit 1; }
 
 DEVICES=minimal
 BUILD_ONLY=
+EXPECT=
 while [ $# -gt 0 ]; do
   case "$1" in
+    --expect) EXPECT=(--expect); shift ;;
+    --expect-knobs) EXPECT=(--expect-knobs "${2:?--expect-knobs needs knob names}"); shift 2 ;;
     --devices) DEVICES=${2:?--devices needs a name or a file}; shift 2 ;;
     --devices=*) DEVICES=${1#--devices=}; shift ;;
     --build-only) BUILD_ONLY=1; shift ;;
@@ -130,15 +140,18 @@ if ! fresh "$LF" "$LF_STAMP"; then
 fi
 
 # --- the simulator's libraries, rebuilt when its sources change ---
-SIM_HASH=$(cat "$ROOT"/efa-sim/*.c "$ROOT"/efa-sim/*.h "$ROOT"/efa-sim/*.map "$ROOT"/efa-sim/Makefile |
-  sha256sum | cut -c1-16)
+SIM_HASH=$(cat "$ROOT"/efa-sim/*.c "$ROOT"/efa-sim/tests/*.c "$ROOT"/efa-sim/*.h "$ROOT"/efa-sim/*.map \
+  "$ROOT"/efa-sim/Makefile | sha256sum | cut -c1-16)
 SIM=$CACHE/sim-$SIM_HASH
-if [ ! -f "$SIM/libefa.so.1" ]; then
+if [ ! -f "$SIM/efa-sim-inorder128" ]; then
   log "building the simulator into $SIM"
-  rm -rf "$CACHE"/sim-*
-  quiet make -C "$ROOT/efa-sim" RDMA_CORE="$RC" OUT="$WORK/sim"
-  mkdir -p "$SIM" && cp "$WORK/sim/libibverbs.so.1" "$WORK/sim/libefa.so.1" "$SIM/"
+  # Other checkouts share this cache and may be running theirs: only builds nobody used for
+  # a day go (each run touches its own).
+  find "$CACHE" -maxdepth 1 -name 'sim-*' -type d -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
+  quiet make -C "$ROOT/efa-sim" RDMA_CORE="$RC" LIBFABRIC="$LF" OUT="$WORK/sim"
+  mkdir -p "$SIM" && cp "$WORK"/sim/{libibverbs.so.1,libefa.so.1,efa-sim-hazards,efa-sim-inorder128} "$SIM/"
 fi
+touch "$SIM"
 if [ -n "$BUILD_ONLY" ]; then
   log "ready: rdma-core $RC, libfabric $LF, simulator $SIM"
   exit 0
@@ -157,12 +170,25 @@ if [ -z "${RDMA_BENCH_TOPOLOGY:-}" ]; then
 fi
 export LD_LIBRARY_PATH=$SIM:$LF/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_PATH=$LF/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export PATH=$LF/bin:$PATH
+export PATH=$SIM:$LF/bin:$PATH
 export FI_EFA_ENABLE_SHM_TRANSFER=${FI_EFA_ENABLE_SHM_TRANSFER:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-efa-sim}
+OWN_STATS=
+if [ -z "${EFA_SIM_STATS:-}" ]; then
+  export EFA_SIM_STATS=$RUN/stats OWN_STATS=1
+fi
 log "devices $(basename "$DEVFILE") ($(grep -c '^device ' "$DEVFILE") NICs); sysfs $SYSFS_PATH"
 set +e
 "$@"
 rc=$?
 set -e
+if [ -n "$OWN_STATS" ] && { [ -s "$EFA_SIM_STATS" ] || [ -n "$EXPECT" ]; }; then
+  if [ -n "$EXPECT" ]; then
+    "$ROOT/efa-sim/stats.sh" "${EXPECT[@]}" "$EFA_SIM_STATS" "efa-sim.sh" || [ $rc -ne 0 ] || rc=1
+  else
+    "$ROOT/efa-sim/stats.sh" "$EFA_SIM_STATS" "efa-sim.sh"
+  fi
+elif [ -n "$EXPECT" ]; then
+  log "--expect: EFA_SIM_STATS was set by the caller ($EFA_SIM_STATS): check it there"; rc=1
+fi
 exit $rc

@@ -106,8 +106,10 @@ SIMT=${CARGO_TARGET_DIR:-target}-efa-sim
 sim_conformance() {
   # The conformance suite and the hardware-readiness checks on the efa and efa-direct
   # fabrics: on a device with unsolicited write receive, on one without (efa-direct then
-  # needs FI_RX_CQ_DATA), and on p5's 32 NICs (matching by PCI address).
+  # needs FI_RX_CQ_DATA), and on p5's 32 NICs (matching by PCI address). The conformance
+  # files turn reordering and delay on themselves: --expect-knobs checks they acted.
   CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh --devices "$1" \
+    --expect-knobs "reorder delay_us" \
     cargo test -p transport-efa --test conformance_efa --test conformance_efa_device_rdma \
     --test efa_readiness
 }
@@ -116,12 +118,28 @@ sim_readiness_p5() {
     cargo test -p transport-efa --test efa_readiness
 }
 sim_fabtests() {
-  # Out of order, with RNR: the fabtests verify their data (-v) through it.
+  # Out of order, with RNR: the fabtests verify their data (-v) through it, and each test's
+  # processes report that the knobs acted (efa-sim/stats.sh).
   EFA_SIM_REORDER=16 EFA_SIM_DELAY_US=100 EFA_SIM_RNR_PERMILLE=10 ci/efa-sim.sh efa-sim/fabtests.sh
 }
 sim_bench() { # sim_bench [--devices D] MODE
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh "$@"
 }
+# The device as strict as the hardware (efa-sim/README.md): code that breaks on EFA must
+# break here (a send buffer reused before its completion, a buffer polled by its last byte,
+# LL128-style polling without the 128-byte in-order capability, a region freed while
+# registered, a key of another PD or process, a CQ sized too small, a QP destroyed with work
+# in flight, a wrong QP attribute mask), and p5's 128-byte capability is granted and kept.
+sim_hazards() {
+  ci/efa-sim.sh efa-sim/hazards.sh
+  ci/efa-sim.sh --devices p5 efa-sim/hazards.sh poll-128
+  ci/efa-sim.sh efa-sim-inorder128 --expect no
+  ci/efa-sim.sh --devices p5 efa-sim-inorder128 --expect yes
+}
+# The binary a user ships (default features: efa and verbs; the host build's, whose
+# libibverbs imports are the release build's) loads on the simulated device, runs over efa,
+# and its verbs backend says the device is EFA, without RC queue pairs.
+sim_abi() { ci/efa-sim.sh efa-sim/abi.sh --run "${CARGO_TARGET_DIR:-target}/debug/rdma-bench"; }
 sim_ranks() {
   SETUP_LAUNCHERS=1 source ci/setup.sh
   CARGO_TARGET_DIR=$SIMT ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
@@ -138,6 +156,12 @@ SIM_STEPS=(
   "efa-sim: rdma-bench catches a lost WRITE" "sim_bench efa-sim/rdma-bench.sh lost-write"
   "efa-sim: rdma-bench, every workload out of order" "sim_bench efa-sim/rdma-bench.sh workloads"
   "efa-sim: rdma-bench run under mpirun, a killed rank named" sim_ranks
+  "efa-sim: the strict device's hazards (reuse, last byte, freed region, other PD, CQ overflow, teardown, 128-byte order)" sim_hazards
+  # p5's PCIe switches in the simulated sysfs, as in its dump; two simulated p5 hosts (same
+  # NICs, other GIDs) with rdma-bench between them.
+  "efa-sim: p5's PCIe switches pair each GPU with its NICs" "ci/efa-sim.sh --devices p5 efa-sim/topology.sh pcie"
+  "efa-sim: rdma-bench between two simulated p5 hosts" "sim_bench --devices p5 efa-sim/topology.sh two-hosts"
+  "efa-sim: the default rdma-bench binary loads; its verbs backend names the EFA device" sim_abi
 )
 sim_skip=
 if [ -n "${SKIP_EFA_SIM:-}" ]; then

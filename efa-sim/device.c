@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +88,7 @@ static const struct {
 	{ "cq_with_sgid", EFADV_DEVICE_ATTR_CAPS_CQ_WITH_SGID },
 	{ "rdma_write", EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE },
 	{ "unsolicited_write_recv", EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV },
+	{ "data_polling_128", SIM_CAP_DATA_POLLING_128 },
 };
 
 static int parse_u64(const char *v, uint64_t *out)
@@ -182,6 +184,9 @@ static int set_key(struct sim_attr *a, struct sim_faults *f, const char *key, co
 	U("die_after", f->die_after)
 	U("timeout_ms", f->timeout_ms)
 	U("rnr_delay_us", f->rnr_delay_us)
+	U("lose_write_permille", f->lose_write_permille)
+	U("pkt_size", f->pkt_size)
+	U("pin", f->pin)
 #undef U
 	return EINVAL;
 }
@@ -206,6 +211,9 @@ static int add_device(const char *name, const char *pci, const struct sim_attr *
 	/* A link-local GID made from the PCI address, unique on this simulated host. */
 	d->gid.raw[0] = 0xfe;
 	d->gid.raw[1] = 0x80;
+	/* EFA_SIM_HOST: the same NICs (names, PCI addresses) on another host, another GID. */
+	d->gid.raw[6] = (uint8_t)(g_sim.host >> 8);
+	d->gid.raw[7] = (uint8_t)g_sim.host;
 	d->gid.raw[8] = 0x0e;
 	d->gid.raw[9] = 0xfa;
 	d->gid.raw[10] = (uint8_t)(dom >> 8);
@@ -216,6 +224,70 @@ static int add_device(const char *name, const char *pci, const struct sim_attr *
 	d->gid.raw[15] = (uint8_t)(d->index + 1);
 	memcpy(&d->guid, &d->gid.raw[8], 8);
 	return 0;
+}
+
+/* "a/b/c": PCI addresses, root port first. */
+static int parse_bridges(const char *v, char *out, size_t cap)
+{
+	char buf[512], *tok, *save;
+	unsigned a, b, c, d;
+
+	if (strlen(v) >= cap || strlen(v) >= sizeof(buf))
+		return EINVAL;
+	snprintf(buf, sizeof(buf), "%s", v);
+	for (tok = strtok_r(buf, "/", &save); tok; tok = strtok_r(NULL, "/", &save))
+		if (strlen(tok) != 12 || sscanf(tok, "%4x:%2x:%2x.%1x", &a, &b, &c, &d) != 4)
+			return EINVAL;
+	snprintf(out, cap, "%s", v);
+	return 0;
+}
+
+/* "pci ADDR class=C vendor=V device=D numa=N bridges=..." : a PCI function that is not a
+ * simulated NIC (a GPU), for the sysfs tree. */
+static int add_pci(char **tok, int n, int numa)
+{
+	struct sim_pcifn *f, *v;
+	unsigned a, b, c, d;
+	int i, err = 0;
+
+	if (strlen(tok[0]) != 12 || sscanf(tok[0], "%4x:%2x:%2x.%1x", &a, &b, &c, &d) != 4)
+		return EINVAL;
+	v = realloc(g_sim.pcis, (size_t)(g_sim.npci + 1) * sizeof(*v));
+	if (!v)
+		return ENOMEM;
+	g_sim.pcis = v;
+	f = &v[g_sim.npci];
+	memset(f, 0, sizeof(*f));
+	snprintf(f->addr, sizeof(f->addr), "%s", tok[0]);
+	f->numa = numa;
+	for (i = 1; i < n && !err; i++) {
+		char *eq = strchr(tok[i], '=');
+		uint64_t x = 0;
+
+		if (!eq)
+			return EINVAL;
+		if (!strncmp(tok[i], "bridges=", 8)) {
+			err = parse_bridges(eq + 1, f->bridges, sizeof(f->bridges));
+			continue;
+		}
+		if (!strncmp(tok[i], "numa=", 5)) {
+			f->numa = atoi(eq + 1);
+			continue;
+		}
+		if (parse_u64(eq + 1, &x))
+			return EINVAL;
+		if (!strncmp(tok[i], "class=", 6))
+			f->cls = (uint32_t)x;
+		else if (!strncmp(tok[i], "vendor=", 7))
+			f->vendor = (uint32_t)x;
+		else if (!strncmp(tok[i], "device=", 7))
+			f->device = (uint32_t)x;
+		else
+			return EINVAL;
+	}
+	if (!err)
+		g_sim.npci++;
+	return err;
 }
 
 static int load_file(const char *path)
@@ -258,17 +330,24 @@ static int load_file(const char *path)
 					err = EINVAL;
 					break;
 				}
+				if (!strncmp(toks[i], "gid=", 4) || !strncmp(toks[i], "bridges=", 8))
+					continue; /* applied below, to the device */
 				*eq = 0;
-				if (!strcmp(toks[i], "gid"))
-					continue; /* applied below */
 				err = set_key(&a, &g_sim.f, toks[i], eq + 1);
 				*eq = '=';
 			}
 			if (!err)
 				err = add_device(toks[1], toks[2], &a);
-			for (i = 3; i < n && !err; i++)
+			for (i = 3; i < n && !err; i++) {
+				struct sim_dev *d = &g_sim.devs[g_sim.ndev - 1];
+
 				if (!strncmp(toks[i], "gid=", 4))
-					err = parse_gid(toks[i] + 4, &g_sim.devs[g_sim.ndev - 1].gid);
+					err = parse_gid(toks[i] + 4, &d->gid);
+				else if (!strncmp(toks[i], "bridges=", 8))
+					err = parse_bridges(toks[i] + 8, d->path, sizeof(d->path));
+			}
+		} else if (!strcmp(toks[0], "pci")) {
+			err = n < 2 ? EINVAL : add_pci(toks + 1, n - 1, global.numa_node);
 		} else {
 			char val[512] = "";
 			int i;
@@ -372,17 +451,95 @@ static int path_fmt(char *buf, const char *fmt, ...)
 			return ENAMETOOLONG;                                               \
 	} while (0)
 
+/* Write the attribute files of a PCI function (kept when they exist). */
+static int pci_files(const char *dir, uint32_t cls, uint32_t vendor, uint32_t device, int numa,
+		     const char *speed, int width)
+{
+	char text[64];
+	int err;
+
+	snprintf(text, sizeof(text), "0x%06x\n", cls);
+	if ((err = put_file(dir, "class", text)))
+		return err;
+	snprintf(text, sizeof(text), "0x%04x\n", vendor);
+	if ((err = put_file(dir, "vendor", text)))
+		return err;
+	snprintf(text, sizeof(text), "0x%04x\n", device);
+	if ((err = put_file(dir, "device", text)))
+		return err;
+	snprintf(text, sizeof(text), "%d\n", numa);
+	if ((err = put_file(dir, "numa_node", text)))
+		return err;
+	if (speed) {
+		snprintf(text, sizeof(text), "%s\n", speed);
+		if ((err = put_file(dir, "current_link_speed", text)) ||
+		    (err = put_file(dir, "max_link_speed", text)))
+			return err;
+		snprintf(text, sizeof(text), "%d\n", width);
+		if ((err = put_file(dir, "current_link_width", text)) ||
+		    (err = put_file(dir, "max_link_width", text)))
+			return err;
+	}
+	return 0;
+}
+
+/*
+ * The directory of PCI function `addr` below the bridges of `bridges` ("a/b/c", root port
+ * first; empty: on the root bus), made with each bridge's own directory on the way (a PCI
+ * bridge, class 0x0604, with the vendor's switch id) and a bus/pci/devices link for each.
+ * `rel_root` gets the "../" path from the function's directory back to the tree's top.
+ */
+static int pci_dir(const char *root, const char *addr, const char *bridges, int numa, char *out,
+		   char *rel_root)
+{
+	char chain[512], *tok, *save, path[PATH_MAX], link[PATH_MAX], rel[PATH_MAX];
+	const char *first = *bridges ? bridges : addr;
+	int depth = 2, err, n;
+
+	/* The host bridge is named after the root port's domain and bus. */
+	PATHF(out, "%s/devices/pci%.4s:%.2s", root, first, first + 5);
+	snprintf(chain, sizeof(chain), "%s%s%s", bridges, *bridges ? "/" : "", addr);
+	for (tok = strtok_r(chain, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
+		bool last = !strcmp(tok, addr);
+
+		if (strlen(out) + strlen(tok) + 2 >= PATH_MAX)
+			return ENAMETOOLONG;
+		strcat(out, "/");
+		strcat(out, tok);
+		depth++;
+		if ((err = mkdirs(out)))
+			return err;
+		if (!last && (err = pci_files(out, 0x060400, 0x1d0f, 0x0200, numa, NULL, 0)))
+			return err;
+		/* bus/pci/devices/ADDR -> ../../../devices/.../ADDR */
+		PATHF(link, "%s/bus/pci/devices/%s", root, tok);
+		n = snprintf(rel, sizeof(rel), "../../..%s", out + strlen(root));
+		if (n < 0 || (size_t)n >= sizeof(rel))
+			return ENAMETOOLONG;
+		if ((err = put_link(rel, link)))
+			return err;
+	}
+	rel_root[0] = 0;
+	while (depth--)
+		strcat(rel_root, "../");
+	(void)path;
+	return 0;
+}
+
 /*
  * The sysfs tree the efa provider reads (efa_device.c, efa_prov_info.c), laid out as on
- * an EC2 instance:
+ * an EC2 instance, with the PCIe switches of the device file (bridges=) above each NIC and
+ * its GPUs (pci lines), so code that walks sysfs pairs them as on the instance:
  *   class/infiniband_verbs/abi_version
- *   class/infiniband/NAME -> ../../devices/pci0000:BB/DBDF/infiniband/NAME
- *   devices/pci0000:BB/DBDF/{vendor,device,numa_node,driver -> bus/pci/drivers/efa}
- *   devices/pci0000:BB/DBDF/infiniband/NAME/device -> ../../../DBDF
+ *   class/infiniband/NAME -> ../../devices/pci0000:BB/B1/.../DBDF/infiniband/NAME
+ *   devices/pci0000:BB/B1/.../DBDF/{class,vendor,device,numa_node,link attributes,
+ *     driver -> bus/pci/drivers/efa}
+ *   devices/pci0000:BB/B1/.../DBDF/infiniband/NAME/device -> ../../../DBDF
+ *   bus/pci/devices/DBDF -> ../../../devices/.../DBDF (every function, bridges included)
  */
 static int make_sysfs(const char *root)
 {
-	char dir[PATH_MAX], path[PATH_MAX], text[64];
+	char dir[PATH_MAX], path[PATH_MAX], rel[PATH_MAX];
 	int i, err;
 
 	PATHF(dir, "%s/class/infiniband_verbs", root);
@@ -391,37 +548,41 @@ static int make_sysfs(const char *root)
 	PATHF(dir, "%s/bus/pci/drivers/efa", root);
 	if ((err = mkdirs(dir)))
 		return err;
+	PATHF(dir, "%s/bus/pci/devices", root);
+	if ((err = mkdirs(dir)))
+		return err;
 	PATHF(dir, "%s/class/infiniband", root);
 	if ((err = mkdirs(dir)))
 		return err;
+	for (i = 0; i < g_sim.npci; i++) {
+		struct sim_pcifn *f = &g_sim.pcis[i];
+		char fdir[PATH_MAX], up[PATH_MAX];
+
+		if ((err = pci_dir(root, f->addr, f->bridges, f->numa, fdir, up)) ||
+		    (err = pci_files(fdir, f->cls, f->vendor, f->device, f->numa, "32.0 GT/s PCIe", 16)))
+			return err;
+	}
 	for (i = 0; i < g_sim.ndev; i++) {
 		struct sim_dev *d = &g_sim.devs[i];
-		char pcidir[PATH_MAX], rel[PATH_MAX];
-		char bus[3] = { d->pci[5], d->pci[6], 0 };
+		char pcidir[PATH_MAX], up[PATH_MAX];
 
-		PATHF(pcidir, "%s/devices/pci0000:%s/%s", root, bus, d->pci);
+		if ((err = pci_dir(root, d->pci, d->path, d->a.numa_node, pcidir, up)) ||
+		    (err = pci_files(pcidir, 0x020000, d->a.vendor_id, d->a.vendor_part_id,
+				     d->a.numa_node, "16.0 GT/s PCIe", 8)))
+			return err;
 		PATHF(dir, "%s/infiniband/%s", pcidir, d->ibdev.name);
 		if ((err = mkdirs(dir)))
 			return err;
-		snprintf(text, sizeof(text), "0x%04x\n", d->a.vendor_id);
-		if ((err = put_file(pcidir, "vendor", text)))
-			return err;
-		snprintf(text, sizeof(text), "0x%04x\n", d->a.vendor_part_id);
-		if ((err = put_file(pcidir, "device", text)))
-			return err;
-		snprintf(text, sizeof(text), "%d\n", d->a.numa_node);
-		if ((err = put_file(pcidir, "numa_node", text)))
-			return err;
 		PATHF(path, "%s/driver", pcidir);
-		if ((err = put_link("../../../bus/pci/drivers/efa", path)))
+		PATHF(rel, "%sbus/pci/drivers/efa", up);
+		if ((err = put_link(rel, path)))
 			return err;
 		PATHF(path, "%s/device", dir);
 		PATHF(rel, "../../../%s", d->pci);
 		if ((err = put_link(rel, path)))
 			return err;
 		PATHF(path, "%s/class/infiniband/%s", root, d->ibdev.name);
-		PATHF(rel, "../../devices/pci0000:%s/%s/infiniband/%s", bus, d->pci,
-			 d->ibdev.name);
+		PATHF(rel, "../..%s/infiniband/%s", pcidir + strlen(root), d->ibdev.name);
 		if ((err = put_link(rel, path)))
 			return err;
 		/* What libibverbs and the provider read from struct ibv_device. */
@@ -451,6 +612,8 @@ static void do_init(void)
 	g_sim.f.timeout_ms = 5000;
 	g_sim.f.rnr_delay_us = 50;
 	g_sim.f.seed = 1;
+	g_sim.f.pin = 1;
+	pthread_rwlock_init(&g_sim.dma_lock, NULL);
 	if (!file || !*file) {
 		sim_log(1, "EFA_SIM_DEVICES is not set: no devices\n");
 		init_err = ENODEV;
@@ -462,6 +625,7 @@ static void do_init(void)
 		init_err = ENODEV;
 		return;
 	}
+	env_u("EFA_SIM_HOST", &g_sim.host); /* before the devices: their GIDs carry it */
 	init_err = load_file(file);
 	if (init_err)
 		return;
@@ -478,11 +642,14 @@ static void do_init(void)
 	env_u("EFA_SIM_TIMEOUT_MS", &g_sim.f.timeout_ms);
 	env_u("EFA_SIM_RNR_DELAY_US", &g_sim.f.rnr_delay_us);
 	env_u("EFA_SIM_LOSE_WRITE_PERMILLE", &g_sim.f.lose_write_permille);
+	env_u("EFA_SIM_PKT_SIZE", &g_sim.f.pkt_size);
+	env_u("EFA_SIM_PIN", &g_sim.f.pin);
 	if (mkdirs(sysfs) || !realpath(sysfs, real)) {
 		fprintf(stderr, "efa-sim: cannot use SYSFS_PATH=%s: %s\n", sysfs, strerror(errno));
 		init_err = errno ? errno : EINVAL;
 		return;
 	}
+	snprintf(g_sim.sysfs, sizeof(g_sim.sysfs), "%s", real);
 	init_err = make_sysfs(real);
 	if (init_err) {
 		fprintf(stderr, "efa-sim: cannot make the sysfs tree under %s: %s\n", real,
@@ -500,10 +667,128 @@ static void do_init(void)
 		g_sim.f.delay_us, g_sim.f.rnr_permille, g_sim.f.die_after, g_sim.f.timeout_ms);
 }
 
+/*
+ * One line per process that opened a device, at exit: each fault knob as
+ * name=setting:effect (the effect is what the knob did here; a knob that acts at the peer,
+ * lose_write_permille, shows its dropped pieces in the target's line), then the other
+ * counters. Appended to $EFA_SIM_STATS (one write(2) of one line, so processes sharing the
+ * file do not mix lines), else printed on stderr at EFA_SIM_LOG >= 1. efa-sim/stats.sh sums
+ * and checks them.
+ */
+static void sim_stats_write(void)
+{
+	const char *path = getenv("EFA_SIM_STATS");
+	struct sim_stats *t = &g_sim.st;
+	char line[1024];
+	int n, fd;
+
+	if (!atomic_load(&g_sim.opened))
+		return;
+#define C(x) ((unsigned long long)atomic_load(&t->x))
+	n = snprintf(line, sizeof(line),
+		     "efa-sim stats pid=%d packets=%llu reorder=%u:%llu delay_us=%u:%llu "
+		     "rnr_permille=%u:%llu lose_write_permille=%u:%llu die_after=%u:%llu "
+		     "writes_lost=%llu lost_bytes=%llu lost_inside=%llu out_of_order=%llu "
+		     "late_pieces=%llu pinned_pages=%llu dma_unmapped=%llu bad_key=%llu "
+		     "pd_mismatch=%llu cq_overrun=%llu flushed=%llu stale_cqe=%llu\n",
+		     (int)getpid(), C(packets), g_sim.f.reorder > 1 ? g_sim.f.reorder : 0,
+		     C(reordered), g_sim.f.delay_us, C(delayed), g_sim.f.rnr_permille, C(rnr_injected),
+		     g_sim.f.lose_write_permille, C(lost_pieces), g_sim.f.die_after, C(silent),
+		     C(writes_lost), C(lost_bytes), C(lost_inside), C(out_of_order), C(late_pieces),
+		     C(pinned), C(dma_unmapped), C(bad_key), C(pd_mismatch), C(cq_overrun), C(flushed),
+		     C(stale_cqe));
+#undef C
+	if (n <= 0)
+		return;
+	if ((size_t)n >= sizeof(line))
+		n = sizeof(line) - 1;
+	if (path && *path) {
+		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			if (write(fd, line, (size_t)n) != n)
+				fprintf(stderr, "efa-sim: writing %s: %s\n", path, strerror(errno));
+			close(fd);
+			return;
+		}
+		fprintf(stderr, "efa-sim: cannot open EFA_SIM_STATS=%s: %s\n", path, strerror(errno));
+	}
+	if (g_sim.log >= 1 || (path && *path))
+		fputs(line, stderr);
+}
+
+__attribute__((destructor)) static void sim_fini(void)
+{
+	sim_stats_write();
+}
+
 int sim_init(void)
 {
 	pthread_once(&init_once, do_init);
 	return init_err;
+}
+
+/* ---- keys ---- */
+
+/* A bijection of 32-bit values (each step is one: xor, multiplication by an odd number,
+ * xor-shift), so distinct counter values give distinct keys. */
+static uint32_t key_of(uint64_t n, uint64_t seed)
+{
+	uint32_t x = (uint32_t)n ^ (uint32_t)seed;
+
+	x *= 0x9e3779b1u;
+	x ^= x >> 16;
+	x *= 0x85ebca6bu;
+	x ^= x >> 13;
+	x ^= (uint32_t)(seed >> 32);
+	x *= 0xc2b2ae35u;
+	x ^= x >> 16;
+	return x;
+}
+
+/*
+ * The device's next key: its counter lives in a small file of the fabric's sysfs tree
+ * (efa-sim/keys-HOST-NAME), mapped shared, so every process that opens the device draws
+ * from one sequence; no key repeats on a device within the fabric. Without the file (it
+ * cannot be made), the counter is this process's own, started at a random place.
+ */
+uint32_t sim_next_key(struct sim_dev *d)
+{
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static _Atomic uint64_t local;
+	uint32_t k;
+
+	pthread_mutex_lock(&lock);
+	if (!d->keys) {
+		char dir[PATH_MAX + 16], path[PATH_MAX + 300];
+		int fd = -1;
+		void *m = MAP_FAILED;
+
+		d->key_seed = 0x243f6a8885a308d3ull;
+		for (const char *p = g_sim.ns; *p; p++)
+			d->key_seed = (d->key_seed ^ (unsigned char)*p) * 0x100000001b3ull;
+		d->key_seed ^= (uint64_t)(d->index + 1) * 0x9e3779b97f4a7c15ull ^ g_sim.host;
+		snprintf(dir, sizeof(dir), "%s/efa-sim", g_sim.sysfs);
+		snprintf(path, sizeof(path), "%s/keys-%u-%s", dir, g_sim.host, d->ibdev.name);
+		if (!mkdirs(dir))
+			fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		if (fd >= 0 && !ftruncate(fd, 4096))
+			m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (fd >= 0)
+			close(fd);
+		if (m == MAP_FAILED) {
+			sim_log(0, "cannot share %s's key counter (%s): keys are this process's own\n",
+				d->ibdev.name, strerror(errno));
+			atomic_store(&local, (uint64_t)getpid() << 32 ^ sim_now_ns());
+			d->keys = &local;
+		} else {
+			d->keys = m;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	do
+		k = key_of(atomic_fetch_add(d->keys, 1), d->key_seed);
+	while (k == 0 || k == 0xffffffffu);
+	return k;
 }
 
 /* ---- the device list ---- */
@@ -558,6 +843,7 @@ extern int sim_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_r
 extern int sim_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 extern int sim_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 extern int sim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+extern int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -589,6 +875,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->ops.post_send = sim_post_send;
 	c->ops.poll_cq = sim_poll_cq;
 	c->ops.req_notify_cq = sim_req_notify_cq;
+	c->ops.post_srq_recv = sim_post_srq_recv;
 	pthread_mutex_init(&c->mutex, NULL);
 	pthread_mutex_init(&ctx->newq_lock, NULL);
 	pthread_mutex_init(&ctx->qp_lock, NULL);
@@ -601,6 +888,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 		errno = e ? e : ENOMEM;
 		return NULL;
 	}
+	atomic_store(&g_sim.opened, true);
 	sim_log(2, "opened %s (%s)\n", device->name, ctx->dev->pci);
 	return c;
 }
@@ -612,8 +900,11 @@ int ibv_close_device(struct ibv_context *c)
 
 	if (!sim_engine_stop(ctx))
 		return 0; /* the engine may still use the context: leave it */
-	for (i = 0; i < ctx->nmr; i++)
-		free(ctx->mrs[i]);
+	for (i = 0; i < ctx->mrs_cap; i++)
+		if (ctx->mrs[i] && ctx->mrs[i] != (struct sim_mr *)1) { /* regions left registered */
+			sim_unpin(ctx->mrs[i]);
+			free(ctx->mrs[i]);
+		}
 	free(ctx->mrs);
 	for (i = 0; i < ctx->nah; i++)
 		free(ctx->ahs[i]);

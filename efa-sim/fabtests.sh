@@ -5,6 +5,9 @@
 # Default tests: fi_rdm_pingpong, fi_rdm_tagged_bw, fi_rma_bw (write, read, writedata).
 # Each pair runs under a time limit; the script fails if any side fails. The numbers the
 # tests print are the simulator's, not EFA's: they are not shown as results.
+# Fault knobs set in the environment (EFA_SIM_REORDER, EFA_SIM_DELAY_US, EFA_SIM_RNR_PERMILLE)
+# must have acted in each test (efa-sim/stats.sh over the two processes' exit lines); RNR only
+# where the test's traffic needs receives (not the RMA tests), and over the whole run.
 set -uo pipefail
 LIMIT=${FABTESTS_TIMEOUT:-120}
 PORT=${FABTESTS_PORT:-$((20000 + RANDOM % 20000))}
@@ -16,6 +19,9 @@ if [ $# -eq 0 ]; then
          "fi_rma_bw -o writedata -I 20 -W 8 -S all -v"
 fi
 command -v fi_rdm_pingpong >/dev/null || { echo "fabtests.sh: no fabtests on PATH (run it in ci/efa-sim.sh)" >&2; exit 1; }
+STATS=$(cd "$(dirname "$0")" && pwd)/stats.sh
+ALL=$(mktemp)
+trap 'rm -f "$ALL"' EXIT
 failed=0 passed=0
 for t in "$@"; do
   PORT=$((PORT + 1))
@@ -23,6 +29,11 @@ for t in "$@"; do
   # not host names). -p efa: the efa provider only.
   read -r -a cmd <<< "$t"
   out=$(mktemp)
+  export EFA_SIM_STATS=$out.stats
+  knobs=()
+  [ "${EFA_SIM_REORDER:-0}" -gt 1 ] && knobs+=(reorder)
+  [ "${EFA_SIM_DELAY_US:-0}" -gt 0 ] && knobs+=(delay_us)
+  case $t in fi_rma_bw*) ;; *) [ "${EFA_SIM_RNR_PERMILLE:-0}" -gt 0 ] && knobs+=(rnr_permille) ;; esac
   timeout "$LIMIT" "${cmd[@]}" -p efa -E="$PORT" >"$out.server" 2>&1 &
   server=$!
   sleep 1
@@ -30,15 +41,27 @@ for t in "$@"; do
   crc=$?
   wait $server
   src=$?
-  if [ $crc -eq 0 ] && [ $src -eq 0 ]; then
+  cat "$out.stats" >> "$ALL" 2>/dev/null
+  if [ ${#knobs[@]} -gt 0 ]; then
+    "$STATS" --expect-knobs "${knobs[*]}" "$out.stats" "  $t" 2>&1
+  else
+    "$STATS" "$out.stats" "  $t" 2>&1
+  fi
+  krc=$?
+  if [ $crc -eq 0 ] && [ $src -eq 0 ] && [ $krc -eq 0 ]; then
     passed=$((passed + 1))
     echo "PASS  $t  ($(grep -c '^[0-9]' "$out.client") size rows)"
+  elif [ $crc -eq 0 ] && [ $src -eq 0 ]; then
+    failed=$((failed + 1))
+    echo "FAIL  $t  (passed, but a fault knob that was set never acted: see above)"
   else
     failed=$((failed + 1))
     echo "FAIL  $t  (server rc $src, client rc $crc)"
     echo "--- server:"; tail -15 "$out.server"; echo "--- client:"; tail -15 "$out.client"
   fi
-  rm -f "$out" "$out.server" "$out.client"
+  rm -f "$out" "$out.server" "$out.client" "$out.stats"
 done
 echo "fabtests: $passed passed, $failed failed"
+# Over the whole run, every knob that was on acted (RNR included).
+"$STATS" --expect "$ALL" "fabtests, all" 2>&1 || failed=$((failed + 1))
 [ $failed -eq 0 ]

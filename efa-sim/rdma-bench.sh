@@ -7,10 +7,14 @@
 #   ci/efa-sim.sh efa-sim/rdma-bench.sh lost-write
 #       the verification catches a lost WRITE: with EFA_SIM_LOSE_WRITE_PERMILLE the device
 #       acknowledges WRITEs whose bytes it dropped, out of order (EFA_SIM_REORDER); the run
-#       must fail naming the slot and the repeats (and pass without the defect)
+#       must fail naming the slot and the repeats (and pass without the defect); the
+#       simulator's counts (efa-sim/stats.sh) show the WRITEs were reordered and lost
 #   ci/efa-sim.sh efa-sim/rdma-bench.sh workloads
 #       every workload (write, send, lat, rate) out of order (EFA_SIM_REORDER, delay), on the
-#       efa and efa-direct fabrics, every byte verified
+#       efa and efa-direct fabrics, every byte verified; each run's counts show the knobs
+#       acted (lat of 8 bytes has one message in flight each way, so only acknowledgements
+#       can pass it: its reordering is not asserted; lat of 64 KiB, several packets a
+#       message, must be reordered)
 #   ci/efa-sim.sh efa-sim/rdma-bench.sh ranks
 #       rdma-bench run under mpirun, 4 ranks, all-to-all, every byte verified; then rank 2
 #       killed mid-run: every other rank exits non-zero naming it
@@ -28,6 +32,7 @@ if [ -z "${RDMA_BENCH:-}" ]; then
   RDMA_BENCH=$td/debug/rdma-bench
 fi
 B=$RDMA_BENCH
+STATS=efa-sim/stats.sh
 TMP=$(mktemp -d /tmp/efa-sim-rb.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 fail() { echo "efa-sim/rdma-bench.sh $MODE: FAILED: $*" >&2; exit 1; }
@@ -65,7 +70,7 @@ print("32 endpoints, each on its GPU's own NIC by PCI address")
 EOF
   ;;
 lost-write)
-  export EFA_SIM_REORDER=16 EFA_SIM_SEED=${EFA_SIM_SEED:-3}
+  export EFA_SIM_REORDER=16 EFA_SIM_SEED=${EFA_SIM_SEED:-3} EFA_SIM_STATS=$TMP/ok.stats
   timeout 300 "$B" loopback --provider efa -s 4K -n 20 -v > "$TMP/ok" 2>&1 ||
     { cat "$TMP/ok" >&2; fail "a clean run failed"; }
   # Every immediate checked (20 repeats and the warm-up's), on the one NIC, for order.
@@ -73,6 +78,7 @@ lost-write)
   [ "${checked:-0}" -ge 20 ] || fail "the check did not run (${checked:-no} immediates checked)"
   grep -q "NICs checked for order: 1," "$TMP/ok" || fail "the check did not look at the order"
   set +e
+  EFA_SIM_STATS=$TMP/lost.stats \
   EFA_SIM_LOSE_WRITE_PERMILLE=5 timeout 300 "$B" loopback --provider efa -s 4K -n 20 \
     > "$TMP/lost" 2>&1
   rc=$?
@@ -81,16 +87,24 @@ lost-write)
   [ $rc = 1 ] || fail "with lost WRITEs the run should fail with status 1, got $rc"
   grep -q "still held the page of repeat" "$TMP/lost" || fail "the error names no stale slot"
   echo "a lost WRITE was caught: $(grep -o 'when the immediate.*' "$TMP/lost")"
+  # The device's own account: the clean run was reordered, the lossy one lost WRITEs.
+  $STATS --expect-knobs reorder "$TMP/ok.stats" "clean run" || fail "the clean run was not reordered"
+  $STATS --expect-knobs "reorder lose_write_permille" "$TMP/lost.stats" "lossy run" ||
+    fail "the lossy run lost no WRITE or was not reordered"
   ;;
 workloads)
   export EFA_SIM_REORDER=16 EFA_SIM_DELAY_US=100 EFA_SIM_SEED=${EFA_SIM_SEED:-11}
   for fabric in efa efa-direct; do
     for wl in "write -s 4K -n 10" "write --single-buffer -s 64K -n 200" "send -s 4K -n 500" \
-              "lat -s 8 -n 200" "rate -n 3"; do
+              "lat -s 8 -n 200" "lat -s 64K -n 50" "rate -n 3"; do
+      rm -f "$TMP/wl.stats"
       # shellcheck disable=SC2086
-      timeout 300 "$B" loopback --provider efa --nic-opt fabric=$fabric --workload $wl \
-        --verify > "$TMP/wl" 2>&1 || { cat "$TMP/wl" >&2; fail "$fabric: --workload $wl"; }
+      EFA_SIM_STATS=$TMP/wl.stats timeout 300 "$B" loopback --provider efa --nic-opt fabric=$fabric \
+        --workload $wl --verify > "$TMP/wl" 2>&1 || { cat "$TMP/wl" >&2; fail "$fabric: --workload $wl"; }
       case $wl in lat*) ;; *) grep -q "every byte verified" "$TMP/wl" || fail "$fabric $wl: not verified" ;; esac
+      # One 8-byte message in flight at a time has nothing of its own to be reordered with.
+      case $wl in "lat -s 8 "*) knobs=delay_us ;; *) knobs="reorder delay_us" ;; esac
+      $STATS --expect-knobs "$knobs" "$TMP/wl.stats" "$fabric $wl" || fail "$fabric $wl: a fault knob never acted"
       echo "$fabric --workload $wl: ok"
     done
   done

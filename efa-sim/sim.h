@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 /* EFA completion status codes (rdma-core efa_io_defs.h, libfabric efa_errno.h). */
 enum {
@@ -39,6 +40,12 @@ enum {
 	(EFADV_DEVICE_ATTR_CAPS_RDMA_READ | EFADV_DEVICE_ATTR_CAPS_RNR_RETRY |             \
 	 EFADV_DEVICE_ATTR_CAPS_CQ_WITH_SGID | EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE |          \
 	 EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV)
+/*
+ * The kernel's EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128, which rdma-core reports through
+ * ibv_query_qp_data_in_order() only (efadv has no bit for it): each 128-byte aligned block
+ * of a WRITE lands in order and once. Kept in device_caps above the efadv bits.
+ */
+#define SIM_CAP_DATA_POLLING_128 (1u << 31)
 
 /* Attributes of one device, from the device file. */
 struct sim_attr {
@@ -65,29 +72,78 @@ struct sim_faults {
 	unsigned rnr_delay_us;  /* device RNR retry interval */
 	unsigned lose_write_permille; /* WRITEs without immediate acknowledged but not placed: a
 				       * device defect, for checks that must catch it */
+	/* How strict the device is (defaults: as the hardware). */
+	unsigned pkt_size;      /* bytes of payload a packet carries (0: the device's MTU) */
+	unsigned pin;           /* registration pins the pages (0: the engine follows the mapping) */
 };
 
 struct sim_dev {
 	struct ibv_device ibdev; /* first: ibv_device pointers are sim_dev pointers */
 	char pci[32];            /* dddd:bb:dd.f */
+	char path[256];          /* the PCI bridges above it, "dddd:bb:dd.f/..." from the root port */
 	union ibv_gid gid;
 	uint64_t guid;
 	struct sim_attr a;
 	int index;
+	_Atomic uint64_t *keys; /* the device's key counter, shared by the fabric's processes */
+	uint64_t key_seed;
+};
+
+/*
+ * What the device did, per process, printed at exit (sim_stats_write): each fault knob's
+ * effect next to its setting, so a script can tell a knob that was on from one that acted.
+ */
+struct sim_stats {
+	atomic_ullong packets;       /* packets sent */
+	atomic_ullong reordered;     /* packets that left ahead of an older ready one (reorder) */
+	atomic_ullong delayed;       /* packets held back by a non-zero delay (delay_us) */
+	atomic_ullong rnr_injected;  /* arrivals answered RNR by the knob (rnr_permille) */
+	atomic_ullong writes_lost;   /* WRITEs marked lost at the initiator (lose_write_permille) */
+	atomic_ullong lost_pieces;   /* pieces of them whose bytes the target dropped */
+	atomic_ullong lost_bytes;
+	atomic_ullong lost_inside;   /* lost pieces that did not start at the WRITE's first byte */
+	atomic_ullong silent;        /* 1 once this process's devices went silent (die_after) */
+	/* what the device did where it is stricter than a copy at post would be */
+	atomic_ullong out_of_order;  /* WRITE packets that arrived after a later packet of theirs */
+	atomic_ullong late_pieces;   /* packets whose second placement step came later */
+	atomic_ullong pinned;        /* pages registration moved onto pinned memory */
+	atomic_ullong dma_unmapped;  /* DMA bytes to/from pinned pages the process no longer maps */
+	atomic_ullong bad_key;       /* accesses refused: no such key, or a key of another PD */
+	atomic_ullong pd_mismatch;   /*   of which the key was valid but in another PD */
+	atomic_ullong cq_overrun;    /* completions written over unpolled ones (CQ too small) */
+	atomic_ullong flushed;       /* work requests flushed by ibv_destroy_qp */
+	atomic_ullong stale_cqe;     /* polls that met a destroyed QP's completion (EINVAL) */
+};
+
+/* A PCI function of the device file that is not a simulated NIC (a GPU): for sysfs. */
+struct sim_pcifn {
+	char addr[16];
+	uint32_t cls, vendor, device;
+	int numa;
+	char bridges[256];
 };
 
 struct sim_global {
 	struct sim_dev *devs;
 	int ndev;
+	struct sim_pcifn *pcis;
+	int npci;
 	struct sim_faults f;
 	char ns[17];  /* hex id of this simulated "fabric" (same SYSFS_PATH, same fabric) */
 	int log;
 	atomic_uint packets_sent;
 	atomic_bool dead;
+	atomic_bool opened; /* a device was opened: sim_stats_write reports at exit */
+	struct sim_stats st;
+	unsigned host;      /* EFA_SIM_HOST: which simulated host this process is on */
+	char sysfs[4096];   /* the real path of SYSFS_PATH */
+	/* DMA (read lock) against registration moving pages onto pinned memory (write lock) */
+	pthread_rwlock_t dma_lock;
 };
 extern struct sim_global g_sim;
 
 int sim_init(void); /* once; 0 or an errno */
+uint32_t sim_next_key(struct sim_dev *d);
 void sim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 uint64_t sim_now_ns(void);
 
@@ -97,11 +153,23 @@ struct sim_pd {
 	struct ibv_pd pd;
 };
 
+/*
+ * A piece of a registered range: either on memory the registration pinned (`pinned`, a
+ * mapping of its own that stays while the region lives, whatever the process does to its
+ * own mapping, as the device's DMA to pinned pages does), or reached through the
+ * process's mapping (partial pages at the ends of a range, stacks).
+ */
+struct sim_seg {
+	uint64_t va, len;
+	uint8_t *pinned;
+};
+
 struct sim_mr {
 	struct ibv_mr mr;
 	uint64_t iova;
 	int access;
-	bool dead;
+	int nseg;
+	struct sim_seg *seg;
 };
 
 struct sim_ah {
@@ -112,11 +180,11 @@ struct sim_ah {
 
 struct sim_cqe {
 	uint64_t wr_id;
-	struct sim_qp *qp;
 	uint32_t qp_num, byte_len, src_qp, imm;
 	uint16_t slid;
 	uint8_t status;
 	uint8_t opcode; /* enum ibv_wc_opcode as the device reports it */
+	uint8_t phase;  /* the lap of the ring it was written in (see verbs.c) */
 	bool recv, unsolicited, has_imm;
 	union ibv_gid sgid;
 };
@@ -127,7 +195,10 @@ struct sim_cq {
 	struct sim_ctx *ctx;
 	pthread_mutex_t lock; /* held from start_poll to end_poll, and to add entries */
 	struct sim_cqe *ring;
-	uint32_t cap, head, count;
+	uint32_t cap;         /* a power of two */
+	uint64_t prod, cons;  /* the device's and the reader's index */
+	int nqp;              /* send and receive queues of live QPs that complete here */
+	struct sim_qp *cur_qp;
 	bool have_cur;
 	bool armed;
 	bool overflow_warned;
@@ -147,6 +218,7 @@ struct sim_qp {
 	int fd;                 /* this QP's datagram socket */
 	uint32_t qkey;
 	uint8_t rnr_retry;
+	enum ibv_qp_state kstate; /* the state as the kernel knows it (ibv_modify_qp's checks) */
 	bool srd, unsolicited_write_recv;
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
 	atomic_uint sq_outstanding; /* posted send WQEs whose completion is not yet polled */
@@ -205,10 +277,10 @@ struct sim_ctx {
 	pthread_mutex_t qp_lock;
 	struct sim_qp *qps;
 	atomic_uint qp_gen;
-	/* memory regions */
+	/* memory regions: an open-addressing table by key (keys are unique per device) */
 	pthread_rwlock_t mr_lock;
 	struct sim_mr **mrs;
-	uint32_t nmr;
+	uint32_t mrs_cap, mrs_used, nmr;
 	/* address handles */
 	pthread_mutex_t ah_lock;
 	struct sim_ah **ahs;
@@ -231,7 +303,21 @@ int sim_qp_bind(struct sim_qp *qp);
 void sim_cq_push(struct sim_cq *cq, const struct sim_cqe *e);
 
 /* verbs.c */
-struct sim_mr *sim_mr_lookup_locked(struct sim_ctx *ctx, uint32_t key);
+struct sim_mr *sim_mr_lookup_locked(struct sim_ctx *ctx, uint32_t key, struct ibv_pd *pd);
+struct sim_qp *sim_qp_by_num(struct sim_ctx *ctx, uint32_t qpn);
+
+/* pin.c: registration's view of memory, and the device's DMA into it */
+int sim_pin(struct sim_mr *mr, void *addr, size_t len, bool write, bool remote);
+void sim_unpin(struct sim_mr *mr);
+/* A batch of DMA writes to pages reached through the process's mapping (one syscall). */
+struct sim_dma {
+	struct iovec *l, *r;
+	unsigned n, max;
+	uint64_t bytes, short_bytes;
+};
+void sim_dma_put(struct sim_dma *d, struct sim_mr *mr, uint64_t va, const uint8_t *src, uint64_t n);
+void sim_dma_flush(struct sim_dma *d);
+uint64_t sim_dma_get(struct sim_mr *mr, uint64_t va, uint8_t *dst, uint64_t n);
 int sim_ah_for_gid(struct sim_ctx *ctx, const union ibv_gid *gid, struct ibv_pd *pd);
 
 /* The efadv functions, exported privately for libefa.so.1. */

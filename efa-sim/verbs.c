@@ -42,32 +42,118 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 
 /* ---- memory regions ---- */
 
-/* Keys are (slot + 1) << 8 | generation: a stale key of a reused slot does not match. */
-struct sim_mr *sim_mr_lookup_locked(struct sim_ctx *ctx, uint32_t key)
-{
-	uint32_t slot = (key >> 8) - 1;
+/*
+ * Keys. The device hands out keys of its own, the same for every process that opens it, so
+ * a key means one region of one process at a time. Here each device has a counter shared
+ * by the processes of the fabric (sim_next_key, device.c), and a key is a fixed bijection
+ * of it seeded by the fabric: keys look random, never repeat within a fabric, and a
+ * region's key says nothing of where it sits in its process's table.
+ *
+ * The table is open addressing by key; MR_TOMB marks a slot whose region was deregistered.
+ */
+#define MR_TOMB ((struct sim_mr *)1)
 
-	if ((key >> 8) == 0 || slot >= ctx->nmr || !ctx->mrs[slot] || ctx->mrs[slot]->dead ||
-	    ctx->mrs[slot]->mr.lkey != key)
-		return NULL;
-	return ctx->mrs[slot];
+static uint32_t mr_hash(uint32_t key, uint32_t cap)
+{
+	return (key * 0x9e3779b1u) & (cap - 1);
+}
+
+/*
+ * The live region `key` of this context, or NULL. With `pd`, a region of another
+ * protection domain is no region either: the device checks the key's PD against the QP's
+ * on every access.
+ */
+struct sim_mr *sim_mr_lookup_locked(struct sim_ctx *ctx, uint32_t key, struct ibv_pd *pd)
+{
+	uint32_t i, n;
+
+	if (!ctx->mrs_cap)
+		goto none;
+	for (i = mr_hash(key, ctx->mrs_cap), n = 0; n < ctx->mrs_cap; i = (i + 1) & (ctx->mrs_cap - 1), n++) {
+		struct sim_mr *mr = ctx->mrs[i];
+
+		if (!mr)
+			break;
+		if (mr != MR_TOMB && mr->mr.lkey == key) {
+			if (pd && mr->mr.pd != pd) {
+				atomic_fetch_add(&g_sim.st.pd_mismatch, 1);
+				goto none;
+			}
+			return mr;
+		}
+	}
+none:
+	atomic_fetch_add(&g_sim.st.bad_key, 1);
+	return NULL;
+}
+
+/* Insert under mr_lock (write); grows the table at half full. */
+static int mr_insert(struct sim_ctx *ctx, struct sim_mr *mr)
+{
+	uint32_t i;
+
+	if (2 * (ctx->mrs_used + 1) > ctx->mrs_cap) {
+		uint32_t cap = 64, old = ctx->mrs_cap, j;
+		struct sim_mr **t, **o = ctx->mrs;
+
+		while (4 * (ctx->nmr + 1) > cap)
+			cap *= 2;
+		t = calloc(cap, sizeof(*t));
+		if (!t)
+			return ENOMEM;
+		for (j = 0; j < old; j++)
+			if (o[j] && o[j] != MR_TOMB) {
+				for (i = mr_hash(o[j]->mr.lkey, cap); t[i]; i = (i + 1) & (cap - 1))
+					;
+				t[i] = o[j];
+			}
+		free(o);
+		ctx->mrs = t;
+		ctx->mrs_cap = cap;
+		ctx->mrs_used = ctx->nmr;
+	}
+	for (i = mr_hash(mr->mr.lkey, ctx->mrs_cap); ctx->mrs[i] && ctx->mrs[i] != MR_TOMB;
+	     i = (i + 1) & (ctx->mrs_cap - 1))
+		;
+	if (!ctx->mrs[i])
+		ctx->mrs_used++;
+	ctx->mrs[i] = mr;
+	ctx->nmr++;
+	return 0;
+}
+
+static void mr_remove(struct sim_ctx *ctx, struct sim_mr *mr)
+{
+	uint32_t i, n;
+
+	for (i = mr_hash(mr->mr.lkey, ctx->mrs_cap), n = 0; n < ctx->mrs_cap && ctx->mrs[i];
+	     i = (i + 1) & (ctx->mrs_cap - 1), n++)
+		if (ctx->mrs[i] == mr) {
+			ctx->mrs[i] = MR_TOMB;
+			ctx->nmr--;
+			return;
+		}
 }
 
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
 			     unsigned access)
 {
 	struct sim_ctx *ctx = to_ctx(pd->context);
-	const unsigned supported = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-				   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_OPTIONAL_RANGE;
+	unsigned supported = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
 	struct sim_mr *mr;
-	uint32_t slot, gen;
+	int err;
 
-	if ((access & ~supported) ||
-	    ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) ||
-	    ((access & IBV_ACCESS_REMOTE_WRITE) &&
-	     !(ctx->dev->a.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE)) ||
+	if (ctx->dev->a.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE)
+		supported |= IBV_ACCESS_REMOTE_WRITE;
+	access &= ~(unsigned)IBV_ACCESS_OPTIONAL_RANGE; /* optional flags may be ignored */
+	/* The core's checks first (EINVAL), then what the efa driver supports (EOPNOTSUPP). */
+	if (((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) ||
 	    len > ctx->dev->a.max_mr_size || (!addr && len)) {
 		errno = EINVAL;
+		return NULL;
+	}
+	if (access & ~supported) {
+		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	mr = calloc(1, sizeof(*mr));
@@ -75,45 +161,32 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = ENOMEM;
 		return NULL;
 	}
-	pthread_rwlock_wrlock(&ctx->mr_lock);
-	for (slot = 0; slot < ctx->nmr; slot++)
-		if (!ctx->mrs[slot] || ctx->mrs[slot]->dead)
-			break;
-	if (slot == ctx->nmr) {
-		struct sim_mr **m;
-
-		if (ctx->nmr >= (uint32_t)ctx->dev->a.max_mr) {
-			pthread_rwlock_unlock(&ctx->mr_lock);
-			free(mr);
-			errno = ENOMEM;
-			return NULL;
-		}
-		m = realloc(ctx->mrs, (ctx->nmr + 64) * sizeof(*m));
-		if (!m) {
-			pthread_rwlock_unlock(&ctx->mr_lock);
-			free(mr);
-			errno = ENOMEM;
-			return NULL;
-		}
-		memset(m + ctx->nmr, 0, 64 * sizeof(*m));
-		ctx->mrs = m;
-		ctx->nmr += 64;
-	}
-	gen = 1;
-	if (ctx->mrs[slot]) {
-		gen = ((ctx->mrs[slot]->mr.lkey & 0xff) + 1) & 0xff;
-		free(ctx->mrs[slot]);
+	/* As the kernel: pin the pages, writable ones where the access asks for writes. */
+	err = sim_pin(mr, addr, len, access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+		      access & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
+	if (err) {
+		sim_log(1, "reg_mr %p+%zu refused: %s\n", addr, len, strerror(err));
+		free(mr);
+		errno = err;
+		return NULL;
 	}
 	mr->mr.context = pd->context;
 	mr->mr.pd = pd;
 	mr->mr.addr = addr;
 	mr->mr.length = len;
-	mr->mr.handle = slot;
-	mr->mr.lkey = mr->mr.rkey = ((slot + 1) << 8) | gen;
+	mr->mr.lkey = mr->mr.rkey = sim_next_key(ctx->dev);
+	mr->mr.handle = mr->mr.lkey;
 	mr->iova = iova;
 	mr->access = (int)access;
-	ctx->mrs[slot] = mr;
+	pthread_rwlock_wrlock(&ctx->mr_lock);
+	err = ctx->nmr >= (uint32_t)ctx->dev->a.max_mr ? ENOMEM : mr_insert(ctx, mr);
 	pthread_rwlock_unlock(&ctx->mr_lock);
+	if (err) {
+		sim_unpin(mr);
+		free(mr);
+		errno = err;
+		return NULL;
+	}
 	sim_log(3, "reg_mr %p+%zu key %#x access %#x\n", addr, len, mr->mr.lkey, access);
 	return &mr->mr;
 }
@@ -154,10 +227,12 @@ int ibv_dereg_mr(struct ibv_mr *ibmr)
 	struct sim_ctx *ctx = to_ctx(ibmr->context);
 	struct sim_mr *mr = (struct sim_mr *)ibmr;
 
-	/* Waits for any copy in progress into or out of this region. */
+	/* Waits for any copy in progress into or out of this region; its key is never reused. */
 	pthread_rwlock_wrlock(&ctx->mr_lock);
-	mr->dead = true; /* the slot keeps it until reused, so the key stays unique */
+	mr_remove(ctx, mr);
 	pthread_rwlock_unlock(&ctx->mr_lock);
+	sim_unpin(mr);
+	free(mr);
 	return 0;
 }
 
@@ -270,20 +345,54 @@ static inline struct sim_cq *to_cq(struct ibv_cq_ex *ex)
 	return (struct sim_cq *)ex;
 }
 
+/*
+ * The ring is the device's: a completion goes at producer index `prod` with a phase bit
+ * that flips every lap, and the reader takes the entry at `cons` only while its phase is
+ * the one expected for this lap (rdma-core's efa_sub_cq). Nothing stops the device when
+ * the ring is full: a completion then overwrites one not yet polled, the completions in
+ * between are lost, and the reader may stall on a phase it never sees (sim_cq_push counts
+ * the overruns).
+ */
 static inline struct sim_cqe *cur(struct sim_cq *cq)
 {
-	return &cq->ring[cq->head];
+	return &cq->ring[cq->cons & (cq->cap - 1)];
+}
+
+static bool cq_ready(struct sim_cq *cq)
+{
+	return cur(cq)->phase == (((cq->cons / cq->cap) & 1) ^ 1);
 }
 
 static void release_cur(struct sim_cq *cq)
 {
 	struct sim_cqe *e = cur(cq);
 
-	if (!e->recv)
-		atomic_fetch_sub(&e->qp->sq_outstanding, 1);
-	cq->head = (cq->head + 1) % cq->cap;
-	cq->count--;
+	if (!e->recv && cq->cur_qp)
+		atomic_fetch_sub(&cq->cur_qp->sq_outstanding, 1);
+	cq->cons++;
 	cq->have_cur = false;
+}
+
+/*
+ * The QP of the completion at the reader, as rdma-core finds it in its QP table. A
+ * destroyed QP's completion (one it left unpolled, or one the device flushed) is not
+ * found: rdma-core then consumes it and fails the poll with EINVAL ("QP[n] does not exist
+ * in QP table") while some QP still uses the CQ, and skips the CQ (ENOENT) once none does.
+ */
+static int cq_find_qp(struct sim_cq *cq)
+{
+	struct sim_cqe *e = cur(cq);
+
+	cq->cur_qp = sim_qp_by_num(cq->ctx, e->qp_num);
+	if (cq->cur_qp)
+		return 0;
+	if (!cq->nqp)
+		return ENOENT;
+	atomic_fetch_add(&g_sim.st.stale_cqe, 1);
+	sim_log(1, "CQ: a completion of QP %u, which no longer exists: the poll fails (EINVAL)\n",
+		e->qp_num);
+	cq->cons++;
+	return EINVAL;
 }
 
 static void load_cur(struct sim_cq *cq)
@@ -313,15 +422,21 @@ static void load_cur(struct sim_cq *cq)
 static int cq_start_poll(struct ibv_cq_ex *ex, struct ibv_poll_cq_attr *attr)
 {
 	struct sim_cq *cq = to_cq(ex);
+	int err;
 
 	if (attr->comp_mask)
 		return EINVAL;
 	pthread_mutex_lock(&cq->lock);
-	if (!cq->count) {
+	if (!cq_ready(cq)) {
 		pthread_mutex_unlock(&cq->lock);
 		/* Nothing yet: let the progress engines run (this box may have few cores). */
 		sched_yield();
 		return ENOENT;
+	}
+	err = cq_find_qp(cq);
+	if (err) {
+		pthread_mutex_unlock(&cq->lock);
+		return err;
 	}
 	load_cur(cq);
 	return 0;
@@ -330,11 +445,15 @@ static int cq_start_poll(struct ibv_cq_ex *ex, struct ibv_poll_cq_attr *attr)
 static int cq_next_poll(struct ibv_cq_ex *ex)
 {
 	struct sim_cq *cq = to_cq(ex);
+	int err;
 
 	if (cq->have_cur)
 		release_cur(cq);
-	if (!cq->count)
+	if (!cq_ready(cq))
 		return ENOENT;
+	err = cq_find_qp(cq);
+	if (err)
+		return err;
 	load_cur(cq);
 	return 0;
 }
@@ -426,7 +545,7 @@ static struct ibv_cq_ex *create_cq(struct ibv_context *c, struct ibv_cq_init_att
 		errno = attr->cqe > (uint32_t)ctx->dev->a.max_cqe ? EINVAL : EOPNOTSUPP;
 		return NULL;
 	}
-	while (cap < attr->cqe)
+	while (cap < attr->cqe) /* rdma-core rounds up to a power of two */
 		cap <<= 1;
 	cq = calloc(1, sizeof(*cq));
 	if (!cq || !(cq->ring = calloc(cap, sizeof(*cq->ring)))) {
@@ -529,34 +648,25 @@ int ibv_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
-/* Called by the engine (and nothing else holds another lock of ours meanwhile). */
+/* Write a completion as the device does (called by the engine, and by ibv_destroy_qp). */
 void sim_cq_push(struct sim_cq *cq, const struct sim_cqe *e)
 {
+	struct sim_cqe *slot;
 	bool notify = false;
 
 	pthread_mutex_lock(&cq->lock);
-	if (cq->count == cq->cap) {
-		/* The hardware would overrun; keep the entry and say so once. */
-		struct sim_cqe *ring = calloc(cq->cap * 2, sizeof(*ring));
-		uint32_t i;
-
-		if (!ring) {
-			pthread_mutex_unlock(&cq->lock);
-			sim_log(0, "CQ overrun and out of memory: a completion is lost\n");
-			return;
-		}
-		for (i = 0; i < cq->count; i++)
-			ring[i] = cq->ring[(cq->head + i) % cq->cap];
-		free(cq->ring);
-		cq->ring = ring;
-		cq->head = 0;
-		cq->cap *= 2;
+	if (cq->prod - cq->cons >= cq->cap) {
+		atomic_fetch_add(&g_sim.st.cq_overrun, 1);
 		if (!cq->overflow_warned)
-			sim_log(0, "CQ of %u entries overrun (the device would fail here)\n", cq->cap / 2);
+			sim_log(0, "CQ of %u entries overrun: a completion was written over one not yet "
+				   "polled, and completions are lost (size the CQ for every work request "
+				   "that can complete before it is polled)\n", cq->cap);
 		cq->overflow_warned = true;
 	}
-	cq->ring[(cq->head + cq->count) % cq->cap] = *e;
-	cq->count++;
+	slot = &cq->ring[cq->prod & (cq->cap - 1)];
+	*slot = *e;
+	slot->phase = ((cq->prod / cq->cap) & 1) ^ 1;
+	cq->prod++;
 	if (cq->armed && cq->ex.channel) {
 		cq->armed = false;
 		notify = true;
@@ -571,21 +681,6 @@ void sim_cq_push(struct sim_cq *cq, const struct sim_cqe *e)
 	}
 }
 
-/* Drop the entries of a queue pair that is being destroyed. */
-static void cq_purge(struct sim_cq *cq, struct sim_qp *qp)
-{
-	uint32_t i, n = 0;
-
-	pthread_mutex_lock(&cq->lock);
-	for (i = 0; i < cq->count; i++) {
-		struct sim_cqe *e = &cq->ring[(cq->head + i) % cq->cap];
-
-		if (e->qp != qp)
-			cq->ring[(cq->head + n++) % cq->cap] = *e;
-	}
-	cq->count = n;
-	pthread_mutex_unlock(&cq->lock);
-}
 
 int sim_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
@@ -606,9 +701,15 @@ int sim_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	int i;
 
 	pthread_mutex_lock(&cq->lock);
-	for (i = 0; i < n && cq->count; i++) {
+	for (i = 0; i < n && cq_ready(cq); i++) {
 		struct sim_cqe *e = cur(cq);
+		int err = cq_find_qp(cq);
 
+		if (err) {
+			if (err == EINVAL && !i)
+				i = -EINVAL; /* efa_poll_cq: the first entry failed */
+			break;
+		}
 		load_cur(cq);
 		memset(&wc[i], 0, sizeof(wc[i]));
 		wc[i].wr_id = e->recv && e->unsolicited ? 0 : e->wr_id;
@@ -625,6 +726,13 @@ int sim_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	}
 	pthread_mutex_unlock(&cq->lock);
 	return i;
+}
+
+/* The efa provider has no resize_cq: libibverbs answers from its defaults. */
+int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	(void)cq, (void)cqe;
+	return EOPNOTSUPP;
 }
 
 /* ---- completion channels ---- */
@@ -980,6 +1088,8 @@ int sim_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_w
 	return err;
 }
 
+static void cq_ref(struct ibv_cq *ibcq, int d);
+
 static struct ibv_qp *create_qp(struct ibv_context *c, struct ibv_qp_init_attr_ex *attr,
 				const struct efadv_qp_init_attr *efa_attr)
 {
@@ -1053,6 +1163,7 @@ static struct ibv_qp *create_qp(struct ibv_context *c, struct ibv_qp_init_attr_e
 	qp->ex.qp_base.recv_cq = attr->recv_cq;
 	qp->ex.qp_base.qp_type = attr->qp_type;
 	qp->ex.qp_base.state = IBV_QPS_RESET;
+	qp->kstate = IBV_QPS_RESET;
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
 		struct ibv_qp_ex *ex = &qp->ex;
 
@@ -1088,14 +1199,17 @@ static struct ibv_qp *create_qp(struct ibv_context *c, struct ibv_qp_init_attr_e
 	attr->cap.max_recv_wr = qp->max_recv_wr;
 	attr->cap.max_inline_data = qp->max_inline;
 	atomic_store(&qp->alive, true);
+	cq_ref(qp->ex.qp_base.send_cq, 1);
+	cq_ref(qp->ex.qp_base.recv_cq, 1);
 	pthread_mutex_lock(&ctx->qp_lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
 	atomic_fetch_add(&ctx->qp_gen, 1);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	sim_engine_wake(ctx);
-	sim_log(2, "%s QP %u created on %s (unsolicited write recv %d)\n", qp->srd ? "SRD" : "UD",
-		qp->ex.qp_base.qp_num, ctx->dev->ibdev.name, qp->unsolicited_write_recv);
+	sim_log(2, "%s QP %u created on %s (unsolicited write recv %d, send CQ %p, recv CQ %p)\n",
+		qp->srd ? "SRD" : "UD", qp->ex.qp_base.qp_num, ctx->dev->ibdev.name,
+		qp->unsolicited_write_recv, (void *)qp->ex.qp_base.send_cq, (void *)qp->ex.qp_base.recv_cq);
 	return &qp->ex.qp_base;
 }
 
@@ -1171,26 +1285,104 @@ struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *ibqp)
 	return qp->ex.comp_mask ? &qp->ex : NULL;
 }
 
+/*
+ * The kernel's checks of a QP transition (efa_modify_qp_validate): attribute bits the
+ * driver does not support are refused (EOPNOTSUPP), then the transition must be one the
+ * state table allows, with its required attributes and no others than its optional ones
+ * (EINVAL): ib_modify_qp_is_ok's table for UD, the efa driver's own for SRD (which adds
+ * RNR_RETRY to RTR->RTS); the port must be 1 and the P_Key index 0 (EOPNOTSUPP).
+ */
+struct qp_trans {
+	bool valid;
+	int req, opt;
+};
+
+static struct qp_trans qp_transition(bool srd, enum ibv_qp_state cur, enum ibv_qp_state next)
+{
+	const int cs = IBV_QP_CUR_STATE, pk = IBV_QP_PKEY_INDEX, po = IBV_QP_PORT, qk = IBV_QP_QKEY;
+	struct qp_trans t = { 0 };
+
+	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+		t.valid = cur != IBV_QPS_RESET || next == IBV_QPS_RESET;
+		return t;
+	}
+	switch (cur) {
+	case IBV_QPS_RESET:
+		if (next == IBV_QPS_INIT)
+			t = (struct qp_trans){ true, pk | po | qk, 0 };
+		break;
+	case IBV_QPS_INIT:
+		if (next == IBV_QPS_INIT)
+			t = (struct qp_trans){ true, 0, pk | po | qk };
+		else if (next == IBV_QPS_RTR)
+			t = (struct qp_trans){ true, 0, pk | qk };
+		break;
+	case IBV_QPS_RTR:
+		if (next == IBV_QPS_RTS)
+			t = (struct qp_trans){ true, IBV_QP_SQ_PSN, cs | qk | (srd ? IBV_QP_RNR_RETRY : 0) };
+		break;
+	case IBV_QPS_RTS:
+		if (next == IBV_QPS_RTS)
+			t = (struct qp_trans){ true, 0, cs | qk };
+		else if (next == IBV_QPS_SQD)
+			t = (struct qp_trans){ true, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY };
+		break;
+	case IBV_QPS_SQD:
+		if (next == IBV_QPS_RTS)
+			t = (struct qp_trans){ true, 0, cs | qk };
+		else if (next == IBV_QPS_SQD)
+			t = (struct qp_trans){ true, 0, pk | qk };
+		break;
+	case IBV_QPS_SQE:
+		if (next == IBV_QPS_RTS)
+			t = (struct qp_trans){ true, 0, cs | qk };
+		break;
+	default:
+		break;
+	}
+	return t;
+}
+
 int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
+	const int supported = IBV_QP_STATE | IBV_QP_CUR_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY |
+			      IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY | IBV_QP_SQ_PSN |
+			      IBV_QP_RNR_RETRY;
 	struct sim_qp *qp = (struct sim_qp *)ibqp;
+	enum ibv_qp_state cur = (mask & IBV_QP_CUR_STATE) ? attr->cur_qp_state : qp->kstate;
+	enum ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+	struct qp_trans t;
 
-	if ((mask & IBV_QP_PORT) && attr->port_num != 1)
+	if (mask & ~supported) {
+		sim_log(1, "modify_qp: unsupported attribute mask %#x (supported %#x)\n", mask, supported);
+		return EOPNOTSUPP;
+	}
+	t = qp_transition(qp->srd, cur, next);
+	if ((unsigned)cur > IBV_QPS_ERR || (unsigned)next > IBV_QPS_ERR || !t.valid ||
+	    ((mask & IBV_QP_CUR_STATE) && cur != IBV_QPS_RTR && cur != IBV_QPS_RTS &&
+	     cur != IBV_QPS_SQD && cur != IBV_QPS_SQE) ||
+	    (mask & t.req) != t.req || (mask & ~(t.req | t.opt | IBV_QP_STATE))) {
+		sim_log(1, "modify_qp: QP %u: invalid transition %d -> %d with mask %#x\n", ibqp->qp_num,
+			cur, next, mask);
 		return EINVAL;
+	}
+	if (((mask & IBV_QP_PORT) && attr->port_num != 1) ||
+	    ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index))
+		return EOPNOTSUPP;
+	if ((mask & IBV_QP_RNR_RETRY) && !(qp->ctx->dev->a.device_caps & EFADV_DEVICE_ATTR_CAPS_RNR_RETRY))
+		return EOPNOTSUPP;
 	if (mask & IBV_QP_QKEY)
 		qp->qkey = attr->qkey;
-	if (mask & IBV_QP_RNR_RETRY) {
-		if (!(qp->ctx->dev->a.device_caps & EFADV_DEVICE_ATTR_CAPS_RNR_RETRY))
-			return EOPNOTSUPP;
+	if (mask & IBV_QP_RNR_RETRY)
 		qp->rnr_retry = attr->rnr_retry;
-	}
 	if (mask & IBV_QP_STATE) {
-		if (attr->qp_state == IBV_QPS_RESET) {
+		if (next == IBV_QPS_RESET) {
 			pthread_mutex_lock(&qp->rq_lock);
 			qp->rq_count = 0;
 			pthread_mutex_unlock(&qp->rq_lock);
 		}
-		ibqp->state = attr->qp_state;
+		qp->kstate = next;
+		ibqp->state = next;
 	}
 	return 0;
 }
@@ -1198,11 +1390,14 @@ int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		 struct ibv_qp_init_attr *init)
 {
+	const int supported = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY |
+			      IBV_QP_SQ_PSN | IBV_QP_CAP | IBV_QP_RNR_RETRY;
 	struct sim_qp *qp = (struct sim_qp *)ibqp;
 
-	(void)mask;
+	if (mask & ~supported)
+		return EOPNOTSUPP; /* the efa driver's EFA_QUERY_QP_SUPP_MASK */
 	memset(attr, 0, sizeof(*attr));
-	attr->qp_state = ibqp->state;
+	attr->qp_state = qp->kstate;
 	attr->qkey = qp->qkey;
 	attr->rnr_retry = qp->rnr_retry;
 	attr->port_num = 1;
@@ -1222,16 +1417,95 @@ int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	return 0;
 }
 
-int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+/*
+ * libibverbs' wrapper over the efa provider: flags may only ask for the capability vector
+ * (else 0); the provider reports IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES where the
+ * device has EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128, whatever the operation; without flags
+ * the answer is whether whole messages are in order (never, on SRD).
+ */
+int ibv_query_qp_data_in_order(struct ibv_qp *ibqp, enum ibv_wr_opcode op, uint32_t flags)
 {
-	(void)qp, (void)op, (void)flags;
-	return 0; /* SRD: no ordering promise, not even for 128-byte aligned data */
+	struct sim_qp *qp = (struct sim_qp *)ibqp;
+	int caps = 0;
+
+	(void)op;
+	if (flags & ~(uint32_t)IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS)
+		return 0;
+	if (qp->ctx->dev->a.device_caps & SIM_CAP_DATA_POLLING_128)
+		caps |= IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES;
+	return flags ? caps : !!(caps & IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG);
 }
 
+/*
+ * Shared receive queues: the efa provider has none, so libibverbs answers with its
+ * defaults (EOPNOTSUPP). Exported for programs linked against the whole libibverbs ABI,
+ * such as rdma-bench's verbs backend, which must load here and then learn there is no
+ * device for it (ibv_create_qp refuses RC queue pairs the same way).
+ */
+struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	(void)pd, (void)attr;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+int ibv_destroy_srq(struct ibv_srq *srq)
+{
+	(void)srq;
+	return EOPNOTSUPP;
+}
+
+int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
+{
+	(void)srq, (void)attr, (void)mask;
+	return EOPNOTSUPP;
+}
+
+int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+	(void)srq, (void)attr;
+	return EOPNOTSUPP;
+}
+
+int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	(void)srq;
+	*bad = wr;
+	return EOPNOTSUPP;
+}
+
+/* The live QP `qpn` of a context, or NULL (rdma-core's QP table). */
+struct sim_qp *sim_qp_by_num(struct sim_ctx *ctx, uint32_t qpn)
+{
+	struct sim_qp *qp;
+
+	pthread_mutex_lock(&ctx->qp_lock);
+	for (qp = ctx->qps; qp && qp->ex.qp_base.qp_num != qpn; qp = qp->next)
+		;
+	pthread_mutex_unlock(&ctx->qp_lock);
+	return qp;
+}
+
+static void cq_ref(struct ibv_cq *ibcq, int d)
+{
+	struct sim_cq *cq = (struct sim_cq *)ibcq;
+
+	pthread_mutex_lock(&cq->lock);
+	cq->nqp += d;
+	pthread_mutex_unlock(&cq->lock);
+}
+
+/*
+ * Destroying a QP: the device flushes what it still holds of it (each work request in
+ * flight and each posted receive completes with EFA_IO_COMP_STATUS_FLUSHED), and
+ * rdma-core takes the QP out of its table at once, so those completions, and any the
+ * application left unpolled, meet no QP at the next poll (cq_find_qp).
+ */
 int ibv_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct sim_qp *qp = (struct sim_qp *)ibqp, **pp;
 	struct sim_ctx *ctx = qp->ctx;
+	uint32_t i;
 
 	atomic_store(&qp->alive, false);
 	pthread_mutex_lock(&ctx->qp_lock);
@@ -1242,15 +1516,28 @@ int ibv_destroy_qp(struct ibv_qp *ibqp)
 		}
 	atomic_fetch_add(&ctx->qp_gen, 1);
 	pthread_mutex_unlock(&ctx->qp_lock);
-	/* The engine drops everything of this QP before its next loop. */
+	cq_ref(ibqp->send_cq, -1);
+	cq_ref(ibqp->recv_cq, -1);
+	/* The engine flushes and drops everything of this QP before its next loop. */
 	if (!sim_engine_quiesce(ctx)) {
 		close(qp->fd);
 		qp->fd = -1;
 		return 0; /* the engine may still hold it: leave the memory */
 	}
-	cq_purge((struct sim_cq *)ibqp->send_cq, qp);
-	if (ibqp->recv_cq != ibqp->send_cq)
-		cq_purge((struct sim_cq *)ibqp->recv_cq, qp);
+	pthread_mutex_lock(&qp->rq_lock);
+	for (i = 0; i < qp->rq_count; i++) {
+		struct sim_cqe c = { 0 };
+
+		c.wr_id = qp->rq[(qp->rq_head + i) % qp->max_recv_wr].wr_id;
+		c.qp_num = ibqp->qp_num;
+		c.status = ST_FLUSHED;
+		c.opcode = IBV_WC_RECV;
+		c.recv = true;
+		sim_cq_push((struct sim_cq *)ibqp->recv_cq, &c);
+		atomic_fetch_add(&g_sim.st.flushed, 1);
+	}
+	qp->rq_count = 0;
+	pthread_mutex_unlock(&qp->rq_lock);
 	sim_log(2, "QP %u destroyed\n", ibqp->qp_num);
 	if (qp->fd >= 0)
 		close(qp->fd);

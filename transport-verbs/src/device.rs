@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::ptr;
 
 use ibverbs_sys as sys;
 use transport_core::{Error, Result};
@@ -151,6 +152,76 @@ pub(crate) fn open_domain(name: Option<&str>) -> Result<Domain> {
         pd,
         name: dev_name,
     })
+}
+
+/// PCI vendor id of Amazon: EFA devices.
+const VENDOR_AMAZON: u32 = 0x1d0f;
+
+/// Whether the device can carry this backend's reliable-connected queue pairs and shared
+/// receive queues. An EFA device cannot: it offers SRD datagrams only, and libibverbs refuses
+/// an RC queue pair there (the efa provider answers `EOPNOTSUPP`). That is a device this
+/// backend does not have, said as such (`NoDevice`), with the library's own answer to the RC
+/// queue pair the endpoint would create.
+pub(crate) fn require_rc_and_srq(
+    d: &Domain,
+    da: &sys::ibv_device_attr,
+    srq_wrs: usize,
+) -> Result<()> {
+    if da.vendor_id == VENDOR_AMAZON {
+        let refusal = rc_qp_refusal(d);
+        if let Some(why) = refusal {
+            return Err(Error::NoDevice(format!(
+                "{} is an AWS EFA device (vendor {:#06x}, part {:#06x}): it has no reliable-connected \
+                 queue pairs, which the verbs backend is built on ({why}); EFA carries SRD datagrams \
+                 through libfabric: use --backend efa --provider efa",
+                d.name, da.vendor_id, da.vendor_part_id
+            )));
+        }
+    }
+    if da.max_srq <= 0 || (da.max_srq_wr.max(0) as usize) < srq_wrs {
+        return Err(Error::NoDevice(format!(
+            "{} has no shared receive queue of {srq_wrs} entries (max_srq {}, max_srq_wr {}), which \
+             the verbs backend needs for its receives",
+            d.name, da.max_srq, da.max_srq_wr
+        )));
+    }
+    Ok(())
+}
+
+/// `None` where the device creates an RC queue pair (destroyed at once), else what the
+/// library said.
+fn rc_qp_refusal(d: &Domain) -> Option<String> {
+    // SAFETY: `ctx` is open; no channel, no context pointer.
+    let cq = unsafe { sys::ibv_create_cq(d.ctx, 1, ptr::null_mut(), ptr::null_mut(), 0) };
+    if cq.is_null() {
+        return Some(format!("ibv_create_cq: {}", errno_text(errno())));
+    }
+    let mut init = sys::ibv_qp_init_attr {
+        send_cq: cq,
+        recv_cq: cq,
+        cap: sys::ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: sys::IBV_QPT_RC,
+        ..Default::default()
+    };
+    // SAFETY: `pd` and `cq` are live; `init` is a valid init attribute.
+    let qp = unsafe { sys::ibv_create_qp(d.pd, &mut init) };
+    let e = errno();
+    // SAFETY: `qp` (if any) and `cq` were created just above and are destroyed once, the QP
+    // first.
+    unsafe {
+        if !qp.is_null() {
+            sys::ibv_destroy_qp(qp);
+        }
+        sys::ibv_destroy_cq(cq);
+    }
+    qp.is_null()
+        .then(|| format!("ibv_create_qp(IBV_QPT_RC): {}", errno_text(e)))
 }
 
 trait OptEq {

@@ -28,7 +28,7 @@ use self::post::POST_BATCH;
 pub use self::qp::QueriedAv;
 use self::qp::{destroy_qp, query_av, ConnOpts, QpPair};
 use crate::addr::{WireAddr, LINK_ETH, LINK_IB};
-use crate::device::{open_domain, query_port, read_gid_table, Domain};
+use crate::device::{open_domain, query_port, read_gid_table, require_rc_and_srq, Domain};
 use crate::gid::{candidates, describe_candidates, gid_text, peer_path, GidEntry, PeerPath};
 use crate::mr::{region_access, VerbsMr, ACCESS_RELAXED_ORDERING};
 use crate::options::{forced_gid, opt};
@@ -267,6 +267,7 @@ impl Endpoint {
             "ibv_query_device",
             "the device cannot report its limits",
         )?;
+        require_rc_and_srq(&domain, &da, IMM_BATCH)?;
         let cap = |v: i32| v.max(1) as usize;
         let tx_depth = nic
             .tx_depth

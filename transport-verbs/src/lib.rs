@@ -23,6 +23,10 @@
 //!   ports' active MTUs.
 //! - Zero devices (no RDMA stack in the kernel, where `ibv_get_device_list` fails with `ENOSYS`,
 //!   or an empty list) is [`Error::NoDevice`](transport_core::Error::NoDevice), never a panic.
+//!   So is a device without RC queue pairs or shared receive queues: an AWS EFA device (vendor
+//!   0x1d0f) is named as one, with libibverbs' own answer to an RC queue pair there
+//!   (`EOPNOTSUPP`), and pointed at the efa backend (`ci/efa-sim.sh` shows it on the simulated
+//!   device).
 //! - `NicDesc::options` (any other key is refused, naming these): `port`, `timeout` (RC local
 //!   ACK timeout exponent, 4.096 µs · 2^t, default 14 ≈ 67 ms), `retry_cnt` (default 7), `rnr_retry` (default 7 =
 //!   forever), `min_rnr_timer` (default 12), `inline` (largest inline payload asked for, default

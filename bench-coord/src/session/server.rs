@@ -10,7 +10,7 @@ use transport_core::{LocalSlice, Transport};
 
 use bench_core::buffers::{self, PageLayout};
 use bench_core::config::{LatOp, Workload};
-use bench_core::ctrl::{Ctrl, Watchdog, IO_TIMEOUT};
+use bench_core::ctrl::{Ctrl, Watchdog};
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::proto::{Done, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
 use bench_core::side::{Side, SideCfg};
@@ -19,7 +19,7 @@ use bench_core::workload::send::{SendActive, SendParts};
 use bench_core::workload::write::{WriteActive, WriteParts};
 use bench_core::workload::{group, run_active};
 
-use super::timeouts::WATCHDOG_GRACE;
+use super::timeouts::{PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
 /// How long a failed transfer waits for the control connection to say whether the peer left
 /// (a transfer error and the peer's departure arrive in either order).
@@ -164,7 +164,9 @@ fn peer_gone_cause(e: Error, ctrl: &Ctrl) -> Error {
 }
 
 fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> {
-    let hello = match ctrl.recv(IO_TIMEOUT, "the client's hello")? {
+    // The client opens and registers every NIC before its hello (32 on a p5): it prepares,
+    // as the server does before its welcome, which the client waits PREPARE_TIMEOUT for.
+    let hello = match ctrl.recv(PREPARE_TIMEOUT, "the client's hello")? {
         Msg::Hello(h) => h,
         m => {
             return Err(Error::Protocol(format!(
