@@ -296,7 +296,7 @@ mod tests {
             f(&mut l);
             validate(&Msg::Links(l)).is_err()
         };
-        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr));
+        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr.clone()));
         assert!(bad_links(|l| l.links[1].mr = None));
         assert!(bad_links(
             |l| l.links[1].mr.as_mut().unwrap().addr = u64::MAX
