@@ -1,12 +1,13 @@
 //! The cases where the endpoint must refuse something: a WRITE with a wrong key or past the
-//! end of the region (and what the pair must still do afterwards), a local region of another
-//! endpoint, and malformed peer addresses.
+//! end of the region (and what the pair must still do afterwards), key bytes the backend
+//! cannot read, a local region of another endpoint, and malformed peer addresses.
 
 use std::time::Duration;
 
 use transport_core::wait::wait_pair;
 use transport_core::{
-    CompletionKind, Error, KeyBytes, LocalSlice, MemoryRegion, Post, RemoteSlice, Result, Transport,
+    CompletionKind, Error, KeyBytes, LocalSlice, MemoryRegion, PeerId, Post, RemoteMr, RemoteSlice,
+    Result, Transport,
 };
 
 use crate::pair::{poll_both, Pair, TIMEOUT};
@@ -208,6 +209,60 @@ pub fn write_past_end_with<T: Transport>(p: &mut Pair<T>, recovery: Recovery) ->
         "a write past the end changed memory"
     );
     after_refused_write(p, recovery)
+}
+
+/// Key bytes the backend cannot read are an error at import, never a crash: a key of
+/// another length (another backend's, cut short or padded), garbage of the longest length
+/// accepted. So are an import for a peer the endpoint does not have and a region that wraps
+/// the address space. Where the backend takes the bytes (they may be of its own form), a
+/// WRITE through them must fail as a wrong key does, and the target memory stays untouched.
+pub fn bad_key_bytes<T: Transport>(p: &mut Pair<T>) -> Result<()> {
+    let src = host_mr(&mut p.a, &[1u8; 64])?;
+    let dst = host_mr(&mut p.b, &[0u8; 64])?;
+    let good = dst.remote();
+    let r = p.a.import(PeerId(p.a_to_b.0.wrapping_add(1000)), &good);
+    assert!(
+        r.is_err(),
+        "an import for an unknown peer was accepted: {r:?}"
+    );
+    let wraps = RemoteMr {
+        addr: u64::MAX - 16,
+        ..good.clone()
+    };
+    let r = p.a.import(p.a_to_b, &wraps);
+    assert!(r.is_err(), "a region that wraps was accepted: {r:?}");
+    let k = good.key.as_bytes();
+    let mut cases = vec![
+        vec![0xa5],
+        [k, &[0]].concat(),
+        vec![0xff; KeyBytes::MAX_LEN],
+    ];
+    if k.len() > 1 {
+        cases.push(k[..k.len() - 1].to_vec());
+    }
+    let mut wrote = false;
+    for bytes in cases {
+        let what = format!("key bytes {:02x?}", &bytes[..bytes.len().min(12)]);
+        let mr = RemoteMr {
+            key: KeyBytes::new(bytes)?,
+            ..good.clone()
+        };
+        match p.a.import(p.a_to_b, &mr) {
+            Err(e) => eprintln!("{what}: refused at import: {e}"),
+            Ok(remote) => {
+                expect_write_fails(p, &src, remote.all(), &what)?;
+                wrote = true;
+            }
+        }
+    }
+    assert!(
+        host_bytes(&dst).iter().all(|&b| b == 0),
+        "a write with bad key bytes changed memory"
+    );
+    if wrote {
+        after_refused_write(p, Recovery::Required)?;
+    }
+    Ok(())
 }
 
 /// A local region registered on another endpoint is refused at post time.
