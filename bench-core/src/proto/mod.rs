@@ -38,6 +38,10 @@ pub const VERSION: u32 = 3;
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest endpoint address accepted.
 pub const MAX_ADDR: usize = 4096;
+/// Largest remote key accepted: a region's key (`RemoteMr::key`) is 1 to this many bytes,
+/// sent as hex. `KeyBytes` holds no other, so a key outside the bound fails to decode and the
+/// message is refused (`validate`'s tests show it).
+pub const MAX_KEY: usize = transport_core::KeyBytes::MAX_LEN;
 /// Most NICs one session may use.
 pub const MAX_NICS: usize = 1024;
 /// Regions per NIC: the data buffer, then a small control buffer (credits).
