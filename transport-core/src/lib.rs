@@ -195,10 +195,10 @@ pub trait Transport: Send + Sized {
     /// [`Self::RemoteKey`] here, once, off the post path.
     ///
     /// An unknown peer, key bytes of another backend, or a region that wraps the address
-    /// space is an error. Key bytes of the right form that name no region of the peer are
-    /// not (the peer alone knows its keys): a WRITE to them fails as a wrong key does, with
-    /// an error completion (or, where [`Caps::remote_write_errors`] is false, a refusal at
-    /// the target).
+    /// space is an error. Key bytes of the right form that name no region of the peer need
+    /// not be (the peer alone knows its keys): a WRITE to them fails as a wrong key does,
+    /// with an error completion (or, where [`Caps::remote_write_errors`] is false, a refusal
+    /// at the target).
     ///
     /// The region is for `peer` on this endpoint only: post it to that peer.
     fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<Self::RemoteKey>>;
