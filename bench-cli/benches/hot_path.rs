@@ -92,7 +92,7 @@ mod shm {
         let dst = b
             .register(Memory::Host(HostBuffer::new(PAGES * PS)))
             .expect("register");
-        let remote = dst.remote();
+        let remote = a.import(peer, &dst.remote()).expect("import");
         let mut buf = vec![Completion::default(); 64];
 
         let mut g = c.benchmark_group("shm_hot_path");
@@ -122,7 +122,7 @@ mod shm {
 
         {
             const BATCH: usize = 32;
-            let ops: Vec<WriteOp<'_, _>> = (0..BATCH)
+            let ops: Vec<WriteOp<'_, _, _>> = (0..BATCH)
                 .map(|i| WriteOp {
                     peer,
                     local: LocalSlice::new(&src, i * PS, PS).expect("slice"),
@@ -152,7 +152,7 @@ mod shm {
         // immediate. Set against `engine_64B_baseline`, this is the engine's own cost.
         {
             let tx = a.caps().tx_depth;
-            let ops: Vec<WriteOp<'_, _>> = (0..PAGES)
+            let ops: Vec<WriteOp<'_, _, _>> = (0..PAGES)
                 .map(|i| WriteOp {
                     peer,
                     local: LocalSlice::new(&src, i * PS, PS).expect("slice"),

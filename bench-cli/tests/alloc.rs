@@ -78,7 +78,7 @@ fn steady_state_allocates_nothing() {
     let dst = b
         .register(Memory::Host(HostBuffer::new(PAGES * PS)))
         .unwrap();
-    let remote = dst.remote();
+    let remote = a.import(peer, &dst.remote()).unwrap();
 
     // 1. The trait alone: post a WRITE with immediate, poll both sides until both completions.
     {

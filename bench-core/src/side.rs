@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use transport_core::{
-    Caps, Completion, EndpointAddr, HostBuffer, Memory, MemoryRegion, NicDesc, PeerId, Transport,
+    Caps, Completion, EndpointAddr, HostBuffer, Memory, MemoryRegion, NicDesc, PeerId,
+    RemoteRegion, Transport,
 };
 
 use crate::buffers;
@@ -19,7 +20,7 @@ use crate::buffers;
 pub const GPU_MIN_REGION: usize = 64 * 1024;
 use crate::config::MemKind;
 use crate::error::{Error, Result, TransportContext};
-use crate::proto::{NicWire, CTRL_LEN, MAX_NICS};
+use crate::proto::{NicWire, CTRL_LEN, MAX_NICS, MRS_PER_NIC};
 use crate::record::Facts;
 use crate::topo_glue::Hints;
 
@@ -184,6 +185,9 @@ pub struct Side<T: Transport> {
     pub peers: Vec<PeerId>,
     /// The peer's NICs, in the same order.
     pub remote: Vec<NicWire>,
+    /// The peer's regions on each NIC, `[data, control]`, as this side's endpoint imported
+    /// them: the targets of its WRITEs.
+    pub imported: Vec<[RemoteRegion<T::RemoteKey>; MRS_PER_NIC]>,
     pub gpus: Vec<usize>,
     pub npg: usize,
 }
@@ -226,6 +230,7 @@ impl<T: Transport> Side<T> {
             ctrl: Vec::new(),
             peers: Vec::new(),
             remote: Vec::new(),
+            imported: Vec::new(),
             gpus: cfg.gpus.clone(),
             npg: cfg.nics_per_gpu,
         })
@@ -299,7 +304,7 @@ impl<T: Transport> Side<T> {
             .collect()
     }
 
-    /// Add the peer's NICs, pairwise.
+    /// Add the peer's NICs, pairwise, and import their regions.
     pub fn connect(&mut self, remote: Vec<NicWire>) -> Result<()> {
         if remote.len() != self.eps.len() {
             return Err(Error::Protocol(format!(
@@ -309,11 +314,24 @@ impl<T: Transport> Side<T> {
             )));
         }
         self.peers.clear();
+        self.imported.clear();
         for (i, (ep, r)) in self.eps.iter_mut().zip(&remote).enumerate() {
             let p = ep
                 .add_peer(&EndpointAddr(r.addr.clone()))
                 .ctx(|| format!("adding the peer's NIC {i} ({})", r.name))?;
             self.peers.push(p);
+            let [data, ctrl] = &r.mrs[..] else {
+                return Err(Error::Protocol(format!(
+                    "the peer's NIC {i} announces {} regions, expected {MRS_PER_NIC}",
+                    r.mrs.len()
+                )));
+            };
+            let mut import = |mr, what: &str| {
+                ep.import(p, mr)
+                    .ctx(|| format!("importing the peer's {what} region on NIC {i} ({})", r.name))
+            };
+            let regions = [import(data, "data")?, import(ctrl, "control")?];
+            self.imported.push(regions);
         }
         self.remote = remote;
         Ok(())

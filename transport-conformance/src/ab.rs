@@ -21,7 +21,7 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput};
 use transport_core::{
     Completion, CompletionKind, HostBuffer, LocalSlice, Memory, MemoryRegion, PeerId, Post,
-    RemoteMr, RemoteSlice, Transport,
+    RemoteRegion, RemoteSlice, Transport,
 };
 
 use crate::Pair;
@@ -57,13 +57,14 @@ impl<T: Transport> Setup<T> {
 /// `src` to `dst` (which hold `BATCH * LEN` bytes).
 pub struct TraitLoop<T: Transport, const BATCH: usize, const LEN: usize> {
     s: Setup<T>,
-    remote: RemoteMr,
+    /// `dst` as `a` imported it.
+    remote: RemoteRegion<T::RemoteKey>,
     out: [Completion; 64],
 }
 
 impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN> {
-    pub fn new(s: Setup<T>) -> Self {
-        let remote = s.dst.remote();
+    pub fn new(mut s: Setup<T>) -> Self {
+        let remote = s.a.import(s.peer, &s.dst.remote()).unwrap();
         TraitLoop {
             s,
             remote,
@@ -74,8 +75,8 @@ impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN
     /// One iteration: BATCH WRITEs posted, their completions and immediates read. Each local
     /// `Write` completion's context and each immediate's value is folded into the result with
     /// `fold`; a completion of another kind fails the bench where `strict`, else is passed
-    /// over. The `RemoteSlice` of each WRITE is built from the region's fields, as a
-    /// bare loop computes the remote address, with no check of its own.
+    /// over. The `RemoteSlice` of each WRITE is built from the fields of the region `a`
+    /// imported once, as a bare loop computes the remote address, with no check of its own.
     ///
     /// Always inlined, so that it is all in the bench's own `#[inline(never)]` function.
     #[inline(always)]

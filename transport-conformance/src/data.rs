@@ -86,7 +86,7 @@ pub fn write_at_offset<T: Transport>(p: &mut Pair<T>) -> Result<()> {
         let data = pattern(len, 11);
         let src = host_mr(&mut p.a, &data)?;
         let dst = host_mr(&mut p.b, &vec![0x5au8; REGION])?;
-        let remote = dst.remote().slice(off as u64, len as u64)?;
+        let remote = p.import_on_a(&dst)?.slice(off as u64, len as u64)?;
         expect_post(
             p.a.post_write(p.a_to_b, LocalSlice::all(&src), remote, imm, 0x77)?,
             "post_write",
@@ -151,7 +151,7 @@ fn immediates_n<T: Transport>(p: &mut Pair<T>, n: usize, chunk: usize) -> Result
     let data = pattern(n * chunk, 5);
     let src = host_mr(&mut p.a, &data)?;
     let dst = host_mr(&mut p.b, &vec![0u8; n * chunk])?;
-    let r = dst.remote();
+    let r = p.import_on_a(&dst)?;
     let mut seen = vec![0u32; n];
     let (mut posted, mut writes) = (0usize, 0usize);
     let mut imms = 0usize;
@@ -213,7 +213,7 @@ pub fn fill_queue_then_drain<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let src = host_mr(&mut p.a, &[9u8; 64])?;
     let dst = host_mr(&mut p.b, &[0u8; 64])?;
     let limit = 4 * p.a.caps().tx_depth.max(16) + 4096;
-    let remote = dst.remote().all();
+    let remote = p.import_on_a(&dst)?.all();
     let mut posted = 0usize;
     while p
         .a

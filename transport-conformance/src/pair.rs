@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use transport_core::{
-    Error, HostBuffer, LocalSlice, Memory, MemoryRegion, PeerId, Post, Result, Transport,
+    Error, HostBuffer, LocalSlice, Memory, MemoryRegion, PeerId, Post, RemoteRegion, Result,
+    Transport,
 };
 
 /// Every wait in the suite gives up after this long.
@@ -18,6 +19,18 @@ pub struct Pair<T: Transport> {
     pub a_to_b: PeerId,
     /// `a` as seen from `b`.
     pub b_to_a: PeerId,
+}
+
+impl<T: Transport> Pair<T> {
+    /// A region of side b as side a imports it: the target of a's WRITEs to b.
+    pub fn import_on_a(&mut self, mr: &T::Mr) -> Result<RemoteRegion<T::RemoteKey>> {
+        self.a.import(self.a_to_b, &mr.remote())
+    }
+
+    /// A region of side a as side b imports it: the target of b's WRITEs to a.
+    pub fn import_on_b(&mut self, mr: &T::Mr) -> Result<RemoteRegion<T::RemoteKey>> {
+        self.b.import(self.b_to_a, &mr.remote())
+    }
 }
 
 /// Open both sides and connect them, or `None` when there is no device and none is required.
@@ -79,7 +92,7 @@ pub fn warm_up<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let (sa, ra) = (reg(&mut p.a, 1)?, reg(&mut p.a, 0)?);
     let (sb, rb) = (reg(&mut p.b, 2)?, reg(&mut p.b, 0)?);
     let (wa, wb) = (reg(&mut p.a, 0)?, reg(&mut p.b, 0)?);
-    let (wa_remote, wb_remote) = (wa.remote().all(), wb.remote().all());
+    let (wa_remote, wb_remote) = (p.import_on_b(&wa)?.all(), p.import_on_a(&wb)?.all());
     let done = std::cell::Cell::new(0);
     let count = |_: usize, c: &transport_core::Completion| -> Result<()> {
         c.check()?;

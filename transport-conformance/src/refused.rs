@@ -1,12 +1,13 @@
 //! The cases where the endpoint must refuse something: a WRITE with a wrong key or past the
-//! end of the region (and what the pair must still do afterwards), a local region of another
-//! endpoint, and malformed peer addresses.
+//! end of the region (and what the pair must still do afterwards), key bytes the backend
+//! cannot read, a local region of another endpoint, and malformed peer addresses.
 
 use std::time::Duration;
 
 use transport_core::wait::wait_pair;
 use transport_core::{
-    CompletionKind, Error, LocalSlice, MemoryRegion, Post, RemoteSlice, Result, Transport,
+    CompletionKind, Error, KeyBytes, LocalSlice, MemoryRegion, PeerId, Post, RemoteMr, RemoteSlice,
+    Result, Transport,
 };
 
 use crate::pair::{poll_both, Pair, TIMEOUT};
@@ -24,7 +25,7 @@ use crate::support::{host_bytes, host_mr};
 fn expect_write_fails<T: Transport>(
     p: &mut Pair<T>,
     src: &T::Mr,
-    remote: RemoteSlice,
+    remote: RemoteSlice<T::RemoteKey>,
     what: &str,
 ) -> Result<()> {
     match p
@@ -107,7 +108,7 @@ fn after_refused_write<T: Transport>(p: &mut Pair<T>, recovery: Recovery) -> Res
     let what = "a good WRITE after a refused one";
     let src = host_mr(&mut p.a, &[3u8; 64])?;
     let dst = host_mr(&mut p.b, &[0u8; 64])?;
-    let (a_to_b, remote) = (p.a_to_b, dst.remote().all());
+    let (a_to_b, remote) = (p.a_to_b, p.import_on_a(&dst)?.all());
     let wait = match recovery {
         Recovery::Required => TIMEOUT,
         Recovery::KnownBroken(_) => Duration::from_secs(2),
@@ -164,11 +165,20 @@ pub fn bad_remote_key<T: Transport>(p: &mut Pair<T>) -> Result<()> {
 pub fn bad_remote_key_with<T: Transport>(p: &mut Pair<T>, recovery: Recovery) -> Result<()> {
     let src = host_mr(&mut p.a, &[1u8; 256])?;
     let dst = host_mr(&mut p.b, &[0u8; 256])?;
-    let mut remote = dst.remote().all();
-    // Low bits only: verbs keys are 32 bits, and a key outside them is refused before the
-    // NIC sees it; this way the NIC (or provider) itself must refuse it.
-    remote.key ^= 0x00a5_5a5a;
-    expect_write_fails(p, &src, remote, "wrong remote key")?;
+    let mut mr = dst.remote();
+    // The first three bytes only (the low bits of an integer key): the key keeps its length
+    // and form, so the NIC (or provider, or the target) itself must refuse it. Where the
+    // backend's import already sees it is no key (a packed handle whose bytes it checks),
+    // that refusal is the clear error.
+    let mut bytes = mr.key.as_bytes().to_vec();
+    for (b, x) in bytes.iter_mut().zip([0x5a, 0x5a, 0xa5]) {
+        *b ^= x;
+    }
+    mr.key = KeyBytes::new(bytes)?;
+    match p.a.import(p.a_to_b, &mr) {
+        Ok(remote) => expect_write_fails(p, &src, remote.all(), "wrong remote key")?,
+        Err(e) => eprintln!("wrong remote key: refused at import: {e}"),
+    }
     assert!(
         host_bytes(&dst).iter().all(|&b| b == 0),
         "a write with a wrong key changed memory"
@@ -185,12 +195,13 @@ pub fn write_past_end<T: Transport>(p: &mut Pair<T>) -> Result<()> {
 pub fn write_past_end_with<T: Transport>(p: &mut Pair<T>, recovery: Recovery) -> Result<()> {
     let src = host_mr(&mut p.a, &[1u8; 8192])?;
     let dst = host_mr(&mut p.b, &[0u8; 4096])?;
+    let region = p.import_on_a(&dst)?;
     // The checked constructor refuses it...
-    assert!(dst.remote().slice(0, 8192).is_err());
+    assert!(region.slice(0, 8192).is_err());
     // ...and a hand-made slice is refused by the provider.
     let remote = RemoteSlice {
         len: 8192,
-        ..dst.remote().all()
+        ..region.all()
     };
     expect_write_fails(p, &src, remote, "write past the end")?;
     assert!(
@@ -200,17 +211,67 @@ pub fn write_past_end_with<T: Transport>(p: &mut Pair<T>, recovery: Recovery) ->
     after_refused_write(p, recovery)
 }
 
+/// Key bytes the backend cannot read are an error at import, never a crash: a key of
+/// another length (another backend's, cut short or padded), garbage of the longest length
+/// accepted. So are an import for a peer the endpoint does not have and a region that wraps
+/// the address space. Where the backend takes the bytes (they may be of its own form), a
+/// WRITE through them must fail as a wrong key does, and the target memory stays untouched.
+pub fn bad_key_bytes<T: Transport>(p: &mut Pair<T>) -> Result<()> {
+    let src = host_mr(&mut p.a, &[1u8; 64])?;
+    let dst = host_mr(&mut p.b, &[0u8; 64])?;
+    let good = dst.remote();
+    let r = p.a.import(PeerId(p.a_to_b.0.wrapping_add(1000)), &good);
+    assert!(
+        r.is_err(),
+        "an import for an unknown peer was accepted: {r:?}"
+    );
+    let wraps = RemoteMr {
+        addr: u64::MAX - 16,
+        ..good.clone()
+    };
+    let r = p.a.import(p.a_to_b, &wraps);
+    assert!(r.is_err(), "a region that wraps was accepted: {r:?}");
+    let k = good.key.as_bytes();
+    let mut cases = vec![
+        vec![0xa5],
+        [k, &[0]].concat(),
+        vec![0xff; KeyBytes::MAX_LEN],
+    ];
+    if k.len() > 1 {
+        cases.push(k[..k.len() - 1].to_vec());
+    }
+    let mut wrote = false;
+    for bytes in cases {
+        let what = format!("key bytes {:02x?}", &bytes[..bytes.len().min(12)]);
+        let mr = RemoteMr {
+            key: KeyBytes::new(bytes)?,
+            ..good.clone()
+        };
+        match p.a.import(p.a_to_b, &mr) {
+            Err(e) => eprintln!("{what}: refused at import: {e}"),
+            Ok(remote) => {
+                expect_write_fails(p, &src, remote.all(), &what)?;
+                wrote = true;
+            }
+        }
+    }
+    assert!(
+        host_bytes(&dst).iter().all(|&b| b == 0),
+        "a write with bad key bytes changed memory"
+    );
+    if wrote {
+        after_refused_write(p, Recovery::Required)?;
+    }
+    Ok(())
+}
+
 /// A local region registered on another endpoint is refused at post time.
 pub fn foreign_local_region<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let foreign = host_mr(&mut p.b, &[1u8; 64])?;
     let dst = host_mr(&mut p.b, &[0u8; 64])?;
-    let r = p.a.post_write(
-        p.a_to_b,
-        LocalSlice::all(&foreign),
-        dst.remote().all(),
-        None,
-        1,
-    );
+    let remote = p.import_on_a(&dst)?.all();
+    let r =
+        p.a.post_write(p.a_to_b, LocalSlice::all(&foreign), remote, None, 1);
     assert!(
         r.is_err(),
         "a region of another endpoint was accepted: {r:?}"

@@ -26,6 +26,50 @@
 //!   use a WRITE with immediate (or a SEND after the write's local completion) to signal.
 //! - Safety of freeing memory with operations still in flight: keep a [`MemoryRegion`] alive
 //!   until every operation that uses it has completed.
+//!
+//! # Lifecycle
+//! Endpoint `a` WRITEs into a region of endpoint `b`. Here both are in one program; between
+//! machines the addresses and the [`RemoteMr`] travel over any channel (both serialize).
+//! ```
+//! use std::time::Duration;
+//! use transport_core::wait::wait_pair;
+//! use transport_core::{
+//!     CompletionKind, HostBuffer, LocalSlice, Memory, MemoryRegion, Post, Result, Transport,
+//! };
+//!
+//! fn write_once<T: Transport>(a: &mut T, b: &mut T) -> Result<()> {
+//!     // 1. Addresses, pairwise: each side's `address()`, then the other's `add_peer()`.
+//!     let (addr_a, addr_b) = (a.address(), b.address());
+//!     let a_to_b = a.add_peer(&addr_b)?;
+//!     b.add_peer(&addr_a)?;
+//!     // 2. Memory: the target registers a region and publishes it as a `RemoteMr`: its
+//!     //    address, length and key bytes (opaque: only the backend reads them).
+//!     let src = a.register(Memory::Host(HostBuffer::from_slice(&[7; 4096])))?;
+//!     let dst = b.register(Memory::Host(HostBuffer::new(4096)))?;
+//!     let published = dst.remote();
+//!     // 3. Import it once for the peer: the key bytes are read into what a post carries
+//!     //    (`T::RemoteKey`). The endpoint owns whatever that took; it goes with the endpoint.
+//!     let remote = a.import(a_to_b, &published)?;
+//!     // 4. Post slices of it, and poll both sides (progress is manual): the WRITE completes
+//!     //    on `a`, its immediate arrives on `b`, and then the bytes are there.
+//!     let slice = remote.slice(0, 4096)?;
+//!     let posted = a.post_write(a_to_b, LocalSlice::all(&src), slice, Some(1), 42)?;
+//!     assert_eq!(posted, Post::Posted, "on a full queue: poll, then post again");
+//!     let (mut wrote, mut landed) = (false, false);
+//!     wait_pair(a, b, "the WRITE", Duration::from_secs(5), |side, c| {
+//!         match (side, &c.check()?.kind) {
+//!             (0, CompletionKind::Write) => wrote = true,
+//!             (1, CompletionKind::RemoteWrite { imm: 1 }) => landed = true,
+//!             _ => {}
+//!         }
+//!         Ok(wrote && landed)
+//!     })?;
+//!     assert_eq!(dst.memory().host().map(|h| h.as_slice()), Some(&[7; 4096][..]));
+//!     Ok(()) // the regions deregister as they drop, before the endpoints
+//! }
+//! ```
+//! `transport-conformance`, the suite every backend passes, does this with each backend's
+//! endpoints (its `warm_up` and `write_at_offset`).
 
 //! # Misuse the compiler refuses
 //! A region cannot be deregistered (or dropped) while a slice of it is still in use:
@@ -73,8 +117,8 @@ pub use error::{CompletionError, Error, Op, Result};
 pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
 pub use mem::{dmabuf_range, Dmabuf, DmabufRange, GpuBuffer, HostBuffer, Memory, MemoryMut, PAGE};
 pub use types::{
-    Caps, Completion, CompletionKind, EndpointAddr, LocalSlice, NicDesc, PeerId, Post, RemoteMr,
-    RemoteSlice, WriteOp,
+    Caps, Completion, CompletionKind, EndpointAddr, KeyBytes, LocalSlice, NicDesc, PeerId, Post,
+    RemoteMr, RemoteRegion, RemoteSlice, WriteOp,
 };
 
 /// A registered memory region owned by one endpoint's domain.
@@ -110,7 +154,8 @@ pub trait MemoryRegion: Send {
 ///
 /// The lifecycle is: [`open`](Transport::open), exchange [`address`](Transport::address)es out
 /// of band, [`add_peer`](Transport::add_peer), [`register`](Transport::register) memory and
-/// exchange [`RemoteMr`]s, then post and [`poll`](Transport::poll).
+/// exchange [`RemoteMr`]s, [`import`](Transport::import) each peer's once, then post and
+/// [`poll`](Transport::poll) (the crate docs show it in code).
 pub trait Transport: Send + Sized {
     /// The backend's registered memory region.
     type Mr: MemoryRegion;
@@ -121,6 +166,16 @@ pub trait Transport: Send + Sized {
 
     /// Backend name as users type it ([`BackendInfo::name`]).
     const BACKEND: &'static str = Self::INFO.name;
+
+    /// A peer's remote key as this endpoint's WRITEs carry it, read once from the key bytes
+    /// by [`import`](Transport::import): the integer key itself where keys are integers (efa
+    /// `u64`, verbs `u32`), so a post pays nothing for keys being opaque on the wire. A
+    /// backend whose keys are handles that must be freed (UCX's `ucp_ep_rkey_unpack` gives an
+    /// `ucp_rkey_h` that `ucp_rkey_destroy` must free before the peer's `ucp_ep` goes) keeps
+    /// them in the endpoint and frees them with it (or with the peer); its `RemoteKey` is a
+    /// token into that table, which its posts check, so a stale or foreign one is a refused
+    /// post, never a dangling handle.
+    type RemoteKey: Copy + Send + Sync + std::fmt::Debug + 'static;
 
     /// Open an endpoint on the NIC `nic` describes.
     fn open(nic: &NicDesc) -> Result<Self>;
@@ -146,6 +201,19 @@ pub trait Transport: Send + Sized {
     /// Deregister a region and get its memory back.
     fn deregister(&mut self, mr: Self::Mr) -> Result<Memory>;
 
+    /// Read a peer's [`RemoteMr`] (from [`MemoryRegion::remote`] on the peer's side) for
+    /// WRITEs from this endpoint to `peer`: its key bytes are checked and turned into
+    /// [`Self::RemoteKey`] here, once, off the post path.
+    ///
+    /// An unknown peer, key bytes of another backend, or a region that wraps the address
+    /// space is an error. Key bytes of the right form that name no region of the peer need
+    /// not be (the peer alone knows its keys): a WRITE to them fails as a wrong key does,
+    /// with an error completion (or, where [`Caps::remote_write_errors`] is false, a refusal
+    /// at the target).
+    ///
+    /// The region is for `peer` on this endpoint only: post it to that peer.
+    fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<Self::RemoteKey>>;
+
     /// Post a SEND of `buf` to `peer`.
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, Self::Mr>, ctx: u64) -> Result<Post>;
 
@@ -153,18 +221,20 @@ pub trait Transport: Send + Sized {
     fn post_recv(&mut self, buf: LocalSlice<'_, Self::Mr>, ctx: u64) -> Result<Post>;
 
     /// Post an RDMA WRITE of `buf` into `remote` on `peer`, with an optional 32-bit immediate.
+    /// `remote` is a slice of a region [`import`](Transport::import)ed for `peer` on this
+    /// endpoint.
     fn post_write(
         &mut self,
         peer: PeerId,
         buf: LocalSlice<'_, Self::Mr>,
-        remote: RemoteSlice,
+        remote: RemoteSlice<Self::RemoteKey>,
         imm: Option<u32>,
         ctx: u64,
     ) -> Result<Post>;
 
     /// Post many WRITEs. Returns how many were accepted, in order; fewer than `ops.len()`
     /// means the queue filled: poll, then post the rest.
-    fn post_writes(&mut self, ops: &[WriteOp<'_, Self::Mr>]) -> Result<usize> {
+    fn post_writes(&mut self, ops: &[WriteOp<'_, Self::Mr, Self::RemoteKey>]) -> Result<usize> {
         for (i, op) in ops.iter().enumerate() {
             if self.post_write(op.peer, op.local, op.remote, op.imm, op.ctx)? == Post::QueueFull {
                 return Ok(i);

@@ -74,41 +74,206 @@ impl fmt::Debug for EndpointAddr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PeerId(pub u32);
 
-/// What a peer needs to WRITE into a registered region.
+/// A registered region's remote key as bytes: what a peer needs, beside the address, to WRITE
+/// into the region.
+///
+/// Opaque outside the backend that made it: libfabric (efa) keys are 8 bytes and verbs rkeys 4,
+/// both little-endian integers; a UCX rkey is the blob `ucp_rkey_pack` makes. A peer reads it
+/// once, with [`Transport::import`](crate::Transport::import), into what its posts carry.
+///
+/// Always 1 to [`KeyBytes::MAX_LEN`] bytes, however it is made: [`KeyBytes::new`] and
+/// deserializing (a hex string) refuse anything else, so a key that arrives from a peer is
+/// bounded before any backend reads it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct KeyBytes(Box<[u8]>);
+
+impl KeyBytes {
+    /// The longest key accepted: 1 KiB.
+    ///
+    /// A UCX rkey packs a map of the memory domains that can reach the region and one entry per
+    /// domain: 8 to 16 bytes for an InfiniBand or RoCE device (a domain per NIC), about 100 for
+    /// `cuda_ipc` (a 64-byte `CUipcMemHandle` and its addresses), a few to tens for shared
+    /// memory. Debian 12's UCX 1.13 packs 10 to 12 bytes on a host with shared memory and tcp
+    /// only; a host with 8 NICs and CUDA packs a few hundred. 1 KiB holds that with room to
+    /// spare, and keeps a session's hello (two regions per NIC, each key twice its length in
+    /// hex) inside the control protocol's 1 MiB frame for 256 NICs even at the limit.
+    pub const MAX_LEN: usize = 1024;
+
+    /// A key of `bytes`; an error unless it holds 1 to [`KeyBytes::MAX_LEN`] bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self> {
+        let b = bytes.into();
+        if b.is_empty() || b.len() > Self::MAX_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "a remote key of {} bytes (allowed: 1..={})",
+                b.len(),
+                Self::MAX_LEN
+            )));
+        }
+        Ok(Self(b.into_boxed_slice()))
+    }
+
+    /// An integer key as 8 little-endian bytes (libfabric's `fi_mr_key`).
+    pub fn from_u64(key: u64) -> Self {
+        Self(Box::new(key.to_le_bytes()))
+    }
+
+    /// An integer key as 4 little-endian bytes (a verbs rkey).
+    pub fn from_u32(key: u32) -> Self {
+        Self(Box::new(key.to_le_bytes()))
+    }
+
+    /// The key made by [`KeyBytes::from_u64`]; an error naming `backend` for a key of another
+    /// length (a key of another backend).
+    pub fn to_u64(&self, backend: &str) -> Result<u64> {
+        self.fixed(backend).map(u64::from_le_bytes)
+    }
+
+    /// The key made by [`KeyBytes::from_u32`]; an error naming `backend` for a key of another
+    /// length (a key of another backend).
+    pub fn to_u32(&self, backend: &str) -> Result<u32> {
+        self.fixed(backend).map(u32::from_le_bytes)
+    }
+
+    fn fixed<const N: usize>(&self, backend: &str) -> Result<[u8; N]> {
+        <[u8; N]>::try_from(&*self.0).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "a {}-byte remote key is not a {backend} key ({N} bytes): was the region \
+                 registered by another backend?",
+                self.0.len()
+            ))
+        })
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Length in bytes (1 to [`KeyBytes::MAX_LEN`]).
+    #[allow(clippy::len_without_is_empty)] // never empty
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl fmt::Debug for KeyBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyBytes(")?;
+        for b in self.0.iter() {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Serialized as a hex string (two characters a byte): compact in JSON, readable in logs.
+impl Serialize for KeyBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(self.0.len() * 2);
+        for b in self.0.iter() {
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 15)] as char);
+        }
+        s.serialize_str(&out)
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Hex;
+        impl serde::de::Visitor<'_> for Hex {
+            type Value = KeyBytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    "a remote key as a hex string of 1 to {} bytes (a peer that sends a \
+                     number is an older build: run the same version on both sides)",
+                    KeyBytes::MAX_LEN
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<KeyBytes, E> {
+                let s = v.as_bytes();
+                if s.is_empty() || s.len() % 2 != 0 || s.len() > 2 * KeyBytes::MAX_LEN {
+                    return Err(E::custom(format_args!(
+                        "a remote key of {} hex digits (allowed: an even number, 2..={})",
+                        s.len(),
+                        2 * KeyBytes::MAX_LEN
+                    )));
+                }
+                let digit = |c: u8| match c {
+                    b'0'..=b'9' => Ok(c - b'0'),
+                    b'a'..=b'f' => Ok(c - b'a' + 10),
+                    b'A'..=b'F' => Ok(c - b'A' + 10),
+                    _ => Err(E::custom("a remote key with a character that is not hex")),
+                };
+                let bytes = s
+                    .chunks_exact(2)
+                    .map(|p| Ok(digit(p[0])? << 4 | digit(p[1])?))
+                    .collect::<std::result::Result<Vec<u8>, E>>()?;
+                Ok(KeyBytes(bytes.into_boxed_slice()))
+            }
+        }
+        d.deserialize_str(Hex)
+    }
+}
+
+/// What a peer needs to WRITE into a registered region; serializable, send it over any channel.
+/// The peer turns it into a [`RemoteRegion`] with [`Transport::import`](crate::Transport::import).
 ///
 /// `addr` is the address to use for offset 0: the virtual address where the provider
 /// addresses remote memory by virtual address (`FI_MR_VIRT_ADDR`, verbs), else 0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RemoteMr {
     pub addr: u64,
     pub len: u64,
-    pub key: u64,
+    pub key: KeyBytes,
 }
 
-impl RemoteMr {
+/// A peer's region as one endpoint posts to it: its [`RemoteMr`] after
+/// [`Transport::import`](crate::Transport::import), with the key in the backend's own form `K`
+/// ([`Transport::RemoteKey`](crate::Transport::RemoteKey)). Only meaningful on the endpoint
+/// that imported it, towards the peer it was imported for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion<K> {
+    pub addr: u64,
+    pub len: u64,
+    pub key: K,
+}
+
+impl<K: Copy> RemoteRegion<K> {
+    /// For backends' `import`: `mr`'s range with the key the backend read from `mr.key`; an
+    /// error where the range wraps the address space.
+    pub fn new(mr: &RemoteMr, key: K) -> Result<Self> {
+        if mr.addr.checked_add(mr.len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "remote region {:#x}+{} wraps the address space",
+                mr.addr, mr.len
+            )));
+        }
+        Ok(Self {
+            addr: mr.addr,
+            len: mr.len,
+            key,
+        })
+    }
+
     /// The sub-range `[offset, offset + len)`; an error where it does not fit.
     #[inline]
-    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
+    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteSlice<K>> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(RemoteSlice {
-                addr: self.addr + offset,
+                addr: self.addr.wrapping_add(offset),
                 len,
                 key: self.key,
             }),
-            _ => Err(self.out_of_range(offset, len)),
+            _ => Err(remote_out_of_range(offset, len, self.len)),
         }
     }
-    #[cold]
-    #[inline(never)]
-    fn out_of_range(&self, offset: u64, len: u64) -> Error {
-        Error::InvalidArgument(format!(
-            "remote range {offset}+{len} does not fit the {}-byte remote region",
-            self.len
-        ))
-    }
+
     /// The whole region.
     #[inline]
-    pub fn all(&self) -> RemoteSlice {
+    pub fn all(&self) -> RemoteSlice<K> {
         RemoteSlice {
             addr: self.addr,
             len: self.len,
@@ -117,12 +282,20 @@ impl RemoteMr {
     }
 }
 
-/// A range of a peer's registered region: the target of a WRITE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RemoteSlice {
+#[cold]
+#[inline(never)]
+fn remote_out_of_range(offset: u64, len: u64, region: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "remote range {offset}+{len} does not fit the {region}-byte remote region"
+    ))
+}
+
+/// A range of a peer's imported region: the target of a WRITE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteSlice<K> {
     pub addr: u64,
     pub len: u64,
-    pub key: u64,
+    pub key: K,
 }
 
 /// A bounds-checked range of a local registered region: the source or sink of an operation.
@@ -176,21 +349,22 @@ fn local_out_of_range(offset: usize, len: usize, region: usize) -> Error {
     ))
 }
 
-/// One WRITE in a batch for [`crate::Transport::post_writes`].
-pub struct WriteOp<'a, M> {
+/// One WRITE in a batch for [`crate::Transport::post_writes`]; `K` is the backend's
+/// [`Transport::RemoteKey`](crate::Transport::RemoteKey).
+pub struct WriteOp<'a, M, K> {
     pub peer: PeerId,
     pub local: LocalSlice<'a, M>,
-    pub remote: RemoteSlice,
+    pub remote: RemoteSlice<K>,
     pub imm: Option<u32>,
     pub ctx: u64,
 }
 
-impl<M> Clone for WriteOp<'_, M> {
+impl<M, K: Copy> Clone for WriteOp<'_, M, K> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<M> Copy for WriteOp<'_, M> {}
+impl<M, K: Copy> Copy for WriteOp<'_, M, K> {}
 
 /// Outcome of a post that did not fail.
 #[must_use = "a full queue means the operation was not posted"]
@@ -272,11 +446,12 @@ mod tests {
 
     #[test]
     fn remote_slice_is_bounds_checked() {
-        let r = RemoteMr {
+        let mr = RemoteMr {
             addr: 0x1000,
             len: 100,
-            key: 7,
+            key: KeyBytes::from_u32(7),
         };
+        let r = RemoteRegion::new(&mr, 7u32).unwrap();
         assert_eq!(
             r.slice(10, 90).unwrap(),
             RemoteSlice {
@@ -288,6 +463,12 @@ mod tests {
         assert!(r.slice(10, 91).is_err());
         assert!(r.slice(u64::MAX, 2).is_err(), "overflow must not wrap");
         assert_eq!(r.all().len, 100);
+        let wraps = RemoteMr {
+            addr: u64::MAX - 10,
+            ..mr
+        };
+        let e = RemoteRegion::new(&wraps, 7u32).unwrap_err().to_string();
+        assert!(e.contains("wraps"), "{e}");
     }
 
     #[test]
@@ -295,14 +476,51 @@ mod tests {
         let r = RemoteMr {
             addr: u64::MAX - 1,
             len: 1 << 40,
-            key: 0xdead_beef_f00d,
+            key: KeyBytes::from_u64(0xdead_beef_f00d),
         };
         let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains(r#""key":"0df0efbeadde0000""#), "{json}");
         assert_eq!(serde_json::from_str::<RemoteMr>(&json).unwrap(), r);
         let a = EndpointAddr(vec![0, 1, 254, 255]);
         let json = serde_json::to_string(&a).unwrap();
         assert_eq!(serde_json::from_str::<EndpointAddr>(&json).unwrap(), a);
         assert_eq!(format!("{a:?}"), "EndpointAddr(0001feff)");
+    }
+
+    #[test]
+    fn key_bytes_are_bounded_however_they_are_made() {
+        let max = KeyBytes::new(vec![0xab; KeyBytes::MAX_LEN]).unwrap();
+        assert_eq!(max.len(), KeyBytes::MAX_LEN);
+        let json = serde_json::to_string(&max).unwrap();
+        assert_eq!(serde_json::from_str::<KeyBytes>(&json).unwrap(), max);
+        assert!(KeyBytes::new(vec![0; KeyBytes::MAX_LEN + 1]).is_err());
+        assert!(KeyBytes::new(Vec::new()).is_err());
+        let de = |s: &str| serde_json::from_str::<KeyBytes>(s).map_err(|e| e.to_string());
+        let long = format!("\"{}\"", "ab".repeat(KeyBytes::MAX_LEN + 1));
+        for bad in [r#""""#, r#""abc""#, r#""zz""#, r#""0x12""#, long.as_str()] {
+            assert!(de(bad).is_err(), "{bad} was accepted");
+        }
+        let e = de("7").unwrap_err();
+        assert!(e.contains("hex string") && e.contains("older build"), "{e}");
+        assert_eq!(de(r#""00FF""#).unwrap().as_bytes(), &[0, 255]);
+        assert_eq!(
+            format!("{:?}", KeyBytes::from_u32(0x0102_0304)),
+            "KeyBytes(04030201)"
+        );
+    }
+
+    #[test]
+    fn fixed_size_keys_round_trip_and_name_a_foreign_key() {
+        let k = KeyBytes::from_u64(0x1122_3344_5566_7788);
+        assert_eq!(k.to_u64("efa").unwrap(), 0x1122_3344_5566_7788);
+        let e = k.to_u32("verbs").unwrap_err().to_string();
+        assert!(
+            e.contains("8-byte") && e.contains("verbs key (4 bytes)"),
+            "{e}"
+        );
+        assert_eq!(KeyBytes::from_u32(9).to_u32("verbs").unwrap(), 9);
+        assert!(KeyBytes::from_u32(9).to_u64("efa").is_err());
+        assert!(KeyBytes::new(vec![1; 300]).unwrap().to_u64("efa").is_err());
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //! Both loops compute the same thing, as an application must: every completion is looked
 //! at, a local WRITE completion is told from an immediate and its context is read back (the
 //! raw loop through its own context array, as a bare libfabric program does), and the
-//! immediate's value is read. The trait loop builds each `RemoteSlice` from the region's
-//! fields, as the raw loop computes the remote address, with no check of its own.
+//! immediate's value is read. The trait loop builds each `RemoteSlice` from the fields of the
+//! region it imported once (`Transport::import`: the key bytes read back into libfabric's
+//! `u64`), as the raw loop computes the remote address, with no check of its own.
 //!
 //! Two measurements, as `transport_conformance::ab` says (which holds what this bench shares
 //! with transport-verbs' hot_path bench, the trait loop included): criterion, then an
@@ -25,7 +26,7 @@ use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
 use transport_conformance::ab;
-use transport_core::{MemoryRegion, NicDesc, RemoteMr, Transport};
+use transport_core::{MemoryRegion, NicDesc, RemoteRegion, Transport};
 use transport_efa::raw::sys as fi;
 use transport_efa::Endpoint;
 
@@ -86,7 +87,7 @@ struct RawPath {
     dest: fi::fi_addr_t,
     buf: *mut c_void,
     desc: *mut c_void,
-    remote: RemoteMr,
+    remote: RemoteRegion<u64>,
     ctxs: Vec<RawCtx>,
     entries: [MaybeUninit<fi::fi_cq_data_entry>; 64],
     flags: u64,
@@ -94,8 +95,8 @@ struct RawPath {
 
 impl RawPath {
     fn new() -> Self {
-        let s = setup();
-        let remote = s.dst.remote();
+        let mut s = setup();
+        let remote = s.a.import(s.peer, &s.dst.remote()).unwrap();
         let pa = s.a.raw_parts();
         let pb = s.b.raw_parts();
         let dest = s.a.raw_peer(s.peer).unwrap();

@@ -147,7 +147,7 @@ fn run(args: &Args) -> Result<bool> {
         .collect();
     let src = a.register(Memory::Host(HostBuffer::from_slice(&pattern)))?;
     let dst = b.register(Memory::Host(HostBuffer::new(args.size)))?;
-    let remote = dst.remote().all();
+    let remote = a.import(a_to_b, &dst.remote())?.all();
     let depth = args.depth.min(a.caps().tx_depth).max(1);
 
     let mut seen = vec![0u32; args.iters];

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use libfabric_sys as fi;
 use transport_core::{
     BackendInfo, Caps, Completion, EndpointAddr, Error, LocalSlice, Memory, NicDesc, PeerId, Post,
-    RemoteSlice, Result, Runtime, Transport, WriteOp,
+    RemoteMr, RemoteRegion, RemoteSlice, Result, Runtime, Transport, WriteOp,
 };
 
 use crate::domain::Domain;
@@ -261,6 +261,8 @@ impl Endpoint {
 // `#[inline]` a generic caller's `poll` did), as rustc's MIR inliner inlines forwarders.
 impl Transport for Endpoint {
     type Mr = Mr;
+    /// libfabric's `fi_mr_key`, carried as is by every WRITE.
+    type RemoteKey = u64;
 
     const INFO: &'static BackendInfo = &crate::INFO;
 
@@ -290,6 +292,11 @@ impl Transport for Endpoint {
 
     fn deregister(&mut self, mr: Mr) -> Result<Memory> {
         mr.into_memory()
+    }
+
+    fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<u64>> {
+        self.dest(peer)?;
+        RemoteRegion::new(mr, mr.key.to_u64("libfabric (efa backend)")?)
     }
 
     #[inline]
@@ -328,7 +335,7 @@ impl Transport for Endpoint {
         &mut self,
         peer: PeerId,
         buf: LocalSlice<'_, Mr>,
-        remote: RemoteSlice,
+        remote: RemoteSlice<u64>,
         imm: Option<u32>,
         ctx: u64,
     ) -> Result<Post> {
@@ -346,7 +353,7 @@ impl Transport for Endpoint {
     /// nothing posted. A provider error after some were posted returns their count; the error
     /// comes back when the rest is posted.
     #[inline]
-    fn post_writes(&mut self, ops: &[WriteOp<'_, Mr>]) -> Result<usize> {
+    fn post_writes(&mut self, ops: &[WriteOp<'_, Mr, u64>]) -> Result<usize> {
         let n = ops.len().min(self.slab.tx_free());
         for op in &ops[..n] {
             self.write_args(op.peer, &op.local, &op.remote)?;

@@ -18,7 +18,8 @@
 //! b.add_peer(&a.address())?;
 //! let src = a.register(Memory::Host(HostBuffer::from_slice(b"hello")))?;
 //! let dst = b.register(Memory::Host(HostBuffer::new(5)))?;
-//! let _ = a.post_write(to_b, LocalSlice::all(&src), dst.remote().all(), Some(42), 1)?;
+//! let remote = a.import(to_b, &dst.remote())?; // the key bytes, read once
+//! let _ = a.post_write(to_b, LocalSlice::all(&src), remote.all(), Some(42), 1)?;
 //! wait_pair(&mut a, &mut b, "write", std::time::Duration::from_secs(5), |side, c| {
 //!     c.check()?;
 //!     Ok(side == 1 && c.kind == CompletionKind::RemoteWrite { imm: 42 })
@@ -72,7 +73,9 @@
 //!   passed (`FI_MR_LOCAL`), the remote address is the virtual address under
 //!   `FI_MR_VIRT_ADDR` and an offset otherwise ([`RemoteMr::addr`] is then 0), keys are the
 //!   provider's under `FI_MR_PROV_KEY` and our own unique ones otherwise, regions are bound
-//!   to the endpoint and enabled under `FI_MR_ENDPOINT`.
+//!   to the endpoint and enabled under `FI_MR_ENDPOINT`. A key travels as its 8 bytes
+//!   ([`KeyBytes::from_u64`]); [`Transport::import`] reads them back into the `u64` every
+//!   WRITE carries (`Transport::RemoteKey`), so a post costs what it did with integer keys.
 //! - Every operation's context is a slot of a fixed slab (see `slab.rs`): posting and polling
 //!   allocate nothing, take no lock of ours and make no system call of their own. A full slab
 //!   or `-FI_EAGAIN` is [`Post::QueueFull`].
@@ -128,7 +131,7 @@ mod slab; // operation contexts, a fixed slab
 use transport_core::{BackendInfo, ProviderInfo};
 // Named by the crate docs.
 #[cfg(doc)]
-use transport_core::{MemoryRegion, NicDesc, Post, RemoteMr};
+use transport_core::{KeyBytes, MemoryRegion, NicDesc, Post, RemoteMr, Transport};
 
 pub use crate::about::{libfabric_release, probe};
 pub use crate::endpoint::{Endpoint, EndpointInfo};

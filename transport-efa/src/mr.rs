@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use libfabric_sys as fi;
-use transport_core::{Error, Memory, MemoryMut, MemoryRegion, RemoteMr, Result};
+use transport_core::{Error, KeyBytes, Memory, MemoryMut, MemoryRegion, RemoteMr, Result};
 
 use crate::domain::Domain;
 use crate::error::{provider, runtime_version};
@@ -211,7 +211,7 @@ impl MemoryRegion for Mr {
     }
     #[inline]
     fn remote(&self) -> RemoteMr {
-        self.remote
+        self.remote.clone()
     }
     #[inline]
     fn len(&self) -> usize {
@@ -306,7 +306,7 @@ impl Mr {
             remote: RemoteMr {
                 addr: 0,
                 len: len as u64,
-                key: 0,
+                key: KeyBytes::from_u64(0),
             },
             _domain: Arc::clone(on.domain),
             domain_id: on.domain.id,
@@ -345,7 +345,7 @@ impl Mr {
             )));
         }
         mr.desc = desc;
-        mr.remote.key = key;
+        mr.remote.key = KeyBytes::from_u64(key);
         mr.remote.addr = policy.remote_base;
         Ok(mr)
     }

@@ -79,7 +79,7 @@ impl Endpoint {
         &self,
         peer: PeerId,
         buf: &LocalSlice<'_, Mr>,
-        remote: &RemoteSlice,
+        remote: &RemoteSlice<u64>,
     ) -> Result<(fi::fi_addr_t, *mut c_void, *mut c_void)> {
         let mr = buf.mr;
         let end = buf.offset.wrapping_add(buf.len);
@@ -101,7 +101,12 @@ impl Endpoint {
     /// Why [`Self::write_args`] refused a WRITE (the first failed check, in order).
     #[cold]
     #[inline(never)]
-    fn write_error(&self, peer: PeerId, buf: &LocalSlice<'_, Mr>, remote: &RemoteSlice) -> Error {
+    fn write_error(
+        &self,
+        peer: PeerId,
+        buf: &LocalSlice<'_, Mr>,
+        remote: &RemoteSlice<u64>,
+    ) -> Error {
         if let Err(e) = self.dest(peer) {
             return e;
         }
@@ -129,7 +134,7 @@ impl Endpoint {
         addr: *mut c_void,
         desc: *mut c_void,
         len: usize,
-        remote: &RemoteSlice,
+        remote: &RemoteSlice<u64>,
         imm: Option<u32>,
         ctx: u64,
         more: bool,

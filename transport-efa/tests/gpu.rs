@@ -127,6 +127,7 @@ fn gpu_write_with_immediate_over_shm() {
         .expect("register the target");
     let to_b = a.add_peer(&b.address()).expect("add_peer");
     b.add_peer(&a.address()).expect("add_peer");
+    let remote = a.import(to_b, &dst.remote()).expect("import");
 
     let start = Instant::now();
     let mut buf: [Completion; 16] = Default::default();
@@ -138,7 +139,7 @@ fn gpu_write_with_immediate_over_shm() {
         );
         if !posted {
             posted = a
-                .post_write(to_b, LocalSlice::all(&src), dst.remote().all(), Some(9), 1)
+                .post_write(to_b, LocalSlice::all(&src), remote.all(), Some(9), 1)
                 .expect("post_write")
                 == Post::Posted;
         }

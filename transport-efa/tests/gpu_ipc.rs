@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use transport_core::{
     cuda_device_count, cuda_driver_present, Completion, CompletionKind, EndpointAddr, GpuBuffer,
-    LocalSlice, Memory, MemoryRegion, NicDesc, Post, RemoteSlice, Transport,
+    KeyBytes, LocalSlice, Memory, MemoryRegion, NicDesc, Post, RemoteMr, Transport,
 };
 use transport_efa::Endpoint;
 
@@ -92,7 +92,7 @@ fn wait(ep: &mut Endpoint, what: &str, mut done: impl FnMut(&Completion) -> bool
     }
 }
 
-/// The initiator: registers a source region per line `WRITE addr len key reps k`, fills it,
+/// The initiator: registers a source region per line `WRITE addr len key-hex reps k`, fills it,
 /// WRITEs it `reps` times (the last with immediate `k`), answers `DONE`.
 fn child() {
     let mut ep = Endpoint::open(&nic()).expect("child: open shm");
@@ -115,7 +115,8 @@ fn child() {
             break;
         }
         let n = |i: usize| f[i].parse::<u64>().expect("number");
-        let (addr, len, key, reps, k) = (n(1), n(2) as usize, n(3), n(4), n(5) as usize);
+        let (addr, len, reps, k) = (n(1), n(2) as usize, n(4), n(5) as usize);
+        let key = KeyBytes::new(unhex(f[3])).expect("child: key bytes");
         let mut mem = alloc(len);
         let pattern: Vec<u8> = (0..len).map(|i| byte(k, i)).collect();
         mem.write_at(0, &pattern).expect("child: fill");
@@ -125,11 +126,17 @@ fn child() {
         println!("READY");
         let _ = std::io::stdout().flush();
         assert_eq!(read(), "GO", "child: expected GO");
-        let remote = RemoteSlice {
-            addr,
-            len: len as u64,
-            key,
-        };
+        let remote = ep
+            .import(
+                peer,
+                &RemoteMr {
+                    addr,
+                    len: len as u64,
+                    key,
+                },
+            )
+            .expect("child: import the target region")
+            .all();
         let mut done = 0;
         for r in 0..reps {
             let imm = (r + 1 == reps).then_some(k as u32);
@@ -233,7 +240,8 @@ fn gpu_memory_between_processes_moves_device_to_device() {
         let reps: u64 = ((8u64 << 30) / len as u64).clamp(4, 256);
         let dst = ep.register(alloc(len)).expect("register the target region");
         let r = dst.remote();
-        writeln!(to_kid, "WRITE {} {} {} {reps} {k}", r.addr, r.len, r.key).expect("to child");
+        let key = hex(r.key.as_bytes());
+        writeln!(to_kid, "WRITE {} {} {key} {reps} {k}", r.addr, r.len).expect("to child");
         to_kid.flush().expect("to child");
         assert_eq!(next_line("READY"), "READY");
         let start = Instant::now();

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use transport_core::wait::wait_for;
 use transport_core::{
-    CompletionKind, EndpointAddr, Error, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc,
-    PeerId, Post, RemoteMr, Result, Transport,
+    CompletionKind, EndpointAddr, Error, HostBuffer, KeyBytes, LocalSlice, Memory, MemoryRegion,
+    NicDesc, PeerId, Post, RemoteMr, RemoteRegion, Result, Transport,
 };
 use transport_efa::{Endpoint, Mr};
 
@@ -54,7 +54,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// `HELLO <addr hex> <mr addr> <mr len> <mr key>`
+/// `HELLO <addr hex> <mr addr> <mr len> <mr key hex>`
 fn hello(ep: &Endpoint, mr: &Mr) -> String {
     let r = mr.remote();
     format!(
@@ -62,7 +62,7 @@ fn hello(ep: &Endpoint, mr: &Mr) -> String {
         hex(&ep.address().0),
         r.addr,
         r.len,
-        r.key
+        hex(r.key.as_bytes())
     )
 }
 
@@ -71,7 +71,7 @@ fn parse_hello(line: &str) -> Option<(EndpointAddr, RemoteMr)> {
     let addr = EndpointAddr(unhex(it.next()?)?);
     let addr_ = it.next()?.parse().ok()?;
     let len = it.next()?.parse().ok()?;
-    let key = it.next()?.parse().ok()?;
+    let key = KeyBytes::new(unhex(it.next()?)?).ok()?;
     Some((
         addr,
         RemoteMr {
@@ -87,7 +87,7 @@ fn write_imm(
     ep: &mut Endpoint,
     peer: PeerId,
     src: &Mr,
-    remote: &RemoteMr,
+    remote: &RemoteRegion<u64>,
     i: usize,
     budget: Duration,
 ) -> Result<()> {
@@ -139,6 +139,7 @@ fn child_role() {
     std::io::stdin().read_line(&mut line).expect("child: stdin");
     let (addr, remote) = parse_hello(line.trim()).expect("child: parent's hello");
     let peer = ep.add_peer(&addr).expect("child: add_peer");
+    let remote = ep.import(peer, &remote).expect("child: import");
     let pause = Arc::new(AtomicBool::new(false));
     let flag = pause.clone();
     std::thread::spawn(move || {
@@ -223,6 +224,7 @@ fn survivor_sees_error_or_timeout(provider: &str) {
         .register(Memory::Host(HostBuffer::new(CHUNK * CHUNKS)))
         .expect("register");
     let peer = ep.add_peer(&addr).expect("add_peer");
+    let remote = ep.import(peer, &remote).expect("import");
     let mut stdin = child.0.stdin.take().expect("child stdin");
     writeln!(stdin, "{}", hello(&ep, &dst)).expect("send HELLO");
     stdin.flush().expect("flush");

@@ -129,7 +129,8 @@ fn sends_and_immediates_stay_apart_and_mixed_peers_interoperate() {
         assert_eq!(a.post_recv(ra, 1000 + i as u64).unwrap(), Post::Posted);
         assert_eq!(b.post_recv(rb, 2000 + i as u64).unwrap(), Post::Posted);
     }
-    let (dst_a_remote, dst_b_remote) = (dst_a.remote(), dst_b.remote());
+    let dst_a_remote = b.import(to_a, &dst_a.remote()).unwrap();
+    let dst_b_remote = a.import(to_b, &dst_b.remote()).unwrap();
     let (mut seen, mut seen_rev) = (Vec::new(), Vec::new());
     for i in 0..N {
         let off = (i * LEN) as u64;

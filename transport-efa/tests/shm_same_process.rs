@@ -70,7 +70,7 @@ fn reverse_direction_after_one_sided_connect() {
         a.post_recv(LocalSlice::all(&recv_a), 3).expect("recv"),
         Post::Posted
     );
-    let remote = dst_a.remote().all();
+    let remote = b.import(b_to_a, &dst_a.remote()).expect("import").all();
     let seen = std::cell::Cell::new(0);
     let mut note = |side: usize, c: &transport_core::Completion| -> transport_core::Result<bool> {
         c.check()?;

@@ -109,9 +109,9 @@ struct RawPath {
 
 impl RawPath {
     fn new() -> Self {
-        let s = setup();
-        let remote = s.dst.remote();
-        let rkey = u32::try_from(remote.key).expect("a verbs rkey");
+        let mut s = setup();
+        let remote = s.a.import(s.peer, &s.dst.remote()).unwrap();
+        let rkey = remote.key;
         let pa = s.a.raw_parts();
         let pb = s.b.raw_parts();
         let qp = s.a.raw_data_qp(s.peer).unwrap();

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use transport_core::{
     Completion, CompletionKind, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc, RemoteMr,
-    Transport, WriteOp,
+    RemoteRegion, Transport, WriteOp,
 };
 use transport_verbs::Endpoint;
 
@@ -152,7 +152,11 @@ fn setup(
     size: usize,
     tx: &mpsc::Sender<Hello>,
     rx: &mpsc::Receiver<Hello>,
-) -> (transport_core::PeerId, RemoteMr, transport_verbs::VerbsMr) {
+) -> (
+    transport_core::PeerId,
+    RemoteRegion<u32>,
+    transport_verbs::VerbsMr,
+) {
     let mr = ep
         .register(Memory::Host(HostBuffer::new(size.max(1))))
         .expect("register");
@@ -163,7 +167,8 @@ fn setup(
     .expect("send hello");
     let h = rx.recv().expect("receive hello");
     let peer = ep.add_peer(&h.addr).expect("add_peer");
-    (peer, h.mr, mr)
+    let remote = ep.import(peer, &h.mr).expect("import the peer's region");
+    (peer, remote, mr)
 }
 
 /// Poll until `f` has seen what it wants; panics after `TIMEOUT`.
@@ -200,12 +205,12 @@ type Mr = transport_verbs::VerbsMr;
 fn bw_run<'m>(
     a: &Args,
     ep: &mut Endpoint,
-    ops: &mut Vec<WriteOp<'m, Mr>>,
+    ops: &mut Vec<WriteOp<'m, Mr, u32>>,
     out: &mut [Completion],
     n: usize,
     peer: transport_core::PeerId,
     local: LocalSlice<'m, Mr>,
-    target: transport_core::RemoteSlice,
+    target: transport_core::RemoteSlice<u32>,
 ) -> Duration {
     let (mut posted, mut done) = (0usize, 0usize);
     let start = Instant::now();
@@ -242,7 +247,7 @@ fn bw_client(
     a: &Args,
     ep: &mut Endpoint,
     peer: transport_core::PeerId,
-    remote: RemoteMr,
+    remote: RemoteRegion<u32>,
     mr: &Mr,
 ) -> f64 {
     let local = LocalSlice::new(mr, 0, a.size).unwrap();
@@ -269,7 +274,7 @@ fn lat_side(
     a: &Args,
     ep: &mut Endpoint,
     peer: transport_core::PeerId,
-    remote: RemoteMr,
+    remote: RemoteRegion<u32>,
     mr: &mut transport_verbs::VerbsMr,
     client: bool,
 ) -> Vec<f64> {

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 use transport_core::{
     check_options, BackendInfo, Caps, Completion, CompletionError, EndpointAddr, Error, LocalSlice,
-    Memory, NicDesc, PeerId, Post, RemoteSlice, Result, Runtime, Transport, WriteOp,
+    Memory, NicDesc, PeerId, Post, RemoteMr, RemoteRegion, RemoteSlice, Result, Runtime, Transport,
+    WriteOp,
 };
 
 use self::cq::{IMM_BATCH, POLL_BATCH};
@@ -461,6 +462,8 @@ impl Endpoint {
 impl Transport for Endpoint {
     type Mr = VerbsMr;
     const INFO: &'static BackendInfo = &crate::INFO;
+    /// The peer region's rkey, which every WRITE work request carries as is.
+    type RemoteKey = u32;
 
     fn open(nic: &NicDesc) -> Result<Self> {
         Self::open_nic(nic)
@@ -496,6 +499,13 @@ impl Transport for Endpoint {
         mr.into_memory()
     }
 
+    /// The key bytes are the rkey's 4 ([`VerbsMr::remote`](transport_core::MemoryRegion::remote));
+    /// any other length is a key of another backend, refused here rather than by the NIC.
+    fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<u32>> {
+        self.peer_index(peer)?;
+        RemoteRegion::new(mr, mr.key.to_u32("verbs")?)
+    }
+
     #[inline]
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
         self.send_msg(peer, buf, ctx)
@@ -511,7 +521,7 @@ impl Transport for Endpoint {
         &mut self,
         peer: PeerId,
         buf: LocalSlice<'_, VerbsMr>,
-        remote: RemoteSlice,
+        remote: RemoteSlice<u32>,
         imm: Option<u32>,
         ctx: u64,
     ) -> Result<Post> {
@@ -522,7 +532,7 @@ impl Transport for Endpoint {
     /// closes a chain once it carries `chain_bytes` (default 64 KiB) of payload. Every op is
     /// checked before anything is posted, so an `Err` means none was.
     #[inline]
-    fn post_writes(&mut self, ops: &[WriteOp<'_, VerbsMr>]) -> Result<usize> {
+    fn post_writes(&mut self, ops: &[WriteOp<'_, VerbsMr, u32>]) -> Result<usize> {
         self.write_chained(ops)
     }
 

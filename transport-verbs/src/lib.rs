@@ -79,6 +79,11 @@
 //! short count from `post_writes`) before the provider would refuse. Error completions carry
 //! `ibv_wc_status_str` text and the vendor error, and allocate.
 //!
+//! A region's rkey travels as its 4 bytes in [`RemoteMr::key`](transport_core::RemoteMr);
+//! [`Transport::import`](transport_core::Transport::import) reads them back once (refusing
+//! key bytes of any other length: another backend's), and every WRITE work request carries
+//! the `u32` itself (`Transport::RemoteKey`).
+//!
 //! # Memory
 //! Host memory: `ibv_reg_mr`. GPU memory (feature `cuda`, on by default): a dmabuf from
 //! `cuMemGetHandleForAddressRange` registered with `ibv_reg_dmabuf_mr`, else `ibv_reg_mr` on the

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
-use transport_core::{Error, Memory, MemoryMut, MemoryRegion, NicDesc, RemoteMr, Result};
+use transport_core::{Error, KeyBytes, Memory, MemoryMut, MemoryRegion, NicDesc, RemoteMr, Result};
 
 use crate::device::Domain;
 use crate::util::{errno, provider_err, MEMLOCK_HINT};
@@ -210,7 +210,7 @@ impl MemoryRegion for VerbsMr {
         RemoteMr {
             addr: self.iova,
             len: self.len() as u64,
-            key: u64::from(self.rkey),
+            key: KeyBytes::from_u32(self.rkey),
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use transport_core::wait::{wait_for, wait_pair};
 use transport_core::{
-    CompletionKind, EndpointAddr, Error, HostBuffer, LocalSlice, Memory, MemoryRegion, NicDesc,
-    Post, Result, Transport, WriteOp,
+    CompletionKind, EndpointAddr, Error, HostBuffer, KeyBytes, LocalSlice, Memory, MemoryRegion,
+    NicDesc, Post, RemoteMr, Result, Transport, WriteOp,
 };
 use transport_verbs::{addr_len, Endpoint, VerbsMr};
 
@@ -142,7 +142,8 @@ fn gid_is_chosen_automatically() {
 }
 
 /// A 32-bit rkey that the peer never issued: an error completion with the provider's text,
-/// memory unchanged, nothing reported to the target's application.
+/// memory unchanged, nothing reported to the target's application. Key bytes that are no
+/// rkey (another backend's 8-byte key) are refused at import, before any post.
 #[test]
 fn wrong_rkey_is_an_error_completion() {
     // A fresh pair per case: the first failure puts the queue pair in the error state.
@@ -154,8 +155,19 @@ fn wrong_rkey_is_an_error_completion() {
         let (ab, _) = connect(&mut a, &mut b);
         let src = mr(&mut a, &[1u8; 512]);
         let dst = mr(&mut b, &[0u8; 512]);
-        let mut remote = dst.remote().all();
-        remote.key = u64::from(dst.rkey() ^ 0x00ab_cd00);
+        let libfabric_key = RemoteMr {
+            key: KeyBytes::from_u64(u64::from(dst.rkey())),
+            ..dst.remote()
+        };
+        match a.import(ab, &libfabric_key) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("verbs key (4 bytes)"), "{m}"),
+            other => panic!("an 8-byte key was imported: {other:?}"),
+        }
+        let wrong = RemoteMr {
+            key: KeyBytes::from_u32(dst.rkey() ^ 0x00ab_cd00),
+            ..dst.remote()
+        };
+        let remote = a.import(ab, &wrong).unwrap().all();
         let p = a
             .post_write(ab, LocalSlice::all(&src), remote, imm, 0xbad)
             .unwrap();
@@ -195,7 +207,7 @@ fn peer_destroyed_mid_transfer() {
     const CHUNK: usize = 64 << 10;
     let src = mr(&mut a, &vec![7u8; CHUNK]);
     let dst = mr(&mut b, &vec![0u8; 16 * CHUNK]);
-    let r = dst.remote();
+    let r = a.import(ab, &dst.remote()).unwrap();
     let op = |i: usize| WriteOp {
         peer: ab,
         local: LocalSlice::all(&src),
@@ -363,8 +375,9 @@ fn garbage_addresses_are_bad_address() {
     b.add_peer(&aa).unwrap();
     let src = mr(&mut a, b"hello");
     let dst = mr(&mut b, &[0u8; 5]);
+    let remote = a.import(ab, &dst.remote()).unwrap().all();
     assert_eq!(
-        a.post_write(ab, LocalSlice::all(&src), dst.remote().all(), Some(3), 1)
+        a.post_write(ab, LocalSlice::all(&src), remote, Some(3), 1)
             .unwrap(),
         Post::Posted
     );
@@ -398,8 +411,9 @@ fn immediates_never_take_receive_buffers() {
     let msgs: Vec<VerbsMr> = (0..N).map(|i| mr(&mut a, &[i as u8 + 1; 48])).collect();
     let src = mr(&mut a, &[9u8; 32]);
     let dst = mr(&mut b, &[0u8; 32 * 16]);
+    let remote = a.import(ab, &dst.remote()).unwrap();
     for i in 0..16u32 {
-        let r = dst.remote().slice(u64::from(i) * 32, 32).unwrap();
+        let r = remote.slice(u64::from(i) * 32, 32).unwrap();
         assert_eq!(
             a.post_write(ab, LocalSlice::all(&src), r, Some(i), 1)
                 .unwrap(),
@@ -454,11 +468,15 @@ fn several_peers() {
     let src = mr(&mut a, &[5u8; 100]);
     let db = mr(&mut b, &[0u8; 100]);
     let dc = mr(&mut c, &[0u8; 100]);
+    let (rb, rc) = (
+        a.import(ab, &db.remote()).unwrap(),
+        a.import(ac, &dc.remote()).unwrap(),
+    );
     let _ = a
-        .post_write(ab, LocalSlice::all(&src), db.remote().all(), Some(11), 1)
+        .post_write(ab, LocalSlice::all(&src), rb.all(), Some(11), 1)
         .unwrap();
     let _ = a
-        .post_write(ac, LocalSlice::all(&src), dc.remote().all(), Some(22), 2)
+        .post_write(ac, LocalSlice::all(&src), rc.all(), Some(22), 2)
         .unwrap();
     let rbuf: Vec<VerbsMr> = (0..2).map(|_| mr(&mut a, &[0u8; 8])).collect();
     for (i, m) in rbuf.iter().enumerate() {
@@ -505,11 +523,12 @@ fn batch_larger_than_queue_is_a_short_count() {
     assert_eq!(a.caps().tx_depth, 8);
     let src = mr(&mut a, &[3u8; 64]);
     let dst = mr(&mut b, &[0u8; 64 * 20]);
+    let remote = a.import(ab, &dst.remote()).unwrap();
     let ops: Vec<_> = (0..20)
         .map(|i| WriteOp {
             peer: ab,
             local: LocalSlice::all(&src),
-            remote: dst.remote().slice(i * 64, 64).unwrap(),
+            remote: remote.slice(i * 64, 64).unwrap(),
             imm: Some(i as u32),
             ctx: i,
         })
@@ -578,8 +597,9 @@ fn write_and_check(
 ) {
     let src = mr(a, payload);
     let dst = mr(b, &vec![0u8; payload.len()]);
+    let remote = a.import(ab, &dst.remote()).unwrap().all();
     assert_eq!(
-        a.post_write(ab, LocalSlice::all(&src), dst.remote().all(), Some(imm), 7)
+        a.post_write(ab, LocalSlice::all(&src), remote, Some(imm), 7)
             .unwrap(),
         Post::Posted
     );

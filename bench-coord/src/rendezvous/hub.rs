@@ -515,7 +515,7 @@ mod tests {
             mr: (!send).then_some(transport_core::RemoteMr {
                 addr: 64,
                 len: 64,
-                key: 1,
+                key: transport_core::KeyBytes::from_u64(1),
             }),
             max_write_size: 0,
         }

@@ -414,7 +414,7 @@ fn run_one<T: Transport>(
                         data,
                         c,
                         side.peers[i],
-                        side.remote[i].mrs[1],
+                        side.imported[i][1],
                         t,
                         depth,
                         size,
@@ -450,7 +450,7 @@ fn run_one<T: Transport>(
                     peer: side.peers[0],
                     src: LocalSlice::new(data, 0, size).ctx(|| "ping buffer")?,
                     dst: LocalSlice::new(data, size, size).ctx(|| "pong buffer")?,
-                    remote: side.remote[0].mrs[0]
+                    remote: side.imported[0][0]
                         .slice(0, p.size)
                         .ctx(|| "the server's region")?,
                     op: plan.op,

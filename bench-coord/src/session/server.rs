@@ -362,7 +362,7 @@ fn serve_request<T: Transport>(
                         ep,
                         src,
                         peer: side.peers[i],
-                        remote: side.remote[i].mrs[0],
+                        remote: side.imported[i][0],
                         slots,
                         ver: vers[i],
                         page_size: size,
@@ -449,7 +449,7 @@ fn serve_request<T: Transport>(
                 peer: side.peers[0],
                 src: LocalSlice::new(data, size, size).ctx(|| "pong buffer")?,
                 dst: LocalSlice::new(data, 0, size).ctx(|| "ping buffer")?,
-                remote: side.remote[0].mrs[0]
+                remote: side.imported[0][0]
                     .slice(r.size, r.size)
                     .ctx(|| "the client's region")?,
                 op: r.op,

@@ -49,7 +49,7 @@ impl MemoryRegion for Plain {
         transport_core::RemoteMr {
             addr: 0,
             len: self.0.len() as u64,
-            key: 0,
+            key: transport_core::KeyBytes::from_u64(0),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Sample messages, one of each kind, for the protocol's unit tests.
 
-use transport_core::{RemoteMr, Runtime};
+use transport_core::{KeyBytes, RemoteMr, Runtime};
 
 use super::{
     Hello, Join, LinkStats, LinkWire, Links, NicWire, RankDone, RankSpec, Request, RunSpec,
@@ -18,12 +18,13 @@ pub(super) fn nic(gpu: u32) -> NicWire {
             RemoteMr {
                 addr: 0,
                 len: 1 << 20,
-                key: 7,
+                key: KeyBytes::from_u64(7),
             },
             RemoteMr {
                 addr: 4096,
                 len: CTRL_LEN as u64,
-                key: 8,
+                // A packed key of the length UCX makes on a host with several NICs.
+                key: KeyBytes::new((0..200).map(|i| i as u8).collect::<Vec<u8>>()).unwrap(),
             },
         ],
         max_write_size: 1 << 30,
@@ -133,7 +134,7 @@ fn link(send: bool) -> LinkWire {
         mr: (!send).then_some(RemoteMr {
             addr: 4096,
             len: 1 << 20,
-            key: 3,
+            key: KeyBytes::from_u32(3),
         }),
         max_write_size: 1 << 30,
     }

@@ -164,7 +164,7 @@ mod tests {
     use crate::proto::fixtures::{hello, join, links, nic, rank_done, request};
     use crate::proto::{Done, LinkStats, LinkWire, Links, RunSpec};
     use proptest::prelude::*;
-    use transport_core::RemoteMr;
+    use transport_core::{KeyBytes, RemoteMr};
 
     #[test]
     fn round_trip() {
@@ -252,7 +252,7 @@ mod tests {
         fn any_hello_fields_never_panic(
             gpus in any::<u32>(), npg in any::<u32>(), nics in 0usize..6,
             addr_len in 0usize..5000, mrs in 0usize..4, len in any::<u64>(), addr in any::<u64>(),
-            gbps in any::<f64>(),
+            gbps in any::<f64>(), key_len in 1usize..=KeyBytes::MAX_LEN,
         ) {
             let mut h = hello();
             h.gpus = gpus;
@@ -260,7 +260,8 @@ mod tests {
             h.nics = (0..nics).map(|i| {
                 let mut n = nic(i as u32);
                 n.addr = vec![0; addr_len];
-                n.mrs = vec![RemoteMr { addr, len, key: 1 }; mrs];
+                let key = KeyBytes::new(vec![0xa5; key_len]).unwrap();
+                n.mrs = vec![RemoteMr { addr, len, key }; mrs];
                 n.link_gbps = Some(gbps);
                 n
             }).collect();
@@ -321,7 +322,11 @@ mod tests {
                     send,
                     name: "n".into(),
                     addr: vec![0; addr_len],
-                    mr: with_mr.then_some(RemoteMr { addr: mr_addr, len: mr_len, key: 1 }),
+                    mr: with_mr.then_some(RemoteMr {
+                        addr: mr_addr,
+                        len: mr_len,
+                        key: KeyBytes::from_u32(1),
+                    }),
                     max_write_size: mr_len,
                 }).collect(),
                 facts: None,

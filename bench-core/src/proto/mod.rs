@@ -31,12 +31,17 @@ pub use validate::validate;
 /// First field of `Hello` and `Welcome`.
 pub const MAGIC: &str = "rdma-bench";
 /// Bumped on any incompatible change of the messages or of what they mean (2: the write
-/// workload's source turns by one slot per repeat, which the target's check relies on).
-pub const VERSION: u32 = 2;
+/// workload's source turns by one slot per repeat, which the target's check relies on; 3: a
+/// region's key is bytes, sent as a hex string, where it was a number).
+pub const VERSION: u32 = 3;
 /// Largest frame accepted.
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest endpoint address accepted.
 pub const MAX_ADDR: usize = 4096;
+/// Largest remote key accepted: a region's key (`RemoteMr::key`) is 1 to this many bytes,
+/// sent as hex. `KeyBytes` holds no other, so a key outside the bound fails to decode and the
+/// message is refused (`validate`'s tests show it).
+pub const MAX_KEY: usize = transport_core::KeyBytes::MAX_LEN;
 /// Most NICs one session may use.
 pub const MAX_NICS: usize = 1024;
 /// Regions per NIC: the data buffer, then a small control buffer (credits).

@@ -323,7 +323,9 @@ fn check_magic(magic: &str, version: u32) -> Result<()> {
 mod tests {
     use super::*;
     use crate::proto::fixtures::{hello, join, links, rank_done, request};
-    use crate::proto::{decode_frame, Join, Links};
+    use crate::proto::{decode_body, decode_frame, encode, Join, Links};
+    use serde_json::Value;
+    use transport_core::KeyBytes;
 
     #[test]
     fn rank_messages_bounds() {
@@ -352,7 +354,7 @@ mod tests {
             f(&mut l);
             validate(&Msg::Links(l)).is_err()
         };
-        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr));
+        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr.clone()));
         assert!(bad_links(|l| l.links[1].mr = None));
         assert!(bad_links(
             |l| l.links[1].mr.as_mut().unwrap().addr = u64::MAX
@@ -438,6 +440,44 @@ mod tests {
         match serde_json::from_value::<Msg>(v).unwrap() {
             Msg::Hello(h) => assert!(h.facts.is_none()),
             m => panic!("{}", m.kind()),
+        }
+    }
+
+    /// A region's key is bytes of any length a backend makes, up to `KeyBytes::MAX_LEN`; a
+    /// key outside that (empty, too long, not hex, the number an older build sent) does not
+    /// decode, so the message is refused with words that name the key, before any backend
+    /// reads it.
+    #[test]
+    fn remote_keys_are_bounded() {
+        let mut h = hello();
+        let max = KeyBytes::new(vec![0xee; KeyBytes::MAX_LEN]).unwrap();
+        for m in h.nics.iter_mut().flat_map(|n| n.mrs.iter_mut()) {
+            m.key = max.clone();
+        }
+        let f = encode(&Msg::Hello(h.clone())).unwrap();
+        assert_eq!(decode_frame(&f).unwrap(), Msg::Hello(h));
+        let too_long = "ab".repeat(KeyBytes::MAX_LEN + 1);
+        let cases = [
+            (Value::from(""), "0 hex digits"),
+            (Value::from(too_long), "2050 hex digits"),
+            (Value::from("abc"), "3 hex digits"),
+            (Value::from("zz"), "not hex"),
+            (Value::from(7), "older build"),
+            (Value::Null, "hex string"),
+        ];
+        let hello = serde_json::to_value(Msg::Hello(hello())).unwrap();
+        let links = serde_json::to_value(Msg::Links(links())).unwrap();
+        for (bad, says) in cases {
+            let mut v = hello.clone();
+            v["nics"][0]["mrs"][1]["key"] = bad.clone();
+            let mut w = links.clone();
+            w["links"][1]["mr"]["key"] = bad.clone();
+            for m in [v, w] {
+                let e = decode_body(&serde_json::to_vec(&m).unwrap())
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("remote key") && e.contains(says), "{bad}: {e}");
+            }
         }
     }
 

@@ -23,8 +23,8 @@ pub struct PingPong<'a, T: Transport> {
     pub src: LocalSlice<'a, T::Mr>,
     /// Where the peer's message lands on this side (SEND: the receive buffer).
     pub dst: LocalSlice<'a, T::Mr>,
-    /// Where this side's WRITE lands on the peer.
-    pub remote: RemoteSlice,
+    /// Where this side's WRITE lands on the peer (of the peer's region as `ep` imported it).
+    pub remote: RemoteSlice<T::RemoteKey>,
     pub op: LatOp,
 }
 

@@ -16,7 +16,7 @@
 use std::time::Instant;
 
 use transport_core::{
-    Completion, CompletionKind, EndpointAddr, MemoryRegion, PeerId, RemoteMr, Transport,
+    Completion, CompletionKind, EndpointAddr, MemoryRegion, PeerId, RemoteRegion, Transport,
 };
 
 use super::write::{WriteActive, WriteParts};
@@ -43,8 +43,8 @@ pub struct Link<T: Transport> {
     pub nic: usize,
     pub send: bool,
     pub peer: Option<PeerId>,
-    /// Sending: the peer's landing region.
-    pub remote: Option<RemoteMr>,
+    /// Sending: the peer's landing region, as `ep` imported it.
+    pub remote: Option<RemoteRegion<T::RemoteKey>>,
     /// Receiving: the low 16 bits of the peer's immediates (its sending link's index).
     pub tag: u32,
     /// Receiving: immediates of the next phase that arrived while this rank still waited
@@ -178,13 +178,19 @@ pub fn connect<T: Transport>(links: &mut [Link<T>], ends: Vec<LinkWire>) -> Resu
         })?;
         l.peer = Some(p);
         if l.send {
-            l.remote = e.mr;
-            if l.remote.is_none() {
+            let Some(mr) = e.mr else {
                 return Err(Error::Protocol(format!(
                     "rank {} sent no region for link {k}",
                     l.peer_rank
                 )));
-            }
+            };
+            let r = l.ep.import(p, &mr).ctx(|| {
+                format!(
+                    "importing rank {}'s region ({}) on link {k} (NIC {})",
+                    l.peer_rank, e.name, l.nic
+                )
+            })?;
+            l.remote = Some(r);
         }
     }
     Ok(())

@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use transport_core::{Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteMr, Transport};
+use transport_core::{
+    Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteRegion, Transport,
+};
 
 use super::{NicWork, Polled};
 use crate::ctrl::Ctrl;
@@ -170,8 +172,8 @@ pub struct RecvNic<'a, T: Transport> {
     /// Local source of credit WRITEs.
     pub credit_src: &'a T::Mr,
     pub peer: PeerId,
-    /// The sender's control region on this NIC.
-    pub remote_ctrl: RemoteMr,
+    /// The sender's control region on this NIC, as `ep` imported it.
+    pub remote_ctrl: RemoteRegion<T::RemoteKey>,
     /// Messages expected over every phase; 0: the NIC takes no part.
     pub total: u64,
     pub depth: u64,
@@ -193,7 +195,7 @@ impl<'a, T: Transport> RecvNic<'a, T> {
         data: &'a T::Mr,
         credit_src: &'a T::Mr,
         peer: PeerId,
-        remote_ctrl: RemoteMr,
+        remote_ctrl: RemoteRegion<T::RemoteKey>,
         total: u64,
         depth: u64,
         size: usize,

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use transport_core::{
-    Completion, CompletionKind, LocalSlice, PeerId, RemoteMr, RemoteSlice, Transport, WriteOp,
+    Completion, CompletionKind, LocalSlice, PeerId, RemoteRegion, RemoteSlice, Transport, WriteOp,
 };
 
 use super::{NicWork, Polled};
@@ -54,8 +54,8 @@ pub struct WriteParts<'a, T: Transport> {
     pub ep: &'a mut T,
     pub src: &'a mut T::Mr,
     pub peer: PeerId,
-    /// The peer's data region on this NIC.
-    pub remote: RemoteMr,
+    /// The peer's data region on this NIC, as `ep` imported it.
+    pub remote: RemoteRegion<T::RemoteKey>,
     /// Slots of this NIC's pages in the order they are posted (the last carries the immediate).
     pub slots: Vec<u32>,
     /// How the source turns with the repeat (`Versions::none()` when nothing is verified).
@@ -72,7 +72,7 @@ pub struct WriteActive<'a, T: Transport> {
     ep: &'a mut T,
     src: &'a T::Mr,
     peer: PeerId,
-    remote: RemoteMr,
+    remote: RemoteRegion<T::RemoteKey>,
     slots: Vec<u32>,
     ver: crate::buffers::Versions,
     /// Source slots the source turns over (0 or 1: none).
@@ -82,7 +82,7 @@ pub struct WriteActive<'a, T: Transport> {
     /// fabric (SRD) the older cannot land last: a slot holds its latest repeat's page.
     busy: Vec<u64>,
     page_size: usize,
-    ops: Vec<WriteOp<'a, T::Mr>>,
+    ops: Vec<WriteOp<'a, T::Mr, T::RemoteKey>>,
     /// Pages per repeat without the immediate one.
     n1: usize,
     reps: u64,
@@ -146,7 +146,13 @@ impl<'a, T: Transport> WriteActive<'a, T> {
 
     /// The WRITE of target slot `slot` with the source turned by `shift`.
     #[inline]
-    fn op(&self, slot: u32, shift: (u64, usize), imm: Option<u32>, ctx: u64) -> WriteOp<'a, T::Mr> {
+    fn op(
+        &self,
+        slot: u32,
+        shift: (u64, usize),
+        imm: Option<u32>,
+        ctx: u64,
+    ) -> WriteOp<'a, T::Mr, T::RemoteKey> {
         let off = slot as usize * self.page_size;
         let mut src = u64::from(slot) + shift.0;
         if src >= self.rotate && self.rotate > 1 {

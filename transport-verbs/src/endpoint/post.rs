@@ -99,7 +99,7 @@ impl Endpoint {
         &mut self,
         peer: PeerId,
         buf: LocalSlice<'_, VerbsMr>,
-        remote: RemoteSlice,
+        remote: RemoteSlice<u32>,
         imm: Option<u32>,
         ctx: u64,
     ) -> Result<Post> {
@@ -132,7 +132,7 @@ impl Endpoint {
     /// every op checked first, then a chain per run of ops to one peer, closed at
     /// `POST_BATCH` WRs, at `chain_bytes` of payload, or where the send queue is full.
     #[inline]
-    pub(super) fn write_chained(&mut self, ops: &[WriteOp<'_, VerbsMr>]) -> Result<usize> {
+    pub(super) fn write_chained(&mut self, ops: &[WriteOp<'_, VerbsMr, u32>]) -> Result<usize> {
         for op in ops {
             self.prepare_write(op)?;
         }
@@ -177,14 +177,13 @@ impl Endpoint {
     /// The hot path: every condition is evaluated without a branch of its own and checked
     /// once; which one failed is worked out again, out of line, only on failure.
     #[inline(always)]
-    fn prepare_write(&self, op: &WriteOp<'_, VerbsMr>) -> Result<Prepared> {
+    fn prepare_write(&self, op: &WriteOp<'_, VerbsMr, u32>) -> Result<Prepared> {
         let peer = op.peer.0 as usize;
         let len = op.local.len;
         let ok = Arc::ptr_eq(&op.local.mr.domain, &self.domain)
             & (peer < self.peers.len())
             & (len <= self.caps.max_write_size)
-            & (len as u64 <= op.remote.len)
-            & (op.remote.key <= u64::from(u32::MAX));
+            & (len as u64 <= op.remote.len);
         if !ok {
             return Err(self.write_error(op));
         }
@@ -199,14 +198,14 @@ impl Endpoint {
             },
             imm: op.imm.unwrap_or(0),
             remote_addr: op.remote.addr,
-            rkey: op.remote.key as u32,
+            rkey: op.remote.key,
         })
     }
 
     /// Why [`Self::prepare_write`] refused a WRITE (the first failed check, in order).
     #[cold]
     #[inline(never)]
-    fn write_error(&self, op: &WriteOp<'_, VerbsMr>) -> Error {
+    fn write_error(&self, op: &WriteOp<'_, VerbsMr, u32>) -> Error {
         if let Err(e) = self.own_region(op.local.mr, "post_write") {
             return e;
         }
@@ -220,15 +219,9 @@ impl Endpoint {
                 self.caps.max_write_size
             ));
         }
-        if (len as u64) > op.remote.len {
-            return Error::InvalidArgument(format!(
-                "write of {len} bytes into a {}-byte remote slice",
-                op.remote.len
-            ));
-        }
         Error::InvalidArgument(format!(
-            "remote key {:#x} is not a verbs rkey (32 bits): is it from another backend?",
-            op.remote.key
+            "write of {len} bytes into a {}-byte remote slice",
+            op.remote.len
         ))
     }
 
