@@ -184,6 +184,15 @@ impl std::fmt::Debug for HostBuffer {
 }
 
 /// Memory on a CUDA device. Allocate it with [`GpuBuffer::alloc`] (feature `cuda`).
+///
+/// Every allocation carries `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`: a synchronous CUDA copy
+/// into or out of it (a provider's `cudaMemcpy`, this type's [`Memory::write_at`]) has run
+/// when it returns. Without it a device-to-device `cudaMemcpy` may return before the GPU ran
+/// it, and libfabric's `shm` moves GPU memory between processes with exactly such a copy in
+/// the receiving process: the completion that announces the bytes (a
+/// [`crate::CompletionKind::RemoteWrite`], a receive) could then arrive while they are still
+/// on their way, and work on another stream read the old ones. fabtests
+/// (`hmem_cuda.c`) and NVSHMEM set it on their buffers for the same reason.
 pub struct GpuBuffer {
     ordinal: usize,
     ptr: u64,
@@ -221,6 +230,12 @@ impl GpuBuffer {
     }
 
     #[cfg(not(feature = "cuda"))]
+    pub(crate) fn make_gpudirect_writes_visible(&self) -> crate::Result<()> {
+        Err(crate::Error::Cuda(
+            "built without the `cuda` feature".into(),
+        ))
+    }
+    #[cfg(not(feature = "cuda"))]
     fn write_at(&mut self, _offset: usize, _src: &[u8]) -> crate::Result<()> {
         Err(crate::Error::Cuda(
             "built without the `cuda` feature".into(),
@@ -231,6 +246,76 @@ impl GpuBuffer {
         Err(crate::Error::Cuda(
             "built without the `cuda` feature".into(),
         ))
+    }
+}
+
+/// What makes a NIC's GPUDirect RDMA WRITEs into a GPU visible to work that GPU runs next,
+/// from two attributes of the device (CUDA's GPUDirect RDMA guide, "Synchronization and
+/// Memory Ordering").
+///
+/// A NIC writing into GPU memory over PCIe does not by itself order those writes with the
+/// completion it writes into host memory: the CPU can see the completion while the bytes are
+/// not yet visible to a kernel (or a copy) the GPU runs next. Where the device orders remote
+/// writes for its own context (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` at least
+/// `OWNER`; Hopper and later report it on most platforms) nothing is needed; elsewhere
+/// `cuFlushGPUDirectRDMAWrites(CURRENT_CTX, TO_OWNER)` blocks until they are visible, where
+/// the device supports it from the host (`..._FLUSH_WRITES_OPTIONS` has `HOST`). NCCL flushes
+/// on GPUs before compute capability 9.0 with a one-byte RDMA READ of the received buffer
+/// through a loopback queue pair (a read completion cannot pass the posted writes before
+/// it); aws-ofi-nccl calls `cudaDeviceFlushGPUDirectRDMAWrites` where CUDA flush is enabled
+/// and an `fi_read` of the buffer otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuDirectFlush {
+    /// The device orders GPUDirect RDMA writes for its own context: nothing to do.
+    NotNeeded,
+    /// `cuFlushGPUDirectRDMAWrites` from the host makes them visible.
+    Host,
+    /// The device neither orders them nor flushes them from the host (a driver before CUDA
+    /// 11.3, or a platform without the path).
+    Unsupported,
+}
+
+/// `CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`.
+pub const GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: i32 = 100;
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST`.
+pub const FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: i32 = 1;
+
+impl GpuDirectFlush {
+    /// The plan for a device reporting `ordering`
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`) and `options`
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`); an attribute the driver
+    /// does not know reads as 0.
+    pub fn of_device(ordering: i32, options: i32) -> Self {
+        if ordering >= GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER {
+            GpuDirectFlush::NotNeeded
+        } else if options & FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST != 0 {
+            GpuDirectFlush::Host
+        } else {
+            GpuDirectFlush::Unsupported
+        }
+    }
+}
+
+/// How a backend's provider moved bytes into a region, for
+/// [`crate::Transport::make_gpu_visible`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landing {
+    /// A NIC wrote them by DMA (GPUDirect RDMA for GPU memory): EFA, verbs.
+    NicDma,
+    /// The provider copied them with the CPU or with synchronous CUDA copies (libfabric's
+    /// `shm` and `tcp`): on [`GpuBuffer`] memory (`SYNC_MEMOPS`) those have run before the
+    /// completion is written.
+    ProviderCopy,
+}
+
+/// Make what completed operations put into `mem` visible to work its GPU runs next, for
+/// bytes that landed as `landing` says (the body of [`crate::Transport::make_gpu_visible`] for
+/// both backends). Host memory and provider copies: nothing to do. GPU memory a NIC wrote:
+/// [`GpuBuffer`]'s [`GpuDirectFlush`] plan.
+pub fn make_gpu_visible(mem: &Memory, landing: Landing) -> crate::Result<()> {
+    match (mem, landing) {
+        (Memory::Host(_), _) | (Memory::Gpu(_), Landing::ProviderCopy) => Ok(()),
+        (Memory::Gpu(g), Landing::NicDma) => g.make_gpudirect_writes_visible(),
     }
 }
 
@@ -282,7 +367,7 @@ mod cuda {
 
     use cudarc::driver::{result, sys, CudaContext};
 
-    use super::{dmabuf_range, Dmabuf, GpuBuffer, PAGE};
+    use super::{dmabuf_range, Dmabuf, GpuBuffer, GpuDirectFlush, PAGE};
     use crate::{Error, Result};
 
     /// The allocation behind a [`GpuBuffer`]: `cuMemAlloc` memory, freed on drop.
@@ -295,6 +380,8 @@ mod cuda {
     pub(super) struct Inner {
         pub(super) ctx: Arc<CudaContext>,
         ptr: sys::CUdeviceptr,
+        /// What makes GPUDirect RDMA writes into it visible, read from the device once.
+        flush: GpuDirectFlush,
     }
 
     impl Drop for Inner {
@@ -348,18 +435,74 @@ mod cuda {
         CudaContext::new(ordinal).map_err(|e| cuda_err("cuCtxCreate", e))
     }
 
+    /// An attribute of the context's device; 0 where the driver does not know it.
+    fn device_attribute(ctx: &CudaContext, attr: sys::CUdevice_attribute) -> i32 {
+        ctx.attribute(attr).unwrap_or(0)
+    }
+
+    /// Set `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` on the allocation at `ptr` (current context).
+    fn set_sync_memops(ptr: sys::CUdeviceptr) -> Result<()> {
+        let on: std::os::raw::c_uint = 1;
+        // SAFETY: the context is current and ptr is the start of a live allocation of it;
+        // the attribute's value is read as one unsigned int from the pointer given.
+        let r = unsafe {
+            sys::cuPointerSetAttribute(
+                (&on as *const std::os::raw::c_uint).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                ptr,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda_err(
+                "cuPointerSetAttribute(SYNC_MEMOPS): without it a provider's CUDA copy into \
+                 this memory may complete after the completion announcing it",
+                r,
+            ));
+        }
+        Ok(())
+    }
+
     impl GpuBuffer {
         /// Allocate `len` zeroed bytes on CUDA device `ordinal` with `cuMemAlloc`, memory
-        /// that GPUDirect RDMA can pin (see [`GpuBuffer::gpudirect_rdma_capable`]).
+        /// that GPUDirect RDMA can pin (see [`GpuBuffer::gpudirect_rdma_capable`]), with
+        /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` set (see [`GpuBuffer`]).
         pub fn alloc(ordinal: usize, len: usize) -> Result<Self> {
+            Self::alloc_with(ordinal, len, true)
+        }
+
+        /// [`GpuBuffer::alloc`] without `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`: memory on which a
+        /// provider's synchronous CUDA copy may still be running when it returns. Only for
+        /// the test that shows what the attribute is for (`transport-efa`'s
+        /// `tests/gpu_visibility.rs`); nothing else may use it.
+        #[doc(hidden)]
+        pub fn alloc_without_sync_memops(ordinal: usize, len: usize) -> Result<Self> {
+            Self::alloc_with(ordinal, len, false)
+        }
+
+        /// Every GPU allocation of this project goes through here: the attribute is set
+        /// before the memory is handed out (a later `cuMemCreate`/VMM path must do the same).
+        fn alloc_with(ordinal: usize, len: usize, sync_memops: bool) -> Result<Self> {
             let ctx = context(ordinal)?;
             ctx.bind_to_thread()
                 .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+            let flush = GpuDirectFlush::of_device(
+                device_attribute(
+                    &ctx,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+                ),
+                device_attribute(
+                    &ctx,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+                ),
+            );
             // SAFETY: the context is current; cuMemAlloc returns a fresh allocation (at least
             // one byte: CUDA refuses zero), owned by Inner from here on and freed on drop.
             let ptr = unsafe { result::malloc_sync(len.max(1)) }
                 .map_err(|e| cuda_err(&format!("cuMemAlloc({len})"), e))?;
-            let inner = Inner { ctx, ptr };
+            let inner = Inner { ctx, ptr, flush };
+            if sync_memops {
+                set_sync_memops(ptr)?;
+            }
             // SAFETY: [ptr, ptr + len) lies in the allocation just made; bytes are plain data.
             unsafe { result::memset_d8_sync(ptr, 0, len) }
                 .map_err(|e| cuda_err("cuMemsetD8", e))?;
@@ -380,31 +523,87 @@ mod cuda {
             &self.inner.ctx
         }
 
-        /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` of the buffer: whether a NIC can
-        /// pin it for GPUDirect RDMA (nvidia-peermem, dmabuf). 1 for `cuMemAlloc` memory on a
-        /// GPU that supports GPUDirect RDMA.
-        pub fn gpudirect_rdma_capable(&self) -> Result<bool> {
+        /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` of the buffer: whether synchronous CUDA copies
+        /// into it have run when they return (true for every [`GpuBuffer::alloc`]).
+        pub fn sync_memops(&self) -> Result<bool> {
+            self.pointer_flag(
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                "cuPointerGetAttribute(SYNC_MEMOPS)",
+            )
+        }
+
+        /// What makes GPUDirect RDMA writes into this buffer visible to its GPU.
+        pub fn gpudirect_flush(&self) -> GpuDirectFlush {
+            self.inner.flush
+        }
+
+        /// Make a NIC's completed GPUDirect RDMA writes into this buffer visible to work its
+        /// GPU runs next ([`GpuDirectFlush`]): nothing where the device orders them,
+        /// `cuFlushGPUDirectRDMAWrites(CURRENT_CTX, TO_OWNER)` where it flushes them from the
+        /// host, an `Unsupported` error where it does neither. No allocation, no lock of
+        /// ours; the flush is one driver call.
+        pub(crate) fn make_gpudirect_writes_visible(&self) -> Result<()> {
+            match self.inner.flush {
+                GpuDirectFlush::NotNeeded => Ok(()),
+                GpuDirectFlush::Host => {
+                    self.inner
+                        .ctx
+                        .bind_to_thread()
+                        .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+                    // SAFETY: plain enum arguments; the context owning the memory is current,
+                    // which is the target CURRENT_CTX names.
+                    let r = unsafe {
+                        sys::cuFlushGPUDirectRDMAWrites(
+                            sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                            sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+                        )
+                    };
+                    if r != sys::CUresult::CUDA_SUCCESS {
+                        return Err(cuda_err("cuFlushGPUDirectRDMAWrites", r));
+                    }
+                    Ok(())
+                }
+                GpuDirectFlush::Unsupported => Err(Error::Unsupported(format!(
+                    "GPU {} neither orders GPUDirect RDMA writes for its own context nor \
+                     flushes them from the host (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_\
+                     ORDERING below OWNER, no HOST in ..._FLUSH_WRITES_OPTIONS): a kernel may \
+                     read bytes a NIC wrote before they are visible; update the NVIDIA driver \
+                     (CUDA 11.3+)",
+                    self.ordinal
+                ))),
+            }
+        }
+
+        /// A pointer attribute written as one int, as a flag.
+        fn pointer_flag(&self, attr: sys::CUpointer_attribute, what: &str) -> Result<bool> {
             self.inner
                 .ctx
                 .bind_to_thread()
                 .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
             let mut v: std::os::raw::c_int = 0;
-            // SAFETY: the context is current, ptr is a live allocation of it, and this
-            // attribute is written as one int.
+            // SAFETY: the context is current, ptr is a live allocation of it, and the
+            // attributes read here are written as one int.
             let r = unsafe {
                 sys::cuPointerGetAttribute(
                     (&mut v as *mut std::os::raw::c_int).cast(),
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+                    attr,
                     self.ptr,
                 )
             };
             if r != sys::CUresult::CUDA_SUCCESS {
-                return Err(cuda_err(
-                    "cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE)",
-                    r,
-                ));
+                return Err(cuda_err(what, r));
             }
             Ok(v != 0)
+        }
+
+        /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` of the buffer: whether a NIC can
+        /// pin it for GPUDirect RDMA (nvidia-peermem, dmabuf). 1 for `cuMemAlloc` memory on a
+        /// GPU that supports GPUDirect RDMA.
+        pub fn gpudirect_rdma_capable(&self) -> Result<bool> {
+            self.pointer_flag(
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+                "cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE)",
+            )
         }
 
         /// Export `[offset, offset + len)` of the buffer as a dmabuf
@@ -528,6 +727,29 @@ mod tests {
                 base_addr: 0x7f00_0000_0000,
             }
         );
+    }
+
+    /// The device's own ordering wins; the host flush is the fallback; neither is an
+    /// error at flush time, not silence. An attribute the driver does not know reads 0.
+    #[test]
+    fn gpudirect_flush_plan_follows_the_device() {
+        use GpuDirectFlush::*;
+        let owner = GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
+        let host = FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
+        assert_eq!(GpuDirectFlush::of_device(owner, 0), NotNeeded);
+        assert_eq!(GpuDirectFlush::of_device(200, host), NotNeeded);
+        assert_eq!(GpuDirectFlush::of_device(0, host), Host);
+        assert_eq!(GpuDirectFlush::of_device(0, host | 2), Host);
+        assert_eq!(GpuDirectFlush::of_device(0, 2), Unsupported);
+        assert_eq!(GpuDirectFlush::of_device(0, 0), Unsupported);
+    }
+
+    /// Host memory needs nothing, whatever moved it.
+    #[test]
+    fn host_memory_is_visible_as_it_lands() {
+        let m = Memory::Host(HostBuffer::new(64));
+        assert!(make_gpu_visible(&m, Landing::NicDma).is_ok());
+        assert!(make_gpu_visible(&m, Landing::ProviderCopy).is_ok());
     }
 
     #[test]
