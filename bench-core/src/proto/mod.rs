@@ -31,8 +31,10 @@ pub use validate::validate;
 /// First field of `Hello` and `Welcome`.
 pub const MAGIC: &str = "rdma-bench";
 /// Bumped on any incompatible change of the messages or of what they mean (2: the write
-/// workload's source turns by one slot per repeat, which the target's check relies on).
-pub const VERSION: u32 = 2;
+/// workload's source turns by one slot per repeat, which the target's check relies on; 3:
+/// every phase of write, rate, send and `rdma-bench run` ends with the target's delivery
+/// acknowledgement, which the initiator waits for, and sending links carry a region).
+pub const VERSION: u32 = 3;
 /// Largest frame accepted.
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest endpoint address accepted.

@@ -12,13 +12,18 @@
 //! signals). Receiving links ([`ImmSink`]) count those immediates; they sit in the same
 //! thread groups and the same [`run_active`] loop as the senders, so every endpoint is polled
 //! while the rank works, with the ladder's knobs.
-
-use std::time::Instant;
+//!
+//! Delivery ([`super::delivery`]): after the last immediate of a phase a receiving link lands
+//! its region (its own clock stops there) and acknowledges into the last [`ACK_PAD`] bytes of
+//! the sending link's region, past its pages; the sending link's clock stops at that
+//! acknowledgement.
 
 use transport_core::{
-    Completion, CompletionKind, EndpointAddr, MemoryRegion, PeerId, RemoteMr, Transport,
+    Completion, CompletionKind, EndpointAddr, MemoryRegion, PeerId, RemoteMr, RemoteSlice,
+    Transport,
 };
 
+use super::delivery::{land, post_ack, Clock, Delivered, Drain, ACK_LEN};
 use super::write::{WriteActive, WriteParts};
 use super::{run_active, ActiveOut, Group, NicWork, Polled};
 use crate::buffers::{self, PageLayout};
@@ -32,6 +37,9 @@ use crate::topo_glue::Hints;
 /// Largest region one link registers.
 const MAX_DATA: u64 = 1 << 36;
 
+/// Bytes past a sending link's pages where its receiver's acknowledgement lands.
+pub const ACK_PAD: usize = 64;
+
 /// One endpoint: NIC `nic` of this rank towards `peer_rank`, sending or receiving.
 ///
 /// The endpoint is declared (and so dropped) before its region.
@@ -43,7 +51,8 @@ pub struct Link<T: Transport> {
     pub nic: usize,
     pub send: bool,
     pub peer: Option<PeerId>,
-    /// Sending: the peer's landing region.
+    /// Sending: the peer's landing region. Receiving: the peer's sending region, whose last
+    /// [`ACK_PAD`] bytes take the acknowledgement.
     pub remote: Option<RemoteMr>,
     /// Receiving: the low 16 bits of the peer's immediates (its sending link's index).
     pub tag: u32,
@@ -114,7 +123,8 @@ pub fn open_links<T: Transport>(
                         "the runs need {n} bytes per link (size x pages); at most {MAX_DATA}"
                     )));
                 }
-                let n = n.max(64) as usize;
+                // A sending link's region has room for the acknowledgement past its pages.
+                let n = n.max(64) as usize + if send { ACK_PAD } else { 0 };
                 let m = buffers::alloc(cfg.mem, cfg.gpus[g], n)?;
                 let mr = ep
                     .register(m)
@@ -154,7 +164,8 @@ pub fn wire<T: Transport>(links: &[Link<T>]) -> Vec<LinkWire> {
             send: l.send,
             name: l.ep.nic_name().to_string(),
             addr: l.ep.address().0,
-            mr: (!l.send).then(|| l.mr.remote()),
+            // Receiving: where the peer's pages land; sending: where the acknowledgement does.
+            mr: Some(l.mr.remote()),
             max_write_size: l.ep.caps().max_write_size as u64,
         })
         .collect()
@@ -177,23 +188,35 @@ pub fn connect<T: Transport>(links: &mut [Link<T>], ends: Vec<LinkWire>) -> Resu
             )
         })?;
         l.peer = Some(p);
-        if l.send {
-            l.remote = e.mr;
-            if l.remote.is_none() {
+        l.remote = e.mr;
+        match l.remote {
+            None => {
                 return Err(Error::Protocol(format!(
                     "rank {} sent no region for link {k}",
                     l.peer_rank
-                )));
+                )))
             }
+            Some(r) if !l.send && r.len < ACK_PAD as u64 => {
+                return Err(Error::Protocol(format!(
+                    "rank {}'s sending region for link {k} has no room for the acknowledgement",
+                    l.peer_rank
+                )))
+            }
+            Some(_) => {}
         }
     }
     Ok(())
 }
 
-/// A receiving link: counts the peer's immediates, one per repeat.
+/// A receiving link: counts the peer's immediates, one per repeat; at the last one lands its
+/// region and acknowledges.
 pub struct ImmSink<'a, T: Transport> {
     link: usize,
     ep: &'a mut T,
+    mr: &'a T::Mr,
+    peer: PeerId,
+    /// Where the acknowledgement lands (the tail of the sender's region).
+    ack_to: RemoteSlice,
     /// Low 16 bits every immediate must carry: the sender's link index.
     tag: u32,
     /// Repeats expected at all (0: this link carries no pages in this run).
@@ -205,13 +228,22 @@ pub struct ImmSink<'a, T: Transport> {
     carry: u64,
     /// Immediates of this phase that arrived before it started, not yet reported as ops.
     owed: u64,
-    last: Option<Instant>,
+    /// The phase's bytes landed here (the link's clock stops there).
+    delivered: Option<Delivered>,
+    /// The acknowledgement: 0 not posted, 1 posted, 2 completed here.
+    ack: u8,
 }
 
 /// An [`ImmSink`] before its thread takes it.
 pub struct SinkParts<'a, T: Transport> {
     pub link: usize,
     pub ep: &'a mut T,
+    /// The link's region (where the pages land; the acknowledgement's source).
+    pub mr: &'a mut T::Mr,
+    pub peer: PeerId,
+    /// Where the acknowledgement lands: the last [`ACK_PAD`] bytes of the sender's region
+    /// ([`ack_pad`]).
+    pub ack_to: RemoteSlice,
     pub tag: u32,
     pub active: bool,
     pub bytes_per_rep: u64,
@@ -221,9 +253,13 @@ pub struct SinkParts<'a, T: Transport> {
 
 impl<'a, T: Transport> ImmSink<'a, T> {
     pub fn new(p: SinkParts<'a, T>) -> Self {
+        let mr: &'a T::Mr = p.mr;
         ImmSink {
             link: p.link,
             ep: p.ep,
+            mr,
+            peer: p.peer,
+            ack_to: p.ack_to,
             tag: p.tag,
             active: p.active,
             bytes_per_rep: p.bytes_per_rep,
@@ -231,8 +267,24 @@ impl<'a, T: Transport> ImmSink<'a, T> {
             got: 0,
             carry: p.early,
             owed: 0,
-            last: None,
+            delivered: None,
+            ack: 0,
         }
+    }
+
+    /// After the phase's last immediate: land the region, then acknowledge (again on a
+    /// later turn where the queue was full).
+    fn deliver(&mut self) -> Result<()> {
+        if self.reps == 0 || self.got < self.reps || self.ack > 0 {
+            return Ok(());
+        }
+        if self.delivered.is_none() {
+            self.delivered = Some(land(self.ep, &[self.mr], Drain::Yes)?);
+        }
+        if post_ack(self.ep, self.peer, self.mr, self.ack_to, 0)? {
+            self.ack = 1;
+        }
+        Ok(())
     }
 }
 
@@ -244,7 +296,8 @@ impl<T: Transport> NicWork for ImmSink<'_, T> {
         // phase ends on the sum of the ops every poll reports, so ops counted only here
         // would leave it waiting for completions that already came.
         self.owed = std::mem::take(&mut self.carry);
-        self.last = None;
+        self.delivered = None;
+        self.ack = 0;
     }
 
     #[inline]
@@ -268,9 +321,6 @@ impl<T: Transport> NicWork for ImmSink<'_, T> {
             if self.got > self.reps {
                 return Err(too_many(self.link, self.reps));
             }
-            if self.got == self.reps {
-                self.last = Some(Instant::now());
-            }
             p.ops += k;
             p.bytes += k * self.bytes_per_rep;
         }
@@ -281,37 +331,50 @@ impl<T: Transport> NicWork for ImmSink<'_, T> {
                     if self.got > self.reps {
                         return Err(too_many(self.link, self.reps));
                     }
-                    if self.got == self.reps {
-                        self.last = Some(Instant::now());
-                    }
                     p.ops += 1;
                     p.bytes += self.bytes_per_rep;
                 }
+                CompletionKind::Write if self.ack == 1 => self.ack = 2,
                 _ => return Err(super::unexpected(c, &format!("link {}", self.link))),
             }
         }
+        self.deliver()?;
         Ok(p)
     }
 
     #[inline]
     fn finished(&self) -> bool {
-        self.got >= self.reps
+        self.got >= self.reps && (self.reps == 0 || self.ack == 2)
+    }
+
+    fn delivered(&self) -> Option<Delivered> {
+        self.delivered
     }
 
     fn nic(&self) -> usize {
         self.link
     }
 
-    fn stats(&self, t0: Instant) -> NicStats {
+    fn stats(&self, clock: Clock) -> NicStats {
         NicStats {
             bytes: self.got * self.bytes_per_rep,
             ops: self.got,
-            seconds: self
-                .last
-                .map(|t| t.duration_since(t0).as_secs_f64())
-                .unwrap_or(0.0),
+            seconds: self.delivered.map_or(0.0, |d| clock.stop(d).as_secs_f64()),
         }
     }
+}
+
+/// Where a receiving link acknowledges: the last [`ACK_PAD`] bytes of the sending link's
+/// region `sender` (past its pages).
+pub fn ack_pad(sender: &RemoteMr, link: usize) -> Result<RemoteSlice> {
+    let at = sender.len.checked_sub(ACK_PAD as u64).ok_or_else(|| {
+        Error::Protocol(format!(
+            "link {link}: the sender's region has no room for the acknowledgement"
+        ))
+    })?;
+    sender
+        .slice(at, ACK_LEN as u64)
+        .ctx(|| "the sender's acknowledgement pad")
 }
 
 #[cold]
@@ -374,16 +437,22 @@ impl<T: Transport> NicWork for LinkWork<'_, T> {
             LinkWork::Recv(r) => r.finished(),
         }
     }
+    fn delivered(&self) -> Option<Delivered> {
+        match self {
+            LinkWork::Send(w) => w.delivered(),
+            LinkWork::Recv(r) => r.delivered(),
+        }
+    }
     fn nic(&self) -> usize {
         match self {
             LinkWork::Send(w) => w.nic(),
             LinkWork::Recv(r) => r.nic(),
         }
     }
-    fn stats(&self, t0: Instant) -> NicStats {
+    fn stats(&self, clock: Clock) -> NicStats {
         match self {
-            LinkWork::Send(w) => w.stats(t0),
-            LinkWork::Recv(r) => r.stats(t0),
+            LinkWork::Send(w) => w.stats(clock),
+            LinkWork::Recv(r) => r.stats(clock),
         }
     }
 }
@@ -503,12 +572,18 @@ impl Phase<'_> {
                 if active {
                     per_rep += 1;
                 }
+                let sender = l
+                    .remote
+                    .ok_or_else(|| Error::Protocol(format!("link {k} has no sender region")))?;
                 parts.push((
                     g,
                     LinkParts::Recv(SinkParts {
                         link: k,
                         tag: l.tag,
                         ep: &mut l.ep,
+                        mr: &mut l.mr,
+                        peer,
+                        ack_to: ack_pad(&sender, k)?,
                         active,
                         bytes_per_rep: self.layout.slots(j) * size as u64,
                         early,
