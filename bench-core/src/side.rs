@@ -172,6 +172,9 @@ impl SideCfg {
                 o.extend(self.options.iter().cloned());
                 o
             },
+            // Host memory only: the backend need not pay for GPU support (libfabric's shm
+            // keeps its single-copy path only for endpoints without FI_HMEM).
+            gpu_memory: Some(self.mem == MemKind::Cuda),
             ..NicDesc::default()
         }
     }
@@ -391,6 +394,17 @@ impl<T: Transport> Side<T> {
 #[cfg(test)]
 mod tests {
     use super::parse_verbs_opts;
+
+    /// `--mem host` opens every NIC for host memory only, so libfabric asks for no FI_HMEM
+    /// and shm keeps its single-copy path; `--mem cuda` says GPU memory will come.
+    #[test]
+    fn nic_descs_say_which_memory_comes() {
+        use super::{MemKind, SideCfg};
+        let mut cfg = SideCfg::default();
+        assert_eq!(cfg.desc(0, 0).gpu_memory, Some(false));
+        cfg.mem = MemKind::Cuda;
+        assert_eq!(cfg.desc(0, 0).gpu_memory, Some(true));
+    }
 
     #[test]
     fn verbs_opts() {
