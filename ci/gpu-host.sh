@@ -18,20 +18,23 @@
 # "RACE SHOWN: N of M completions came before their bytes") and as built (must PASS, "no
 # stale read in M completions"). Only the second decides the exit status.
 #
-# The tables: for WRITE bandwidth (rdma-bench --workload write --single-buffer against
-# fi_rma_bw -o writedata), SEND bandwidth (--workload send --single-buffer against
-# fi_rdm_tagged_bw) and one-way latency (--workload lat --op send against fi_rdm_pingpong;
-# both the mean of the run), at each size: ROUNDS interleaved rounds (the first tool
-# alternates), the best round of each tool, ours / theirs, and what each side does per
-# iteration beside each row. fabtests get -D cuda for the GPU table and nothing for the host
-# one (as rdma-bench --mem host asks for no FI_HMEM). Bandwidth ratios should be at least 1.0,
-# latency ratios at most 1.05. Both sides of every run are separate processes on 127.0.0.1
-# (server first), so shm may move GPU memory by CUDA IPC and host memory by CMA.
+# The tables: for WRITE bandwidth (rdma-bench --workload write --pages 64 against
+# fi_rma_bw -o writedata -W 64: the same 64 source and 64 target slots), SEND bandwidth
+# (--workload send --single-buffer against fi_rdm_tagged_bw, which sends from one buffer into
+# one) and one-way latency (--workload lat --op send against fi_rdm_pingpong; both the mean
+# of the run), at each size: ROUNDS interleaved rounds (the first tool alternates), the best
+# round of each tool, ours / theirs, and what each side does per iteration beside each row.
+# fabtests get -D cuda for the GPU table and nothing for the host one (as rdma-bench --mem
+# host asks for no FI_HMEM). Bandwidth ratios should be at least 1.0, latency ratios at most
+# 1.05. Both sides of every run are separate processes on 127.0.0.1 (server first), so shm
+# may move GPU memory by CUDA IPC and host memory by CMA.
 #
 # Env: ROUNDS (3), SIZES (4K,64K,1M), BYTES (per bandwidth run, 1 GiB), LAT_ITERS (2000),
 #      CUDA (/usr/local/cuda), MEM (cuda,host: the tables, in this order), OURS_ARGS (more
 #      flags for both rdma-bench sides, e.g. "--nic-opt hmem=on": FI_HMEM asked for host
 #      memory, as before the fix, which turns shm's CMA off),
+#      CORES (server,client cores of every table run, both tools: 1,3, or 0,1 below 4 CPUs;
+#      none: unpinned),
 #      STEPS (tests,visibility,table,loopback: which parts `run` does; loopback documents the
 #      one-process protocol and runs the ladder there), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
@@ -106,7 +109,7 @@ bytes_of() {
 note() {
   local d=; [ "$2" = cuda ] && d=" -D cuda"
   case $1 in
-    write) echo "ours: one WRITE+imm of SIZE per op, one source into one target region, up to the tx depth in flight; the target lands the region (make_gpu_visible, GPU idle) and acknowledges once at the end; clock: first post to that ack | fi_rma_bw -o writedata$d -W 64: windows of 64 WRITE+data into 64 SIZE slots; per window the server takes 64 completions and sends a 4-byte ack the client waits for; clock: first post to the last ack" ;;
+    write) echo "ours: repeats of 64 WRITEs from 64 SIZE slots into 64 (random order), the last with an immediate once the other 63 completed, up to 4 repeats in flight; the target lands the region (make_gpu_visible, GPU idle) and acknowledges once at the end; clock: first post to that ack | fi_rma_bw -o writedata$d -W 64: windows of 64 WRITEs with data from 64 SIZE slots into 64; per window the client waits for its 64 completions, the server takes 64 completions and sends a 4-byte ack the client waits for; clock: first post to the last ack" ;;
     send) echo "ours: SENDs of SIZE from one buffer into one receive buffer, receives kept posted (depth 256, credits back every 64); the receiver lands and acknowledges once at the end; clock: first post to that ack | fi_rdm_tagged_bw$d -W 64: windows of 64 tagged sends into 64 receives posted per window, then a 4-byte ack per window; clock: first post to the last ack" ;;
     lat) echo "ours: --op send ping-pong, each side lands the message (make_gpu_visible) before it answers, the round trip stops after the client landed the answer; mean one-way = total / iters / 2 | fi_rdm_pingpong$d: send/recv ping-pong, mean one-way (usec/xfer)" ;;
   esac
@@ -199,7 +202,15 @@ run() {
   if [[ ,$steps, == *,table,* ]]; then
     local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
     local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
-    local mem dev=()
+    local mem dev=() cores pin_srv=() pin_cli=()
+    # Each side of every run, ours and theirs, on a core of its own (CORES=server,client;
+    # CORES=none: wherever the scheduler puts them). Unpinned, two busy-polling processes
+    # that the scheduler happens to stack on one core, or on two hyperthreads of one, read
+    # 4x slower round trips: the 4 KiB latency moved between 0.47 and 2.0 us between rounds.
+    cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
+    if [ "$cores" != none ] && command -v taskset >/dev/null; then
+      pin_srv=(taskset -c "${cores%,*}"); pin_cli=(taskset -c "${cores#*,}")
+    fi
     IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
     IFS=, read -r -a memv <<< "$mems"
     # ours ROW SIZE -> figure (Gbit/s, or one-way us for lat)
@@ -208,17 +219,21 @@ run() {
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
       port=$((port + 3))
       case $row in
-        write) args=(--workload write --single-buffer -s "$size" -n "$n" --no-verify) ;;
+        # 64 pages: fi_rma_bw -W 64's footprint (64 source and 64 target slots); one
+        # source and one target buffer stayed in cache and read 2.7x fi_rma_bw at 1 MiB on
+        # the 2-core box, which said nothing about the transport
+        write) local reps=$(( n / 64 )); [ $reps -ge 2 ] || reps=2
+               args=(--workload write --pages 64 -s "$size" -n "$reps" --no-verify) ;;
         send) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
         lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
       esac
       # shellcheck disable=SC2206
       local extra=(${OURS_ARGS:-})
-      timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem "$mem" --sessions 1 \
-        "${extra[@]}" > "$out/srv" 2>&1 &
+      timeout 120 "${pin_srv[@]}" "$RB" server --listen 127.0.0.1:$port --provider shm \
+        --mem "$mem" --sessions 1 "${extra[@]}" > "$out/srv" 2>&1 &
       local spid=$! i
       for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
-      if ! timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
+      if ! timeout 120 "${pin_cli[@]}" "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
           "${args[@]}" "${extra[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
         log "rdma-bench $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
@@ -239,10 +254,11 @@ run() {
         send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W 64 -S "$b" -I "$n") ;;
         lat) tool=(fi_rdm_pingpong -p shm "${dev[@]}" -S "$b" -I "$lat_iters") ;;
       esac
-      timeout 120 "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
+      timeout 120 "${pin_srv[@]}" "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
       local spid=$!
       sleep 0.5
-      if ! timeout 120 "${tool[@]}" -E=$port -B $((port + 2)) 127.0.0.1 > "$out/tcli" 2>&1; then
+      if ! timeout 120 "${pin_cli[@]}" "${tool[@]}" -E=$port -B $((port + 2)) 127.0.0.1 \
+          > "$out/tcli" 2>&1; then
         log "${tool[0]} $size failed: $(tail -2 "$out/tcli" | tr '\n' ' ')"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
       fi
@@ -261,7 +277,7 @@ run() {
     for mem in "${memv[@]}"; do
       dev=(); [ "$mem" = cuda ] && dev=(-D cuda)
       echo
-      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes, $(nproc) cores; fabtests ${dev[*]:-without -D}"
+      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${cores}), $(nproc) cores; fabtests ${dev[*]:-without -D}"
       printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
       for row in write send lat; do
         for size in "${sizes[@]}"; do

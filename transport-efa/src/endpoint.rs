@@ -425,9 +425,13 @@ impl Transport for Endpoint {
         format!("fabric {}, {}", self.fabric, self.info)
     }
 
+    #[inline]
     fn make_gpu_visible(&mut self, mr: &Mr) -> Result<()> {
-        let mem = transport_core::MemoryRegion::memory(mr);
-        transport_core::make_gpu_visible(mem, crate::gpu::landing(&self.provider))
+        match transport_core::MemoryRegion::memory(mr) {
+            // Host memory: nothing to look up (the ping-pong calls this per message).
+            Memory::Host(_) => Ok(()),
+            mem => transport_core::make_gpu_visible(mem, crate::gpu::landing(&self.provider)),
+        }
     }
 }
 

@@ -8,7 +8,8 @@
 //!   the GPU needs it; a provider's CUDA copies into `GpuBuffer` memory, which carries
 //!   `SYNC_MEMOPS`, ran before their completions), and, at the end of a phase, the GPU idle
 //!   (whatever a provider still had queued on it has run). The target's own clocks stop
-//!   there: `lat` (each round trip, on both sides) and the receiving links of
+//!   there: `lat` (each round trip stops after the client landed the answer, which the
+//!   other side sent only after [`make_visible`] on the ping) and the receiving links of
 //!   `rdma-bench run`.
 //! - [`Delivered::acknowledged`], at the side that posted, from the target's acknowledgement:
 //!   a WRITE with the immediate [`ACK_IMM`] that the target posts after [`land`] at the end of
@@ -116,15 +117,24 @@ pub enum Drain {
 
 /// The bytes that completed operations put into `regions` (polled on `ep`) are in place:
 /// [`Transport::make_gpu_visible`] on each, then, with [`Drain::Yes`], the GPU idle.
+#[inline]
 pub fn land<T: Transport>(ep: &mut T, regions: &[&T::Mr], drain: Drain) -> Result<Delivered> {
-    for mr in regions {
-        ep.make_gpu_visible(mr)
-            .ctx(|| "making the received bytes visible to the GPU")?;
-    }
+    make_visible(ep, regions)?;
     if drain == Drain::Yes {
         buffers::gpu_drain_all(regions.iter().map(|m| m.memory()))?;
     }
     Ok(Delivered(Instant::now()))
+}
+
+/// What [`land`] does without the clock: for a side whose clock does not stop here (the
+/// ping-pong's answering side lands each message before it answers).
+#[inline]
+pub fn make_visible<T: Transport>(ep: &mut T, regions: &[&T::Mr]) -> Result<()> {
+    for mr in regions {
+        ep.make_gpu_visible(mr)
+            .ctx(|| "making the received bytes visible to the GPU")?;
+    }
+    Ok(())
 }
 
 /// Post a target's acknowledgement ([`ACK_IMM`]) from the first [`ACK_LEN`] bytes of `src`

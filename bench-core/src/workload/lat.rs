@@ -9,7 +9,7 @@ use transport_core::{
     Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteSlice, Transport,
 };
 
-use super::delivery::{land, Clock, Drain};
+use super::delivery::{land, make_visible, Clock, Drain};
 use crate::config::LatOp;
 use crate::ctrl::Liveness;
 use crate::error::{Error, Result, TransportContext};
@@ -203,7 +203,7 @@ impl<T: Transport> PingPong<'_, T> {
         let mut local_done = 0u64;
         for i in 0..total {
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
-            land(self.ep, &[self.dst.mr], Drain::No)?;
+            make_visible(self.ep, &[self.dst.mr])?;
             if self.op == LatOp::Send && i + 1 < total {
                 self.post_recv(i + 1)?;
             }
