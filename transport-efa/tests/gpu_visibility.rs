@@ -218,6 +218,7 @@ impl Prober {
     /// The probes of `g` (its last `PROBE_LEN` bytes, then every `len / PROBES` backwards),
     /// read on this stream only.
     fn read(&self, g: &GpuBuffer, len: usize) -> &[u8] {
+        g.context().bind_to_thread().expect("cuCtxSetCurrent");
         let step = len / PROBES;
         for i in 0..PROBES {
             let off = len - PROBE_LEN - i * step;
