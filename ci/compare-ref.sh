@@ -31,8 +31,10 @@
 #              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N (server, client)
 #
 # MODE (--mode, a comma list): `single` is rdma-bench --single-buffer (one source and one
-# target buffer, every WRITE with an immediate, receives into one buffer: what fi_rma_bw
-# -o writedata and fi_*_bw do); `plain` (WRITE rows only) is --single-buffer --imm-every 64
+# target buffer, every WRITE with an immediate, receives into one buffer: what the fi_*_bw
+# tools do, and 1.17's fi_rma_bw -o writedata; 2.x's fi_rma_bw writes each window's W
+# WRITEs from and into W slots of SIZE, `bandwidth_rma` advancing the offset, which
+# ci/gpu-host.sh matches with --pages 64); `plain` (WRITE rows only) is --single-buffer --imm-every 64
 # (one WRITE in 64 carries an immediate, the others are plain WRITEs: what ib_write_bw posts,
 # whose target handles no completion at all); `paged` is rdma-bench's default (256 pages per
 # repeat in random order, one immediate per repeat; 256 x SIZE bytes of buffer per side).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU memory on a GPU host with no Rust: the GPU tests, then rdma-bench against fabtests with
-# GPU memory on libfabric's shm, two processes, in one table.
+# GPU memory on a GPU host with no Rust: the GPU tests, the visibility race before and after
+# its fix, then rdma-bench against fabtests on libfabric's shm, two processes, in two tables
+# (GPU memory, host memory).
 #
 #   ci/gpu-host.sh pack   on a machine with Rust (this project's dev box): build what the GPU
 #                         host runs into gpu-carry/ (git-ignored): rdma-bench and the GPU test
@@ -9,22 +10,38 @@
 #   ci/gpu-host.sh run    on the GPU host (a CUDA toolkit, no Rust), from the checkout with
 #                         gpu-carry/ beside it: build libfabric 2.6.0 with CUDA and its
 #                         fabtests (cached in gpu-carry/build), run the GPU tests with
-#                         REQUIRE_CUDA_PROVIDER=1, print the table
+#                         REQUIRE_CUDA_PROVIDER=1, show the visibility race before and after
+#                         the fix, print the tables (GPU memory, then host memory)
 #
-# The table: for WRITE bandwidth (rdma-bench --workload write --single-buffer against
-# fi_rma_bw -o writedata -D cuda), SEND bandwidth (--workload send --single-buffer against
-# fi_rdm_tagged_bw -D cuda) and one-way latency (--workload lat --op send against
-# fi_rdm_pingpong -D cuda; both the mean of the run), at each size: ROUNDS interleaved rounds
-# (the first tool alternates), the best round of each tool, ours / theirs. Bandwidth ratios
-# should be at least 1.0, latency ratios at most 1.05. Both sides of every run are separate
-# processes on 127.0.0.1 (server first), so shm may move GPU memory by CUDA IPC.
+# The visibility step runs tests/gpu_visibility.rs twice: with GPU_VISIBILITY_ALLOC=unsynced
+# (every buffer without CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, as before the fix: expected to FAIL,
+# "RACE SHOWN: N of M completions came before their bytes") and as built (must PASS, "no
+# stale read in M completions"). Only the second decides the exit status.
+#
+# The tables: for WRITE bandwidth (rdma-bench --workload write --pages 64 against
+# fi_rma_bw -o writedata -W 64: the same 64 source and 64 target slots; up to 4 KiB
+# --single-buffer, an immediate on every WRITE as writedata has), SEND bandwidth
+# (--workload send --single-buffer against fi_rdm_tagged_bw, which sends from one buffer into
+# one) and one-way latency (--workload lat --op send against fi_rdm_pingpong; both the mean
+# of the run), at each size: ROUNDS interleaved rounds (the first tool alternates), the best
+# round of each tool, ours / theirs, and what each side does per iteration beside each row.
+# fabtests get -D cuda for the GPU table and nothing for the host one (as rdma-bench --mem
+# host asks for no FI_HMEM). Bandwidth ratios should be at least 1.0, latency ratios at most
+# 1.05. Both sides of every run are separate processes on 127.0.0.1 (server first), so shm
+# may move GPU memory by CUDA IPC and host memory by CMA.
 #
 # Env: ROUNDS (3), SIZES (4K,64K,1M), BYTES (per bandwidth run, 1 GiB), LAT_ITERS (2000),
-#      CUDA (/usr/local/cuda), STEPS (tests,record,table,loopback: which parts `run` does;
-#      record checks the run record's CUDA facts; loopback documents the one-process protocol
-#      and runs the ladder there), JOBS (nproc);
+#      CUDA (/usr/local/cuda), MEM (cuda,host: the tables, in this order), OURS_ARGS (more
+#      flags for both rdma-bench sides, e.g. "--nic-opt hmem=on": FI_HMEM asked for host
+#      memory, as before the fix, which turns shm's CMA off),
+#      CORES (server,client cores of every table run, both tools: 1,3, or 0,1 below 4 CPUs;
+#      none: unpinned),
+#      STEPS (tests,record,visibility,table,loopback: which parts `run` does; record checks
+#      the run record's CUDA facts; loopback documents the one-process protocol and runs the
+#      ladder there), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
-#      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's).
+#      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
+#      then say SKIPPED.
 # Exit status: 0 when every step ran and every GPU test passed; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +60,7 @@ pack() {
   cargo build --release -q -p bench-cli --bin rdma-bench --target-dir "$td"
   json=$(mktemp); trap 'rm -f "$json"' RETURN
   cargo test -q --release -p transport-efa --no-run --message-format=json --target-dir "$td" \
-    --test gpu --test gpu_ipc --test conformance_shm > "$json"
+    --test gpu --test gpu_ipc --test gpu_visibility --test conformance_shm > "$json"
   rm -rf "$CARRY"; mkdir -p "$CARRY/bin" "$CARRY/tests" "$CARRY/lib"
   cp "$td/release/rdma-bench" "$CARRY/bin/"
   grep '"test":true' "$json" | grep -o '"executable":"[^"]*"' | sed 's/^"executable":"//; s/"$//' |
@@ -90,17 +107,34 @@ bytes_of() {
   case $s in *K) echo $(( ${s%K} << 10 )) ;; *M) echo $(( ${s%M} << 20 )) ;; *G) echo $(( ${s%G} << 30 )) ;; *) echo "$s" ;; esac
 }
 
+# note ROW MEM: what each side of a table row does per iteration (printed beside the row)
+note() {
+  local d=; [ "$2" = cuda ] && d=" -D cuda"
+  case $1 in
+    write) echo "ours: above 4 KiB repeats of 64 WRITEs from 64 SIZE slots into 64 (random order), the last with an immediate once the other 63 completed, up to 4 repeats in flight; up to 4 KiB one WRITE with immediate per op from one buffer into one, up to the tx depth in flight; the target lands the region (make_gpu_visible, GPU idle) and acknowledges once at the end; clock: first post to that ack | fi_rma_bw -o writedata$d -W 64: windows of 64 WRITEs with data from 64 SIZE slots into 64; per window the client waits for its 64 completions, the server takes 64 completions and sends a 4-byte ack the client waits for; clock: first post to the last ack" ;;
+    send) echo "ours: SENDs of SIZE from one buffer into one receive buffer, receives kept posted (depth 256, credits back every 64); the receiver lands and acknowledges once at the end; clock: first post to that ack | fi_rdm_tagged_bw$d -W 64: windows of 64 tagged sends into 64 receives posted per window, then a 4-byte ack per window; clock: first post to the last ack" ;;
+    lat) echo "ours: --op send ping-pong, each side lands the message (make_gpu_visible) before it answers, the round trip stops after the client landed the answer; mean one-way = total / iters / 2 | fi_rdm_pingpong$d: send/recv ping-pong, mean one-way (usec/xfer)" ;;
+  esac
+}
+
 run() {
   [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
-  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,table,loopback} status=0
-  local mem=${MEM:-cuda} dev=(-D cuda)
-  [ "$mem" = cuda ] || dev=()
+  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback} status=0
+  local mems=${MEM:-cuda,host} gpu=0
+  [[ ,$mems, == *,cuda,* ]] && gpu=1
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
   lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
   export LD_LIBRARY_PATH=$lf/lib:$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PATH=$lf/bin:$PATH
   local RB=$CARRY/bin/rdma-bench
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
+  local gpu_steps="tests visibility loopback" st
+  if [ $gpu = 0 ]; then
+    for st in $gpu_steps; do
+      [[ ,$steps, == *,$st,* ]] && log "step $st: SKIPPED (MEM=$mems: a dry run without GPU memory)"
+    done
+    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,visibility,/,/; s/,loopback,/,/')
+  fi
 
   if [[ ,$steps, == *,tests,* ]]; then
     for t in "$CARRY"/tests/*; do
@@ -114,6 +148,7 @@ run() {
   if [[ ,$steps, == *,record,* ]]; then
     # The run record of a GPU run: the CUDA driver's version and GPU 0's name as the driver
     # reports them (the same as nvidia-smi's), on both sides; libfabric as loaded.
+    local mem=host; [ $gpu = 1 ] && mem=cuda
     log "the run record with --mem $mem (record.cuda, record.peer.cuda, record.backend)"
     local rec want=null
     [ "$mem" = cuda ] && want=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | jq -R .)
@@ -129,6 +164,31 @@ run() {
       log "FAILED: the run record (expected GPU ${want}):"; jq '.record' <<<"${rec:-null}" >&2 || true
       status=1
     fi
+  fi
+
+  if [[ ,$steps, == *,visibility,* ]]; then
+    # The trait's promise on GPU memory, before and after the fix, in one binary: the same
+    # test on buffers without CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (before: expected to fail),
+    # then on GpuBuffer::alloc's (after: must pass).
+    local t=$CARRY/tests/gpu_visibility out
+    out=$(mktemp)
+    log "visibility BEFORE the fix (buffers without SYNC_MEMOPS): expected to FAIL"
+    if REQUIRE_CUDA_PROVIDER=1 GPU_VISIBILITY_ALLOC=unsynced "$t" --test-threads=1 --nocapture \
+        > "$out" 2>&1; then
+      log "visibility BEFORE: passed, the race was NOT reproduced on this host: $(grep -E 'stale read|RACE' "$out" | tail -1)"
+    else
+      log "visibility BEFORE: FAILED as expected: $(grep -E 'RACE SHOWN' "$out" | tail -1)"
+    fi
+    grep -E 'completions read stale' "$out" | sed 's/^/  before: /' >&2 || true
+    log "visibility AFTER the fix (GpuBuffer::alloc, SYNC_MEMOPS set): must PASS"
+    if REQUIRE_CUDA_PROVIDER=1 "$t" --test-threads=1 --nocapture > "$out" 2>&1; then
+      log "visibility AFTER: passed: $(grep -E 'stale read' "$out" | tail -1)"
+    else
+      log "visibility AFTER: FAILED: $(grep -E 'RACE SHOWN|panicked|SKIPPED' "$out" | tail -2 | tr '\n' ' ')"
+      status=1
+    fi
+    grep -E 'completions read stale' "$out" | sed 's/^/  after: /' >&2 || true
+    rm -f "$out"
   fi
 
   if [[ ,$steps, == *,loopback,* ]]; then
@@ -165,23 +225,48 @@ run() {
   if [[ ,$steps, == *,table,* ]]; then
     local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
     local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
+    local mem dev=() cores pin_srv=() pin_cli=()
+    # Each side of every run, ours and theirs, on a core of its own (CORES=server,client;
+    # CORES=none: wherever the scheduler puts them). Unpinned, two busy-polling processes
+    # that the scheduler happens to stack on one core, or on two hyperthreads of one, read
+    # 4x slower round trips: the 4 KiB latency moved between 0.47 and 2.0 us between rounds.
+    cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
+    if [ "$cores" != none ] && command -v taskset >/dev/null; then
+      pin_srv=(taskset -c "${cores%,*}"); pin_cli=(taskset -c "${cores#*,}")
+    fi
     IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
+    IFS=, read -r -a memv <<< "$mems"
     # ours ROW SIZE -> figure (Gbit/s, or one-way us for lat)
     ours() {
       local row=$1 size=$2 b n args
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
       port=$((port + 3))
       case $row in
-        write) args=(--workload write --single-buffer -s "$size" -n "$n" --no-verify) ;;
+        # Above 4 KiB, 64 pages: fi_rma_bw -W 64's footprint (64 source and 64 target slots);
+        # one source and one target buffer stayed in cache and read 2.7x fi_rma_bw at 1 MiB
+        # on the 2-core box, which said nothing about the transport. Up to 4 KiB (shm's
+        # inject size) every WRITE carries an immediate, as fi_rma_bw -o writedata's do:
+        # shm copies such WRITEs through its inject buffers, while plain ones (the pages'
+        # WRITEs but the last) take its "fast RMA" path, one process_vm_writev system call
+        # per WRITE (smr_rma.c), which held 4 KiB pages to 18 Gbit/s against 48 with an
+        # immediate on each; 64 slots of 4 KiB stay in cache either way
+        write) if [ "$b" -le 4096 ]; then
+                 args=(--workload write --single-buffer -s "$size" -n "$n" --no-verify)
+               else
+                 local reps=$(( n / 64 )); [ $reps -ge 2 ] || reps=2
+                 args=(--workload write --pages 64 -s "$size" -n "$reps" --no-verify)
+               fi ;;
         send) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
         lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
       esac
-      timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem "$mem" --sessions 1 \
-        > "$out/srv" 2>&1 &
+      # shellcheck disable=SC2206
+      local extra=(${OURS_ARGS:-})
+      timeout 120 "${pin_srv[@]}" "$RB" server --listen 127.0.0.1:$port --provider shm \
+        --mem "$mem" --sessions 1 "${extra[@]}" > "$out/srv" 2>&1 &
       local spid=$! i
       for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
-      if ! timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
-          "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
+      if ! timeout 120 "${pin_cli[@]}" "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
+          "${args[@]}" "${extra[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
         log "rdma-bench $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
       fi
@@ -201,10 +286,11 @@ run() {
         send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W 64 -S "$b" -I "$n") ;;
         lat) tool=(fi_rdm_pingpong -p shm "${dev[@]}" -S "$b" -I "$lat_iters") ;;
       esac
-      timeout 120 "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
+      timeout 120 "${pin_srv[@]}" "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
       local spid=$!
       sleep 0.5
-      if ! timeout 120 "${tool[@]}" -E=$port -B $((port + 2)) 127.0.0.1 > "$out/tcli" 2>&1; then
+      if ! timeout 120 "${pin_cli[@]}" "${tool[@]}" -E=$port -B $((port + 2)) 127.0.0.1 \
+          > "$out/tcli" 2>&1; then
         log "${tool[0]} $size failed: $(tail -2 "$out/tcli" | tr '\n' ' ')"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
       fi
@@ -220,18 +306,24 @@ run() {
         if (a == 0) {print b; exit} if (b == 0) {print a; exit}
         if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
     }
-    printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
-    for row in write send lat; do
-      for size in "${sizes[@]}"; do
-        local bo=0 bt=0 o t r
-        for r in $(seq 1 "$rounds"); do
-          if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size"); t=$(theirs $row "$size")
-          else t=$(theirs $row "$size"); o=$(ours $row "$size"); fi
-          log "$row $size round $r: ours $o, theirs $t"
-          bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
+    for mem in "${memv[@]}"; do
+      dev=(); [ "$mem" = cuda ] && dev=(-D cuda)
+      echo
+      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${cores}), $(nproc) cores; fabtests ${dev[*]:-without -D}"
+      printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
+      for row in write send lat; do
+        for size in "${sizes[@]}"; do
+          local bo=0 bt=0 o t r
+          for r in $(seq 1 "$rounds"); do
+            if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size"); t=$(theirs $row "$size")
+            else t=$(theirs $row "$size"); o=$(ours $row "$size"); fi
+            log "$mem $row $size round $r: ours $o, theirs $t"
+            bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
+          done
+          printf '%-6s %5s %10.2f %10.2f %7s\n' "$row" "$size" "$bo" "$bt" \
+            "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')"
         done
-        printf '%-6s %5s %10.2f %10.2f %7s\n' "$row" "$size" "$bo" "$bt" \
-          "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')"
+        echo "       per iteration: $(note $row "$mem")"
       done
     done
     rm -rf "$out"

@@ -771,28 +771,27 @@ pub fn verify_messages<M: MemoryRegion>(
     Ok(())
 }
 
-/// Wait until every copy the provider queued into these regions' GPUs has finished, and say
-/// how long that took; zero for host memory.
+/// Wait until the GPUs of these memories have run everything queued on them (their
+/// contexts' `cuCtxSynchronize`); nothing for host memory.
 ///
-/// Between processes libfabric's shm moves GPU memory by CUDA IPC with a device-to-device
-/// `cudaMemcpy`, which returns before the copy is done: the immediate that announces a
-/// WRITE can arrive while its bytes are still on the way. A target that counts time until
-/// the last immediate would then report how fast copies were queued, not how fast they ran
-/// (measured on an H100: 256 MiB regions "moved" at 95 Tbit/s). The write workload's target
-/// adds this wait to the run's time.
-pub fn gpu_drain<M: MemoryRegion>(regions: &[M]) -> Result<std::time::Duration> {
-    let start = std::time::Instant::now();
+/// A provider's CUDA copies into `GpuBuffer` memory have run before the operation completes
+/// (the buffers carry `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`); on memory without the attribute
+/// libfabric's shm completed a WRITE between processes while its device-to-device copy was
+/// still queued (measured on an H100: 256 MiB regions "moved" at 95 Tbit/s). This wait, at the
+/// end of every phase ([`crate::workload::delivery::land`]), keeps any such copy inside the
+/// clock.
+pub fn gpu_drain_all<'a>(mems: impl IntoIterator<Item = &'a Memory>) -> Result<()> {
     #[cfg(feature = "cuda")]
-    for mr in regions {
-        if let Memory::Gpu(g) = mr.memory() {
+    for m in mems {
+        if let Memory::Gpu(g) = m {
             g.context()
                 .synchronize()
                 .map_err(|e| Error::Unavailable(format!("cuCtxSynchronize: {e:?}")))?;
         }
     }
     #[cfg(not(feature = "cuda"))]
-    let _ = regions;
-    Ok(start.elapsed())
+    let _ = mems.into_iter();
+    Ok(())
 }
 
 /// Zero the first `len` bytes of `mr`.

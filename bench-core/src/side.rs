@@ -148,6 +148,9 @@ impl SideCfg {
             provider: self.provider.clone(),
             // A later option of the same key wins.
             options: self.options.iter().cloned().collect(),
+            // Host memory only: the backend need not pay for GPU support (libfabric's shm
+            // keeps its single-copy path only for endpoints without FI_HMEM).
+            gpu_memory: Some(self.mem == MemKind::Cuda),
             ..NicDesc::default()
         }
     }
@@ -374,5 +377,19 @@ impl<T: Transport> Side<T> {
             .first()
             .map(|e| e.provider().to_string())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--mem host` opens every NIC for host memory only, so libfabric asks for no FI_HMEM
+    /// and shm keeps its single-copy path; `--mem cuda` says GPU memory will come.
+    #[test]
+    fn nic_descs_say_which_memory_comes() {
+        use super::{MemKind, SideCfg};
+        let mut cfg = SideCfg::default();
+        assert_eq!(cfg.desc(0, 0).gpu_memory, Some(false));
+        cfg.mem = MemKind::Cuda;
+        assert_eq!(cfg.desc(0, 0).gpu_memory, Some(true));
     }
 }

@@ -245,3 +245,44 @@ pub fn fill_queue_then_drain<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     assert!(host_bytes(&dst).iter().all(|&b| b == 9));
     Ok(())
 }
+
+/// What a consumer does after the completions that announce a region's bytes:
+/// [`Transport::make_gpu_visible`] on the region (here host memory, which needs nothing), then
+/// read. On both sides, for a WRITE with immediate and for a receive, the call succeeds and
+/// the bytes are the new ones. (GPU memory: `transport-efa/tests/gpu.rs` and
+/// `gpu_visibility.rs` on the GPU host.)
+pub fn visible_after_completion<T: Transport>(p: &mut Pair<T>) -> Result<()> {
+    let data = pattern(4096, 5);
+    let src = host_mr(&mut p.a, &data)?;
+    let dst = host_mr(&mut p.b, &[0u8; 8192])?;
+    let remote = p.import_on_a(&dst)?.slice(4096, 4096)?;
+    expect_post(
+        p.b.post_recv(LocalSlice::new(&dst, 0, 4096)?, 0xb1)?,
+        "post_recv",
+    )?;
+    expect_post(
+        p.a.post_write(p.a_to_b, LocalSlice::all(&src), remote, Some(7), 0xa1)?,
+        "post_write",
+    )?;
+    expect_post(
+        p.a.post_send(p.a_to_b, LocalSlice::all(&src), 0xa2)?,
+        "post_send",
+    )?;
+    let (mut local, mut landed, mut received) = (0, false, false);
+    wait_pair(&mut p.a, &mut p.b, "write and send", TIMEOUT, |side, c| {
+        c.check()?;
+        match (side, &c.kind) {
+            (0, CompletionKind::Write | CompletionKind::Send) => local += 1,
+            (1, CompletionKind::RemoteWrite { imm: 7 }) => landed = true,
+            (1, CompletionKind::Recv { len: 4096, .. }) => received = true,
+            other => panic!("unexpected completion {other:?}"),
+        }
+        Ok(local == 2 && landed && received)
+    })?;
+    p.b.make_gpu_visible(&dst)?;
+    p.a.make_gpu_visible(&src)?;
+    let got = host_bytes(&dst);
+    assert!(got[..4096] == data[..], "received bytes differ");
+    assert!(got[4096..] == data[..], "written bytes differ");
+    Ok(())
+}

@@ -33,7 +33,7 @@ mod support;
 pub use about::describes_itself;
 pub use data::{
     fill_queue_then_drain, immediates_exactly_once, immediates_many, register_deregister,
-    send_recv_len, send_recv_sizes, write_at_offset,
+    send_recv_len, send_recv_sizes, visible_after_completion, write_at_offset,
 };
 pub use pair::{connect, poll_both, post_retry, warm_up, Pair, TIMEOUT};
 pub use refused::{
@@ -55,7 +55,7 @@ macro_rules! suite {
         $crate::suite!(@cases $open;
             register_deregister, send_recv_sizes, write_at_offset, immediates_exactly_once,
             fill_queue_then_drain, bad_remote_key, write_past_end, bad_key_bytes,
-            foreign_local_region, bad_peer_address, describes_itself);
+            foreign_local_region, bad_peer_address, describes_itself, visible_after_completion);
     };
     (@cases $open:path; $($case:ident),*) => {
         $(

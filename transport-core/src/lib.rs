@@ -13,11 +13,39 @@
 //!   [`Transport::post_writes`]), never an error: poll, then post again.
 //! - A WRITE with an immediate produces exactly one [`CompletionKind::RemoteWrite`] at the
 //!   target, carrying the immediate, after the written bytes are visible there. The target
-//!   application never posts receives for immediates.
+//!   application never posts receives for immediates. So does a receive: its
+//!   [`CompletionKind::Recv`] comes after its bytes. For GPU memory "visible" means visible
+//!   to the CPU's next CUDA call on that memory and to every copy a provider made with CUDA
+//!   ([`GpuBuffer`]s carry `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`, so libfabric's `shm` copy
+//!   between processes has run when it completes the operation); for bytes a NIC wrote into
+//!   GPU memory by GPUDirect RDMA, call [`Transport::make_gpu_visible`] before GPU work
+//!   reads them (below).
 //! - A failed operation produces a [`CompletionKind::Error`] carrying its context and the
 //!   provider's own text, or the post itself returns an [`Error`]; nothing fails silently.
 //! - Progress is manual: polling is what moves data. A side that never polls may stall its
 //!   peer. Poll every endpoint that takes part in a transfer.
+//!
+//! # GPU memory and the consumer kernel
+//! A NIC writing into GPU memory (GPUDirect RDMA: EFA, verbs) writes the completion into host
+//! memory over another path than the bytes: the CPU can poll the completion while the bytes
+//! are not yet visible to a kernel (or a copy on any stream) the GPU runs next. After the
+//! completions that announce bytes in a region (its [`CompletionKind::RemoteWrite`]s and
+//! [`CompletionKind::Recv`]s) and before launching the GPU work that reads them, call
+//! [`Transport::make_gpu_visible`] on the region once (not once per completion: one call
+//! covers every completion polled before it):
+//! ```no_run
+//! # use transport_core::Transport;
+//! # fn consume<T: Transport>(ep: &mut T, landing: &T::Mr) -> transport_core::Result<()> {
+//! // ... poll until the RemoteWrite that announces the region's bytes ...
+//! ep.make_gpu_visible(landing)?;
+//! // ... now launch the kernel that reads the region ...
+//! # Ok(()) }
+//! ```
+//! It does what the GPU needs and nothing more: nothing for host memory or for bytes a
+//! provider copied with CUDA (`shm`, `tcp`); nothing where the device orders GPUDirect RDMA
+//! writes for its own context (Hopper and later on most platforms); else
+//! `cuFlushGPUDirectRDMAWrites` (see [`GpuDirectFlush`] for how NCCL and aws-ofi-nccl do it).
+//! It is never called on the post/poll path.
 //!
 //! # What is not guaranteed
 //! - Completion order across operations, even on one peer. Count completions; do not rely on
@@ -115,7 +143,11 @@ pub use backend::{
 pub use error::{CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]
 pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
-pub use mem::{dmabuf_range, Dmabuf, DmabufRange, GpuBuffer, HostBuffer, Memory, MemoryMut, PAGE};
+pub use mem::{
+    dmabuf_range, make_gpu_visible, Dmabuf, DmabufRange, GpuBuffer, GpuDirectFlush, HostBuffer,
+    Landing, Memory, MemoryMut, FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST,
+    GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER, PAGE,
+};
 pub use types::{
     Caps, Completion, CompletionKind, EndpointAddr, KeyBytes, LocalSlice, NicDesc, PeerId, Post,
     RemoteMr, RemoteRegion, RemoteSlice, WriteOp,
@@ -248,6 +280,20 @@ pub trait Transport: Send + Sized {
 
     /// What this endpoint can do.
     fn caps(&self) -> &Caps;
+
+    /// Make the bytes that operations completed (and polled) so far put into `mr` visible to
+    /// work its GPU runs next: a consumer kernel, a copy on any stream (see the crate docs,
+    /// "GPU memory and the consumer kernel"). Call it once after the completions that
+    /// announce the bytes, before launching that work; host memory needs nothing and returns
+    /// at once.
+    ///
+    /// Backends decide from how their provider moved the bytes ([`Landing`]): a NIC's
+    /// GPUDirect RDMA writes get the device's flush ([`GpuDirectFlush`]); copies a provider
+    /// made with CUDA have run already. An error says the GPU cannot make them visible (a
+    /// driver without `cuFlushGPUDirectRDMAWrites` on a GPU that does not order them).
+    /// Not for the post/poll path: a consumer calls it when it is about to read, and where a
+    /// flush is needed it is a blocking driver call.
+    fn make_gpu_visible(&mut self, mr: &Self::Mr) -> Result<()>;
 
     /// How the backend opened the endpoint, in one line for logs: settings that decide how it
     /// behaves on real hardware (efa: fabric, API version, threading model, shm, CUDA API,

@@ -185,6 +185,15 @@ impl std::fmt::Debug for HostBuffer {
 }
 
 /// Memory on a CUDA device. Allocate it with [`GpuBuffer::alloc`] (feature `cuda`).
+///
+/// Every allocation carries `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`: a synchronous CUDA copy
+/// into or out of it (a provider's `cudaMemcpy`, this type's [`Memory::write_at`]) has run
+/// when it returns. Without it a device-to-device `cudaMemcpy` may return before the GPU ran
+/// it, and libfabric's `shm` moves GPU memory between processes with exactly such a copy in
+/// the receiving process: the completion that announces the bytes (a
+/// [`crate::CompletionKind::RemoteWrite`], a receive) could then arrive while they are still
+/// on their way, and work on another stream read the old ones. fabtests
+/// (`hmem_cuda.c`) and NVSHMEM set it on their buffers for the same reason.
 pub struct GpuBuffer {
     ordinal: usize,
     ptr: u64,
@@ -222,6 +231,12 @@ impl GpuBuffer {
     }
 
     #[cfg(not(feature = "cuda"))]
+    pub(crate) fn make_gpudirect_writes_visible(&self) -> crate::Result<()> {
+        Err(crate::Error::Cuda(
+            "built without the `cuda` feature".into(),
+        ))
+    }
+    #[cfg(not(feature = "cuda"))]
     fn write_at(&mut self, _offset: usize, _src: &[u8]) -> crate::Result<()> {
         Err(crate::Error::Cuda(
             "built without the `cuda` feature".into(),
@@ -232,6 +247,76 @@ impl GpuBuffer {
         Err(crate::Error::Cuda(
             "built without the `cuda` feature".into(),
         ))
+    }
+}
+
+/// What makes a NIC's GPUDirect RDMA WRITEs into a GPU visible to work that GPU runs next,
+/// from two attributes of the device (CUDA's GPUDirect RDMA guide, "Synchronization and
+/// Memory Ordering").
+///
+/// A NIC writing into GPU memory over PCIe does not by itself order those writes with the
+/// completion it writes into host memory: the CPU can see the completion while the bytes are
+/// not yet visible to a kernel (or a copy) the GPU runs next. Where the device orders remote
+/// writes for its own context (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` at least
+/// `OWNER`; Hopper and later report it on most platforms) nothing is needed; elsewhere
+/// `cuFlushGPUDirectRDMAWrites(CURRENT_CTX, TO_OWNER)` blocks until they are visible, where
+/// the device supports it from the host (`..._FLUSH_WRITES_OPTIONS` has `HOST`). NCCL flushes
+/// on GPUs before compute capability 9.0 with a one-byte RDMA READ of the received buffer
+/// through a loopback queue pair (a read completion cannot pass the posted writes before
+/// it); aws-ofi-nccl calls `cudaDeviceFlushGPUDirectRDMAWrites` where CUDA flush is enabled
+/// and an `fi_read` of the buffer otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuDirectFlush {
+    /// The device orders GPUDirect RDMA writes for its own context: nothing to do.
+    NotNeeded,
+    /// `cuFlushGPUDirectRDMAWrites` from the host makes them visible.
+    Host,
+    /// The device neither orders them nor flushes them from the host (a driver before CUDA
+    /// 11.3, or a platform without the path).
+    Unsupported,
+}
+
+/// `CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`.
+pub const GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: i32 = 100;
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST`.
+pub const FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: i32 = 1;
+
+impl GpuDirectFlush {
+    /// The plan for a device reporting `ordering`
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`) and `options`
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`); an attribute the driver
+    /// does not know reads as 0.
+    pub fn of_device(ordering: i32, options: i32) -> Self {
+        if ordering >= GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER {
+            GpuDirectFlush::NotNeeded
+        } else if options & FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST != 0 {
+            GpuDirectFlush::Host
+        } else {
+            GpuDirectFlush::Unsupported
+        }
+    }
+}
+
+/// How a backend's provider moved bytes into a region, for
+/// [`crate::Transport::make_gpu_visible`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landing {
+    /// A NIC wrote them by DMA (GPUDirect RDMA for GPU memory): EFA, verbs.
+    NicDma,
+    /// The provider copied them with the CPU or with synchronous CUDA copies (libfabric's
+    /// `shm` and `tcp`): on [`GpuBuffer`] memory (`SYNC_MEMOPS`) those have run before the
+    /// completion is written.
+    ProviderCopy,
+}
+
+/// Make what completed operations put into `mem` visible to work its GPU runs next, for
+/// bytes that landed as `landing` says (the body of [`crate::Transport::make_gpu_visible`] for
+/// both backends). Host memory and provider copies: nothing to do. GPU memory a NIC wrote:
+/// [`GpuBuffer`]'s [`GpuDirectFlush`] plan.
+pub fn make_gpu_visible(mem: &Memory, landing: Landing) -> crate::Result<()> {
+    match (mem, landing) {
+        (Memory::Host(_), _) | (Memory::Gpu(_), Landing::ProviderCopy) => Ok(()),
+        (Memory::Gpu(g), Landing::NicDma) => g.make_gpudirect_writes_visible(),
     }
 }
 
@@ -277,205 +362,7 @@ pub struct Dmabuf {
 }
 
 #[cfg(feature = "cuda")]
-mod cuda {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    use std::sync::Arc;
-
-    use cudarc::driver::{result, sys, CudaContext};
-
-    use super::{dmabuf_range, Dmabuf, GpuBuffer, PAGE};
-    use crate::{Error, Result};
-
-    /// The allocation behind a [`GpuBuffer`]: `cuMemAlloc` memory, freed on drop.
-    ///
-    /// Not cudarc's stream allocator: on GPUs with memory pools it allocates with
-    /// `cuMemAllocAsync`, and such pointers report `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
-    /// = 0` (measured on an H100, driver 580, at every size from 4 KiB to 1 GiB, while
-    /// `cuMemAlloc`'s report 1): nvidia-peermem and EFA cannot pin them, and CUDA IPC, which
-    /// libfabric's shm uses between processes, cannot export them.
-    pub(super) struct Inner {
-        pub(super) ctx: Arc<CudaContext>,
-        ptr: sys::CUdeviceptr,
-    }
-
-    impl Drop for Inner {
-        fn drop(&mut self) {
-            if self.ctx.bind_to_thread().is_ok() {
-                // SAFETY: ptr came from cuMemAlloc in this context and is freed once, here;
-                // every region that used it was deregistered before the buffer is dropped
-                // (regions own their memory).
-                let _ = unsafe { result::free_sync(self.ptr) };
-            }
-        }
-    }
-
-    fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
-        Error::Cuda(format!("{what}: {e:?}"))
-    }
-
-    /// Whether a CUDA driver library can be loaded. cudarc panics on first use without one,
-    /// so everything here checks this first.
-    pub fn driver_present() -> bool {
-        // SAFETY: this only tries `dlopen` on the CUDA driver's library names and closes what it
-        // opened; the driver library's initialisers are the same ones any CUDA program runs.
-        // It is what keeps cudarc from panicking.
-        unsafe { sys::is_culib_present() }
-    }
-
-    /// Number of CUDA devices; 0 where no driver is present.
-    pub fn device_count() -> Result<usize> {
-        if !driver_present() {
-            return Ok(0);
-        }
-        CudaContext::device_count()
-            .map(|n| n as usize)
-            .map_err(|e| cuda_err("cuDeviceGetCount", e))
-    }
-
-    /// The CUDA context of device `ordinal`, created on first use.
-    pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-        if !driver_present() {
-            return Err(Error::Cuda(
-                "no CUDA driver (libcuda.so) found; install the NVIDIA driver or use host memory"
-                    .into(),
-            ));
-        }
-        let n = device_count()?;
-        if ordinal >= n {
-            return Err(Error::InvalidArgument(format!(
-                "GPU {ordinal} does not exist: CUDA sees {n} device(s)"
-            )));
-        }
-        CudaContext::new(ordinal).map_err(|e| cuda_err("cuCtxCreate", e))
-    }
-
-    impl GpuBuffer {
-        /// Allocate `len` zeroed bytes on CUDA device `ordinal` with `cuMemAlloc`, memory
-        /// that GPUDirect RDMA can pin (see [`GpuBuffer::gpudirect_rdma_capable`]).
-        pub fn alloc(ordinal: usize, len: usize) -> Result<Self> {
-            let ctx = context(ordinal)?;
-            ctx.bind_to_thread()
-                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-            // SAFETY: the context is current; cuMemAlloc returns a fresh allocation (at least
-            // one byte: CUDA refuses zero), owned by Inner from here on and freed on drop.
-            let ptr = unsafe { result::malloc_sync(len.max(1)) }
-                .map_err(|e| cuda_err(&format!("cuMemAlloc({len})"), e))?;
-            let inner = Inner { ctx, ptr };
-            // SAFETY: [ptr, ptr + len) lies in the allocation just made; bytes are plain data.
-            unsafe { result::memset_d8_sync(ptr, 0, len) }
-                .map_err(|e| cuda_err("cuMemsetD8", e))?;
-            inner
-                .ctx
-                .synchronize()
-                .map_err(|e| cuda_err("cuCtxSynchronize", e))?;
-            Ok(Self {
-                ordinal,
-                ptr,
-                len,
-                inner,
-            })
-        }
-
-        /// The CUDA context the memory lives in (for backends that need driver calls).
-        pub fn context(&self) -> &Arc<CudaContext> {
-            &self.inner.ctx
-        }
-
-        /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` of the buffer: whether a NIC can
-        /// pin it for GPUDirect RDMA (nvidia-peermem, dmabuf). 1 for `cuMemAlloc` memory on a
-        /// GPU that supports GPUDirect RDMA.
-        pub fn gpudirect_rdma_capable(&self) -> Result<bool> {
-            self.inner
-                .ctx
-                .bind_to_thread()
-                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-            let mut v: std::os::raw::c_int = 0;
-            // SAFETY: the context is current, ptr is a live allocation of it, and this
-            // attribute is written as one int.
-            let r = unsafe {
-                sys::cuPointerGetAttribute(
-                    (&mut v as *mut std::os::raw::c_int).cast(),
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
-                    self.ptr,
-                )
-            };
-            if r != sys::CUresult::CUDA_SUCCESS {
-                return Err(cuda_err(
-                    "cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE)",
-                    r,
-                ));
-            }
-            Ok(v != 0)
-        }
-
-        /// Export `[offset, offset + len)` of the buffer as a dmabuf
-        /// (`cuMemGetHandleForAddressRange`, CUDA 11.7+ with NVIDIA's open kernel modules):
-        /// the whole pages around the range, and where the range sits in them.
-        pub fn export_dmabuf(&self, offset: usize, len: usize) -> Result<Dmabuf> {
-            super::check_range(offset, len, self.len)?;
-            if len == 0 {
-                return Err(Error::InvalidArgument("cannot export 0 bytes".into()));
-            }
-            self.inner
-                .ctx
-                .bind_to_thread()
-                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-            let range = dmabuf_range(self.ptr + offset as u64, len, PAGE as u64);
-            let mut fd: std::os::raw::c_int = -1;
-            // SAFETY: fd is a valid out pointer for an int; the exported range lies in the
-            // page-rounded allocation (cuMemAlloc allocations are page-aligned and
-            // page-granular); the context is current.
-            let r = unsafe {
-                sys::cuMemGetHandleForAddressRange(
-                    (&mut fd as *mut std::os::raw::c_int).cast(),
-                    range.export_base,
-                    range.export_len as usize,
-                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                    0,
-                )
-            };
-            if r != sys::CUresult::CUDA_SUCCESS || fd < 0 {
-                return Err(Error::Unsupported(format!(
-                    "cuMemGetHandleForAddressRange (dmabuf export) failed: {r:?}; it needs CUDA \
-                     11.7+ and NVIDIA's open kernel modules (Linux 5.12+)"
-                )));
-            }
-            Ok(Dmabuf {
-                // SAFETY: the driver just created fd for us; OwnedFd closes it once.
-                fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                range,
-            })
-        }
-
-        pub(super) fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
-            self.inner
-                .ctx
-                .bind_to_thread()
-                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-            // SAFETY: the caller checked [offset, offset + src.len()) against len, so the
-            // destination lies in the live allocation; the source is a plain byte slice.
-            unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
-                .map_err(|e| cuda_err("cuMemcpyHtoD", e))?;
-            // The copy from pageable memory may still be in flight when it returns: wait, so a
-            // NIC reading the buffer next sees the bytes.
-            self.inner
-                .ctx
-                .synchronize()
-                .map_err(|e| cuda_err("cuCtxSynchronize", e))
-        }
-
-        pub(super) fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-            self.inner
-                .ctx
-                .bind_to_thread()
-                .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-            // SAFETY: the caller checked the range against len; dst is a plain byte slice the
-            // synchronous copy fills before it returns.
-            unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset as u64) }
-                .map_err(|e| cuda_err("cuMemcpyDtoH", e))
-        }
-    }
-}
+mod cuda;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{
@@ -529,6 +416,29 @@ mod tests {
                 base_addr: 0x7f00_0000_0000,
             }
         );
+    }
+
+    /// The device's own ordering wins; the host flush is the fallback; neither is an
+    /// error at flush time, not silence. An attribute the driver does not know reads 0.
+    #[test]
+    fn gpudirect_flush_plan_follows_the_device() {
+        use GpuDirectFlush::*;
+        let owner = GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
+        let host = FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
+        assert_eq!(GpuDirectFlush::of_device(owner, 0), NotNeeded);
+        assert_eq!(GpuDirectFlush::of_device(200, host), NotNeeded);
+        assert_eq!(GpuDirectFlush::of_device(0, host), Host);
+        assert_eq!(GpuDirectFlush::of_device(0, host | 2), Host);
+        assert_eq!(GpuDirectFlush::of_device(0, 2), Unsupported);
+        assert_eq!(GpuDirectFlush::of_device(0, 0), Unsupported);
+    }
+
+    /// Host memory needs nothing, whatever moved it.
+    #[test]
+    fn host_memory_is_visible_as_it_lands() {
+        let m = Memory::Host(HostBuffer::new(64));
+        assert!(make_gpu_visible(&m, Landing::NicDma).is_ok());
+        assert!(make_gpu_visible(&m, Landing::ProviderCopy).is_ok());
     }
 
     #[test]

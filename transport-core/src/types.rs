@@ -32,6 +32,16 @@ pub struct NicDesc {
     /// on verbs): each backend lists the keys it takes ([`crate::BackendInfo::options`]) and
     /// refuses others.
     pub options: BTreeMap<String, String>,
+    /// Whether GPU memory will be registered on this endpoint: `Some(true)` yes,
+    /// `Some(false)` never (host memory only), `None` the backend's choice.
+    ///
+    /// Backends that pay for GPU support when they open use it: libfabric asks for `FI_HMEM`
+    /// only where GPU memory may come (`None`: where a CUDA device is present), because its
+    /// `shm` provider turns its single-copy path (CMA, `process_vm_readv`) off for every
+    /// endpoint that asked for `FI_HMEM`, so host memory then moves twice through bounce
+    /// buffers. With `Some(false)`, registering GPU memory is refused, saying why.
+    #[serde(default)]
+    pub gpu_memory: Option<bool>,
 }
 
 impl NicDesc {
@@ -48,6 +58,11 @@ impl NicDesc {
             provider: Some(name.into()),
             ..Self::default()
         }
+    }
+    /// Builder: say whether GPU memory will be registered ([`NicDesc::gpu_memory`]).
+    pub fn with_gpu_memory(mut self, gpu: bool) -> Self {
+        self.gpu_memory = Some(gpu);
+        self
     }
     /// Builder: set a backend-specific option.
     pub fn with_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -529,5 +544,20 @@ mod tests {
         assert_eq!(n.provider.as_deref(), Some("tcp"));
         assert_eq!(n.options.get("mr_mode").map(String::as_str), Some("strict"));
         assert_eq!(NicDesc::device("rxe0").device.as_deref(), Some("rxe0"));
+        assert_eq!(NicDesc::default().gpu_memory, None);
+        assert_eq!(
+            NicDesc::provider("shm").with_gpu_memory(false).gpu_memory,
+            Some(false)
+        );
+    }
+
+    /// A description serialized before `gpu_memory` existed still reads (as `None`).
+    #[test]
+    fn nic_desc_without_gpu_memory_deserializes() {
+        let json = r#"{"device":null,"provider":"shm","port":null,"gid_index":null,
+            "tx_depth":null,"rx_depth":null,"options":{}}"#;
+        let d: NicDesc = serde_json::from_str(json).unwrap();
+        assert_eq!(d.gpu_memory, None);
+        assert_eq!(d.provider.as_deref(), Some("shm"));
     }
 }

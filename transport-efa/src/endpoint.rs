@@ -439,6 +439,15 @@ impl Transport for Endpoint {
     fn runtime(&self) -> Runtime {
         self.runtime_facts()
     }
+
+    #[inline]
+    fn make_gpu_visible(&mut self, mr: &Mr) -> Result<()> {
+        match transport_core::MemoryRegion::memory(mr) {
+            // Host memory: nothing to look up (the ping-pong calls this per message).
+            Memory::Host(_) => Ok(()),
+            mem => transport_core::make_gpu_visible(mem, crate::gpu::landing(&self.provider)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -482,6 +491,29 @@ mod gpu_tests {
                 ep.caps()
             ),
             Err(e) => panic!("expected Unsupported, got {e}"),
+        }
+    }
+
+    /// A host region needs nothing to be visible, on every provider: the call returns at
+    /// once (the GPU cases run on the GPU host, `tests/gpu.rs`).
+    #[test]
+    fn make_gpu_visible_on_host_memory_is_a_no_op() {
+        let mut ep = Endpoint::open(&tcp("off")).expect("open tcp");
+        let mr = ep
+            .register(Memory::Host(transport_core::HostBuffer::new(4096)))
+            .expect("register");
+        ep.make_gpu_visible(&mr).expect("host memory is visible");
+    }
+
+    /// A host-only endpoint (`NicDesc::gpu_memory = Some(false)`) asks for no FI_HMEM and
+    /// says so when GPU memory is offered.
+    #[test]
+    fn host_only_endpoint_refuses_gpu_memory_naming_why() {
+        let ep = Endpoint::open(&tcp("auto").with_gpu_memory(false)).expect("open tcp");
+        assert!(!ep.caps().gpu_memory);
+        match ep.gpu_support() {
+            Err(Error::Unsupported(m)) => assert!(m.contains("host memory only"), "{m}"),
+            other => panic!("expected Unsupported, got {other:?}"),
         }
     }
 

@@ -12,7 +12,18 @@
 //! transfer), so such peers need `gpu_ipc=off`. efa accepts the flag and ignores it.
 
 use libfabric_sys as fi;
-use transport_core::{Error, GpuBuffer, Result};
+use transport_core::{Error, GpuBuffer, Landing, Result};
+
+/// How the provider `provider` (`efa`, `shm`, `tcp;ofi_rxm`) puts bytes into a region, for
+/// [`transport_core::Transport::make_gpu_visible`]: the efa provider's device writes GPU
+/// memory by GPUDirect RDMA (with `cuda_api=on` it may also copy some with CUDA; the flush
+/// covers both), the others copy with the CPU or with synchronous CUDA copies.
+pub(crate) fn landing(provider: &str) -> Landing {
+    match provider.split(';').next() {
+        Some("efa") => Landing::NicDma,
+        _ => Landing::ProviderCopy,
+    }
+}
 
 /// Register `g` on `domain`. The endpoint has checked that the provider offers `FI_HMEM`.
 #[cfg(feature = "cuda")]
@@ -134,4 +145,19 @@ pub(crate) fn register(
         "transport-efa was built without its `cuda` feature; GPU memory cannot be registered"
             .into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the efa provider's device writes GPU memory by DMA; shm and tcp copy.
+    #[test]
+    fn landing_follows_the_core_provider() {
+        assert_eq!(landing("efa"), Landing::NicDma);
+        assert_eq!(landing("efa;ofi_rxd"), Landing::NicDma);
+        assert_eq!(landing("shm"), Landing::ProviderCopy);
+        assert_eq!(landing("tcp;ofi_rxm"), Landing::ProviderCopy);
+        assert_eq!(landing("tcp"), Landing::ProviderCopy);
+    }
 }

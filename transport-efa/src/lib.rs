@@ -33,7 +33,9 @@
 //!   (`FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY`), so that `tcp` and
 //!   `shm` run the code paths `efa` needs. [`Endpoint::mr_mode`] says what was granted.
 //! - `hmem=auto|on|off`: ask for `FI_HMEM` (GPU memory). `auto` (default) asks where a CUDA
-//!   device is present and falls back to host memory only; `on` fails to open without it.
+//!   device is present, unless [`NicDesc::gpu_memory`] says the endpoint registers host memory
+//!   only, and falls back to host memory only; `on` fails to open without it. Asking has a
+//!   price on `shm`: an endpoint with `FI_HMEM` gets no single-copy (CMA) path for host memory.
 //! - `write_completion=auto|delivery|transmit`: when a WRITE completes at the initiator.
 //!   `delivery` (`FI_DELIVERY_COMPLETE`: the target has the data, so a bad key or range comes
 //!   back as an error completion) is the default everywhere but `efa`, whose device

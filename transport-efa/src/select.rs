@@ -328,6 +328,33 @@ fn cuda_device_present() -> std::result::Result<(), String> {
     }
 }
 
+/// Whether to ask for `FI_HMEM`, or why not: `hmem=on|off` decide; under `hmem=auto` an
+/// endpoint that will register no GPU memory ([`NicDesc::gpu_memory`] `Some(false)`) asks for
+/// none, and otherwise one asks where a CUDA device is present.
+///
+/// Asking costs host memory on `shm`: libfabric (1.17 to 2.6) turns its single-copy CMA path
+/// off for any endpoint whose capabilities include `FI_HMEM` (`smr_ep_ctrl`, `FI_ENABLE`:
+/// `if (ep->util_ep.caps & FI_HMEM || smr_env.disable_cma)`), so every host message above the
+/// inject size then goes twice through the segmented (SAR) bounce buffers. fabtests ask for
+/// `FI_HMEM` only with `-D`; on a host with a GPU, `rdma-bench --mem host` asked for it anyway
+/// and ran at 0.28x to 0.56x of fabtests at 64 KiB.
+fn want_hmem(
+    hmem: Hmem,
+    gpu_memory: Option<bool>,
+    cuda_device: impl FnOnce() -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    match (hmem, gpu_memory) {
+        (Hmem::Off, _) => Err("the endpoint was opened with hmem=off".to_string()),
+        (Hmem::On, _) => Ok(()),
+        (Hmem::Auto, Some(false)) => Err(
+            "the endpoint was opened for host memory only (NicDesc::gpu_memory is Some(false); \
+             rdma-bench --mem host), so it did not ask for FI_HMEM"
+                .to_string(),
+        ),
+        (Hmem::Auto, _) => cuda_device(),
+    }
+}
+
 /// Pick the fi_info entry for `nic`.
 pub(crate) fn select(nic: &NicDesc, opts: &Options) -> Result<Selected> {
     let mr_mode = if opts.mr_strict {
@@ -338,11 +365,7 @@ pub(crate) fn select(nic: &NicDesc, opts: &Options) -> Result<Selected> {
     let tx = nic.tx_depth.unwrap_or(0);
     let rx = nic.rx_depth.unwrap_or(0);
 
-    let want_hmem = match opts.hmem {
-        Hmem::Off => Err("the endpoint was opened with hmem=off".to_string()),
-        Hmem::On => Ok(()),
-        Hmem::Auto => cuda_device_present(),
-    };
+    let want_hmem = want_hmem(opts.hmem, nic.gpu_memory, cuda_device_present);
     if want_hmem.is_ok() {
         match query(
             BASE_CAPS | fi::FI_HMEM,
@@ -507,6 +530,23 @@ fn choose(list: &InfoList, nic: &NicDesc, opts: &Options) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host-memory endpoint asks for no FI_HMEM even where a CUDA device is present (on
+    /// shm that keeps the single-copy CMA path); the explicit option still wins. The backend
+    /// asked for FI_HMEM wherever a CUDA device was present, whatever memory followed.
+    #[test]
+    fn fi_hmem_is_asked_only_where_gpu_memory_may_come() {
+        let cuda = || Ok(());
+        let no_cuda = || Err("CUDA sees no device".to_string());
+        assert!(want_hmem(Hmem::Auto, None, cuda).is_ok());
+        assert!(want_hmem(Hmem::Auto, Some(true), cuda).is_ok());
+        let e = want_hmem(Hmem::Auto, Some(false), cuda).unwrap_err();
+        assert!(e.contains("host memory only"), "{e}");
+        assert!(want_hmem(Hmem::Auto, None, no_cuda).is_err());
+        assert!(want_hmem(Hmem::Auto, Some(true), no_cuda).is_err());
+        assert!(want_hmem(Hmem::On, Some(false), no_cuda).is_ok());
+        assert!(want_hmem(Hmem::Off, Some(true), cuda).is_err());
+    }
 
     /// The API version asked is the highest both the library and the headers know: on a 2.x
     /// library (the EFA installer's) that is 2.x, which keeps the efa provider's device RDMA

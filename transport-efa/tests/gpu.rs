@@ -207,3 +207,57 @@ fn gpu_buffers_are_gpudirect_capable_and_export_dmabufs() {
         assert!(g.export_dmabuf(len - 1, 2).is_err(), "past the end");
     }
 }
+
+/// Every `GpuBuffer::alloc` carries `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` (what keeps shm's
+/// CUDA copies ahead of their completions, `tests/gpu_visibility.rs`), and the hidden
+/// allocation without it really lacks it (so that test's "before" shows the race). Each
+/// buffer knows what makes GPUDirect RDMA writes into it visible; the call that does it
+/// succeeds on this GPU (a no-op where the device orders them, Hopper and later).
+#[test]
+fn gpu_buffers_carry_sync_memops_and_a_flush_plan() {
+    if !gpu_present() {
+        return;
+    }
+    for len in [4 << 10, 1 << 20, 256 << 20] {
+        let g = GpuBuffer::alloc(0, len).expect("cuMemAlloc");
+        assert!(g.sync_memops().expect("pointer attribute"), "{len} bytes");
+        let plan = g.gpudirect_flush();
+        let m = Memory::Gpu(g);
+        let r = transport_core::make_gpu_visible(&m, transport_core::Landing::NicDma);
+        eprintln!("{len} bytes: SYNC_MEMOPS set, GPUDirect flush plan {plan:?}: {r:?}");
+        if plan != transport_core::GpuDirectFlush::Unsupported {
+            r.expect("making GPUDirect RDMA writes visible");
+        }
+        transport_core::make_gpu_visible(&m, transport_core::Landing::ProviderCopy)
+            .expect("provider copies need nothing");
+        let u = GpuBuffer::alloc_without_sync_memops(0, len).expect("cuMemAlloc");
+        assert!(!u.sync_memops().expect("pointer attribute"), "{len} bytes");
+    }
+}
+
+/// What a consumer calls after a GPU region's completions, through the trait: over shm (CUDA
+/// copies) it succeeds at once.
+#[test]
+fn make_gpu_visible_over_shm_succeeds() {
+    if !gpu_present() {
+        return;
+    }
+    let nic = NicDesc::provider("shm")
+        .with_option("hmem", "on")
+        .with_option("gpu_ipc", "off");
+    let mut ep = match Endpoint::open(&nic) {
+        Ok(ep) => ep,
+        Err(e) => {
+            no_cuda_provider(&format!("shm hmem=on does not open: {e}"));
+            return;
+        }
+    };
+    let mr = match ep.register(Memory::Gpu(GpuBuffer::alloc(0, LEN).expect("cuMemAlloc"))) {
+        Ok(mr) => mr,
+        Err(e) => {
+            no_cuda_provider(&format!("shm cannot register GPU memory here: {e}"));
+            return;
+        }
+    };
+    ep.make_gpu_visible(&mr).expect("make_gpu_visible");
+}

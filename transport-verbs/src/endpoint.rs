@@ -552,4 +552,11 @@ impl Transport for Endpoint {
     fn runtime(&self) -> Runtime {
         self.runtime_facts()
     }
+
+    /// The NIC writes every byte by DMA (GPUDirect RDMA for GPU memory): a GPU region gets
+    /// its device's flush ([`transport_core::GpuDirectFlush`]), a host region nothing.
+    fn make_gpu_visible(&mut self, mr: &VerbsMr) -> Result<()> {
+        let mem = transport_core::MemoryRegion::memory(mr);
+        transport_core::make_gpu_visible(mem, transport_core::Landing::NicDma)
+    }
 }

@@ -338,6 +338,21 @@ fn run_one<T: Transport>(
                     .flatten()
                 })
                 .collect();
+            // After each phase's last immediate on a NIC this side lands the region and
+            // acknowledges; the server's clock for the NIC stops at that acknowledgement.
+            let warm = u64::from(p.knobs.warmup);
+            let mut acks = Vec::with_capacity(nics);
+            for (i, (data, c)) in side.data.iter().zip(&side.ctrl).enumerate() {
+                let w = if expected[i] > 0 { warm } else { 0 };
+                acks.push(write::AckTo::new(
+                    data,
+                    c,
+                    side.peers[i],
+                    &side.imported[i][1],
+                    w,
+                    expected[i],
+                )?);
+            }
             ctrl.send(&Msg::Request(request(plan, p, id, p.pages, shifts)))?;
             wait_ready(ctrl, id)?;
             let data = &side.data;
@@ -345,17 +360,16 @@ fn run_one<T: Transport>(
                 Some(Some(c)) => c.check(&data[i], g),
                 _ => Ok(()),
             };
-            let mut done = write::wait_imms(
+            let done = write::wait_imms(
                 &mut side.eps,
                 &expected,
+                &mut acks,
                 ctrl,
                 cfg.idle,
                 &mut progress,
                 &mut on_imm,
             )?;
-            // The bytes are in place only once the GPU has run the copies the provider queued
-            // (see buffers::gpu_drain): that wait is part of the run.
-            done.seconds += buffers::gpu_drain(&side.data)?.as_secs_f64();
+            drop(acks);
             if cfg.verbose > 0 {
                 let (n, torn) = checks
                     .iter()
@@ -393,7 +407,7 @@ fn run_one<T: Transport>(
         }
         Workload::Send => {
             let rx = min_rx_depth(side);
-            let (_warm, total, depth) = send_counts(p, rx);
+            let (warm, total, depth) = send_counts(p, rx);
             if plan.verify {
                 for mr in side.data.iter_mut() {
                     buffers::zero(mr, depth as usize * size)?;
@@ -419,7 +433,8 @@ fn run_one<T: Transport>(
                         depth,
                         size,
                     )
-                    .single_buffer(plan.single_buffer);
+                    .single_buffer(plan.single_buffer)
+                    .warm_up(if t > 0 { warm } else { 0 });
                     r.prepost(i)?;
                     rn.push(r);
                 }

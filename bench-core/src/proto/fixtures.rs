@@ -131,8 +131,10 @@ fn link(send: bool) -> LinkWire {
         send,
         name: "rdmap0".into(),
         addr: vec![9; 32],
-        mr: (!send).then_some(RemoteMr {
-            addr: 4096,
+        // Receiving: the landing region; sending: the region whose pad takes the
+        // acknowledgement.
+        mr: Some(RemoteMr {
+            addr: if send { 1 << 30 } else { 4096 },
             len: 1 << 20,
             key: KeyBytes::from_u32(3),
         }),

@@ -32,7 +32,9 @@ pub use validate::validate;
 pub const MAGIC: &str = "rdma-bench";
 /// Bumped on any incompatible change of the messages or of what they mean (2: the write
 /// workload's source turns by one slot per repeat, which the target's check relies on; 3: a
-/// region's key is bytes, sent as a hex string, where it was a number).
+/// region's key is bytes, sent as a hex string, where it was a number, and every phase of
+/// write, rate, send and `rdma-bench run` ends with the target's delivery acknowledgement,
+/// which the initiator waits for, and sending links carry a region).
 pub const VERSION: u32 = 3;
 /// Largest frame accepted.
 pub const MAX_FRAME: usize = 1 << 20;

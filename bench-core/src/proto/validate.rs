@@ -234,13 +234,13 @@ pub fn validate(msg: &Msg) -> Result<()> {
                         k.addr.len()
                     )));
                 }
-                match (&k.mr, k.send) {
-                    (Some(m), false) if m.addr.checked_add(m.len).is_some() => {}
-                    (None, true) => {}
+                // Receiving: where the pages land; sending: where the receiver's delivery
+                // acknowledgement lands (the pad past its pages).
+                match &k.mr {
+                    Some(m) if m.addr.checked_add(m.len).is_some() => {}
                     _ => {
                         return Err(proto(format!(
-                            "link {i}: a receiving link carries one region that does not wrap, \
-                             a sending link none"
+                            "link {i}: every link carries one region that does not wrap"
                         )))
                     }
                 }
@@ -354,8 +354,9 @@ mod tests {
             f(&mut l);
             validate(&Msg::Links(l)).is_err()
         };
-        assert!(bad_links(|l| l.links[0].mr = l.links[1].mr.clone()));
+        assert!(bad_links(|l| l.links[0].mr = None));
         assert!(bad_links(|l| l.links[1].mr = None));
+        assert!(bad_links(|l| l.links[0].mr.as_mut().unwrap().len = u64::MAX));
         assert!(bad_links(
             |l| l.links[1].mr.as_mut().unwrap().addr = u64::MAX
         ));

@@ -1,5 +1,7 @@
 //! `lat`: ping-pong on one NIC, WRITE-with-immediate or SEND. The client times round trips;
-//! latency is reported one-way, as half the round trip.
+//! latency is reported one-way, as half the round trip. Each side lands what it received
+//! ([`super::delivery::land`]: for GPU memory, visible to its GPU) before it answers, and the
+//! client's clock for a round trip stops only after it landed the answer.
 
 use std::time::{Duration, Instant};
 
@@ -7,6 +9,7 @@ use transport_core::{
     Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteSlice, Transport,
 };
 
+use super::delivery::{land, make_visible, Clock, Drain};
 use crate::config::LatOp;
 use crate::ctrl::Liveness;
 use crate::error::{Error, Result, TransportContext};
@@ -174,14 +177,15 @@ impl<T: Transport> PingPong<'_, T> {
         let mut buf = vec![Completion::default(); 16];
         let mut local_done = 0u64;
         for i in 0..total {
-            let t0 = Instant::now();
+            let clock = Clock::start();
             self.post_msg(i, &mut local_done, &mut buf)?;
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
+            let delivered = land(self.ep, &[self.dst.mr], Drain::No)?;
             // The receive for the next reply goes up before the next ping can provoke it.
             if self.op == LatOp::Send && i + 1 < total {
                 self.post_recv(i + 1)?;
             }
-            let rtt = t0.elapsed();
+            let rtt = clock.stop(delivered);
             if i >= warm {
                 rtts.push(rtt.as_nanos() as u64);
             }
@@ -199,6 +203,7 @@ impl<T: Transport> PingPong<'_, T> {
         let mut local_done = 0u64;
         for i in 0..total {
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
+            make_visible(self.ep, &[self.dst.mr])?;
             if self.op == LatOp::Send && i + 1 < total {
                 self.post_recv(i + 1)?;
             }

@@ -6,6 +6,7 @@
 //! and makes no syscall of its own; liveness and the idle timeout are checked every
 //! [`CHECK_EVERY`] turns.
 
+pub mod delivery;
 pub mod lat;
 pub mod ranks;
 pub mod send;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use transport_core::{Completion, CompletionKind};
 
+use self::delivery::{Clock, Delivered};
 use crate::config::{Knobs, Threads};
 use crate::ctrl::Liveness;
 use crate::error::{Error, Result};
@@ -48,12 +50,17 @@ pub trait NicWork {
     fn post(&mut self, max: usize) -> Result<usize>;
     /// Poll the NIC's completions once.
     fn poll(&mut self, buf: &mut [Completion]) -> Result<Polled>;
-    /// Whether this phase's work on this NIC is complete.
+    /// Whether this phase's work on this NIC is complete: its operations completed and their
+    /// bytes are in place at the target ([`NicWork::delivered`]).
     fn finished(&self) -> bool;
+    /// When this phase's bytes were known to be in place at the target (see [`delivery`]):
+    /// `None` before, and for a NIC without work in the phase.
+    fn delivered(&self) -> Option<Delivered>;
     /// Index of the NIC in the session.
     fn nic(&self) -> usize;
-    /// What this NIC did in the current phase; `t0` is the phase start.
-    fn stats(&self, t0: Instant) -> NicStats;
+    /// What this NIC did in the current phase, timed on `clock` (the phase's start) to
+    /// [`NicWork::delivered`].
+    fn stats(&self, clock: Clock) -> NicStats;
 }
 
 /// The error for a completion a loop did not expect: an error completion becomes
@@ -204,11 +211,10 @@ pub fn drive<W: NicWork>(
                 shared.bytes.fetch_add(got.bytes, Ordering::Relaxed);
             }
         }
-        let done = if knobs.sharded {
-            nics.iter().all(|n| n.finished())
-        } else {
-            shared.completed.load(Ordering::Relaxed) >= shared_total
-        };
+        // A phase ends at delivery: every NIC of this thread finished, acknowledgement
+        // included, and (shared counters) every thread's operations completed.
+        let done = nics.iter().all(|n| n.finished())
+            && (knobs.sharded || shared.completed.load(Ordering::Relaxed) >= shared_total);
         if done {
             return Ok(local);
         }
@@ -423,10 +429,16 @@ fn thread_main<P, W: NicWork>(
         )?;
     }
     ctx.barrier()?;
-    let t0 = Instant::now();
+    let clock = Clock::start();
+    let t0 = clock.started();
     let local = drive(&mut nics, knobs, iters, ctx, timed, timed_total, &mut buf)?;
-    let t1 = Instant::now();
-    let per_nic = nics.iter().map(|n| (n.nic(), n.stats(t0))).collect();
+    // The thread's clock stops at its NICs' last delivery (no NIC with work: at once).
+    let t1 = nics
+        .iter()
+        .filter_map(|n| n.delivered())
+        .max()
+        .map_or(t0, Delivered::at);
+    let per_nic = nics.iter().map(|n| (n.nic(), n.stats(clock))).collect();
     Ok(ThreadOut {
         t0,
         t1,

@@ -3,7 +3,9 @@
 //! The passive side keeps `depth` receives posted per NIC and returns credits with a small
 //! WRITE-with-immediate into the sender's control region (the immediate is the count), so
 //! the sender never sends into a receive queue that is not ready, and no receive is left
-//! posted at the end.
+//! posted at the end. After the last message of each phase it lands the region and
+//! acknowledges the same way ([`super::delivery::ACK_IMM`]); the sender's clock for the NIC
+//! stops at that acknowledgement.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +13,7 @@ use transport_core::{
     Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteRegion, Transport,
 };
 
+use super::delivery::{Acks, Clock, Delivered, ACK_IMM, MAX_CREDIT_IMM};
 use super::{NicWork, Polled};
 use crate::ctrl::Ctrl;
 use crate::error::{Error, Result, TransportContext};
@@ -46,7 +49,10 @@ pub struct SendActive<'a, T: Transport> {
     completed: u64,
     inflight: usize,
     max_inflight: usize,
-    last_done: Option<Instant>,
+    /// The receiver's acknowledgement of this phase ([`super::delivery`]).
+    acked: Option<Delivered>,
+    /// Its last SEND completed here and the acknowledgement arrived.
+    delivered: Option<Delivered>,
 }
 
 impl<'a, T: Transport> SendActive<'a, T> {
@@ -70,7 +76,8 @@ impl<'a, T: Transport> SendActive<'a, T> {
             completed: 0,
             inflight: 0,
             max_inflight: p.max_inflight.max(1),
-            last_done: None,
+            acked: None,
+            delivered: None,
         }
     }
 }
@@ -80,7 +87,8 @@ impl<T: Transport> NicWork for SendActive<'_, T> {
         self.phase = iters;
         self.sent = 0;
         self.completed = 0;
-        self.last_done = None;
+        self.acked = None;
+        self.delivered = None;
     }
 
     #[inline]
@@ -125,10 +133,13 @@ impl<T: Transport> NicWork for SendActive<'_, T> {
                     self.completed += 1;
                     p.ops += 1;
                     p.bytes += self.size;
-                    if self.completed == self.phase {
-                        self.last_done = Some(Instant::now());
-                    }
                 }
+                CompletionKind::RemoteWrite { imm: ACK_IMM } => match self.acked {
+                    None => self.acked = Delivered::acknowledged(c),
+                    Some(_) => {
+                        return Err(super::unexpected(c, &format!("SEND on NIC {}", self.nic)))
+                    }
+                },
                 CompletionKind::RemoteWrite { imm } => {
                     self.granted += u64::from(*imm);
                     if self.granted > self.total {
@@ -141,29 +152,36 @@ impl<T: Transport> NicWork for SendActive<'_, T> {
                 _ => return Err(super::unexpected(c, &format!("SEND on NIC {}", self.nic))),
             }
         }
+        if self.delivered.is_none() && self.completed >= self.phase {
+            self.delivered = self.acked.map(Delivered::renewed);
+        }
         Ok(p)
     }
 
     #[inline]
     fn finished(&self) -> bool {
-        self.completed >= self.phase
+        self.completed >= self.phase && (self.phase == 0 || self.delivered.is_some())
+    }
+
+    fn delivered(&self) -> Option<Delivered> {
+        self.delivered
     }
 
     fn nic(&self) -> usize {
         self.nic
     }
 
-    fn stats(&self, t0: Instant) -> NicStats {
+    fn stats(&self, clock: Clock) -> NicStats {
         NicStats {
             bytes: self.completed * self.size,
             ops: self.completed,
-            seconds: self
-                .last_done
-                .map(|t| t.duration_since(t0).as_secs_f64())
-                .unwrap_or(0.0),
+            seconds: self.delivered.map_or(0.0, |d| clock.stop(d).as_secs_f64()),
         }
     }
 }
+
+/// Context of the receiver's acknowledgement WRITEs (credit WRITEs use 0).
+const ACK_CTX: u64 = 1;
 
 /// One NIC of the receiving side.
 pub struct RecvNic<'a, T: Transport> {
@@ -186,6 +204,8 @@ pub struct RecvNic<'a, T: Transport> {
     credit_inflight: u64,
     /// Slots whose re-post met a full queue.
     repost: Vec<u32>,
+    /// The end of each phase acknowledged ([`super::delivery`]).
+    acks: Acks,
 }
 
 impl<'a, T: Transport> RecvNic<'a, T> {
@@ -215,7 +235,14 @@ impl<'a, T: Transport> RecvNic<'a, T> {
             pending_credit: 0,
             credit_inflight: 0,
             repost: Vec::with_capacity(depth as usize),
+            acks: Acks::new(0, total),
         }
+    }
+
+    /// Acknowledge the end of the sender's warm-up phase too, after its `warm` messages.
+    pub fn warm_up(mut self, warm: u64) -> Self {
+        self.acks = Acks::new(warm.min(self.total), self.total);
+        self
     }
 
     /// Post every receive into the first slot, as fi_*_bw do (`--single-buffer`).
@@ -258,7 +285,7 @@ impl<'a, T: Transport> RecvNic<'a, T> {
     }
 
     fn done(&self) -> bool {
-        self.received == self.total && self.credit_inflight == 0
+        self.received == self.total && self.credit_inflight == 0 && self.acks.settled(self.received)
     }
 }
 
@@ -293,6 +320,9 @@ pub fn receive<T: Transport>(
                             n.repost.push(c.ctx as u32);
                         }
                     }
+                    CompletionKind::Write if c.ctx == ACK_CTX && n.acks.inflight > 0 => {
+                        n.acks.inflight -= 1
+                    }
                     CompletionKind::Write => {
                         n.credit_inflight = n.credit_inflight.saturating_sub(1)
                     }
@@ -320,7 +350,7 @@ pub fn receive<T: Transport>(
             }
             let threshold = (n.depth / 4).max(1);
             if n.pending_credit >= threshold || (n.pending_credit > 0 && n.posted == n.total) {
-                let imm = n.pending_credit.min(u64::from(u32::MAX)) as u32;
+                let imm = n.pending_credit.min(u64::from(MAX_CREDIT_IMM)) as u32;
                 let src = LocalSlice {
                     mr: n.credit_src,
                     offset: 0,
@@ -338,6 +368,15 @@ pub fn receive<T: Transport>(
                     n.pending_credit -= u64::from(imm);
                     n.credit_inflight += 1;
                 }
+            }
+            // The end of a phase: land the messages, then acknowledge.
+            if n.total > 0 {
+                let to = n
+                    .remote_ctrl
+                    .slice(0, super::delivery::ACK_LEN as u64)
+                    .ctx(|| "the sender's control region")?;
+                n.acks
+                    .step(n.received, n.ep, n.data, n.peer, n.credit_src, to, ACK_CTX)?;
             }
             got += n.received;
         }

@@ -3,7 +3,9 @@
 //! The active side writes each GPU's pages, in a random order, over the GPU's NICs; the last
 //! WRITE of every repeat on every NIC carries an immediate and is posted once the NIC's other
 //! WRITEs of that repeat have completed, so the immediate says the whole repeat landed. The
-//! passive side waits for one immediate per NIC per repeat.
+//! passive side waits for one immediate per NIC per repeat; after the last one of each phase
+//! it lands the region and acknowledges ([`AckTo`], [`super::delivery`]), and the active
+//! side's clock for the NIC stops at that acknowledgement.
 //!
 //! While bytes are verified the source turns with the repeat (`buffers::Versions`): what a
 //! target slot holds names the repeat that wrote it, and the passive side checks, at each
@@ -17,6 +19,7 @@ use transport_core::{
     Completion, CompletionKind, LocalSlice, PeerId, RemoteRegion, RemoteSlice, Transport, WriteOp,
 };
 
+use super::delivery::{Acks, Clock, Delivered, ACK_LEN};
 use super::{NicWork, Polled};
 use crate::ctrl::Ctrl;
 use crate::error::{Error, Result, TransportContext};
@@ -96,7 +99,11 @@ pub struct WriteActive<'a, T: Transport> {
     max_inflight: usize,
     ops_done: u64,
     bytes: u64,
-    last_done: Option<Instant>,
+    /// The target's acknowledgement of this phase ([`super::delivery`]).
+    acked: Option<Delivered>,
+    /// When the phase's bytes were known to be in place: its last WRITE completed here and
+    /// the acknowledgement arrived.
+    delivered: Option<Delivered>,
 }
 
 impl<'a, T: Transport> WriteActive<'a, T> {
@@ -133,7 +140,8 @@ impl<'a, T: Transport> WriteActive<'a, T> {
             max_inflight: p.max_inflight.max(1),
             ops_done: 0,
             bytes: 0,
-            last_done: None,
+            acked: None,
+            delivered: None,
         }
     }
 
@@ -215,7 +223,8 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
         self.done_reps = 0;
         self.ops_done = 0;
         self.bytes = 0;
-        self.last_done = None;
+        self.acked = None;
+        self.delivered = None;
     }
 
     #[inline]
@@ -309,9 +318,6 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
                     }
                     if c.ctx & IMM != 0 {
                         self.done_reps += 1;
-                        if self.done_reps == self.reps {
-                            self.last_done = Some(Instant::now());
-                        }
                     } else {
                         let slot = &mut self.remaining[c.ctx as usize % WINDOW];
                         *slot = slot.saturating_sub(1);
@@ -319,32 +325,81 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
                     p.ops += 1;
                     p.bytes += self.page_size as u64;
                 }
+                CompletionKind::RemoteWrite { .. } if self.acked.is_none() => {
+                    match Delivered::acknowledged(c) {
+                        Some(d) => self.acked = Some(d),
+                        None => {
+                            return Err(super::unexpected(c, &format!("WRITE on NIC {}", self.nic)))
+                        }
+                    }
+                }
                 _ => return Err(super::unexpected(c, &format!("WRITE on NIC {}", self.nic))),
             }
         }
         self.ops_done += p.ops;
         self.bytes += p.bytes;
+        if self.delivered.is_none() && self.done_reps == self.reps {
+            self.delivered = self.acked.map(Delivered::renewed);
+        }
         Ok(p)
     }
 
     #[inline]
     fn finished(&self) -> bool {
-        self.done_reps == self.reps
+        self.done_reps == self.reps && (self.reps == 0 || self.delivered.is_some())
+    }
+
+    fn delivered(&self) -> Option<Delivered> {
+        self.delivered
     }
 
     fn nic(&self) -> usize {
         self.nic
     }
 
-    fn stats(&self, t0: Instant) -> NicStats {
+    fn stats(&self, clock: Clock) -> NicStats {
         NicStats {
             bytes: self.bytes,
             ops: self.ops_done,
-            seconds: self
-                .last_done
-                .map(|t| t.duration_since(t0).as_secs_f64())
-                .unwrap_or(0.0),
+            seconds: self.delivered.map_or(0.0, |d| clock.stop(d).as_secs_f64()),
         }
+    }
+}
+
+/// What the target of a `write` or `rate` run acknowledges on one NIC (see
+/// [`super::delivery`]): after its last immediate of each phase, it lands the region and
+/// WRITEs [`super::delivery::ACK_IMM`] into the initiator's control region.
+pub struct AckTo<'a, T: Transport> {
+    /// The NIC's data region (what lands).
+    pub data: &'a T::Mr,
+    /// The acknowledgement's source (at least [`ACK_LEN`] bytes; the NIC's control region).
+    pub src: &'a T::Mr,
+    pub peer: PeerId,
+    /// The initiator's control region on this NIC.
+    pub to: RemoteSlice<T::RemoteKey>,
+    /// Immediates of the warm-up phase (0: none) and of every phase together.
+    pub acks: Acks,
+}
+
+impl<'a, T: Transport> AckTo<'a, T> {
+    /// The acknowledgements of a NIC whose initiator runs `warm` repeats, then `total` in all.
+    pub fn new(
+        data: &'a T::Mr,
+        src: &'a T::Mr,
+        peer: PeerId,
+        to: &RemoteRegion<T::RemoteKey>,
+        warm: u64,
+        total: u64,
+    ) -> Result<Self> {
+        Ok(AckTo {
+            data,
+            src,
+            peer,
+            to: to
+                .slice(0, ACK_LEN as u64)
+                .ctx(|| "the initiator's control region")?,
+            acks: Acks::new(warm, total),
+        })
     }
 }
 
@@ -353,14 +408,25 @@ impl<T: Transport> NicWork for WriteActive<'_, T> {
 ///
 /// `on_imm(nic, rep)` runs at each immediate, with the repeat it announces (counted from 0 over
 /// the run; the immediate carries its low 16 bits, and immediates may arrive out of order).
+///
+/// `acks[i]` acknowledges NIC `i`'s phases ([`AckTo`]): the initiator's clock for the NIC
+/// stops only when that acknowledgement arrives, after this side landed the bytes.
 pub fn wait_imms<T: Transport>(
     eps: &mut [T],
     expected: &[u64],
+    acks: &mut [AckTo<'_, T>],
     ctrl: &mut Ctrl,
     idle: Duration,
     progress: &mut Progress,
     on_imm: &mut dyn FnMut(usize, u64) -> Result<()>,
 ) -> Result<Done> {
+    if acks.len() != eps.len() {
+        return Err(Error::Protocol(format!(
+            "{} acknowledgement plans for {} NICs",
+            acks.len(),
+            eps.len()
+        )));
+    }
     let total: u64 = expected.iter().sum();
     let mut counts = vec![0u64; eps.len()];
     let mut got = 0u64;
@@ -396,10 +462,16 @@ pub fn wait_imms<T: Transport>(
                         got += 1;
                         on_imm(i, rep)?;
                     }
+                    CompletionKind::Write if acks[i].acks.inflight > 0 => {
+                        acks[i].acks.inflight -= 1;
+                    }
                     _ => return Err(super::unexpected(c, &format!("NIC {i}"))),
                 }
             }
+            let a = &mut acks[i];
+            a.acks.step(counts[i], ep, a.data, a.peer, a.src, a.to, 0)?;
         }
+        let settled = || acks.iter().zip(&counts).all(|(a, &n)| a.acks.settled(n));
         turns = turns.wrapping_add(1);
         if turns % 64 == 0 {
             if done.is_none() {
@@ -414,7 +486,7 @@ pub fn wait_imms<T: Transport>(
                     None => {}
                 }
             }
-            if got == total {
+            if got == total && settled() {
                 if let Some(d) = done.take() {
                     return Ok(d);
                 }

@@ -12,13 +12,17 @@
 //! signals). Receiving links ([`ImmSink`]) count those immediates; they sit in the same
 //! thread groups and the same [`run_active`] loop as the senders, so every endpoint is polled
 //! while the rank works, with the ladder's knobs.
-
-use std::time::Instant;
+//!
+//! Delivery ([`super::delivery`]): after the last immediate of a phase a receiving link lands
+//! its region (its own clock stops there) and acknowledges into the last [`ACK_PAD`] bytes of
+//! the sending link's region, past its pages; the sending link's clock stops at that
+//! acknowledgement.
 
 use transport_core::{
     Completion, CompletionKind, EndpointAddr, MemoryRegion, PeerId, RemoteRegion, Transport,
 };
 
+use super::delivery::{Clock, Delivered};
 use super::write::{WriteActive, WriteParts};
 use super::{run_active, ActiveOut, Group, NicWork, Polled};
 use crate::buffers::{self, PageLayout};
@@ -32,6 +36,12 @@ use crate::topo_glue::Hints;
 /// Largest region one link registers.
 const MAX_DATA: u64 = 1 << 36;
 
+/// Bytes past a sending link's pages where its receiver's acknowledgement lands.
+pub const ACK_PAD: usize = 64;
+
+mod sink; // a receiving link: ImmSink, SinkParts, ack_pad
+pub use sink::{ack_pad, ImmSink, SinkParts};
+
 /// One endpoint: NIC `nic` of this rank towards `peer_rank`, sending or receiving.
 ///
 /// The endpoint is declared (and so dropped) before its region.
@@ -43,7 +53,8 @@ pub struct Link<T: Transport> {
     pub nic: usize,
     pub send: bool,
     pub peer: Option<PeerId>,
-    /// Sending: the peer's landing region, as `ep` imported it.
+    /// Sending: the peer's landing region. Receiving: the peer's sending region, whose last
+    /// [`ACK_PAD`] bytes take the acknowledgement. Both as `ep` imported them.
     pub remote: Option<RemoteRegion<T::RemoteKey>>,
     /// Receiving: the low 16 bits of the peer's immediates (its sending link's index).
     pub tag: u32,
@@ -114,7 +125,8 @@ pub fn open_links<T: Transport>(
                         "the runs need {n} bytes per link (size x pages); at most {MAX_DATA}"
                     )));
                 }
-                let n = n.max(64) as usize;
+                // A sending link's region has room for the acknowledgement past its pages.
+                let n = n.max(64) as usize + if send { ACK_PAD } else { 0 };
                 let m = buffers::alloc(cfg.mem, cfg.gpus[g], n)?;
                 let mr = ep
                     .register(m)
@@ -154,7 +166,8 @@ pub fn wire<T: Transport>(links: &[Link<T>]) -> Vec<LinkWire> {
             send: l.send,
             name: l.ep.nic_name().to_string(),
             addr: l.ep.address().0,
-            mr: (!l.send).then(|| l.mr.remote()),
+            // Receiving: where the peer's pages land; sending: where the acknowledgement does.
+            mr: Some(l.mr.remote()),
             max_write_size: l.ep.caps().max_write_size as u64,
         })
         .collect()
@@ -177,155 +190,27 @@ pub fn connect<T: Transport>(links: &mut [Link<T>], ends: Vec<LinkWire>) -> Resu
             )
         })?;
         l.peer = Some(p);
-        if l.send {
-            let Some(mr) = e.mr else {
-                return Err(Error::Protocol(format!(
-                    "rank {} sent no region for link {k}",
-                    l.peer_rank
-                )));
-            };
-            let r = l.ep.import(p, &mr).ctx(|| {
-                format!(
-                    "importing rank {}'s region ({}) on link {k} (NIC {})",
-                    l.peer_rank, e.name, l.nic
-                )
-            })?;
-            l.remote = Some(r);
+        let Some(mr) = e.mr else {
+            return Err(Error::Protocol(format!(
+                "rank {} sent no region for link {k}",
+                l.peer_rank
+            )));
+        };
+        if !l.send && mr.len < ACK_PAD as u64 {
+            return Err(Error::Protocol(format!(
+                "rank {}'s sending region for link {k} has no room for the acknowledgement",
+                l.peer_rank
+            )));
         }
+        let r = l.ep.import(p, &mr).ctx(|| {
+            format!(
+                "importing rank {}'s region ({}) on link {k} (NIC {})",
+                l.peer_rank, e.name, l.nic
+            )
+        })?;
+        l.remote = Some(r);
     }
     Ok(())
-}
-
-/// A receiving link: counts the peer's immediates, one per repeat.
-pub struct ImmSink<'a, T: Transport> {
-    link: usize,
-    ep: &'a mut T,
-    /// Low 16 bits every immediate must carry: the sender's link index.
-    tag: u32,
-    /// Repeats expected at all (0: this link carries no pages in this run).
-    active: bool,
-    bytes_per_rep: u64,
-    reps: u64,
-    got: u64,
-    /// Immediates that arrived before the phase started.
-    carry: u64,
-    /// Immediates of this phase that arrived before it started, not yet reported as ops.
-    owed: u64,
-    last: Option<Instant>,
-}
-
-/// An [`ImmSink`] before its thread takes it.
-pub struct SinkParts<'a, T: Transport> {
-    pub link: usize,
-    pub ep: &'a mut T,
-    pub tag: u32,
-    pub active: bool,
-    pub bytes_per_rep: u64,
-    /// Immediates already received for this phase.
-    pub early: u64,
-}
-
-impl<'a, T: Transport> ImmSink<'a, T> {
-    pub fn new(p: SinkParts<'a, T>) -> Self {
-        ImmSink {
-            link: p.link,
-            ep: p.ep,
-            tag: p.tag,
-            active: p.active,
-            bytes_per_rep: p.bytes_per_rep,
-            reps: 0,
-            got: 0,
-            carry: p.early,
-            owed: 0,
-            last: None,
-        }
-    }
-}
-
-impl<T: Transport> NicWork for ImmSink<'_, T> {
-    fn start_phase(&mut self, iters: u64) {
-        self.reps = if self.active { iters } else { 0 };
-        self.got = 0;
-        // Counted by the first poll, like any other completion: the loop that drives the
-        // phase ends on the sum of the ops every poll reports, so ops counted only here
-        // would leave it waiting for completions that already came.
-        self.owed = std::mem::take(&mut self.carry);
-        self.last = None;
-    }
-
-    #[inline]
-    fn post(&mut self, _max: usize) -> Result<usize> {
-        Ok(0)
-    }
-
-    #[inline]
-    fn poll(&mut self, buf: &mut [Completion]) -> Result<Polled> {
-        let n = self
-            .ep
-            .poll(buf)
-            .ctx(|| format!("polling link {}", self.link))?;
-        let mut p = Polled {
-            slots: n,
-            ..Polled::default()
-        };
-        if self.owed > 0 {
-            let k = std::mem::take(&mut self.owed);
-            self.got += k;
-            if self.got > self.reps {
-                return Err(too_many(self.link, self.reps));
-            }
-            if self.got == self.reps {
-                self.last = Some(Instant::now());
-            }
-            p.ops += k;
-            p.bytes += k * self.bytes_per_rep;
-        }
-        for c in &buf[..n] {
-            match c.kind {
-                CompletionKind::RemoteWrite { imm } if imm & 0xffff == self.tag => {
-                    self.got += 1;
-                    if self.got > self.reps {
-                        return Err(too_many(self.link, self.reps));
-                    }
-                    if self.got == self.reps {
-                        self.last = Some(Instant::now());
-                    }
-                    p.ops += 1;
-                    p.bytes += self.bytes_per_rep;
-                }
-                _ => return Err(super::unexpected(c, &format!("link {}", self.link))),
-            }
-        }
-        Ok(p)
-    }
-
-    #[inline]
-    fn finished(&self) -> bool {
-        self.got >= self.reps
-    }
-
-    fn nic(&self) -> usize {
-        self.link
-    }
-
-    fn stats(&self, t0: Instant) -> NicStats {
-        NicStats {
-            bytes: self.got * self.bytes_per_rep,
-            ops: self.got,
-            seconds: self
-                .last
-                .map(|t| t.duration_since(t0).as_secs_f64())
-                .unwrap_or(0.0),
-        }
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn too_many(link: usize, reps: u64) -> Error {
-    Error::Protocol(format!(
-        "link {link} received more immediates than the {reps} expected"
-    ))
 }
 
 /// One link's share of a phase, before its thread takes it.
@@ -380,16 +265,22 @@ impl<T: Transport> NicWork for LinkWork<'_, T> {
             LinkWork::Recv(r) => r.finished(),
         }
     }
+    fn delivered(&self) -> Option<Delivered> {
+        match self {
+            LinkWork::Send(w) => w.delivered(),
+            LinkWork::Recv(r) => r.delivered(),
+        }
+    }
     fn nic(&self) -> usize {
         match self {
             LinkWork::Send(w) => w.nic(),
             LinkWork::Recv(r) => r.nic(),
         }
     }
-    fn stats(&self, t0: Instant) -> NicStats {
+    fn stats(&self, clock: Clock) -> NicStats {
         match self {
-            LinkWork::Send(w) => w.stats(t0),
-            LinkWork::Recv(r) => r.stats(t0),
+            LinkWork::Send(w) => w.stats(clock),
+            LinkWork::Recv(r) => r.stats(clock),
         }
     }
 }
@@ -509,12 +400,18 @@ impl Phase<'_> {
                 if active {
                     per_rep += 1;
                 }
+                let sender = l
+                    .remote
+                    .ok_or_else(|| Error::Protocol(format!("link {k} has no sender region")))?;
                 parts.push((
                     g,
                     LinkParts::Recv(SinkParts {
                         link: k,
                         tag: l.tag,
                         ep: &mut l.ep,
+                        mr: &mut l.mr,
+                        peer,
+                        ack_to: ack_pad(&sender, k)?,
                         active,
                         bytes_per_rep: self.layout.slots(j) * size as u64,
                         early,
