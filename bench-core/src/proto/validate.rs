@@ -142,8 +142,13 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_facts(w.facts.as_deref())
         }
         Msg::Request(r) => {
-            if r.shifts == 0 || r.shifts > 1 << 16 {
-                return Err(proto(format!("request of {} source shifts", r.shifts)));
+            // A page shifts by a cache line per step (buffers::Versions): at most size / 64
+            // steps, so a 16 MiB page has 262144 (a fixed 65536 refused every page above 4 MiB).
+            if r.shifts == 0 || r.shifts > (r.size / 64).max(1) {
+                return Err(proto(format!(
+                    "request of {} source shifts of {}-byte pages",
+                    r.shifts, r.size
+                )));
             }
             if r.imm_every == 0
                 || r.imm_every > MAX_IMM_EVERY
@@ -480,6 +485,21 @@ mod tests {
                 assert!(e.contains("remote key") && e.contains(says), "{bad}: {e}");
             }
         }
+    }
+
+    /// A request's source shifts are bounded by its page size (a cache line per step), not by
+    /// a fixed number: 16 MiB pages shift 262144 times (the GPU host's client/server run).
+    #[test]
+    fn source_shifts_follow_the_page_size() {
+        let mut r = request();
+        r.size = 16 << 20;
+        r.shifts = (16 << 20) / 64;
+        validate(&Msg::Request(r.clone())).unwrap();
+        r.shifts += 1;
+        let e = validate(&Msg::Request(r.clone())).unwrap_err().to_string();
+        assert!(e.contains("262145 source shifts"), "{e}");
+        r.shifts = 0;
+        assert!(validate(&Msg::Request(r)).is_err());
     }
 
     #[test]
