@@ -31,6 +31,9 @@
 # may move GPU memory by CUDA IPC and host memory by CMA.
 #
 # Env: ROUNDS (3), SIZES (4K,64K,1M), BYTES (per bandwidth run, 1 GiB), LAT_ITERS (2000),
+#      ROWS (write,send,lat), FT_WINDOW (fabtests' -W of the bandwidth rows, 64: their
+#      window, which each side drains and acknowledges before the next; a larger one shows
+#      what their window costs them against ours, which keeps posting),
 #      CUDA (/usr/local/cuda), MEM (cuda,host: the tables, in this order), OURS_ARGS (more
 #      flags for both rdma-bench sides, e.g. "--nic-opt hmem=on": FI_HMEM asked for host
 #      memory, as before the fix, which turns shm's CMA off),
@@ -225,7 +228,7 @@ run() {
   if [[ ,$steps, == *,table,* ]]; then
     local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
     local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
-    local mem dev=() cores pin_srv=() pin_cli=()
+    local mem dev=() cores pin_srv=() pin_cli=() ftw=${FT_WINDOW:-64}
     # Each side of every run, ours and theirs, on a core of its own (CORES=server,client;
     # CORES=none: wherever the scheduler puts them). Unpinned, two busy-polling processes
     # that the scheduler happens to stack on one core, or on two hyperthreads of one, read
@@ -282,8 +285,8 @@ run() {
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
       port=$((port + 3))
       case $row in
-        write) tool=(fi_rma_bw -p shm -o writedata "${dev[@]}" -W 64 -S "$b" -I "$n") ;;
-        send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W 64 -S "$b" -I "$n") ;;
+        write) tool=(fi_rma_bw -p shm -o writedata "${dev[@]}" -W "$ftw" -S "$b" -I "$n") ;;
+        send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W "$ftw" -S "$b" -I "$n") ;;
         lat) tool=(fi_rdm_pingpong -p shm "${dev[@]}" -S "$b" -I "$lat_iters") ;;
       esac
       timeout 120 "${pin_srv[@]}" "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
@@ -309,9 +312,10 @@ run() {
     for mem in "${memv[@]}"; do
       dev=(); [ "$mem" = cuda ] && dev=(-D cuda)
       echo
-      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${cores}), $(nproc) cores; fabtests ${dev[*]:-without -D}"
+      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${cores}), $(nproc) cores; fabtests ${dev[*]:-without -D}, -W $ftw"
       printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
-      for row in write send lat; do
+      IFS=, read -r -a rowv <<< "${ROWS:-write,send,lat}"
+      for row in "${rowv[@]}"; do
         for size in "${sizes[@]}"; do
           local bo=0 bt=0 o t r
           for r in $(seq 1 "$rounds"); do
