@@ -492,7 +492,7 @@ pub enum CheckKind {
     /// every slot, every immediate; a slot behind the immediate's repeat fails.
     Order,
     /// The source turns, with a period too short to tell older from newer: both words of each
-    /// slot must name a page of this run ([`SLOTS_PER_CHECK`] slots per immediate, in turn).
+    /// slot must name a page of this run (64 slots per immediate, in turn).
     Whole,
     /// The source does not turn (one buffer, fewer than [`Versions::MIN_SLOTS`] slots): every
     /// WRITE of a slot writes the same bytes, so both words of every slot must be exactly
