@@ -211,9 +211,9 @@ pub struct WorkloadArgs {
     pub ladder: bool,
     /// Run every stage or size R times, interleaved (the whole list once per round), and
     /// report each one's median round with the lowest and highest beside it: a step the
-    /// spread covers is noise, not a step.
-    #[arg(long, value_name = "R", default_value_t = 1)]
-    pub rounds: u32,
+    /// spread covers is noise, not a step. Default: 3 with --ladder, else 1.
+    #[arg(long, value_name = "R")]
+    pub rounds: Option<u32>,
 }
 
 #[derive(Debug, Args)]
