@@ -363,6 +363,12 @@ pub struct DoctorArgs {
     /// Take the GPU/NIC/NUMA layout from an hwloc XML export instead of this machine.
     #[arg(long, value_name = "FILE")]
     pub topology: Option<PathBuf>,
+    /// List the checks (id, what it checks, what to do) instead of checking this node.
+    #[arg(long, conflicts_with_all = ["json", "root", "topology"])]
+    pub list_checks: bool,
+    /// With --list-checks: as a markdown table (README.md's).
+    #[arg(long, requires = "list_checks")]
+    pub markdown: bool,
 }
 
 impl From<&DoctorArgs> for DoctorCfg {
@@ -372,6 +378,8 @@ impl From<&DoctorArgs> for DoctorCfg {
             root: a.root.clone(),
             topology: a.topology.clone(),
             probes: backends::probes(),
+            list_checks: a.list_checks,
+            markdown: a.markdown,
         }
     }
 }
