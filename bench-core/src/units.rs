@@ -103,38 +103,6 @@ impl fmt::Display for GpuList {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!("64".parse::<Size>(), Ok(Size(64)));
-        assert_eq!("4K".parse::<Size>(), Ok(Size(4096)));
-        assert_eq!("64KiB".parse::<Size>(), Ok(Size(65536)));
-        assert_eq!("1m".parse::<Size>(), Ok(Size(1 << 20)));
-        assert_eq!("2G".parse::<Size>(), Ok(Size(2 << 30)));
-        assert!("".parse::<Size>().is_err());
-        assert!("K".parse::<Size>().is_err());
-        assert!("4X".parse::<Size>().is_err());
-        assert!("99999999999999999999G".parse::<Size>().is_err());
-        assert!("17179869184G".parse::<Size>().is_err());
-        assert_eq!(human_bytes(65536), "64K");
-        assert_eq!(human_bytes(1000), "1000");
-    }
-
-    #[test]
-    fn gpu_lists() {
-        assert_eq!("0".parse::<GpuList>(), Ok(GpuList(vec![0])));
-        assert_eq!("0-3,6".parse::<GpuList>(), Ok(GpuList(vec![0, 1, 2, 3, 6])));
-        assert!("3-1".parse::<GpuList>().is_err());
-        assert!("1,1".parse::<GpuList>().is_err());
-        assert!("a".parse::<GpuList>().is_err());
-        assert!("0-100000000000".parse::<GpuList>().is_err());
-        assert!("".parse::<GpuList>().is_err());
-    }
-}
-
 /// Where threads ran, in words: "not pinned", or "pinned to cores 0-3, 8".
 pub fn pinning(cores: &[u32]) -> String {
     if cores.is_empty() {
@@ -171,5 +139,37 @@ pub fn provider_nic(provider: &str, nic: &str) -> String {
         provider.to_string()
     } else {
         format!("{provider} {nic}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!("64".parse::<Size>(), Ok(Size(64)));
+        assert_eq!("4K".parse::<Size>(), Ok(Size(4096)));
+        assert_eq!("64KiB".parse::<Size>(), Ok(Size(65536)));
+        assert_eq!("1m".parse::<Size>(), Ok(Size(1 << 20)));
+        assert_eq!("2G".parse::<Size>(), Ok(Size(2 << 30)));
+        assert!("".parse::<Size>().is_err());
+        assert!("K".parse::<Size>().is_err());
+        assert!("4X".parse::<Size>().is_err());
+        assert!("99999999999999999999G".parse::<Size>().is_err());
+        assert!("17179869184G".parse::<Size>().is_err());
+        assert_eq!(human_bytes(65536), "64K");
+        assert_eq!(human_bytes(1000), "1000");
+    }
+
+    #[test]
+    fn gpu_lists() {
+        assert_eq!("0".parse::<GpuList>(), Ok(GpuList(vec![0])));
+        assert_eq!("0-3,6".parse::<GpuList>(), Ok(GpuList(vec![0, 1, 2, 3, 6])));
+        assert!("3-1".parse::<GpuList>().is_err());
+        assert!("1,1".parse::<GpuList>().is_err());
+        assert!("a".parse::<GpuList>().is_err());
+        assert!("0-100000000000".parse::<GpuList>().is_err());
+        assert!("".parse::<GpuList>().is_err());
     }
 }
