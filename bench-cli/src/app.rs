@@ -10,7 +10,7 @@ use bench_coord::ranks::{self, RunCfg};
 use bench_coord::session::{self, ServerCfg};
 use bench_core::config::MemKind;
 use bench_core::error::{Error, Result};
-use bench_core::plan::Plan;
+use bench_core::plan::{Plan, WorkloadSpec};
 use bench_core::record::{self, Facts, PairRecord, Record};
 use bench_core::report::{self, RunReport};
 use bench_core::side::SideCfg;
@@ -462,7 +462,10 @@ fn compare(a: CompareArgs) -> Result<()> {
 /// `rdma-bench run`: this rank's side and the job's plan, then the rank; rank 0 prints the
 /// job's table (or `--json`).
 fn run_rank(a: RunArgs) -> Result<()> {
-    let plan = Plan::new(&(&a.work).into(), true)?;
+    // `run` runs its plan once: no ladder rounds unless asked for (and then refused).
+    let mut work: WorkloadSpec = (&a.work).into();
+    work.rounds = work.rounds.or(Some(1));
+    let plan = Plan::new(&work, true)?;
     let side = side_cfg(
         &a.common,
         a.common.provider.clone(),

@@ -211,9 +211,9 @@ pub struct WorkloadArgs {
     pub ladder: bool,
     /// Run every stage or size R times, interleaved (the whole list once per round), and
     /// report each one's median round with the lowest and highest beside it: a step the
-    /// spread covers is noise, not a step.
-    #[arg(long, value_name = "R", default_value_t = 1)]
-    pub rounds: u32,
+    /// spread covers is noise, not a step. Default: 3 with --ladder, else 1.
+    #[arg(long, value_name = "R")]
+    pub rounds: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -363,6 +363,12 @@ pub struct DoctorArgs {
     /// Take the GPU/NIC/NUMA layout from an hwloc XML export instead of this machine.
     #[arg(long, value_name = "FILE")]
     pub topology: Option<PathBuf>,
+    /// List the checks (id, what it checks, what to do) instead of checking this node.
+    #[arg(long, conflicts_with_all = ["json", "root", "topology"])]
+    pub list_checks: bool,
+    /// With --list-checks: as a markdown table (README.md's).
+    #[arg(long, requires = "list_checks")]
+    pub markdown: bool,
 }
 
 impl From<&DoctorArgs> for DoctorCfg {
@@ -372,6 +378,8 @@ impl From<&DoctorArgs> for DoctorCfg {
             root: a.root.clone(),
             topology: a.topology.clone(),
             probes: backends::probes(),
+            list_checks: a.list_checks,
+            markdown: a.markdown,
         }
     }
 }

@@ -153,7 +153,7 @@ fn rounds_report_the_median_round_of_each_size_and_stage() {
         T,
     )
     .expect_ok();
-    assert!(o.stdout.contains("rounds min-max"), "{}", o.stdout);
+    assert!(o.stdout.contains("rounds min..max"), "{}", o.stdout);
     assert!(
         o.stdout.contains("median of 2 interleaved rounds"),
         "{}",

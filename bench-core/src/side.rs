@@ -214,10 +214,9 @@ impl<T: Transport> Side<T> {
                     let c = ep.caps();
                     let more = ep.details();
                     eprintln!(
-                        "rdma-bench: NIC {i} (GPU {ordinal}): {} {} max write {} tx depth {} rx depth {} link {}{}{more}",
-                        ep.provider(),
-                        ep.nic_name(),
-                        c.max_write_size,
+                        "rdma-bench: NIC {i} (GPU {ordinal}): {}, max write {}, tx depth {}, rx depth {}, link {}{}{more}",
+                        crate::units::provider_nic(ep.provider(), ep.nic_name()),
+                        crate::units::human_bytes(c.max_write_size as u64),
                         c.tx_depth,
                         c.rx_depth,
                         c.link_gbps.map_or("unknown".into(), |g| format!("{g} Gbit/s")),
