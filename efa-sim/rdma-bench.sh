@@ -55,7 +55,7 @@ p5)
     -s 4K -n 3 -v > "$TMP/out" 2> "$TMP/err" || { rc=$?; cat "$TMP/err" >&2; fail "loopback (rc $rc)"; }
   cat "$TMP/out"
   grep -q "8 GPU(s) x 4 NIC(s), every byte verified" "$TMP/out" || fail "not 8 x 4, verified"
-  # Each NIC line of -v: "NIC i (GPU g): efa <domain> ... PCI <addr>"; topo's JSON names each
+  # Each NIC line of -v: "NIC i (GPU g): efa <domain>, ... PCI <addr>"; topo's JSON names each
   # GPU's NICs with their PCI addresses: endpoint j of GPU g must be on NIC j of its group.
   "$B" topo --xml "$topo" --json > "$TMP/topo.json"
   python3 - "$TMP/topo.json" "$TMP/err" <<'EOF'
@@ -67,7 +67,7 @@ for g in topo["gpus"]:
         want[(g["index"], j)] = (nic["name"] + "-rdm", nic["pci"])
 seen = {}
 for line in open(sys.argv[2]):
-    m = re.match(r"rdma-bench: NIC (\d+) \(GPU (\d+)\): efa (\S+) .* PCI (\S+)$", line.strip())
+    m = re.match(r"rdma-bench: NIC (\d+) \(GPU (\d+)\): efa ([^\s,]+),? .* PCI (\S+)$", line.strip())
     if m:
         i, g, dom, pci = int(m[1]), int(m[2]), m[3], m[4]
         seen[(g, i % 4)] = (dom, pci)
