@@ -224,7 +224,7 @@ mod tests {
         let r = ep.runtime();
         assert_eq!(
             (r.backend.as_str(), r.library.as_str()),
-            ("efa", "libfabric")
+            ("libfabric", "libfabric")
         );
         assert_eq!(r.provider.as_deref(), Some(ep.provider()));
         assert_eq!(r.fabric.as_deref(), Some(ep.fabric_name()));
