@@ -108,7 +108,10 @@ fn plot_of_a_size_sweep_and_of_compare() {
     .expect_ok();
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg"));
-    assert!(text.contains("libfabric/shm") && text.contains("64K"), "{text}");
+    assert!(
+        text.contains("libfabric/shm") && text.contains("64K"),
+        "{text}"
+    );
     let cmp = d.join("compare.svg");
     run(
         &[

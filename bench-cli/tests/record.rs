@@ -149,7 +149,10 @@ fn compare_records_each_pairs_backends() {
     );
     let pairs = r["pairs"].as_array().expect("pairs");
     assert_eq!(pairs.len(), 2, "{r:#}");
-    for (p, (name, prov)) in pairs.iter().zip([("libfabric:shm", "shm"), ("libfabric:tcp", "tcp")]) {
+    for (p, (name, prov)) in pairs
+        .iter()
+        .zip([("libfabric:shm", "shm"), ("libfabric:tcp", "tcp")])
+    {
         assert_eq!(p["pair"], name);
         for side in ["backend", "peer"] {
             check_facts(
