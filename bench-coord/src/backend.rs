@@ -62,8 +62,9 @@ impl Backend {
         }
     }
 
-    /// A backend this program was built without: `info` says no more than its name (the
-    /// feature's), and running it says how to build it in.
+    /// A backend this program was built without: `info` says no more than its name and
+    /// aliases ([`missing_info!`](crate::missing_info)), and running it says how to build it
+    /// in (with `feature`).
     pub const fn missing(info: &'static BackendInfo, feature: &'static str) -> Backend {
         Backend {
             info,
