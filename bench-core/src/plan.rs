@@ -126,7 +126,8 @@ pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
 }
 
 impl Plan {
-    /// Build the plan; `verify_default` is on for loopback and compare.
+    /// Build the plan; `verify_default` is what `verify: None` means (`rdma-bench` verifies by
+    /// default in every command: loopback, compare, client and run).
     pub fn new(w: &WorkloadSpec, verify_default: bool) -> Result<Self> {
         let (dsize, dpages, diters, dwarm) = defaults(w.workload);
         let diters = if w.workload == Workload::Send {
