@@ -7,7 +7,8 @@
 //!   `#SBATCH` lines are kept as Slurm directives, a `#!` line is a script's first line);
 //! - every `$ ` line of a ```text sample, with the sample's `exit N` line as its exit status,
 //!   and its output lines compared with the real output (numbers masked);
-//! - every inline `rdma-bench ...` or `ci/...` code span in the prose.
+//! - every inline `rdma-bench ...` or `ci/...` code span in the prose (reported at its
+//!   paragraph's first line).
 //!
 //! Each is run here (see [`SUBSTITUTIONS`] for what changes on a machine without EFA, GPUs or
 //! RDMA devices), or named in [`ELSEWHERE`] with the CI step that runs it. A command that is
