@@ -85,6 +85,7 @@ fn main() {
         .allowlist_type("ucp_(err_handling_mode_t|ep_close_flags_t|mem_map_params_field)")
         .allowlist_type("ucp_(op_attr_t|am_handler_param_field|am_cb_flags|am_send_flags)")
         .allowlist_type("ucp_(context_attr_field|am_recv_attr)")
+        .allowlist_type("ucp_send_am_flags")
         .allowlist_type("ucs_(status_t|thread_mode_t)")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
