@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libudev-dev
-      libibverbs-dev libclang-16-dev clang-16 xz-utils)
+      libibverbs-dev libucx-dev libclang-16-dev clang-16 xz-utils)
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 # iproute2 and perftest: their libraries (libmnl, libibumad, libpci...) are copied into the
 # VM from this machine.
@@ -31,5 +31,5 @@ if [ ${#want[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${want[@]}" >&2
 fi
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
-# bindgen (libfabric-sys, ibverbs-sys) needs libclang; 16 is what we test with.
+# bindgen (libfabric-sys, ibverbs-sys, ucx-sys) needs libclang; 16 is what we test with.
 export LIBCLANG_PATH=${LIBCLANG_PATH:-/usr/lib/llvm-16/lib}

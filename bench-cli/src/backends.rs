@@ -12,6 +12,7 @@ use transport_core::Probe;
 pub static BACKENDS: &[Backend] = &[
     bench_coord::backend!("efa", transport_efa::Endpoint),
     bench_coord::backend!("verbs", transport_verbs::Endpoint),
+    bench_coord::backend!("ucx", transport_ucx::Endpoint),
 ];
 
 /// The backend `s` names (its name or an alias).
@@ -109,7 +110,7 @@ mod tests {
     #[test]
     fn the_table() {
         assert_eq!(default_name(), "efa");
-        assert_eq!(names(), "efa or verbs");
+        assert_eq!(names(), "efa, verbs or ucx");
         for b in BACKENDS {
             assert!(std::ptr::eq(find(b.name()).unwrap(), b));
             for a in b.info().aliases {
@@ -138,7 +139,7 @@ mod tests {
         assert_eq!(p.to_string(), "verbs:rxe0+rxe1");
         assert_eq!(
             "nope:foo".parse::<Pair>().unwrap_err(),
-            "`nope:foo`: unknown backend `nope` (efa or verbs)"
+            "`nope:foo`: unknown backend `nope` (efa, verbs or ucx)"
         );
         assert_eq!(
             "efa".parse::<Pair>().unwrap_err(),
