@@ -241,7 +241,8 @@ impl Endpoint {
     fn open_ucx(nic: &NicDesc) -> Result<Self> {
         check_options(&crate::INFO, &nic.options)?;
         let peer_errors = match nic.options.get("peer_errors").map(String::as_str) {
-            None | Some("on") => true,
+            None | Some("auto") => !crate::shared_memory_only(nic.provider.as_deref()),
+            Some("on") => true,
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("peer_errors", v)),
         };
@@ -704,8 +705,8 @@ impl Transport for Endpoint {
         let hint = if st == sys::UCS_ERR_UNREACHABLE && self.peer_errors {
             "no transport of TLS reaches the peer with peer error handling: UCX 1.13's \
              shared-memory transports (posix, sysv) have no peer failure handler; add tcp to \
-             the transports or pass the option peer_errors=off (a dead peer then hangs \
-             operations instead of failing them)"
+             the transports or pass the option peer_errors=off or auto (a dead peer then \
+             hangs operations instead of failing them)"
         } else {
             "is the peer's address from a live UCX endpoint, reachable over TLS?"
         };

@@ -38,11 +38,25 @@ use transport_core::{BackendInfo, OptionInfo, ProviderInfo};
 /// The options of `NicDesc::options`.
 const OPTIONS: &[OptionInfo] = &[OptionInfo {
     key: "peer_errors",
-    values: "on|off",
-    help: "UCP_ERR_HANDLING_MODE_PEER on every peer (default on): a dead peer is an error, \
-           not an abort or a hang. UCX 1.13's shared-memory transports (posix, sysv) cannot \
-           do it: with TLS=sm only, pass off (or add tcp to the transports)",
+    values: "auto|on|off",
+    help: "UCP_ERR_HANDLING_MODE_PEER on every peer: a dead peer is an error, not an abort \
+           or a hang. UCX 1.13's shared-memory transports (posix, sysv) cannot do it, so auto \
+           (the default) is off where every transport named is shared memory (sm, posix, \
+           sysv, cma, self), on otherwise; the run record's err_mode says which",
 }];
+
+/// Whether `tls` names shared-memory transports only (UCX 1.13 has no peer failure handler
+/// for posix and sysv, so peer error handling finds no transport for messages there).
+pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
+    tls.is_some_and(|t| {
+        t.split(',').all(|x| {
+            matches!(
+                x.trim().trim_start_matches('^'),
+                "sm" | "shm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | "mm"
+            )
+        })
+    })
+}
 
 /// Transports that go over the machine's InfiniBand/RoCE NICs; the others (shared memory,
 /// tcp, CUDA copies) use no NIC of a GPU's group.
@@ -86,5 +100,9 @@ mod tests {
         assert_eq!(super::nic_driver(Some("tcp")), None);
         assert_eq!(super::nic_driver(None), None);
         assert_eq!(super::nic_driver(Some("sm,rc_verbs")), Some("mlx5"));
+        assert!(super::shared_memory_only(Some("sm")));
+        assert!(super::shared_memory_only(Some("posix,cma,self")));
+        assert!(!super::shared_memory_only(Some("sm,tcp")));
+        assert!(!super::shared_memory_only(None));
     }
 }

@@ -2,14 +2,17 @@
 //!
 //! UCX 1.13's posix and sysv transports have no peer failure handler, so `ucp_ep_create` with
 //! `UCP_ERR_HANDLING_MODE_PEER` finds no transport for active messages ("no peer failure
-//! handler"): shared memory alone runs with `peer_errors=off`, as ucx_perftest does by
-//! default. `peer_errors_need_a_transport_that_has_them` checks the refusal says so.
+//! handler"): shared memory alone runs with `peer_errors=off` (what `auto`, the default,
+//! picks for shared-memory transports only; ucx_perftest's default too).
+//! `peer_errors_need_a_transport_that_has_them` checks the refusal with `on` says so.
 
 use transport_core::{Error, NicDesc, Result, Transport};
 use transport_ucx::Endpoint;
 
 fn open(_side: usize) -> Result<Endpoint> {
-    Endpoint::open(&NicDesc::provider("sm").with_option("peer_errors", "off"))
+    let ep = Endpoint::open(&NicDesc::provider("sm"))?;
+    assert_eq!(ep.runtime().settings["err_mode"], "none", "auto on sm");
+    Ok(ep)
 }
 
 transport_conformance::suite!(open);
@@ -25,7 +28,7 @@ fn immediates_many() {
 
 #[test]
 fn peer_errors_need_a_transport_that_has_them() {
-    let nic = NicDesc::provider("sm");
+    let nic = NicDesc::provider("sm").with_option("peer_errors", "on");
     let (mut a, b) = (Endpoint::open(&nic).unwrap(), Endpoint::open(&nic).unwrap());
     match a.add_peer(&b.address()) {
         Err(e @ Error::Provider { .. }) => {

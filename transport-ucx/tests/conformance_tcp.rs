@@ -7,7 +7,9 @@ use transport_ucx::Endpoint;
 fn open(_side: usize) -> Result<Endpoint> {
     let mut nic = NicDesc::provider("tcp");
     nic.device = Some("lo".into());
-    Endpoint::open(&nic)
+    let ep = Endpoint::open(&nic)?;
+    assert_eq!(ep.runtime().settings["err_mode"], "peer", "auto on tcp");
+    Ok(ep)
 }
 
 transport_conformance::suite!(open);
