@@ -1086,6 +1086,20 @@ impl Drop for Endpoint {
                 unsafe { sys::ucp_request_free(req) };
             }
         }
+        // Operations still queued in UCX (puts whose completions nobody polled): flush each
+        // peer, bounded, so they end before their endpoints close.
+        for i in 0..self.peers.len() {
+            let (ep, failed) = (self.peers[i].ep, self.peers[i].failed.get());
+            if failed != sys::UCS_OK {
+                continue;
+            }
+            let p = sys::ucp_request_param_t::default();
+            // SAFETY: ep is a live endpoint of this worker; no callback.
+            let r = unsafe { sys::ucp_ep_flush_nbx(ep, &p) };
+            if let Ok(Some(req)) = sys::ptr_status(r) {
+                self.wait_request(req, Duration::from_secs(2));
+            }
+        }
         for imp in self.imported.drain(..) {
             // SAFETY: unpacked on a peer ep that is still open; destroyed once.
             unsafe { sys::ucp_rkey_destroy(imp.rkey) };
