@@ -18,7 +18,7 @@ set -euo pipefail
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
-SIZES=(4096:20000 65536:5000 1048576:500)
+SIZES=(${SIZES:-4096:20000 65536:5000 1048576:500})
 PORT=${PORT:-13400}
 perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3; shift 3
