@@ -203,6 +203,9 @@ pub struct Endpoint {
     ctx: Arc<Context>,
     worker: sys::ucp_worker_h,
     address: Vec<u8>,
+    /// Boxed: each peer's error handler holds its address, which must not move as the
+    /// vector grows.
+    #[allow(clippy::vec_box)]
     peers: Vec<Box<Peer>>,
     imported: Vec<Imported>,
     shared: Box<Shared>,
