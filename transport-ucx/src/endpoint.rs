@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_void, CStr, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use transport_core::{
@@ -82,9 +82,18 @@ impl Drop for Context {
     }
 }
 
+/// Memory of regions dropped while their endpoint lives: a peer's put over tcp or cma writes
+/// at the address it was given without the target checking any registration, so a put still
+/// on its way when a region is dropped must find the memory there. The endpoint frees it once
+/// its worker is destroyed (nothing arrives any more).
+type Graveyard = Mutex<Vec<Memory>>;
+
 /// A registered region.
 pub struct UcxMr {
-    mem: Memory,
+    /// `None` only while the region is being taken apart (deregister, drop).
+    mem: Option<Memory>,
+    len: usize,
+    grave: Weak<Graveyard>,
     map: Mapping,
     /// The endpoint that registered it.
     owner: u32,
@@ -121,12 +130,25 @@ impl Drop for Mapping {
     }
 }
 
+impl Drop for UcxMr {
+    fn drop(&mut self) {
+        let _ = self.map.unmap();
+        if let (Some(mem), Some(grave)) = (self.mem.take(), self.grave.upgrade()) {
+            if let Ok(mut g) = grave.lock() {
+                g.push(mem);
+            }
+        }
+    }
+}
+
+const TAKEN: &str = "a region's memory is only taken when the region is consumed";
+
 impl MemoryRegion for UcxMr {
     fn memory(&self) -> &Memory {
-        &self.mem
+        self.mem.as_ref().expect(TAKEN)
     }
     fn memory_mut(&mut self) -> MemoryMut<'_> {
-        MemoryMut::new(&mut self.mem)
+        MemoryMut::new(self.mem.as_mut().expect(TAKEN))
     }
     fn remote(&self) -> RemoteMr {
         self.remote.clone()
@@ -213,6 +235,7 @@ pub struct Endpoint {
     free_tx: Vec<u32>,
     free_rx: Vec<u32>,
     caps: Caps,
+    grave: Arc<Graveyard>,
     tls: String,
     devices: String,
     version: String,
@@ -371,6 +394,7 @@ impl Endpoint {
             free_tx: (0..tx as u32).rev().collect(),
             free_rx: (tx as u32..(tx + rx) as u32).rev().collect(),
             caps: Caps::default(),
+            grave: Arc::new(Mutex::new(Vec::new())),
             tls: nic.provider.clone().unwrap_or_else(|| "all".into()),
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
@@ -440,8 +464,8 @@ impl Endpoint {
             return Err(foreign_region());
         }
         match buf.offset.checked_add(buf.len) {
-            Some(end) if end <= buf.mr.mem.len() => {}
-            _ => return Err(local_range(buf.offset, buf.len, buf.mr.mem.len())),
+            Some(end) if end <= buf.mr.len => {}
+            _ => return Err(local_range(buf.offset, buf.len, buf.mr.len)),
         }
         Ok((buf.mr.base + buf.offset) as *mut c_void)
     }
@@ -781,17 +805,23 @@ impl Transport for Endpoint {
                 len: mem.len() as u64,
                 key,
             },
-            mem,
+            len: mem.len(),
+            mem: Some(mem),
+            grave: Arc::downgrade(&self.grave),
             map,
             owner: self.id,
             base,
         })
     }
 
+    /// The memory comes back at once. Over tcp and cma, UCX's target side checks no
+    /// registration: a peer's put still on its way lands in it anyway. Deregister a region
+    /// peers write into only after their last WRITE's immediate (as the trait asks); a
+    /// region that is dropped instead stays allocated until the endpoint goes.
     fn deregister(&mut self, mr: UcxMr) -> Result<Memory> {
-        let UcxMr { mem, mut map, .. } = mr;
-        check("ucp_mem_unmap", map.unmap(), "")?;
-        Ok(mem)
+        let mut mr = mr;
+        check("ucp_mem_unmap", mr.map.unmap(), "")?;
+        Ok(mr.mem.take().expect(TAKEN))
     }
 
     fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<UcxKey>> {
@@ -1029,7 +1059,7 @@ impl Transport for Endpoint {
         } else {
             Landing::ProviderCopy
         };
-        transport_core::make_gpu_visible(&mr.mem, landing)
+        transport_core::make_gpu_visible(mr.memory(), landing)
     }
 
     fn details(&self) -> String {
@@ -1090,8 +1120,11 @@ impl Drop for Endpoint {
             }
         }
         // Operations still queued in UCX (puts whose completions nobody polled): flush each
-        // peer, bounded, so they end before their endpoints close.
-        for i in 0..self.peers.len() {
+        // peer, bounded, so they end before their endpoints close. Only where some are in
+        // flight: a flush waits for the peer to progress, which a peer in the same thread
+        // (both ends of a loopback) does not do while this one drops.
+        let in_flight = self.free_tx.len() < self.caps.tx_depth;
+        for i in 0..if in_flight { self.peers.len() } else { 0 } {
             let (ep, failed) = (self.peers[i].ep, self.peers[i].failed.get());
             if failed != sys::UCS_OK {
                 continue;
@@ -1127,6 +1160,10 @@ impl Drop for Endpoint {
             // destroyed once. The AM handler's arg (Shared) is still alive here.
             unsafe { sys::ucp_worker_destroy(self.worker) };
             self.worker = ptr::null_mut();
+        }
+        // Nothing can arrive any more: the memory of regions dropped before us can go.
+        if let Ok(mut g) = self.grave.lock() {
+            g.clear();
         }
     }
 }
