@@ -1119,23 +1119,11 @@ impl Drop for Endpoint {
                 unsafe { sys::ucp_request_free(req) };
             }
         }
-        // Operations still queued in UCX (puts whose completions nobody polled): flush each
-        // peer, bounded, so they end before their endpoints close. Only where some are in
-        // flight: a flush waits for the peer to progress, which a peer in the same thread
-        // (both ends of a loopback) does not do while this one drops.
-        let in_flight = self.free_tx.len() < self.caps.tx_depth;
-        for i in 0..if in_flight { self.peers.len() } else { 0 } {
-            let (ep, failed) = (self.peers[i].ep, self.peers[i].failed.get());
-            if failed != sys::UCS_OK {
-                continue;
-            }
-            let p = sys::ucp_request_param_t::default();
-            // SAFETY: ep is a live endpoint of this worker; no callback.
-            let r = unsafe { sys::ucp_ep_flush_nbx(ep, &p) };
-            if let Ok(Some(req)) = sys::ptr_status(r) {
-                self.wait_request(req, Duration::from_secs(2));
-            }
-        }
+        // No flush of operations still queued in UCX: a flush waits for the peer to progress
+        // (a peer in the same thread, both ends of a loopback, does not while this one drops),
+        // and UCX 1.13 aborts ("Fatal: unexpected error: Endpoint timeout", ucp_request.inl)
+        // where a queued send fails while the flush progresses it. The forced close below
+        // purges them instead; UCX may warn that they were not flushed.
         for imp in self.imported.drain(..) {
             // SAFETY: unpacked on a peer ep that is still open; destroyed once.
             unsafe { sys::ucp_rkey_destroy(imp.rkey) };
