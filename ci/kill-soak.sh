@@ -335,7 +335,7 @@ ranks_trial() {
     sleep 0.02
   done
   local complete=0
-  grep -q "write over efa" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
+  grep -q "write over libfabric/" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
   grep -q "the job is complete" "$dir"/rank*.err 2>/dev/null && complete=1
   local bad=0 what rc at took wd=
   for r in 0 1 2 3; do

@@ -3,8 +3,35 @@
 # Sourced by ci/main.sh and ci/test.sh; exports LIBCLANG_PATH.
 set -euo pipefail
 
-PKGS=(build-essential pkg-config libfabric-dev libfabric-bin libhwloc-dev libudev-dev
-      libibverbs-dev libucx-dev libclang-16-dev clang-16 xz-utils)
+PKGS=(build-essential pkg-config libhwloc-dev libudev-dev libibverbs-dev libucx-dev libclang-16-dev
+      clang-16 xz-utils)
+# Debian's libfabric (1.17), unless another is to be used (docs/install.md): on an EFA host the
+# EFA installer's. RDMA_BENCH_LIBFABRIC=PREFIX (e.g. /opt/amazon/efa) puts PREFIX/lib64 (where it
+# has pkgconfig/libfabric.pc, else PREFIX/lib) first in PKG_CONFIG_PATH and LD_LIBRARY_PATH and
+# PREFIX/bin first in PATH; neither that nor a libfabric >= 1.17 that pkg-config already finds
+# gets Debian's libfabric-dev and libfabric-bin beside it (libfabric-bin would bring Debian's
+# libfabric.so.1 into /usr, where the loader finds it whenever LD_LIBRARY_PATH is unset).
+LIBFABRIC_PKGS=(libfabric-dev libfabric-bin)
+if [ -n "${RDMA_BENCH_LIBFABRIC:-}" ]; then
+  lf_lib=
+  for d in lib64 lib; do
+    if [ -f "$RDMA_BENCH_LIBFABRIC/$d/pkgconfig/libfabric.pc" ]; then lf_lib=$RDMA_BENCH_LIBFABRIC/$d; break; fi
+  done
+  if [ -z "$lf_lib" ]; then
+    echo "setup: RDMA_BENCH_LIBFABRIC=$RDMA_BENCH_LIBFABRIC has neither lib64/pkgconfig/libfabric.pc nor lib/pkgconfig/libfabric.pc; on an EFA host it is /opt/amazon/efa (see docs/install.md)" >&2
+    exit 1
+  fi
+  export PKG_CONFIG_PATH=$lf_lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$lf_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ ! -d "$RDMA_BENCH_LIBFABRIC/bin" ] || export PATH=$RDMA_BENCH_LIBFABRIC/bin:$PATH
+  LIBFABRIC_PKGS=()
+  echo "setup: libfabric from $lf_lib (RDMA_BENCH_LIBFABRIC); not installing Debian's libfabric-dev, libfabric-bin" >&2
+elif command -v pkg-config >/dev/null && pkg-config --atleast-version=1.17 libfabric 2>/dev/null &&
+     ! dpkg-query -W -f='${Status}' libfabric-dev 2>/dev/null | grep -q "install ok installed"; then
+  LIBFABRIC_PKGS=()
+  echo "setup: pkg-config finds libfabric $(pkg-config --modversion libfabric) ($(pkg-config --variable=libdir libfabric)); not installing Debian's libfabric-dev, libfabric-bin" >&2
+fi
+PKGS+=("${LIBFABRIC_PKGS[@]}")
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 # iproute2 and perftest: their libraries (libmnl, libibumad, libpci...) are copied into the
 # VM from this machine.

@@ -30,6 +30,24 @@ source ci/setup.sh
 set +e
 case ${CI:-} in "" | 0 | false) CI_RUN= ;; *) CI_RUN=1 ;; esac
 t0=$SECONDS
+# Disk. A CI host's disk is small (a run ran out of it installing the efa-sim build), and
+# every step builds a target of its own. Line tables only (backtraces keep file:line; callgrind
+# keeps function names) and no incremental cache make the workspace's test build 1.3 GB instead
+# of 3.3 GB (measured on this tree), and the targets a step builds for itself
+# (each libfabric release's, the simulated device's) go once their steps are done, under CI=1 or
+# TIDY=1. Each step's header says how much is free; a step that failed with under 1 GB free
+# says so in the summary.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
+TIDY=${TIDY:-$CI_RUN}
+TD=${CARGO_TARGET_DIR:-target}
+mkdir -p "$TD"
+free_kb() { df -Pk "$TD" | awk 'NR == 2 {print $4}'; }
+human() { awk -v k="$1" 'BEGIN {printf "%.1f GB", k / 1048576}'; }
+FREE_START=$(free_kb) FREE_LOW=$(free_kb)
+tidy() { # tidy DIR...: remove a step's own target directory (CI=1 or TIDY=1)
+  [ -z "$TIDY" ] || rm -rf "$@"
+}
 PASSED=() FAILED=() NOT_RUN=() NOT_RUN_WHY=() MUST_RUN=() CASE_SKIPS=()
 RDMA_BENCH_SKIP_LOG=$(mktemp /tmp/ci-test-skips.XXXXXX)
 export RDMA_BENCH_SKIP_LOG
@@ -37,18 +55,24 @@ trap 'rm -f "$RDMA_BENCH_SKIP_LOG"' EXIT
 
 # step NAME CMD [ARGS...]: run CMD (a function or a command) in a subshell with errexit on.
 step() {
-  local name=$1 rc before
+  local name=$1 rc before free
   shift
+  free=$(free_kb)
+  [ "$free" -ge "$FREE_LOW" ] || FREE_LOW=$free
   echo
-  echo "==> $name ($((SECONDS - t0)) s)"
+  echo "==> $name ($((SECONDS - t0)) s, $(human "$free") free)"
   before=$(wc -l <"$RDMA_BENCH_SKIP_LOG")
   (set -e; "$@")
   rc=$?
+  free=$(free_kb)
+  [ "$free" -ge "$FREE_LOW" ] || FREE_LOW=$free
   if [ $rc -eq 0 ]; then
     PASSED+=("$name")
   else
-    FAILED+=("$name (exit $rc)")
-    echo "==> FAILED: $name (exit $rc)"
+    local why="exit $rc"
+    [ "$free" -ge 1048576 ] || why+="; disk nearly full: $(human "$free") free"
+    FAILED+=("$name ($why)")
+    echo "==> FAILED: $name ($why)"
   fi
   # Test cases that noted a skip during this step, by reason.
   local skips
@@ -83,7 +107,7 @@ lf_tests() {
   prefix=$(ci/libfabric.sh "$v")
   PKG_CONFIG_PATH=$prefix/lib/pkgconfig LD_LIBRARY_PATH=$prefix/lib \
     LIBFABRIC_EXPECT=${v%.*} \
-    cargo test --target-dir "${CARGO_TARGET_DIR:-target}-lf-$v" -p transport-efa -p bench-coord -p bench-cli
+    cargo test --target-dir "$TD-lf-$v" -p transport-efa -p bench-coord -p bench-cli
 }
 have_tarball() { [ -f "../shared/libfabric/libfabric-$1.tar.xz" ] || [ -n "${LIBFABRIC_SRC:-}" ]; }
 CI_VERSIONS="2.1.0 2.6.0"
@@ -92,6 +116,7 @@ for v in $VERSIONS; do
   name="libfabric $v: the transport-efa, bench-coord (its docs example) and rdma-bench tests"
   if have_tarball "$v"; then
     step "$name" lf_tests "$v"
+    tidy "$TD-lf-$v"
   else
     not_run "$name" "no ../shared/libfabric/libfabric-$v.tar.xz beside the checkout" ci
   fi
@@ -181,6 +206,7 @@ for ((i = 0; i < ${#SIM_STEPS[@]}; i += 2)); do
     sim_skip="the efa-sim build failed"
   fi
 done
+tidy "$SIMT"
 
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)" ci/launchers-test.sh
 step "kill soak, short: 6 trials per mode and provider on libfabric $(pkg-config --modversion libfabric) (ci/kill-soak.sh)" \
@@ -199,7 +225,7 @@ not_run "GPU tests (transport-efa gpu, gpu_ipc; bench-core's GPU buffers)" \
 
 # ---- summary -----------------------------------------------------------------------------------
 echo
-echo "==> summary ($((SECONDS - t0)) s)"
+echo "==> summary ($((SECONDS - t0)) s; disk: $(human "$FREE_START") free at the start, $(human "$FREE_LOW") at the lowest)"
 for s in "${PASSED[@]}"; do echo "  passed   $s"; done
 for s in "${FAILED[@]}"; do echo "  FAILED   $s"; done
 for i in "${!NOT_RUN[@]}"; do echo "  not run  ${NOT_RUN[i]}: ${NOT_RUN_WHY[i]}"; done

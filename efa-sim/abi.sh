@@ -44,7 +44,7 @@ B=$1
 out=$(mktemp)
 trap 'rm -f "$exports" "$out"' EXIT
 timeout 300 "$B" loopback --provider efa -s 4K -n 3 > "$out" 2>&1 ||
-  { cat "$out" >&2; echo "abi.sh: $B loopback over efa failed" >&2; exit 1; }
+  { cat "$out" >&2; echo "abi.sh: $B loopback --provider efa failed" >&2; exit 1; }
 grep -q "every byte verified" "$out" || { cat "$out" >&2; echo "abi.sh: not verified" >&2; exit 1; }
 echo "abi.sh: $B loopback --provider efa: every byte verified"
 set +e

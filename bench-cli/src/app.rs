@@ -7,10 +7,10 @@ use serde::Serialize;
 
 use bench_coord::backend::Backend;
 use bench_coord::ranks::{self, RunCfg};
-use bench_coord::session::{self, ServerCfg};
+use bench_coord::session::{self, Fixed, ServerCfg};
 use bench_core::config::MemKind;
 use bench_core::error::{Error, Result};
-use bench_core::plan::Plan;
+use bench_core::plan::{Plan, WorkloadSpec};
 use bench_core::record::{self, Facts, PairRecord, Record};
 use bench_core::report::{self, RunReport};
 use bench_core::side::SideCfg;
@@ -101,8 +101,8 @@ const COMMIT: &str = env!("RDMA_BENCH_COMMIT");
 fn facts(c: &Common) -> Facts {
     let mut f = Facts::here(VERSION, COMMIT);
     f.instance = bench_doctor::instances::local().map(|i| i.name.clone());
-    if c.mem == MemKind::Cuda {
-        f.cuda = record::cuda(&c.gpus.0);
+    if c.mem() == MemKind::Cuda {
+        f.cuda = record::cuda(&c.gpus());
     }
     f
 }
@@ -151,9 +151,9 @@ fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Resul
         devices,
         options,
         real_nics: nic_driver.is_some(),
-        gpus: c.gpus.0.clone(),
+        gpus: c.gpus(),
         nics_per_gpu,
-        mem: c.mem,
+        mem: c.mem(),
         verbose: c.verbose,
         idle: idle(c)?,
         hints: match &c.topology {
@@ -181,7 +181,7 @@ fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, Serve
     // Both sides in one process: what the backend needs where two endpoints of one process
     // exchange GPU memory (libfabric: no CUDA IPC, `gpu_ipc=off`), unless given. Between
     // processes (server and client, rdma-bench run) nothing is added.
-    if c.mem == MemKind::Cuda {
+    if c.mem() == MemKind::Cuda {
         for side in [&mut client, &mut server_side] {
             for (k, v) in c.backend.info().same_process_gpu {
                 if !side.options.iter().any(|(x, _)| x == k) {
@@ -192,6 +192,8 @@ fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, Serve
     }
     let server = ServerCfg {
         side: server_side,
+        // Both sides are this command's.
+        fixed: Fixed::ALL,
         max_mem: u64::MAX,
         session_timeout: Duration::from_secs(120),
         max_sessions: 1,
@@ -290,6 +292,12 @@ fn server(a: ServerArgs) -> Result<()> {
             a.common.provider.clone(),
             a.common.devices.clone(),
         )?,
+        // What the operator gave; the rest is each client's.
+        fixed: Fixed {
+            gpus: a.common.gpus.is_some(),
+            nics_per_gpu: a.common.nics_per_gpu.is_some(),
+            mem: a.common.mem.is_some(),
+        },
         max_mem: a.max_mem.0,
         session_timeout: Duration::from_secs_f64(a.session_timeout),
         max_sessions: a.max_sessions,
@@ -305,7 +313,8 @@ fn client(a: ClientArgs) -> Result<()> {
             "--connect-timeout: seconds, more than 0".into(),
         ));
     }
-    let plan = Plan::new(&(&a.work).into(), false)?;
+    // Verified by default, as loopback and run are (`--no-verify` for a pure speed run).
+    let plan = Plan::new(&(&a.work).into(), true)?;
     let out_spec = OutputSpec::from(&a.out);
     let gate = out_spec.prepare(plan.workload.name())?;
     let cfg = side_cfg(
@@ -462,7 +471,10 @@ fn compare(a: CompareArgs) -> Result<()> {
 /// `rdma-bench run`: this rank's side and the job's plan, then the rank; rank 0 prints the
 /// job's table (or `--json`).
 fn run_rank(a: RunArgs) -> Result<()> {
-    let plan = Plan::new(&(&a.work).into(), true)?;
+    // `run` runs its plan once: no ladder rounds unless asked for (and then refused).
+    let mut work: WorkloadSpec = (&a.work).into();
+    work.rounds = work.rounds.or(Some(1));
+    let plan = Plan::new(&work, true)?;
     let side = side_cfg(
         &a.common,
         a.common.provider.clone(),

@@ -10,7 +10,8 @@ use transport_core::Probe;
 /// Every backend this binary knows, built in or not, in the order `--help` lists them; the
 /// first is the default.
 pub static BACKENDS: &[Backend] = &[
-    bench_coord::backend!("efa", transport_efa::Endpoint),
+    // Feature `efa` (the crate transport-efa), named after its library: `efa` is an alias.
+    bench_coord::backend!("efa", transport_efa::Endpoint, "libfabric", ["efa"]),
     bench_coord::backend!("verbs", transport_verbs::Endpoint),
     bench_coord::backend!("ucx", transport_ucx::Endpoint),
 ];
@@ -25,7 +26,7 @@ pub fn default_name() -> &'static str {
     BACKENDS[0].name()
 }
 
-/// The backends' names as a list for messages: `efa or verbs`, `a, b or c`.
+/// The backends' names as a list for messages: `libfabric or verbs`, `a, b or c`.
 pub fn names() -> String {
     let n: Vec<&str> = BACKENDS.iter().map(|b| b.name()).collect();
     match n.split_last() {
@@ -44,7 +45,7 @@ pub fn probes() -> Vec<fn() -> Probe> {
 }
 
 /// One `compare --pairs` entry: `BACKEND:PROVIDER` for a backend with providers
-/// (`efa:shm`), `BACKEND:DEV[+DEV]` for one without (`verbs:rxe0+rxe1`: a device per side).
+/// (`libfabric:shm`, or by an alias, `efa:shm`), `BACKEND:DEV[+DEV]` for one without (`verbs:rxe0+rxe1`: a device per side).
 #[derive(Clone, Debug)]
 pub struct Pair {
     pub backend: &'static Backend,
@@ -52,8 +53,6 @@ pub struct Pair {
     pub provider: Option<String>,
     /// Devices (one per side, or one for both), for a backend without.
     pub devices: Vec<String>,
-    /// The name the entry gave the backend, as it prints.
-    pub name: String,
 }
 
 impl std::str::FromStr for Pair {
@@ -81,24 +80,24 @@ impl std::str::FromStr for Pair {
                 backend,
                 provider: Some(rest.to_string()),
                 devices: Vec::new(),
-                name,
             }
         } else {
             Pair {
                 backend,
                 provider: None,
                 devices: rest.split('+').map(|d| d.trim().to_string()).collect(),
-                name,
             }
         })
     }
 }
 
+/// By the backend's name, whatever the entry called it (`efa:shm` prints `libfabric:shm`).
 impl std::fmt::Display for Pair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.backend.name();
         match &self.provider {
-            Some(p) => write!(f, "{}:{p}", self.name),
-            None => write!(f, "{}:{}", self.name, self.devices.join("+")),
+            Some(p) => write!(f, "{name}:{p}"),
+            None => write!(f, "{name}:{}", self.devices.join("+")),
         }
     }
 }
@@ -109,8 +108,10 @@ mod tests {
 
     #[test]
     fn the_table() {
-        assert_eq!(default_name(), "efa");
-        assert_eq!(names(), "efa, verbs or ucx");
+        assert_eq!(default_name(), "libfabric");
+        assert_eq!(names(), "libfabric, verbs or ucx");
+        // The old name is an alias of the libfabric backend.
+        assert_eq!(find("efa").unwrap().name(), "libfabric");
         for b in BACKENDS {
             assert!(std::ptr::eq(find(b.name()).unwrap(), b));
             for a in b.info().aliases {
@@ -133,13 +134,17 @@ mod tests {
     fn pairs() {
         let p: Pair = "efa:shm".parse().unwrap();
         assert_eq!(p.provider.as_deref(), Some("shm"));
-        assert_eq!(p.backend.name(), "efa");
+        assert_eq!(p.backend.name(), "libfabric");
+        // Printed by the backend's name, not the alias typed.
+        assert_eq!(p.to_string(), "libfabric:shm");
+        let p: Pair = "libfabric:tcp".parse().unwrap();
+        assert_eq!(p.to_string(), "libfabric:tcp");
         let p: Pair = "verbs:rxe0+rxe1".parse().unwrap();
         assert_eq!(p.devices, vec!["rxe0", "rxe1"]);
         assert_eq!(p.to_string(), "verbs:rxe0+rxe1");
         assert_eq!(
             "nope:foo".parse::<Pair>().unwrap_err(),
-            "`nope:foo`: unknown backend `nope` (efa, verbs or ucx)"
+            "`nope:foo`: unknown backend `nope` (libfabric, verbs or ucx)"
         );
         assert_eq!(
             "efa".parse::<Pair>().unwrap_err(),

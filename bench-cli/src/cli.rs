@@ -92,31 +92,32 @@ pub struct Common {
     /// Transport backend.
     #[arg(long, value_parser = backend(), default_value = backends::default_name())]
     pub backend: &'static Backend,
-    /// libfabric provider for the efa backend: efa, shm, tcp, ...
+    /// libfabric provider for the libfabric backend: efa, shm, tcp, ...
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
-    /// NICs to use, comma separated (verbs: rxe0,rxe1; efa: libfabric domains). Loopback gives
+    /// NICs to use, comma separated (verbs: rxe0,rxe1; libfabric: its domains). Loopback gives
     /// the first half to one side and the second half to the other.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub devices: Vec<String>,
     /// Backend option for every NIC, KEY=VALUE, repeatable: passed to the backend as is, e.g.
-    /// efa: write_completion=auto|delivery|transmit, mr_mode=strict, hmem=auto|on|off,
+    /// libfabric: write_completion=auto|delivery|transmit, mr_mode=strict, hmem=auto|on|off,
     /// fabric=efa-direct, shm=off|on, cuda_api=auto|on|off, gpu_ipc=on|off.
     #[arg(long = "nic-opt", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub nic_opts: Vec<(String, String)>,
-    /// GPUs to use, e.g. 0 or 0-7 or 0,2. With host memory on a machine without GPUs, these
-    /// name logical NIC groups (0-15), each with its own endpoints.
-    #[arg(long, value_name = "LIST", default_value = "0")]
-    pub gpus: GpuList,
+    /// GPUs to use, e.g. 0 or 0-7 or 0,2 [default: 0]. With host memory on a machine without
+    /// GPUs, these name logical NIC groups (0-15), each with its own endpoints. The server
+    /// takes each client's count by default; given, it serves the first N of this list.
+    #[arg(long, value_name = "LIST")]
+    pub gpus: Option<GpuList>,
     /// NICs per GPU: each GPU's endpoints, round-robined over its NIC group. Default: on a
     /// known instance type with its own NICs in use (efa provider, or verbs on ConnectX), that
     /// type's NICs per GPU from bench-doctor/data/instances.toml (p5: 4, p5en: 2, p6-b200: 1);
-    /// else 1.
+    /// else 1. The server takes each client's by default (at most its GPUs' NIC groups).
     #[arg(long, value_name = "N")]
     pub nics_per_gpu: Option<usize>,
-    /// Buffer memory.
-    #[arg(long, value_parser = choice::<MemKind>(), default_value = "host")]
-    pub mem: MemKind,
+    /// Buffer memory [default: host]. The server takes each client's by default.
+    #[arg(long, value_parser = choice::<MemKind>())]
+    pub mem: Option<MemKind>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -131,6 +132,18 @@ pub struct Common {
     /// that stand in for another machine's: ci/efa-sim.sh sets RDMA_BENCH_TOPOLOGY).
     #[arg(long, value_name = "FILE.xml", env = "RDMA_BENCH_TOPOLOGY")]
     pub topology: Option<std::path::PathBuf>,
+}
+
+impl Common {
+    /// `--gpus`, or GPU 0.
+    pub fn gpus(&self) -> Vec<usize> {
+        self.gpus.as_ref().map_or_else(|| vec![0], |g| g.0.clone())
+    }
+
+    /// `--mem`, or host memory.
+    pub fn mem(&self) -> MemKind {
+        self.mem.unwrap_or(MemKind::Host)
+    }
 }
 
 /// What to run and how: the workload and the ladder's knobs.
@@ -172,10 +185,11 @@ pub struct WorkloadArgs {
     /// Seed of the random page order and of the data pattern.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Check every received byte (on by default in loopback).
+    /// Check every received byte: the default in every command (loopback, client, compare,
+    /// run); kept for scripts that name it.
     #[arg(long, overrides_with = "no_verify")]
     pub verify: bool,
-    /// Do not check received bytes.
+    /// Do not check received bytes: a pure speed run (the output says `verified no`).
     #[arg(long)]
     pub no_verify: bool,
     /// Latency operation.
@@ -211,9 +225,9 @@ pub struct WorkloadArgs {
     pub ladder: bool,
     /// Run every stage or size R times, interleaved (the whole list once per round), and
     /// report each one's median round with the lowest and highest beside it: a step the
-    /// spread covers is noise, not a step.
-    #[arg(long, value_name = "R", default_value_t = 1)]
-    pub rounds: u32,
+    /// spread covers is noise, not a step. Default: 3 with --ladder, else 1.
+    #[arg(long, value_name = "R")]
+    pub rounds: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -269,12 +283,13 @@ pub struct CompareArgs {
     pub common: Common,
     #[command(flatten)]
     pub work: WorkloadArgs,
-    /// backend:provider pairs, e.g. efa:shm,efa:tcp,verbs:rxe0+rxe1
+    /// backend:provider pairs, e.g. libfabric:shm,libfabric:tcp,verbs:rxe0+rxe1 (`efa:` is
+    /// accepted for `libfabric:`)
     #[arg(
         long,
         value_name = "LIST",
         value_delimiter = ',',
-        default_value = "efa:shm,efa:tcp"
+        default_value = "libfabric:shm,libfabric:tcp"
     )]
     pub pairs: Vec<Pair>,
     #[command(flatten)]
@@ -363,6 +378,12 @@ pub struct DoctorArgs {
     /// Take the GPU/NIC/NUMA layout from an hwloc XML export instead of this machine.
     #[arg(long, value_name = "FILE")]
     pub topology: Option<PathBuf>,
+    /// List the checks (id, what it checks, what to do) instead of checking this node.
+    #[arg(long, conflicts_with_all = ["json", "root", "topology"])]
+    pub list_checks: bool,
+    /// With --list-checks: as a markdown table (README.md's).
+    #[arg(long, requires = "list_checks")]
+    pub markdown: bool,
 }
 
 impl From<&DoctorArgs> for DoctorCfg {
@@ -372,6 +393,8 @@ impl From<&DoctorArgs> for DoctorCfg {
             root: a.root.clone(),
             topology: a.topology.clone(),
             probes: backends::probes(),
+            list_checks: a.list_checks,
+            markdown: a.markdown,
         }
     }
 }

@@ -184,6 +184,14 @@ fn run(fx: &Fx, env: &[(&str, &str)], lf: Option<Libfabric>) -> Report {
         probes: vec![],
     });
     eprintln!("{}", doctor::render(&r));
+    // Every check a fixture node shows is in the doctor's list (and so in README.md's table).
+    for c in &r.checks {
+        assert!(
+            doctor::catalog::listed(&c.id),
+            "check {} is not in bench-doctor's catalog::CHECKS",
+            c.id
+        );
+    }
     r
 }
 
@@ -629,4 +637,105 @@ fn p5_topology_from_hwloc_export() {
         &[],
     );
     assert_eq!(o.code, Some(0), "{}", o.stdout);
+}
+
+// ---------------------------------------------------------------------------------------
+// The list of checks and README.md's doctor table
+
+fn readme() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// README.md's doctor table, from its header row to the last row.
+fn readme_doctor_table(readme: &str) -> String {
+    let mut lines = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| check | what it checks | what to do |"));
+    let mut t = String::new();
+    for l in lines.by_ref().take_while(|l| l.starts_with('|')) {
+        t.push_str(l);
+        t.push('\n');
+    }
+    assert!(
+        !t.is_empty(),
+        "README.md has no doctor table (| check | what it checks | what to do |)"
+    );
+    t
+}
+
+/// README.md's doctor table is exactly what `doctor --list-checks --markdown` prints.
+#[test]
+fn readme_doctor_table_is_the_list() {
+    let o = doctor_cli(&["--list-checks", "--markdown"], &[]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert_eq!(o.stdout, doctor::catalog::markdown());
+    let readme = readme();
+    let t = readme_doctor_table(&readme);
+    assert!(
+        t == o.stdout,
+        "README.md's doctor table differs from `rdma-bench doctor --list-checks --markdown`; \
+         paste its output into README.md.\nREADME:\n{t}\nthe list:\n{}",
+        o.stdout
+    );
+    // The plain list names every check too.
+    let o = doctor_cli(&["--list-checks"], &[]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    for c in doctor::catalog::CHECKS {
+        assert!(o.stdout.contains(c.id), "{} missing:\n{}", c.id, o.stdout);
+    }
+    assert!(!o.stdout.contains("| ---"), "{}", o.stdout);
+    // --markdown only with --list-checks.
+    assert_eq!(doctor_cli(&["--markdown"], &[]).code, Some(2));
+}
+
+/// The sample output in README.md shows only listed checks, and every listed check is one
+/// the doctor's code reports (no stale row): each id, bar the placeholders, is a string the
+/// checks' source names.
+#[test]
+fn readme_sample_and_the_source_agree_with_the_list() {
+    let readme = readme();
+    let sample: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| *l != "$ rdma-bench doctor")
+        .take_while(|l| *l != "```")
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            matches!(w.next(), Some("ok" | "WARN" | "FAIL" | "skip")).then(|| w.next())?
+        })
+        .collect();
+    assert!(
+        sample.len() >= 5,
+        "no doctor sample in README.md: {sample:?}"
+    );
+    for id in &sample {
+        assert!(
+            doctor::catalog::listed(id),
+            "README's sample shows {id}, not in the list"
+        );
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench-doctor/src");
+    let mut code = String::new();
+    for f in [
+        "checks/mod.rs",
+        "checks/gpu.rs",
+        "checks/numa.rs",
+        "checks/pcie.rs",
+        "checks/rdma.rs",
+        "env.rs",
+    ] {
+        code.push_str(&std::fs::read_to_string(src.join(f)).unwrap());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for c in doctor::catalog::CHECKS {
+        assert!(seen.insert(c.id), "{} listed twice", c.id);
+        if c.id == "env.RULE" || c.id == "LIBRARY" {
+            continue;
+        }
+        assert!(
+            code.contains(&format!("\"{}\"", c.id)),
+            "{} is listed but no check reports it",
+            c.id
+        );
+    }
 }

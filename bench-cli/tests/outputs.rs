@@ -108,7 +108,10 @@ fn plot_of_a_size_sweep_and_of_compare() {
     .expect_ok();
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg"));
-    assert!(text.contains("efa/shm") && text.contains("64K"), "{text}");
+    assert!(
+        text.contains("libfabric/shm") && text.contains("64K"),
+        "{text}"
+    );
     let cmp = d.join("compare.svg");
     run(
         &[
@@ -129,7 +132,7 @@ fn plot_of_a_size_sweep_and_of_compare() {
     .expect_ok();
     let text = std::fs::read_to_string(&cmp).unwrap();
     assert!(
-        text.contains("efa:shm") && text.contains("efa:tcp"),
+        text.contains("libfabric:shm") && text.contains("libfabric:tcp"),
         "{text}"
     );
     let _ = std::fs::remove_dir_all(d);
@@ -221,7 +224,7 @@ fn html_report_renders_in_a_browser_without_console_errors() {
         "<h2>Topology</h2>",
         "<h2>Node check (rdma-bench doctor)</h2>",
         "<svg",
-        "efa/shm",
+        "libfabric/shm",
     ] {
         assert!(
             dom.stdout.contains(needle),

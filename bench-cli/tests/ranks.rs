@@ -129,7 +129,7 @@ fn pairwise_incast_bisection() {
     let outs = job(4, &a);
     let t = outs.into_iter().next().unwrap().expect_ok().stdout;
     for want in [
-        "pairwise write over efa/shm: 4 ranks",
+        "pairwise write over libfabric/shm: 4 ranks",
         "2 GPU(s) x 1 NIC(s) per rank",
         "every byte verified",
         "size 4K",
@@ -258,7 +258,7 @@ fn mismatched_version_is_refused() {
         pid: 1,
         spec: RankSpec {
             build: "0.0.0".into(),
-            backend: "efa".into(),
+            backend: "libfabric".into(),
             provider: "shm".into(),
             pattern: Pattern::AllToAll,
             workload: Workload::Write,

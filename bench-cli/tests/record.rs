@@ -66,7 +66,7 @@ fn check_facts(f: &serde_json::Value, provider: &str) {
     );
     assert!(f["cuda"].is_null(), "host memory: no CUDA facts: {f:#}");
     let b = &f["backend"];
-    assert_eq!(b["backend"], "efa", "{f:#}");
+    assert_eq!(b["backend"], "libfabric", "{f:#}");
     assert_eq!(b["library"], "libfabric", "{f:#}");
     let v = b["version"].as_str().expect("libfabric's version");
     assert!(
@@ -149,7 +149,10 @@ fn compare_records_each_pairs_backends() {
     );
     let pairs = r["pairs"].as_array().expect("pairs");
     assert_eq!(pairs.len(), 2, "{r:#}");
-    for (p, (name, prov)) in pairs.iter().zip([("efa:shm", "shm"), ("efa:tcp", "tcp")]) {
+    for (p, (name, prov)) in pairs
+        .iter()
+        .zip([("libfabric:shm", "shm"), ("libfabric:tcp", "tcp")])
+    {
         assert_eq!(p["pair"], name);
         for side in ["backend", "peer"] {
             check_facts(

@@ -62,8 +62,9 @@ impl Backend {
         }
     }
 
-    /// A backend this program was built without: `info` says no more than its name (the
-    /// feature's), and running it says how to build it in.
+    /// A backend this program was built without: `info` says no more than its name and
+    /// aliases ([`missing_info!`](crate::missing_info)), and running it says how to build it
+    /// in (with `feature`).
     pub const fn missing(info: &'static BackendInfo, feature: &'static str) -> Backend {
         Backend {
             info,
@@ -142,34 +143,39 @@ impl Backend {
     }
 }
 
-/// One line of a program's table of backends: `backend!("efa", transport_efa::Endpoint)` is
-/// [`Backend::of`] where the program's Cargo feature `efa` is on, and [`Backend::missing`]
-/// (named after the feature) where it is off. The program's `Cargo.toml` makes the feature
-/// pull in the backend crate.
+/// One line of a program's table of backends: `backend!("verbs", transport_verbs::Endpoint)` is
+/// [`Backend::of`] where the program's Cargo feature `verbs` is on, and [`Backend::missing`]
+/// (named after the feature) where it is off. A backend named otherwise than its feature
+/// gives its name and aliases too, `backend!("efa", transport_efa::Endpoint, "libfabric",
+/// ["efa"])`, so that a build without it still knows them. The program's `Cargo.toml` makes
+/// the feature pull in the backend crate.
 #[macro_export]
 macro_rules! backend {
-    ($feature:literal, $ty:ty) => {{
+    ($feature:literal, $ty:ty) => {
+        $crate::backend!($feature, $ty, $feature, [])
+    };
+    ($feature:literal, $ty:ty, $name:literal, [$($alias:literal),*]) => {{
         #[cfg(feature = $feature)]
         const B: $crate::backend::Backend = $crate::backend::Backend::of::<$ty>();
         #[cfg(not(feature = $feature))]
         const B: $crate::backend::Backend = {
             const INFO: $crate::transport_core::BackendInfo =
-                $crate::backend::missing_info!($feature);
+                $crate::backend::missing_info!($feature, $name, [$($alias),*]);
             $crate::backend::Backend::missing(&INFO, $feature)
         };
         B
     }};
 }
 
-/// The description of a backend that is not built in: its name, and nothing else it could
-/// only say itself.
+/// The description of a backend that is not built in: its name and aliases, and nothing else
+/// it could only say itself.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! missing_info {
-    ($feature:literal) => {
+    ($feature:literal, $name:literal, [$($alias:literal),*]) => {
         $crate::transport_core::BackendInfo {
-            name: $feature,
-            aliases: &[],
+            name: $name,
+            aliases: &[$($alias),*],
             help: concat!("not in this build (rebuild with --features ", $feature, ")"),
             library: $feature,
             provider: None,

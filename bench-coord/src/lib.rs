@@ -17,7 +17,7 @@
 //! ```
 //! use std::time::Duration;
 //!
-//! use bench_coord::session::{self, ServerCfg};
+//! use bench_coord::session::{self, Fixed, ServerCfg};
 //! use bench_core::plan::{Plan, WorkloadSpec};
 //! use bench_core::side::SideCfg;
 //!
@@ -27,6 +27,7 @@
 //! };
 //! let server = ServerCfg {
 //!     side: side.clone(),
+//!     fixed: Fixed::ALL,
 //!     max_mem: u64::MAX,
 //!     session_timeout: Duration::from_secs(120),
 //!     max_sessions: 1,

@@ -415,26 +415,54 @@ impl Versions {
         k: u64,
         word: [u8; 8],
     ) -> Option<(u64, u64)> {
+        self.decode_at(layout, m, j, k, 0, word)
+    }
+
+    /// The source slot and shift step of the repeat that left `word` at byte `o` (a multiple of
+    /// 8 below the page size) of target slot `k`: a repeat shifting its source by `q` steps
+    /// reads byte `o` from byte `o + 64 q` of its source slot, or, past that page's end, from
+    /// byte `o + 64 q - page` of the next source page (the slack page after the last). `None`
+    /// as for [`Self::decode`].
+    #[inline]
+    fn decode_at(
+        &self,
+        layout: &PageLayout,
+        m: u64,
+        j: usize,
+        k: u64,
+        o: u64,
+        word: [u8; 8],
+    ) -> Option<(u64, u64)> {
         let (s, off) = self.locate(layout, m, j, word)?;
-        if off % SHIFT_STEP as u64 != 0 {
-            return None;
-        }
-        let q = off / SHIFT_STEP as u64;
-        if s >= self.slots.max(1) || q >= self.shifts || (self.slots == 0 && s != k) {
+        let (ps, step) = (self.page_size as u64, SHIFT_STEP as u64);
+        // off >= o: from the repeat's own source slot (o + 64 q < page); below: from the next.
+        let (s, d) = if off >= o {
+            (s, off - o)
+        } else {
+            (s.checked_sub(1)?, off + ps - o)
+        };
+        let q = d / step;
+        if d % step != 0
+            || s >= self.slots.max(1)
+            || q >= self.shifts
+            || (self.slots == 0 && s != k)
+        {
             return None;
         }
         Some((s, q))
     }
 
-    /// The last 8 bytes of a target slot that the repeat reading source slot `s` shifted by
-    /// `q` steps leaves (multiplications only: the check's common case, a whole page).
+    /// The 8 bytes at byte `o` (a multiple of 8 below the page size) of a target slot that the
+    /// repeat reading source slot `s` shifted by `q` steps leaves (see [`Self::decode_at`];
+    /// multiplications only: the check's common case, a whole page).
     #[inline]
-    fn last_word(&self, layout: &PageLayout, m: u64, j: usize, s: u64, q: u64) -> [u8; 8] {
+    fn word_at(&self, layout: &PageLayout, m: u64, j: usize, s: u64, q: u64, o: u64) -> [u8; 8] {
         let ps = self.page_size as u64;
-        let pos = if q == 0 {
-            layout.page_of(j, s) * ps + ps - 8
+        let from = o + q * SHIFT_STEP as u64;
+        let pos = if from < ps {
+            layout.page_of(j, s) * ps + from
         } else {
-            layout.page_of(j, s + 1) * ps + q * SHIFT_STEP as u64 - 8
+            layout.page_of(j, s + 1) * ps + from - ps
         };
         ((pos / 8) ^ m).to_le_bytes()
     }
@@ -464,61 +492,83 @@ impl Versions {
         k: u64,
         word: [u8; 8],
     ) -> Option<u64> {
-        let (s, off) = self.locate(layout, m, j, word)?;
-        let (ps, n, step) = (self.page_size as u64, self.slots.max(1), SHIFT_STEP as u64);
-        if off == ps - 8 {
-            // Unshifted: the end of source slot s.
-            if s >= n || (self.slots == 0 && s != k) {
-                return None;
-            }
-            return Some(self.repeat_of(s, 0, k));
-        }
-        // Shifted by q steps: the word before q * step of the page after source slot s.
-        let q = (off + 8) / step;
-        if (off + 8) % step != 0 || q == 0 || q >= self.shifts || s == 0 || s > n {
-            return None;
-        }
-        Some(self.repeat_of(s - 1, q, k))
+        let o = (self.page_size as u64).checked_sub(8)?;
+        let (s, q) = self.decode_at(layout, m, j, k, o, word)?;
+        Some(self.repeat_of(s, q, k))
     }
 }
 
 /// Slots the check of a short-period run reads per immediate, in turn (see [`RepeatCheck`]).
 const SLOTS_PER_CHECK: u64 = 64;
 
+/// Bytes between the words [`RepeatCheck`] reads in a page: no larger than the smallest piece
+/// a device may drop out of a WRITE (a packet: EFA's MTU is 8928 bytes, InfiniBand's at most
+/// 4096, RoCE's commonly 1024), so a piece lost anywhere in a page covers a word the check
+/// reads.
+pub const CHECK_STRIDE: usize = 1024;
+
+/// The byte offsets of the words [`RepeatCheck`] reads in a page of `ps` bytes (at least 8):
+/// every [`CHECK_STRIDE`] bytes from the first word, and the last word. Any run of
+/// `CHECK_STRIDE` bytes or more inside the page holds one of them whole where it starts and
+/// ends on a word boundary (a packet's bytes are a multiple of 8 on every device here).
+#[inline]
+fn check_offsets(ps: usize) -> impl Iterator<Item = usize> {
+    (0..ps - 8)
+        .step_by(CHECK_STRIDE)
+        .chain(std::iter::once(ps - 8))
+}
+
+/// Words [`RepeatCheck`] reads per slot of `ps` bytes: `ceil((ps - 8) / 1024) + 1` (5 for
+/// 4 KiB pages, 65 for 64 KiB, 1025 for 1 MiB: one 8-byte load per KiB of the page, a
+/// hundred-and-twenty-eighth of its bytes).
+pub fn check_words_per_page(ps: usize) -> usize {
+    if ps <= 8 {
+        1
+    } else {
+        check_offsets(ps).count()
+    }
+}
+
 /// What [`RepeatCheck`] can tell from a slot's words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckKind {
     /// The source turns with a period long enough to tell an older repeat from a newer one:
-    /// every slot, every immediate; a slot behind the immediate's repeat fails.
+    /// every slot, every immediate; a slot with a word behind the immediate's repeat fails.
     Order,
-    /// The source turns, with a period too short to tell older from newer: both words of each
-    /// slot must name a page of this run ([`SLOTS_PER_CHECK`] slots per immediate, in turn).
+    /// The source turns, with a period too short to tell older from newer: every word read of
+    /// each slot must name a page of this run (64 slots per immediate, in
+    /// turn).
     Whole,
     /// The source does not turn (one buffer, fewer than [`Versions::MIN_SLOTS`] slots): every
-    /// WRITE of a slot writes the same bytes, so both words of every slot must be exactly
+    /// WRITE of a slot writes the same bytes, so every word read of every slot must be exactly
     /// those bytes at every immediate (a race cannot change them).
     Fixed,
 }
 
 /// The target's check of each immediate: when the immediate of repeat `g` arrives on a NIC,
-/// no slot of that NIC may hold an older repeat's page, nor bytes that are no page of the run.
-/// Two 8-byte loads per slot: the first and the last word of each page, each naming the
-/// repeat that wrote it ([`Versions::decode`], [`Versions::decode_last`]), so it stays on
-/// whenever bytes are verified. Host memory only; the full check after the run covers GPU
-/// memory.
+/// no slot of that NIC may hold an older repeat's page, nor bytes that are no page of the run,
+/// anywhere in the page. It reads one 8-byte word every [`CHECK_STRIDE`] bytes of each page
+/// and its last word ([`check_words_per_page`]: 5 loads for a 4 KiB page, 65 for 64 KiB),
+/// each naming the repeat that wrote it ([`Versions::decode`], [`Versions::decode_last`]),
+/// so a WRITE of which one packet was lost (its first and last words new, a piece inside
+/// still the older repeat's) shows, and the check stays on whenever bytes are verified. The
+/// common case, a whole page of one repeat, decodes the first word only and compares the
+/// others with what that repeat leaves (no division). Host memory only; the full check after
+/// the run covers GPU memory.
 ///
 /// The initiator does not wait for the target to read its immediates, so a slot may hold a
-/// repeat far newer than `g`; it is told from an older one by the period of the versions,
-/// which must exceed twice what the target can lag ([`RepeatCheck::MIN_PERIOD`]: the target's
-/// completion queue holds a few thousand immediates at most). Shorter periods check that each
-/// slot holds whole pages of the run ([`CheckKind::Whole`]); a source that does not turn, that
-/// each slot holds exactly its page ([`CheckKind::Fixed`]).
+/// repeat far newer than `g`, or pieces of several newer ones; it is told from an older one by
+/// the period of the versions, which must exceed twice what the target can lag
+/// ([`RepeatCheck::MIN_PERIOD`]: the target's completion queue holds a few thousand immediates
+/// at most). Shorter periods check that each slot holds pieces of pages of the run
+/// ([`CheckKind::Whole`]); a source that does not turn, that each slot holds exactly its page
+/// ([`CheckKind::Fixed`]).
 ///
-/// A slot that holds an older repeat's page is a WRITE that was lost or that landed after the
-/// immediate meant to announce it: the error names the slot and both repeats. A word that
-/// names no page is a read that raced a landing WRITE, once: the same slot read so at its next
-/// check too is memory no WRITE of the run wrote (a lost WRITE into a fresh buffer, a stale
-/// page of another run) and fails.
+/// A slot with a word of an older repeat's page is a WRITE (or a piece of one) that was lost
+/// or that landed after the immediate meant to announce it: the error names the slot, both
+/// repeats and the word. A word that names no page is a read that raced a landing WRITE, once:
+/// the same slot read so at its next check too is memory no WRITE of the run wrote (a lost
+/// WRITE into a fresh buffer, a stale page of another run) and fails.
 pub struct RepeatCheck {
     nic: usize,
     j: usize,
@@ -537,6 +587,17 @@ pub struct RepeatCheck {
     pub torn: u64,
     /// Immediates checked.
     pub checked: u64,
+}
+
+/// How an error names the word at byte `o` of a page of `ps` bytes.
+fn which_word(o: usize, ps: usize) -> String {
+    if o == 0 {
+        "first word".into()
+    } else if o + 8 == ps {
+        "last word".into()
+    } else {
+        format!("word at byte {o}")
+    }
 }
 
 impl RepeatCheck {
@@ -614,13 +675,13 @@ impl RepeatCheck {
         Ok(())
     }
 
-    /// The two words of slot `k`, where they fit in `h`.
+    /// Slot `k` lies inside `h` (else an error naming it).
     #[inline]
-    fn words(&self, h: &HostBuffer, k: u64) -> Result<([u8; 8], [u8; 8])> {
+    fn in_region(&self, h: &HostBuffer, k: u64) -> Result<usize> {
         let ps = self.layout.page_size;
         let at = k as usize * ps;
-        match (h.peek8(at), h.peek8(at + ps - 8)) {
-            (Some(a), Some(b)) => Ok((a, b)),
+        match at.checked_add(ps) {
+            Some(end) if end <= h.len() => Ok(at),
             _ => Err(Error::Verify(format!(
                 "NIC {}: slot {k} ({ps} bytes at {at}) is past the end of the {}-byte region",
                 self.nic,
@@ -629,65 +690,96 @@ impl RepeatCheck {
         }
     }
 
+    /// The word at byte `at` of `h`, inside the region ([`Self::in_region`] checked it).
+    #[inline]
+    fn word(h: &HostBuffer, at: usize) -> [u8; 8] {
+        h.peek8(at).unwrap_or_default()
+    }
+
     /// Slot `k` at the immediate of repeat `g` (`gp`: `g` modulo the period).
     #[inline]
     fn check_turned(&mut self, h: &HostBuffer, k: u64, g: u64, gp: u64, period: u64) -> Result<()> {
-        let (first, last) = self.words(h, k)?;
+        let at = self.in_region(h, k)?;
         let (l, v, m, j) = (&self.layout, &self.ver, self.mask, self.j);
-        let src = v.decode_source(l, m, j, k, first);
-        let a = src.map(|(sl, q)| v.repeat_of(sl, q, k));
-        let (b, whole) = match src {
-            _ if l.page_size <= 8 => (a, true),
-            // The whole page of one repeat (the common case): no second decode.
-            Some((sl, q)) if v.last_word(l, m, j, sl, q) == last => (a, true),
-            _ => (v.decode_last_m(l, m, j, k, last), false),
-        };
+        let ps = l.page_size;
         let (bit, w) = ((k % 64) as u32, (k / 64) as usize);
-        let (Some(a), Some(b)) = (a, b) else {
-            self.torn += 1;
-            if self.torn_last[w] & (1 << bit) != 0 {
-                return Err(Error::Verify(format!(
-                    "NIC {}: slot {k} held bytes that are no page of this run at two checks in \
-                     a row (the last at the immediate of repeat {g}; first word {}, last word \
-                     {}): a WRITE that never landed, or memory of something else",
-                    self.nic,
-                    hex8(first),
-                    hex8(last)
-                )));
+        let first = Self::word(h, at);
+        // The whole page of one repeat (the common case): the first word names it, the others
+        // are compared with what it leaves.
+        if let Some((sl, q)) = v.decode_source(l, m, j, k, first) {
+            let whole = check_offsets(ps.max(8))
+                .skip(1)
+                .all(|o| Self::word(h, at + o) == v.word_at(l, m, j, sl, q, o as u64));
+            if whole {
+                self.torn_last[w] &= !(1 << bit);
+                return self.behind(v.repeat_of(sl, q, k), g, gp, period, k, 0);
             }
-            self.torn_last[w] |= 1 << bit;
-            return Ok(());
-        };
+        }
+        // Pieces of several repeats, or bytes that are no page: each word on its own.
+        let mut stale = None;
+        for o in check_offsets(ps.max(8)) {
+            let word = Self::word(h, at + o);
+            let Some((sl, q)) = v.decode_at(l, m, j, k, o as u64, word) else {
+                self.torn += 1;
+                if self.torn_last[w] & (1 << bit) != 0 {
+                    let bad = if o == 0 {
+                        String::new()
+                    } else {
+                        format!(", {} {}", which_word(o, ps), hex8(word))
+                    };
+                    return Err(Error::Verify(format!(
+                        "NIC {}: slot {k} held bytes that are no page of this run at two checks \
+                         in a row (the last at the immediate of repeat {g}; first word {}{bad}): \
+                         a WRITE that never landed, or memory of something else",
+                        self.nic,
+                        hex8(first),
+                    )));
+                }
+                self.torn_last[w] |= 1 << bit;
+                return Ok(());
+            };
+            if stale.is_none() {
+                stale = self
+                    .behind(v.repeat_of(sl, q, k), g, gp, period, k, o)
+                    .err();
+            }
+        }
         self.torn_last[w] &= !(1 << bit);
+        stale.map_or(Ok(()), Err)
+    }
+
+    /// Under [`CheckKind::Order`], an error where repeat `x` (modulo the period), read in the
+    /// word at byte `o` of slot `k`, is behind the immediate's repeat `g` (`gp` modulo it).
+    #[inline]
+    fn behind(&self, x: u64, g: u64, gp: u64, period: u64, k: u64, o: usize) -> Result<()> {
         if self.kind != CheckKind::Order {
             return Ok(());
         }
-        // How far ahead of g each word's repeat is, modulo the period: a repeat behind g shows
+        // How far ahead of g the word's repeat is, modulo the period: a repeat behind g shows
         // as almost a whole period ahead.
-        let words = if whole { 1 } else { 2 };
-        for (x, which) in [(a, "first"), (b, "last")].into_iter().take(words) {
-            let ahead = (x + period - gp) % period;
-            if ahead > period / 2 {
-                let behind = period - ahead;
-                return Err(Error::Verify(format!(
-                    "NIC {}: when the immediate of repeat {g} arrived, slot {k} still held the \
-                     page of repeat {} (its {which} word): a WRITE of repeat {g} was lost, or \
-                     landed after the immediate that announced it",
-                    self.nic,
-                    g.saturating_sub(behind)
-                )));
-            }
+        let ahead = (x + period - gp) % period;
+        if ahead <= period / 2 {
+            return Ok(());
         }
-        Ok(())
+        let behind = period - ahead;
+        Err(Error::Verify(format!(
+            "NIC {}: when the immediate of repeat {g} arrived, slot {k} still held the page of \
+             repeat {} (its {}): a WRITE of repeat {g} was lost, or landed after the immediate \
+             that announced it",
+            self.nic,
+            g.saturating_sub(behind),
+            which_word(o, self.layout.page_size)
+        )))
     }
 
-    /// A source that does not turn: slot `k` holds its own page, byte for byte, in its first
-    /// and last word (its only word, for pages of 8 bytes or fewer).
+    /// A source that does not turn: slot `k` holds its own page, byte for byte, in every word
+    /// the check reads (its only word, for pages of 8 bytes or fewer).
     fn check_fixed(&self, h: &HostBuffer, k: u64, g: u64) -> Result<()> {
         let ps = self.layout.page_size;
         let base = self.layout.page_of(self.j, k) * ps as u64;
         let n = ps.min(8);
-        for (off, which) in [(0, "first"), (ps - n, "last")] {
+        for off in check_offsets(ps.max(8)) {
+            let off = off.min(ps - n);
             let at = k as usize * ps + off;
             // The n bytes at `at`, read as 8 bytes that fit the region.
             let from = at.min(h.len().saturating_sub(8));
@@ -703,10 +795,15 @@ impl RepeatCheck {
             let mut want = [0u8; 8];
             fill_at(self.seed, self.gpu, base + off as u64, &mut want[..n]);
             if got != &want[..n] {
+                let which = match off {
+                    0 => format!("first {n} bytes"),
+                    o if o + n == ps => format!("last {n} bytes"),
+                    o => format!("{n} bytes at byte {o}"),
+                };
                 return Err(Error::Verify(format!(
-                    "NIC {}: when the immediate of repeat {g} arrived, slot {k}'s {which} \
-                     {n} bytes were {}, not its page's {}: every WRITE of the slot writes \
-                     that page, so none of them landed there",
+                    "NIC {}: when the immediate of repeat {g} arrived, slot {k}'s {which} were \
+                     {}, not its page's {}: every WRITE of the slot writes that page, so none \
+                     of them landed there",
                     self.nic,
                     hex8_n(got),
                     hex8_n(&want[..n])

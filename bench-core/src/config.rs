@@ -257,6 +257,40 @@ impl Knobs {
     }
 }
 
+/// The knobs in words, for people (`-v`): "nic groups, warm-up 1, one thread, ...".
+impl fmt::Display for Knobs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut w: Vec<String> = Vec::new();
+        w.push(
+            if self.nic_groups {
+                "nic groups"
+            } else {
+                "first NIC per GPU"
+            }
+            .into(),
+        );
+        w.push(match self.warmup {
+            0 => "no warm-up".into(),
+            n => format!("warm-up {n}"),
+        });
+        w.push(match self.threads {
+            Threads::One => "one thread".into(),
+            Threads::PerGpu => "thread per GPU".into(),
+        });
+        if self.pin {
+            w.push("pinned".into());
+        }
+        if self.sharded {
+            w.push("per-thread state".into());
+        }
+        w.push(format!("batch {}", self.batch));
+        if self.lazy {
+            w.push("lazy posting".into());
+        }
+        f.write_str(&w.join(", "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Choice, LatOp, MemKind, Pattern, Threads, Workload};

@@ -42,8 +42,9 @@ pub struct WorkloadSpec {
     pub no_nic_groups: bool,
     /// `--ladder`: each stage adds one knob to the previous.
     pub ladder: bool,
-    /// `--rounds`: the whole list this many times, interleaved.
-    pub rounds: u32,
+    /// `--rounds`: the whole list this many times, interleaved; by default
+    /// [`LADDER_ROUNDS`] with `--ladder` (a step must be told from noise), else 1.
+    pub rounds: Option<u32>,
 }
 
 impl Default for WorkloadSpec {
@@ -67,7 +68,7 @@ impl Default for WorkloadSpec {
             warmup: None,
             no_nic_groups: false,
             ladder: false,
-            rounds: 1,
+            rounds: None,
         }
     }
 }
@@ -110,6 +111,10 @@ pub const MAX_PASS_OPS: u64 = 1 << 20;
 /// Most rounds one command may ask for.
 pub const MAX_ROUNDS: u32 = 100;
 
+/// Rounds `--ladder` runs without `--rounds`: enough for a spread, so that a step can be
+/// told from noise.
+pub const LADDER_ROUNDS: u32 = 3;
+
 /// Defaults per workload: (size, pages, iterations, warm-up).
 pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
     match w {
@@ -121,7 +126,8 @@ pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
 }
 
 impl Plan {
-    /// Build the plan; `verify_default` is on for loopback and compare.
+    /// Build the plan; `verify_default` is what `verify: None` means (`rdma-bench` verifies by
+    /// default in every command: loopback, compare, client and run).
     pub fn new(w: &WorkloadSpec, verify_default: bool) -> Result<Self> {
         let (dsize, dpages, diters, dwarm) = defaults(w.workload);
         let diters = if w.workload == Workload::Send {
@@ -189,10 +195,10 @@ impl Plan {
                 "--imm-every applies to --workload write and rate".into(),
             ));
         }
-        if w.rounds == 0 || w.rounds > MAX_ROUNDS {
+        let rounds = w.rounds.unwrap_or(if w.ladder { LADDER_ROUNDS } else { 1 });
+        if rounds == 0 || rounds > MAX_ROUNDS {
             return Err(Error::Usage(format!(
-                "--rounds {}: allowed 1..={MAX_ROUNDS}",
-                w.rounds
+                "--rounds {rounds}: allowed 1..={MAX_ROUNDS}"
             )));
         }
         let runs: Vec<Planned> = if w.ladder {
@@ -228,7 +234,7 @@ impl Plan {
         let runs = runs
             .into_iter()
             .cycle()
-            .take(per_round * w.rounds as usize)
+            .take(per_round * rounds as usize)
             .collect();
         Ok(Plan {
             workload: w.workload,
@@ -238,7 +244,7 @@ impl Plan {
             ladder: w.ladder,
             single_buffer: w.single_buffer,
             imm_every: w.imm_every,
-            rounds: w.rounds,
+            rounds,
             runs,
         })
     }

@@ -1,6 +1,6 @@
 //! Results: the JSON object scripts read and the tables people read.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
@@ -193,19 +193,62 @@ fn headline(r: &RunReport) -> String {
     s
 }
 
-/// A ladder step from `prev` to `r`: the change of the median in percent, "~" in front
-/// where the two stages' rounds overlap (the step is within the noise).
-fn step(prev: &RunReport, r: &RunReport) -> String {
-    let pct = if prev.gbps > 0.0 {
-        100.0 * (r.gbps / prev.gbps - 1.0)
+/// What a ladder step did, judged against the spread of the two stages' rounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    /// One round (or none) on either side: no spread, so noise cannot be told from a step.
+    Unknown,
+    /// The two stages' rounds overlap: the change of the median (percent) is within noise.
+    WithinNoise(f64),
+    /// Every round of this stage beat every round of the previous one (percent up).
+    Gain(f64),
+    /// Every round of this stage fell short of every round of the previous one (percent down).
+    Loss(f64),
+}
+
+/// Classify a ladder step from the stage with `prev` rounds (median `prev_median`) to the
+/// one with `cur` rounds (median `cur_median`), figures where higher is better. A change is
+/// a gain or a loss only where the two stages' ranges (lowest..highest round) are apart;
+/// where they overlap it lies within the noise of the rounds.
+pub fn classify_step(prev_median: f64, prev: &[f64], cur_median: f64, cur: &[f64]) -> Step {
+    if prev.len() < 2 || cur.len() < 2 {
+        return Step::Unknown;
+    }
+    let range = |v: &[f64]| {
+        v.iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            })
+    };
+    let ((plo, phi), (lo, hi)) = (range(prev), range(cur));
+    let pct = if prev_median > 0.0 {
+        100.0 * (cur_median / prev_median - 1.0)
     } else {
         0.0
     };
-    let overlap = match (prev.spread(), r.spread()) {
-        (Some((plo, phi)), Some((lo, hi))) => lo <= phi && plo <= hi,
-        _ => false,
-    };
-    format!("{}{pct:+.0}%", if overlap { "~" } else { "" })
+    if lo > phi {
+        Step::Gain(pct)
+    } else if hi < plo {
+        Step::Loss(pct)
+    } else {
+        Step::WithinNoise(pct)
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Unknown => f.write_str("-"),
+            Step::WithinNoise(_) => f.write_str("within noise"),
+            Step::Gain(p) | Step::Loss(p) => write!(f, "{p:+.0}%"),
+        }
+    }
+}
+
+/// The spread of a run's rounds relative to its median, in percent (`(max - min) / median`).
+fn rel_spread(r: &RunReport) -> Option<f64> {
+    let (lo, hi) = r.spread()?;
+    (r.gbps > 0.0).then(|| 100.0 * (hi - lo) / r.gbps)
 }
 
 /// The human tables for a list of runs of one command.
@@ -247,43 +290,46 @@ pub fn render(runs: &[RunReport], ladder: bool) -> String {
     }
     if ladder {
         let base = first.gbps;
-        let spread = first.spread().is_some();
-        let _ = write!(
+        let rounds = first.rounds.len().max(1);
+        let _ = writeln!(
             out,
-            "{:<20} {:>10} {:>8} {:>9} {:>8}",
-            "stage", "Gbit/s", "% line", "x base", "Mops"
+            "{:<20} {:>10} {:>8} {:>9} {:>8} {:>15} {:>7} {:>12}",
+            "stage", "Gbit/s", "% line", "x base", "Mops", "rounds min..max", "spread", "step"
         );
-        if spread {
-            let _ = write!(out, " {:>15} {:>8}", "rounds min-max", "step");
-        }
-        out.push('\n');
         let mut prev: Option<&RunReport> = None;
         for r in runs {
             let x = if base > 0.0 { r.gbps / base } else { 0.0 };
-            let _ = write!(
+            let (range, spread) = match (r.spread(), rel_spread(r)) {
+                (Some((lo, hi)), Some(s)) => (format!("{lo:.2}..{hi:.2}"), format!("{s:.0}%")),
+                _ => ("-".to_string(), "-".to_string()),
+            };
+            let step = prev.map_or("".to_string(), |p| {
+                classify_step(p.gbps, &p.rounds, r.gbps, &r.rounds).to_string()
+            });
+            let _ = writeln!(
                 out,
-                "{:<20} {:>10.2} {:>8} {:>9.2} {:>8.3}",
+                "{:<20} {:>10.2} {:>8} {:>9.2} {:>8.3} {:>15} {:>7} {:>12}",
                 r.stage.as_deref().unwrap_or(""),
                 r.gbps,
                 opt(r.pct_line_rate, 1),
                 x,
-                r.mops
+                r.mops,
+                range,
+                spread,
+                step
             );
-            if let Some((lo, hi)) = r.spread() {
-                let _ = write!(out, " {:>15}", format!("{lo:.2}-{hi:.2}"));
-                if let Some(p) = prev {
-                    let _ = write!(out, " {:>8}", step(p, r));
-                }
-            }
-            out.push('\n');
             prev = Some(r);
         }
-        if spread {
+        if rounds > 1 {
             let _ = writeln!(
                 out,
-                "(median of {} interleaved rounds; step: change of the median, \"~\" where the \
-                 two stages' rounds overlap)",
-                first.rounds.len()
+                "(median of {rounds} interleaved rounds, Gbit/s; spread: (max - min) / median; \
+                 step: change of the median, \"within noise\" where the two stages' rounds overlap)"
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "(one round: no spread, so a step cannot be told from noise; run --rounds 3 or more)"
             );
         }
         return out;

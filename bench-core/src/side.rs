@@ -86,6 +86,20 @@ impl SideCfg {
         if self.gpus.len() * self.nics_per_gpu > MAX_NICS {
             return Err(Error::Usage(format!("more than {MAX_NICS} NICs in total")));
         }
+        let (n, here) = self.gpus_here()?;
+        if let Some(&g) = self.gpus.iter().find(|&&g| g >= n) {
+            return Err(Error::Usage(format!(
+                "GPU {g} is out of range: {here} (0..{n})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many GPU indexes this machine offers with `self.mem`, and what they are, in words
+    /// (`CUDA sees 1 device(s)`): CUDA's devices with GPU memory; with host memory the GPUs
+    /// topo knows, else the logical NIC groups (`LOGICAL_GPUS`). An error where GPU memory is
+    /// asked for and there is none.
+    pub fn gpus_here(&self) -> Result<(usize, String)> {
         match self.mem {
             MemKind::Cuda => {
                 if !buffers::cuda_driver() {
@@ -97,29 +111,21 @@ impl SideCfg {
                     }));
                 }
                 let n = buffers::cuda_devices()?;
-                if let Some(&g) = self.gpus.iter().find(|&&g| g >= n) {
-                    return Err(Error::Usage(format!(
-                        "GPU {g} is out of range: CUDA sees {n} device(s) (0..{n})"
-                    )));
-                }
+                Ok((n, format!("CUDA sees {n} device(s)")))
             }
             MemKind::Host => {
                 let known = self.hints.as_ref().map_or(0, |h| h.gpus);
-                let limit = if known > 0 { known } else { LOGICAL_GPUS };
-                if let Some(&g) = self.gpus.iter().find(|&&g| g >= limit) {
-                    return Err(Error::Usage(if known > 0 {
-                        format!(
-                            "GPU {g} is out of range: this machine has {known} GPU(s) (0..{known})"
-                        )
-                    } else {
-                        format!(
-                            "GPU {g} is out of range: no GPU here, so with host memory GPU indexes name logical NIC groups 0..{LOGICAL_GPUS}"
-                        )
-                    }));
-                }
+                Ok(if known > 0 {
+                    (known, format!("this machine has {known} GPU(s)"))
+                } else {
+                    (
+                        LOGICAL_GPUS,
+                        "no GPU here, so with host memory GPU indexes name logical NIC groups"
+                            .into(),
+                    )
+                })
             }
         }
-        Ok(())
     }
 
     /// How NIC `j` of the `g`-th GPU is opened.
@@ -214,10 +220,9 @@ impl<T: Transport> Side<T> {
                     let c = ep.caps();
                     let more = ep.details();
                     eprintln!(
-                        "rdma-bench: NIC {i} (GPU {ordinal}): {} {} max write {} tx depth {} rx depth {} link {}{}{more}",
-                        ep.provider(),
-                        ep.nic_name(),
-                        c.max_write_size,
+                        "rdma-bench: NIC {i} (GPU {ordinal}): {}, max write {}, tx depth {}, rx depth {}, link {}{}{more}",
+                        crate::units::provider_nic(ep.provider(), ep.nic_name()),
+                        crate::units::human_bytes(c.max_write_size as u64),
                         c.tx_depth,
                         c.rx_depth,
                         c.link_gbps.map_or("unknown".into(), |g| format!("{g} Gbit/s")),

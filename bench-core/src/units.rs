@@ -103,6 +103,45 @@ impl fmt::Display for GpuList {
     }
 }
 
+/// Where threads ran, in words: "not pinned", or "pinned to cores 0-3, 8".
+pub fn pinning(cores: &[u32]) -> String {
+    if cores.is_empty() {
+        return "not pinned".into();
+    }
+    let mut v = cores.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i {
+            format!("{}-{}", v[i], v[j])
+        } else {
+            v[i].to_string()
+        });
+        i = j + 1;
+    }
+    format!(
+        "pinned to core{} {}",
+        if v.len() > 1 { "s" } else { "" },
+        parts.join(", ")
+    )
+}
+
+/// A provider and the NIC it opened, each named once: "efa rdmap16s27", but "shm" where the
+/// provider has no device of its own (its NIC is named after it).
+pub fn provider_nic(provider: &str, nic: &str) -> String {
+    if nic.is_empty() || nic == provider {
+        provider.to_string()
+    } else {
+        format!("{provider} {nic}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

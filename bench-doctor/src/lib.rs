@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 mod checks;
 pub mod env;
 pub mod error;
@@ -45,6 +46,10 @@ pub struct DoctorCfg {
     /// What to ask each backend's library in this process (`BackendInfo::probe` of every
     /// backend the program has); not asked under `root`.
     pub probes: Vec<fn() -> Probe>,
+    /// Print the list of checks (id, what it checks, what to do) instead of checking.
+    pub list_checks: bool,
+    /// With `list_checks`: as README.md's markdown table.
+    pub markdown: bool,
 }
 
 /// Everything doctor judges, injectable for tests.
@@ -172,6 +177,17 @@ pub fn inputs(a: &DoctorCfg) -> Result<Inputs> {
 
 /// `rdma-bench doctor`: print the verdict, exit 0/1/2.
 pub fn main(a: &DoctorCfg) -> ExitCode {
+    if a.list_checks {
+        print!(
+            "{}",
+            if a.markdown {
+                catalog::markdown()
+            } else {
+                catalog::text()
+            }
+        );
+        return ExitCode::SUCCESS;
+    }
     let inp = match inputs(a) {
         Ok(i) => i,
         Err(e) => {

@@ -198,7 +198,9 @@ mod tests {
 
     #[test]
     fn describes_itself() {
-        assert_eq!(Endpoint::BACKEND, "efa");
+        assert_eq!(Endpoint::BACKEND, "libfabric");
+        // Its name before the rename still answers (a peer's hello, --backend efa).
+        assert!(INFO.answers_to("efa") && INFO.answers_to("libfabric"));
         assert_eq!(nic_driver(None), Some("efa"));
         assert_eq!(nic_driver(Some("efa")), Some("efa"));
         assert_eq!(nic_driver(Some("shm")), None);
@@ -224,7 +226,7 @@ mod tests {
         let r = ep.runtime();
         assert_eq!(
             (r.backend.as_str(), r.library.as_str()),
-            ("efa", "libfabric")
+            ("libfabric", "libfabric")
         );
         assert_eq!(r.provider.as_deref(), Some(ep.provider()));
         assert_eq!(r.fabric.as_deref(), Some(ep.fabric_name()));

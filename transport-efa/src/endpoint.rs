@@ -100,22 +100,26 @@ pub struct EndpointInfo {
 }
 
 impl fmt::Display for EndpointInfo {
+    /// In words, for `-v`: what is not known (`None`) is left out.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let yn = |b: Option<bool>| match b {
-            Some(true) => "yes",
-            Some(false) => "no",
-            None => "-",
-        };
-        write!(
-            f,
-            "api {}, {}, shm {}, cuda api {}, emulated write {}, rx_cq_data {}",
-            self.api_version,
-            self.threading,
-            yn(self.shm_permitted),
-            yn(self.cuda_api_permitted),
-            yn(self.emulated_write),
-            if self.rx_cq_data { "yes" } else { "no" }
-        )?;
+        let on = |b: bool| if b { "on" } else { "off" };
+        write!(f, "libfabric API {}, {}", self.api_version, self.threading)?;
+        if let Some(b) = self.shm_permitted {
+            write!(f, ", same-host shared memory {}", on(b))?;
+        }
+        if let Some(b) = self.cuda_api_permitted {
+            write!(f, ", CUDA API in the provider {}", on(b))?;
+        }
+        if let Some(b) = self.emulated_write {
+            f.write_str(if b {
+                ", WRITEs emulated over SENDs"
+            } else {
+                ", WRITEs done by the device"
+            })?;
+        }
+        if self.rx_cq_data {
+            f.write_str(", immediates consume posted receives")?;
+        }
         if let Some(p) = self.pci {
             write!(f, ", PCI {p}")?;
         }
@@ -433,7 +437,11 @@ impl Transport for Endpoint {
     }
 
     fn details(&self) -> String {
-        format!("fabric {}, {}", self.fabric, self.info)
+        if self.fabric == self.provider {
+            self.info.to_string()
+        } else {
+            format!("fabric {}, {}", self.fabric, self.info)
+        }
     }
 
     fn runtime(&self) -> Runtime {

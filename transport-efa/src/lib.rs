@@ -147,9 +147,13 @@ pub use crate::shm::{
 
 /// This backend, as `Transport::INFO` gives it (the parts in `about.rs`).
 pub(crate) const INFO: BackendInfo = BackendInfo {
-    name: "efa",
-    aliases: &[],
-    help: "libfabric (AWS EFA, and the shm and tcp providers anywhere)",
+    // Named after the library, not its efa provider: a run over shm or tcp prints
+    // `libfabric/shm`, and only one over the efa provider says `libfabric/efa`. `efa`, its
+    // name before, is still accepted (`--backend efa`, `compare --pairs efa:shm`, a peer's
+    // hello).
+    name: "libfabric",
+    aliases: &["efa"],
+    help: "libfabric: AWS EFA (--provider efa), and the shm and tcp providers anywhere",
     library: "libfabric",
     provider: Some(ProviderInfo {
         loopback_default: "shm",

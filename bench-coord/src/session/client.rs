@@ -188,12 +188,15 @@ pub fn client<T: Transport>(
         let r = run_one(&mut side, &mut ctrl, cfg, plan, p, k as u32, json)?;
         if cfg.verbose > 0 {
             eprintln!(
-                "rdma-bench: run {k}{}: {:.2} Gbit/s, {:.3} Mops, knobs {:?}, server threads pinned to {:?}",
-                p.stage.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
+                "rdma-bench: run {k}{}: {:.2} Gbit/s, {:.3} Mops; knobs: {}; server threads {}",
+                p.stage
+                    .as_deref()
+                    .map(|s| format!(" ({s})"))
+                    .unwrap_or_default(),
                 r.gbps,
                 r.mops,
                 r.knobs,
-                r.cores
+                bench_core::units::pinning(&r.cores)
             );
         }
         reports.push(r);

@@ -13,4 +13,4 @@ mod timeouts;
 
 pub use client::{client, connect, ClientOut};
 pub use loopback::loopback;
-pub use server::{serve, session, ServerCfg};
+pub use server::{serve, session, session_side, Fixed, ServerCfg};

@@ -348,3 +348,145 @@ fn pattern_differs_by_page_and_handles_tails() {
     assert_ne!(a, b);
     assert!(a.iter().any(|&x| x != 0));
 }
+
+/// Bytes `[from, to)` of NIC `j`'s slot `k` as repeat `h` leaves them, written into `mr`: a
+/// piece of an older (or newer) repeat inside a slot.
+#[allow(clippy::too_many_arguments)]
+fn put_piece(
+    mr: &mut Plain,
+    layout: &PageLayout,
+    ver: &Versions,
+    seed: u64,
+    j: usize,
+    k: u64,
+    h: u64,
+    (from, to): (usize, usize),
+) {
+    let ps = layout.page_size;
+    let mut page = vec![0u8; ps];
+    ver.expected(layout, seed, 0, j, k, h, &mut page);
+    mr.0.write_at(k as usize * ps + from, &page[from..to])
+        .unwrap();
+}
+
+/// A WRITE whose middle piece was dropped (EFA_SIM_LOSE_WRITE_PERMILLE, a device that loses
+/// an MTU packet) leaves the older repeat's bytes there while the first and last words are
+/// new: the check reads a word every 1 KiB of each page, so one stale word at a mid-page
+/// stride position fails naming the slot and the repeat, and so does a stale piece of 1 KiB
+/// anywhere in the page (every 8-byte position), on a page whose repeat is shifted too.
+#[test]
+fn repeat_check_catches_a_piece_lost_inside_a_page() {
+    let ps = 8192;
+    for (used, j) in [(1usize, 0usize), (2, 1)] {
+        let layout = PageLayout {
+            page_size: ps,
+            pages: 160 * used as u64,
+            used,
+        };
+        let n = layout.slots(j);
+        let ver = Versions::new(ps, n, true);
+        let mut chk = RepeatCheck::new(&layout, ver, 5, 0, j, 3).expect("long period");
+        assert_eq!(chk.kind(), CheckKind::Order);
+        let mut mr = Plain(Memory::Host(HostBuffer::new((n as usize + 1) * ps)));
+        // Repeat 1000 turns slot 17's source by 6 cache lines (1000 / 160 = 6): its tail comes
+        // from the next source page.
+        assert_ne!(ver.of_repeat(1000).1, 0);
+        put(&mut mr, &layout, &ver, 5, j, 1000);
+        chk.check(&mr, 1000).unwrap();
+        // One word, at byte 2048 of slot 17, still the previous repeat's.
+        put_piece(&mut mr, &layout, &ver, 5, j, 17, 999, (2048, 2056));
+        let e = chk.check(&mr, 1000).unwrap_err().to_string();
+        assert!(
+            e.contains("NIC 3")
+                && e.contains("slot 17 still held the page of repeat 999")
+                && e.contains("byte 2048"),
+            "{e}"
+        );
+        // A lost piece of 1 KiB at every word position of the page.
+        for from in (0..=ps - 1024).step_by(8) {
+            put_piece(&mut mr, &layout, &ver, 5, j, 17, 1000, (0, ps));
+            put_piece(&mut mr, &layout, &ver, 5, j, 17, 999, (from, from + 1024));
+            let e = chk
+                .check(&mr, 1000)
+                .map(|()| panic!("used {used}: a stale piece at byte {from} passed"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("slot 17 still held the page of repeat 999"),
+                "piece at byte {from}: {e}"
+            );
+        }
+    }
+}
+
+/// The initiator runs ahead of the checks: a slot read while newer repeats land in it, piece
+/// by piece in any order (the middle first), holds pieces of several newer repeats. No false
+/// alarm, and no read counted as racing a landing WRITE (every word names a page).
+#[test]
+fn pieces_of_newer_repeats_inside_a_page_pass() {
+    let ps = 8192;
+    let layout = PageLayout {
+        page_size: ps,
+        pages: 160,
+        used: 1,
+    };
+    let n = layout.slots(0);
+    let ver = Versions::new(ps, n, true);
+    let mut chk = RepeatCheck::new(&layout, ver, 5, 0, 0, 0).unwrap();
+    let mut mr = Plain(Memory::Host(HostBuffer::new((n as usize + 1) * ps)));
+    put(&mut mr, &layout, &ver, 5, 0, 1001);
+    put_piece(&mut mr, &layout, &ver, 5, 0, 9, 1002, (3000, 4000));
+    put_piece(&mut mr, &layout, &ver, 5, 0, 9, 1003, (5000, 7000));
+    put_piece(&mut mr, &layout, &ver, 5, 0, 10, 1004, (1024, 2048));
+    for g in 995..=1001 {
+        chk.check(&mr, g).unwrap();
+    }
+    assert_eq!(chk.torn, 0);
+    // The immediate of 1002 with slot 9 still mostly 1001's fails.
+    let e = chk.check(&mr, 1002).unwrap_err().to_string();
+    assert!(e.contains("still held the page of repeat 1001"), "{e}");
+}
+
+/// A short period (whole pages of any repeat) and a source that does not turn (its own page)
+/// read the mid-page words too: junk at byte 1024 of a slot fails by its second check, a
+/// zeroed piece inside a fixed page at its first.
+#[test]
+fn whole_and_fixed_checks_read_inside_the_page() {
+    let layout = PageLayout {
+        page_size: 4096,
+        pages: 64,
+        used: 1,
+    };
+    let n = layout.slots(0);
+    let ver = Versions::new(4096, n, true);
+    let mut chk = RepeatCheck::new(&layout, ver, 3, 0, 0, 0).unwrap();
+    assert_eq!(chk.kind(), CheckKind::Whole);
+    let mut mr = Plain(Memory::Host(HostBuffer::new((n as usize + 1) * 4096)));
+    put(&mut mr, &layout, &ver, 3, 0, 7);
+    chk.check(&mr, 7).unwrap();
+    mr.0.write_at(5 * 4096 + 1024, &[0xee; 8]).unwrap();
+    let e = (7..9)
+        .find_map(|g| chk.check(&mr, g).err())
+        .map(|e| e.to_string())
+        .expect("junk inside a slot passed");
+    assert!(
+        e.contains("slot 5") && e.contains("two checks in a row"),
+        "{e}"
+    );
+
+    let layout = PageLayout {
+        page_size: 65536,
+        pages: 2,
+        used: 1,
+    };
+    let ver = Versions::new(65536, 2, true);
+    assert_eq!(ver, Versions::none(65536));
+    let mut chk = RepeatCheck::new(&layout, ver, 4, 0, 0, 1).unwrap();
+    assert_eq!(chk.kind(), CheckKind::Fixed);
+    let mut mr = Plain(Memory::Host(HostBuffer::new(3 * 65536)));
+    put(&mut mr, &layout, &ver, 4, 0, 0);
+    chk.check(&mr, 0).unwrap();
+    mr.0.write_at(65536 + 30000, &[0u8; 8928]).unwrap();
+    let e = chk.check(&mr, 1).unwrap_err().to_string();
+    assert!(e.contains("slot 1's") && e.contains("NIC 1"), "{e}");
+}

@@ -133,9 +133,8 @@ pub fn open_links<T: Transport>(
                     .ctx(|| format!("registering {n} bytes of {} memory on link {k}", cfg.mem))?;
                 if cfg.verbose > 1 {
                     eprintln!(
-                        "rdma-bench: link {k}: NIC {nic} ({} {}), {} rank {peer_rank}, {n} bytes",
-                        ep.provider(),
-                        ep.nic_name(),
+                        "rdma-bench: link {k}: NIC {nic} ({}), {} rank {peer_rank}, {n} bytes",
+                        crate::units::provider_nic(ep.provider(), ep.nic_name()),
                         if send { "to" } else { "from" }
                     );
                 }
