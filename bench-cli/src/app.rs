@@ -170,7 +170,7 @@ fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Resul
 /// the server (both the whole list when it cannot be halved).
 fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, ServerCfg)> {
     let devs = &c.devices;
-    let (a, b) = if devs.len() >= 2 && devs.len() % 2 == 0 {
+    let (a, b) = if devs.len() >= 2 && devs.len().is_multiple_of(2) {
         let (x, y) = devs.split_at(devs.len() / 2);
         (x.to_vec(), y.to_vec())
     } else {

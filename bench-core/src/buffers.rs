@@ -292,7 +292,8 @@ impl Versions {
         if slots < Self::MIN_SLOTS {
             return Self::none(page_size);
         }
-        let shifts = if slack && page_size % SHIFT_STEP == 0 && page_size >= 2 * SHIFT_STEP {
+        let shifts = if slack && page_size.is_multiple_of(SHIFT_STEP) && page_size >= 2 * SHIFT_STEP
+        {
             (page_size / SHIFT_STEP) as u64
         } else {
             1
@@ -368,13 +369,13 @@ impl Versions {
     #[inline]
     fn locate(&self, layout: &PageLayout, m: u64, j: usize, word: [u8; 8]) -> Option<(u64, u64)> {
         let ps = self.page_size as u64;
-        if ps % 8 != 0 || ps == 0 {
+        if !ps.is_multiple_of(8) || ps == 0 {
             return None;
         }
         let pos = (u64::from_le_bytes(word) ^ m).checked_mul(8)?;
         let (page, off) = (pos / ps, pos % ps);
         let used = layout.used as u64;
-        if page < j as u64 || (page - j as u64) % used != 0 {
+        if page < j as u64 || !(page - j as u64).is_multiple_of(used) {
             return None;
         }
         Some(((page - j as u64) / used, off))
@@ -619,7 +620,7 @@ impl RepeatCheck {
         let ps = layout.page_size;
         let kind = if ver.slots() == 0 {
             CheckKind::Fixed
-        } else if ps % 8 != 0 {
+        } else if !ps.is_multiple_of(8) {
             return None;
         } else if ver.period() >= Self::MIN_PERIOD {
             CheckKind::Order

@@ -154,7 +154,7 @@ impl Pattern {
     /// does not allow.
     pub fn targets(self, rank: u32, world: u32) -> Option<Vec<u32>> {
         match self {
-            Pattern::Pairwise | Pattern::Bisection if world % 2 != 0 => None,
+            Pattern::Pairwise | Pattern::Bisection if !world.is_multiple_of(2) => None,
             Pattern::Pairwise => Some(vec![rank ^ 1]),
             Pattern::Bisection => {
                 let h = world / 2;

@@ -100,7 +100,7 @@ impl RunReport {
 /// even count: the figure a reader can rely on), carrying every round's figure.
 pub fn combine_rounds(runs: Vec<RunReport>, rounds: u32) -> Vec<RunReport> {
     let rounds = rounds.max(1) as usize;
-    if rounds == 1 || runs.len() % rounds != 0 {
+    if rounds == 1 || !runs.len().is_multiple_of(rounds) {
         return runs;
     }
     let per_round = runs.len() / rounds;

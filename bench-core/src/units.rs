@@ -41,7 +41,7 @@ impl fmt::Display for Size {
 /// `4096` -> `4K`, `1048576` -> `1M`, `1000` -> `1000`: exact binary units only.
 pub fn human_bytes(n: u64) -> String {
     for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{unit}", n >> shift);
         }
     }

@@ -126,7 +126,7 @@ impl Port {
         // phys_state is absent on some software devices; state decides there.
         self.phys_state
             .as_deref()
-            .map_or(true, |s| s.contains("LinkUp"))
+            .is_none_or(|s| s.contains("LinkUp"))
     }
 }
 

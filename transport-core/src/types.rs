@@ -209,7 +209,7 @@ impl<'de> Deserialize<'de> for KeyBytes {
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<KeyBytes, E> {
                 let s = v.as_bytes();
-                if s.is_empty() || s.len() % 2 != 0 || s.len() > 2 * KeyBytes::MAX_LEN {
+                if s.is_empty() || !s.len().is_multiple_of(2) || s.len() > 2 * KeyBytes::MAX_LEN {
                     return Err(E::custom(format_args!(
                         "a remote key of {} hex digits (allowed: an even number, 2..={})",
                         s.len(),

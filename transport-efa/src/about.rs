@@ -57,7 +57,7 @@ pub(crate) const OPTIONS: &[OptionInfo] = &[
 /// The efa provider (named, or the default) goes over the machine's EFA devices; shm and tcp
 /// copy memory.
 pub(crate) fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
-    provider.map_or(true, |p| p == "efa").then_some("efa")
+    provider.is_none_or(|p| p == "efa").then_some("efa")
 }
 
 /// libfabric's tcp provider stays on the loopback interface unless told otherwise: traffic

@@ -94,7 +94,7 @@ impl ImmRecvs {
         let base = self.ctxs.as_ptr() as usize;
         let off = (ctx as usize).wrapping_sub(base);
         let idx = off / SIZE;
-        (off % SIZE == 0 && idx < self.ctxs.len()).then_some(idx)
+        (off.is_multiple_of(SIZE) && idx < self.ctxs.len()).then_some(idx)
     }
 
     /// Receive `i` completed: post it again, or keep it for [`Self::retry`] where the queue

@@ -282,7 +282,7 @@ pub(crate) fn offered(provider: Option<&str>) -> Result<Vec<DomainInfo>> {
         let list = getinfo(rdm_hints(BASE_CAPS, MrMode::SUPPORTED.0, 0, 0, rx_cq_data)?.0)?;
         for (_, v) in list.entries() {
             let d = v.domain_info();
-            if provider.map_or(true, |p| v.core() == p || v.prov_name == p) && !out.contains(&d) {
+            if provider.is_none_or(|p| v.core() == p || v.prov_name == p) && !out.contains(&d) {
                 out.push(d);
             }
         }

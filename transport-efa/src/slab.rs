@@ -133,7 +133,7 @@ impl Slab {
         let off = (ctx as usize).wrapping_sub(self.base.as_ptr() as usize);
         let idx = off / SIZE;
         // One branch: below base wraps to a huge offset, so `idx < len` rejects it too.
-        if off % SIZE != 0 || idx >= self.len {
+        if !off.is_multiple_of(SIZE) || idx >= self.len {
             return None;
         }
         Some(idx)

@@ -190,7 +190,7 @@ fn spin(ep: &mut Endpoint, out: &mut [Completion], mut f: impl FnMut(&Completion
         // Reading the clock costs more than a poll under emulation: only now and then.
         if n == 0 {
             idle = idle.wrapping_add(1);
-            if idle % 4096 == 0 && start.elapsed() > TIMEOUT {
+            if idle.is_multiple_of(4096) && start.elapsed() > TIMEOUT {
                 panic!("timed out");
             }
         }

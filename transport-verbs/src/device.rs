@@ -229,7 +229,7 @@ trait OptEq {
 }
 impl OptEq for Option<&str> {
     fn is_none_or_eq(&self, s: &str) -> bool {
-        self.map_or(true, |n| n == s)
+        self.is_none_or(|n| n == s)
     }
 }
 

@@ -279,7 +279,7 @@ pub(crate) fn choose_pair(local: &[GidEntry], remote: &[WireGid]) -> Option<(usi
     for (i, l) in local.iter().enumerate() {
         for (j, r) in remote.iter().enumerate() {
             if let Some(k) = pair_key(&l.wire, r) {
-                if best.as_ref().map_or(true, |(bk, _, _)| k > *bk) {
+                if best.as_ref().is_none_or(|(bk, _, _)| k > *bk) {
                     best = Some((k, i, j));
                 }
             }

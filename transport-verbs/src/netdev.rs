@@ -29,7 +29,7 @@ impl Interfaces {
     pub(crate) fn prefix_of(&self, netdev: Option<&str>, ip: IpAddr) -> Option<u8> {
         self.addrs
             .iter()
-            .find(|(n, a, _)| *a == ip && netdev.map_or(true, |d| d == n))
+            .find(|(n, a, _)| *a == ip && netdev.is_none_or(|d| d == n))
             .map(|(_, _, p)| *p)
     }
 

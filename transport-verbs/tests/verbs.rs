@@ -325,7 +325,10 @@ fn garbage_addresses_are_bad_address() {
     let mut b = open_or_skip(1, |_| {}).unwrap();
     let good = b.address().0;
     let len = good.len();
-    assert!(len >= addr_len(1) && (len - addr_len(0)) % 20 == 0, "{len}");
+    assert!(
+        len >= addr_len(1) && (len - addr_len(0)).is_multiple_of(20),
+        "{len}"
+    );
     let mut cases: Vec<(&str, Vec<u8>)> = vec![
         ("empty", vec![]),
         ("short", good[..20].to_vec()),

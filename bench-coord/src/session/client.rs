@@ -254,7 +254,7 @@ fn wait_done_polling<T: Transport>(eps: &mut [T], ctrl: &mut Ctrl, idle: Duratio
             }
         }
         turns = turns.wrapping_add(1);
-        if turns % 64 == 0 {
+        if turns.is_multiple_of(64) {
             match ctrl.try_recv()? {
                 Some(Msg::Done(d)) => return Ok(d),
                 Some(m) => {

@@ -612,7 +612,7 @@ trait Exceeds {
 }
 impl Exceeds for Option<u64> {
     fn exceeds(self, limit: u64) -> bool {
-        self.map_or(true, |v| v > limit)
+        self.is_none_or(|v| v > limit)
     }
 }
 

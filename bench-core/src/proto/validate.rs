@@ -196,7 +196,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_name("backend", &sp.backend)?;
             check_name("provider", &sp.provider)?;
             let nics = (sp.gpus as u64).checked_mul(sp.nics_per_gpu as u64);
-            if sp.gpus == 0 || sp.nics_per_gpu == 0 || nics.map_or(true, |n| n > MAX_NICS as u64) {
+            if sp.gpus == 0 || sp.nics_per_gpu == 0 || nics.is_none_or(|n| n > MAX_NICS as u64) {
                 return Err(proto(format!(
                     "{} GPUs x {} NICs per rank (allowed: 1..={MAX_NICS} NICs)",
                     sp.gpus, sp.nics_per_gpu

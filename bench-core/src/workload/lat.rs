@@ -131,7 +131,7 @@ impl<T: Transport> PingPong<'_, T> {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % CHECK == 0 {
+            if spins.is_multiple_of(CHECK) {
                 check(live, start, idle, "the peer's ping-pong message")?;
             }
         }
@@ -156,7 +156,7 @@ impl<T: Transport> PingPong<'_, T> {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins % CHECK == 0 {
+            if spins.is_multiple_of(CHECK) {
                 check(live, start, idle, "the last ping-pong completions")?;
             }
         }

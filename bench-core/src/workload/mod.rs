@@ -219,7 +219,7 @@ pub fn drive<W: NicWork>(
             return Ok(local);
         }
         turns = turns.wrapping_add(1);
-        if turns % CHECK_EVERY == 0 {
+        if turns.is_multiple_of(CHECK_EVERY) {
             ctx.check()?;
             let now_seen = if knobs.sharded {
                 local.completed

@@ -473,7 +473,7 @@ pub fn wait_imms<T: Transport>(
         }
         let settled = || acks.iter().zip(&counts).all(|(a, &n)| a.acks.settled(n));
         turns = turns.wrapping_add(1);
-        if turns % 64 == 0 {
+        if turns.is_multiple_of(64) {
             if done.is_none() {
                 match ctrl.try_recv()? {
                     Some(Msg::Done(d)) => done = Some(d),
