@@ -15,7 +15,7 @@ fn default_libclang_dir() -> Option<PathBuf> {
         };
         let Ok(v) = v.parse::<u32>() else { continue };
         let lib = entry.path().join("lib");
-        if v >= 16 && lib.join("libclang.so").exists() && best.as_ref().map_or(true, |b| v > b.0) {
+        if v >= 16 && lib.join("libclang.so").exists() && best.as_ref().is_none_or(|b| v > b.0) {
             best = Some((v, lib));
         }
     }
