@@ -207,13 +207,18 @@ run() {
     "$RB" loopback --provider shm --mem cuda --ladder --nics-per-gpu 4 --no-verify -n 100 \
       --rounds 3 >&2 || status=1
     # Two processes, every byte verified: the IPC path the table below measures.
+    # The README's two-node recipe: a server with no layout flags takes the client's GPU
+    # memory; the client verifies by default.
     log "two processes (server, client), shm, GPU memory, every byte verified"
-    local port=$((20000 + RANDOM % 20000))
-    timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --mem cuda --sessions 1 >&2 &
+    local port=$((20000 + RANDOM % 20000)) cs; cs=$(mktemp)
+    timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --sessions 1 >&2 &
     local spid=$!
     sleep 1
     timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda \
-      --sizes 4K,64K,1M,16M --pages 16 --verify >&2 || status=1
+      --sizes 4K,64K,1M,16M --pages 16 | tee "$cs" >&2 || status=1
+    grep -q "cuda memory.*every byte verified\|GPU memory.*every byte verified" "$cs" ||
+      { log "FAILED: the client/server run did not say GPU memory, every byte verified"; status=1; }
+    rm -f "$cs"
     wait $spid || true
     log "two processes: the ladder with 4 NICs per GPU (CUDA IPC)"
     port=$((port + 5))

@@ -3,8 +3,8 @@
 # Sourced by ci/main.sh and ci/test.sh; exports LIBCLANG_PATH.
 set -euo pipefail
 
-PKGS=(build-essential pkg-config libhwloc-dev libudev-dev libibverbs-dev libclang-16-dev clang-16
-      xz-utils)
+PKGS=(build-essential pkg-config libhwloc-dev libudev-dev libibverbs-dev libucx-dev libclang-16-dev
+      clang-16 xz-utils)
 # Debian's libfabric (1.17), unless another is to be used (docs/install.md): on an EFA host the
 # EFA installer's. RDMA_BENCH_LIBFABRIC=PREFIX (e.g. /opt/amazon/efa) puts PREFIX/lib64 (where it
 # has pkgconfig/libfabric.pc, else PREFIX/lib) first in PKG_CONFIG_PATH and LD_LIBRARY_PATH and
@@ -58,5 +58,5 @@ if [ ${#want[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${want[@]}" >&2
 fi
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
-# bindgen (libfabric-sys, ibverbs-sys) needs libclang; 16 is what we test with.
+# bindgen (libfabric-sys, ibverbs-sys, ucx-sys) needs libclang; 16 is what we test with.
 export LIBCLANG_PATH=${LIBCLANG_PATH:-/usr/lib/llvm-16/lib}

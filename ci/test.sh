@@ -90,9 +90,9 @@ not_run() {
 }
 
 step "cargo fmt --check" cargo fmt --all --check
-step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+step "cargo clippy" cargo clippy --workspace --all-targets --features bench-cli/ucx -- -D warnings
 host_tests() {
-  LIBFABRIC_EXPECT=$(pkg-config --modversion libfabric | cut -d. -f1,2) cargo test --workspace
+  LIBFABRIC_EXPECT=$(pkg-config --modversion libfabric | cut -d. -f1,2) cargo test --workspace --features bench-cli/ucx
 }
 step "cargo test (host, libfabric $(pkg-config --modversion libfabric))" host_tests
 compare_quick() {

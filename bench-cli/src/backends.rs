@@ -13,6 +13,7 @@ pub static BACKENDS: &[Backend] = &[
     // Feature `efa` (the crate transport-efa), named after its library: `efa` is an alias.
     bench_coord::backend!("efa", transport_efa::Endpoint, "libfabric", ["efa"]),
     bench_coord::backend!("verbs", transport_verbs::Endpoint),
+    bench_coord::backend!("ucx", transport_ucx::Endpoint),
 ];
 
 /// The backend `s` names (its name or an alias).
@@ -108,7 +109,7 @@ mod tests {
     #[test]
     fn the_table() {
         assert_eq!(default_name(), "libfabric");
-        assert_eq!(names(), "libfabric or verbs");
+        assert_eq!(names(), "libfabric, verbs or ucx");
         // The old name is an alias of the libfabric backend.
         assert_eq!(find("efa").unwrap().name(), "libfabric");
         for b in BACKENDS {
@@ -143,7 +144,7 @@ mod tests {
         assert_eq!(p.to_string(), "verbs:rxe0+rxe1");
         assert_eq!(
             "nope:foo".parse::<Pair>().unwrap_err(),
-            "`nope:foo`: unknown backend `nope` (libfabric or verbs)"
+            "`nope:foo`: unknown backend `nope` (libfabric, verbs or ucx)"
         );
         assert_eq!(
             "efa".parse::<Pair>().unwrap_err(),

@@ -1,0 +1,108 @@
+//! The [`Transport`](transport_core::Transport) trait over UCX's UCP API.
+//!
+//! One [`Endpoint`] is one UCP context and one worker. Its address is the worker's address
+//! (`ucp_worker_get_address`); each peer is a `ucp_ep` created from it with
+//! `UCP_ERR_HANDLING_MODE_PEER`, so a dead peer is an error on its operations, not an abort.
+//!
+//! - Registration: `ucp_mem_map` (host memory; CUDA memory with `UCS_MEMORY_TYPE_CUDA` where
+//!   the loaded UCX has it, else [`Error::Unsupported`](transport_core::Error::Unsupported)).
+//!   A region's remote key is its `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX parses
+//!   a packed key without knowing its length; [`import`](transport_core::Transport::import)
+//!   checks the frame and unpacks it once for the peer (`ucp_ep_rkey_unpack`). The endpoint
+//!   owns the unpacked keys ([`UcxKey`] is a token into its table) and destroys them before
+//!   its `ucp_ep`s.
+//! - WRITE: `ucp_put_nbx`. UCP has no put with immediate: a WRITE with an immediate is the
+//!   put, then `ucp_ep_flush_nbx` on the peer's endpoint, then, once the flush completed (every
+//!   earlier operation to that peer is complete at the target, so the bytes are there), an
+//!   active message whose 4-byte header is the immediate (`ucp_am_send_nbx`). The target's
+//!   handler turns it into the `RemoteWrite`: it is never delivered before the bytes. The
+//!   initiator's `Write` completion comes when the active message has been sent.
+//! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
+//! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress`. Every
+//!   operation takes a slot of a fixed table made at open (the request slab): UCX's callbacks
+//!   write the status into the slot and queue its index; nothing is allocated and no lock is
+//!   taken on the post/poll path (UCX takes its requests from its own pools).
+//!
+//! Which transports UCX uses is `NicDesc::provider` (written to the context's `TLS`, as
+//! `UCX_TLS` would be: `sm`, `tcp`, `posix,cma,self`, `rc_verbs`), which NIC
+//! `NicDesc::device` (`NET_DEVICES`, e.g. `lo`, `mlx5_0:1`); unset, UCX's own defaults and
+//! environment apply.
+
+mod endpoint;
+mod frame;
+
+pub use endpoint::{Endpoint, UcxKey, UcxMr};
+
+use transport_core::{BackendInfo, OptionInfo, ProviderInfo};
+
+/// The options of `NicDesc::options`.
+const OPTIONS: &[OptionInfo] = &[OptionInfo {
+    key: "peer_errors",
+    values: "auto|on|off",
+    help: "UCP_ERR_HANDLING_MODE_PEER on every peer: a dead peer is an error, not an abort \
+           or a hang. UCX 1.13's shared-memory transports (posix, sysv) cannot do it, so auto \
+           (the default) is off where every transport named is shared memory (sm, posix, \
+           sysv, cma, self), on otherwise; the run record's err_mode says which",
+}];
+
+/// Whether `tls` names shared-memory transports only (UCX 1.13 has no peer failure handler
+/// for posix and sysv, so peer error handling finds no transport for messages there).
+pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
+    tls.is_some_and(|t| {
+        t.split(',').all(|x| {
+            matches!(
+                x.trim().trim_start_matches('^'),
+                "sm" | "shm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | "mm"
+            )
+        })
+    })
+}
+
+/// Transports that go over the machine's InfiniBand/RoCE NICs; the others (shared memory,
+/// tcp, CUDA copies) use no NIC of a GPU's group.
+fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
+    let p = provider?;
+    p.split(',')
+        .any(|t| {
+            let t = t.trim().trim_start_matches('^');
+            t.starts_with("rc") || t.starts_with("ud") || t.starts_with("dc") || t == "ib"
+        })
+        .then_some("mlx5")
+}
+
+fn no_env(_provider: &str) -> &'static [(&'static str, &'static str)] {
+    &[]
+}
+
+/// This backend, as `Transport::INFO` gives it.
+pub(crate) const INFO: BackendInfo = BackendInfo {
+    name: "ucx",
+    aliases: &[],
+    help: "UCX UCP (put + flush + active message; --provider is UCX_TLS: sm, tcp, rc_verbs)",
+    library: "ucx",
+    provider: Some(ProviderInfo {
+        loopback_default: "sm",
+        env: no_env,
+    }),
+    nic_driver,
+    options: OPTIONS,
+    options_env: None,
+    same_process_gpu: &[],
+    probe: None,
+    exit_abandoning: None,
+};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nic_driver_follows_the_transports() {
+        assert_eq!(super::nic_driver(Some("sm")), None);
+        assert_eq!(super::nic_driver(Some("tcp")), None);
+        assert_eq!(super::nic_driver(None), None);
+        assert_eq!(super::nic_driver(Some("sm,rc_verbs")), Some("mlx5"));
+        assert!(super::shared_memory_only(Some("sm")));
+        assert!(super::shared_memory_only(Some("posix,cma,self")));
+        assert!(!super::shared_memory_only(Some("sm,tcp")));
+        assert!(!super::shared_memory_only(None));
+    }
+}

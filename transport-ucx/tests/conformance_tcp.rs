@@ -1,0 +1,61 @@
+//! The shared conformance suite on UCX over tcp only, on the loopback interface
+//! (`TLS=tcp`, `NET_DEVICES=lo`).
+
+use transport_core::{NicDesc, Result, Transport};
+use transport_ucx::Endpoint;
+
+fn open(_side: usize) -> Result<Endpoint> {
+    let mut nic = NicDesc::provider("tcp");
+    nic.device = Some("lo".into());
+    let ep = Endpoint::open(&nic)?;
+    assert_eq!(ep.runtime().settings["err_mode"], "peer", "auto on tcp");
+    Ok(ep)
+}
+
+transport_conformance::suite!(open);
+
+/// Many batched WRITEs with immediates: each exactly once, every byte in place.
+#[test]
+fn immediates_many() {
+    let mut p = transport_conformance::connect(&open)
+        .unwrap()
+        .expect("tcp on lo always opens");
+    transport_conformance::immediates_many(&mut p, 5000).unwrap();
+}
+
+/// A peer that went away (its endpoint dropped, its sockets closed): SENDs to it end in an
+/// error, a refused post or an error completion carrying UCX's text, within the wait; never
+/// an abort, a hang or a success forever.
+#[test]
+fn a_dead_peer_is_an_error() {
+    use std::time::{Duration, Instant};
+    use transport_core::{Completion, CompletionKind, HostBuffer, LocalSlice, Memory, Post};
+    let p = transport_conformance::connect(&open)
+        .unwrap()
+        .expect("tcp on lo always opens");
+    let transport_conformance::Pair {
+        mut a, b, a_to_b, ..
+    } = p;
+    let src = a.register(Memory::Host(HostBuffer::new(4096))).unwrap();
+    drop(b);
+    let start = Instant::now();
+    let mut out: [Completion; 16] = Default::default();
+    let how = 'outer: loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "SENDs to a dead peer still succeed after 30 s"
+        );
+        match a.post_send(a_to_b, LocalSlice::all(&src), 1) {
+            Err(e) => break format!("refused post: {e}"),
+            Ok(Post::Posted | Post::QueueFull) => {}
+        }
+        let n = a.poll(&mut out).unwrap();
+        for c in &out[..n] {
+            if let CompletionKind::Error(e) = &c.kind {
+                assert!(!e.msg.is_empty());
+                break 'outer format!("error completion: {e}");
+            }
+        }
+    };
+    eprintln!("dead peer: {how}");
+}
