@@ -123,7 +123,7 @@ const ELSEWHERE: &[(&str, &str)] = &[
     (
         "cargo build --release -p bench-cli",
         "ci/main.sh builds the release binary (with --features ucx); cargo test builds the \
-         default features' binary this test runs",
+         binary this test runs",
     ),
     (
         "#SBATCH --nodes=16 --ntasks-per-node=1 --exclusive",
