@@ -125,6 +125,11 @@ def cost(path):
             fcost[(g, fn)] += v
     groups["total"] = total
     groups["other"] = total - groups["bench"] - groups["libfabric"] - groups["sim"]
+    # The groups partition the profile: more than the total means a call was counted twice
+    # (a neutral function's call back into a group charged to its caller as well).
+    if groups["other"] < -0.001 * total:
+        sys.exit(f"cg-objects: {path}: the groups add up to more than the total "
+                 f"({total - groups['other']} > {total}): a cost counted twice")
     return groups, fcost
 
 
