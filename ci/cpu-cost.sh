@@ -60,45 +60,45 @@ run() {
   case "$tag" in *post*) vg+=("--toggle-collect=rs_fi_write*") ;; esac
   local pre=()
   case "$prov" in
-    efa) pre=(--devices p5); flags+=(--nics-per-gpu 1) ;;
+    efa) pre=(--devices p5); flags+=(--nics-per-gpu 1 -v) ;;
     tcp) export FI_TCP_IFACE=lo ;;
   esac
   ci/efa-sim.sh "${pre[@]}" "${vg[@]}" "$BIN" "${flags[@]}" > "$DIR/$tag.txt" 2> "$DIR/$tag.err" ||
     { tail -20 "$DIR/$tag.err" >&2; echo "cpu-cost: $prov $size $mode $*: the run failed" >&2; return 1; }
+  # The p5 path: WRITEs done by the device (libfabric API >= 1.18), not emulated over SENDs.
+  if [ "$prov" = efa ] && ! grep -q 'WRITEs done by the device' "$DIR/$tag.err"; then
+    grep -m1 'NIC 0' "$DIR/$tag.err" >&2 || true
+    echo "cpu-cost: efa did not say its WRITEs are done by the device (a binary built against libfabric < 1.18?)" >&2
+    return 1
+  fi
   # the result row: "SIZE BYTES SECONDS ..."; WRITEs = bytes / size
   awk -v s="$size" '$1 == s && $2 ~ /^[0-9]+$/ { print $2; exit }' "$DIR/$tag.txt"
 }
 bytes_of() { numfmt --from=iec "$1"; }
-calls() {  # calls FILE PATTERN: how often functions whose line matches PATTERN were called
-  callgrind_annotate --inclusive=yes --tree=caller --auto=no "$1" 2>/dev/null | awk -v pat="$2" '
-    /^ *[0-9,]+ .*\* / { if ($0 ~ pat) n += c; c = 0; next }
-    /^ *[0-9,]+ .*< / { if (match($0, /\(([0-9,]+)x\)/)) { x = substr($0, RSTART + 1, RLENGTH - 3); gsub(/,/, "", x); c += x } next }
-    /^$/ { c = 0 }
-    END { print n + 0 }'
+calls() {  # calls REGEX: how many more calls the larger run's functions matching REGEX got
+  python3 ci/cg-objects.py --calls "$1" "$DIR/r$i-a.out" "$DIR/r$i-b.out"
 }
 
 printf '%-6s %-4s %-6s %-16s %8s %8s %8s %9s %8s %7s %7s  %s\n' provider size buffer extra \
   all bench libfab "sim(out)" lf-post turns polls "top libfabric functions (Ir per WRITE)"
-i=0
+i=0 fail=0
 for row in "${ROWS[@]}"; do
   read -r prov size mode extra <<<"$row"
   # shellcheck disable=SC2086
   set -- $extra
   if [ "$mode" = single ]; then n0=200 n1=600; else n0=1 n1=3; fi
   i=$((i + 1))
-  w0=$(run "r$i-a" $n0 "$prov" "$size" "$mode" "$@") || continue
-  w1=$(run "r$i-b" $n1 "$prov" "$size" "$mode" "$@") || continue
-  run "r$i-post-a" $n0 "$prov" "$size" "$mode" "$@" >/dev/null || continue
-  run "r$i-post-b" $n1 "$prov" "$size" "$mode" "$@" >/dev/null || continue
+  w0=$(run "r$i-a" $n0 "$prov" "$size" "$mode" "$@") || { fail=1; continue; }
+  w1=$(run "r$i-b" $n1 "$prov" "$size" "$mode" "$@") || { fail=1; continue; }
+  run "r$i-post-a" $n0 "$prov" "$size" "$mode" "$@" >/dev/null || { fail=1; continue; }
+  run "r$i-post-b" $n1 "$prov" "$size" "$mode" "$@" >/dev/null || { fail=1; continue; }
   sz=$(bytes_of "$size")
   dw=$(( (w1 - w0) / sz ))
-  [ "$dw" -gt 0 ] || { echo "cpu-cost: $row: no WRITE count ($w0, $w1)" >&2; continue; }
+  [ "$dw" -gt 0 ] || { echo "cpu-cost: $row: no WRITE count ($w0, $w1)" >&2; fail=1; continue; }
   read -r tot bench lf sim other < <(python3 ci/cg-objects.py "$DIR/r$i-a.out" "$DIR/r$i-b.out")
   read -r ptot pbench plf psim pother < <(python3 ci/cg-objects.py "$DIR/r$i-post-a.out" "$DIR/r$i-post-b.out")
-  post='WriteActive<T> as bench_core::workload::NicWork>::post '
-  poll='as transport_core::Transport>::poll '
-  turns=$(( $(calls "$DIR/r$i-b.out" "$post") - $(calls "$DIR/r$i-a.out" "$post") ))
-  polls=$(( $(calls "$DIR/r$i-b.out" "$poll") - $(calls "$DIR/r$i-a.out" "$poll") ))
+  turns=$(calls 'WriteActive<T> as bench_core::workload::NicWork>::post$')
+  polls=$(calls 'as transport_core::Transport>::poll$')
   top=$(python3 ci/cg-objects.py --top 5 libfabric "$DIR/r$i-a.out" "$DIR/r$i-b.out" |
     awk -v w="$dw" '{ printf "%s%s %d", (NR > 1 ? ", " : ""), $2, $1 / w }')
   awk -v dw="$dw" -v b="$bench" -v l="$lf" -v s="$sim" -v pl="$plf" -v pb="$pbench" \
@@ -109,3 +109,4 @@ for row in "${ROWS[@]}"; do
       pc / dw, top }'
 done
 echo "(per WRITE; differences of two runs with $((600 - 200)) single-buffer WRITEs or 2 passes over the pages apart; profiles in $DIR)"
+exit $fail
