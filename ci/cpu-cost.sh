@@ -50,7 +50,9 @@ fi
 # run TAG N PROVIDER SIZE MODE EXTRA... : one callgrind run; prints the WRITEs it measured
 run() {
   local tag=$1 n=$2 prov=$3 size=$4 mode=$5; shift 5
-  local flags=(loopback --provider "$prov" -s "$size" --warmup 1 -n "$n")
+  # valgrind runs the threads one at a time, 50-100x slower: generous time-outs (rdma-bench's
+  # idle time-out; the simulated device's answer time-out, else "Unresponsive receiver").
+  local flags=(loopback --provider "$prov" -s "$size" --warmup 1 -n "$n" --idle-timeout 300)
   [ "$mode" = single ] && flags+=(--single-buffer)
   local verify=(--no-verify)
   for a in "$@"; do [ "$a" = --verify ] && verify=(); done
@@ -63,7 +65,7 @@ run() {
     efa) pre=(--devices p5); flags+=(--nics-per-gpu 1 -v) ;;
     tcp) export FI_TCP_IFACE=lo ;;
   esac
-  ci/efa-sim.sh "${pre[@]}" "${vg[@]}" "$BIN" "${flags[@]}" > "$DIR/$tag.txt" 2> "$DIR/$tag.err" ||
+  EFA_SIM_TIMEOUT_MS=${EFA_SIM_TIMEOUT_MS:-300000} ci/efa-sim.sh "${pre[@]}" "${vg[@]}" "$BIN" "${flags[@]}" > "$DIR/$tag.txt" 2> "$DIR/$tag.err" ||
     { tail -20 "$DIR/$tag.err" >&2; echo "cpu-cost: $prov $size $mode $*: the run failed" >&2; return 1; }
   # The p5 path: WRITEs done by the device (libfabric API >= 1.18), not emulated over SENDs.
   if [ "$prov" = efa ] && ! grep -q 'WRITEs done by the device' "$DIR/$tag.err"; then
