@@ -19,14 +19,19 @@
 #   bench     of which rdma-bench (harness and trait); libfabric: of which libfabric
 #   sim       the simulator's own work (its libibverbs/libefa stand-ins and engine), left out
 #   lf-post   libfabric's post of one WRITE (fi_writemsg through the trait's C shim, the
-#             simulated device's post left out): exact, no idle turns in it
+#             simulated device's post left out): no idle turns in it, but the provider's
+#             own queueing (a WRITE posted later from progress when the send queue is full)
 #   turns     the harness's loop turns (post attempts) per WRITE on the posting side: a turn
 #             that finds the window full posts nothing and polls; 1/batch would be none idle
 #   polls     the trait's poll calls per WRITE, both sides
 #   top       the 5 libfabric functions that grew most (all threads, per WRITE)
-# Env: CPU_COST_DIR (profiles; default a temporary directory, removed), RDMA_BENCH (binary;
-# default target-efa-sim/release/rdma-bench, built with `ci/efa-sim.sh cargo build
-# --release -p bench-cli` when missing).
+# Idle polls vary from run to run with valgrind's scheduling: run a row several times
+# (CPU_COST_REPEAT=N prints N runs of each) and read the run with the fewest polls per WRITE;
+# docs/measurements.md ("Instructions per WRITE") fits them out.
+# Env: CPU_COST_REPEAT (runs per row, default 1), CPU_COST_DIR (profiles; default a
+# temporary directory, removed), RDMA_BENCH (binary; default
+# target-efa-sim/release/rdma-bench, built with `ci/efa-sim.sh cargo build --release -p
+# bench-cli` when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -45,6 +50,11 @@ if [ ${#ROWS[@]} -eq 0 ]; then
   for p in efa shm tcp; do for s in 4K 64K; do for m in single paged; do ROWS+=("$p $s $m"); done; done; done
   ROWS+=("efa 64K single --batch 1" "efa 64K paged --batch 1" "efa 64K paged --lazy"
          "efa 64K paged --verify")
+fi
+REPEAT=${CPU_COST_REPEAT:-1}
+if [ "$REPEAT" -gt 1 ]; then
+  r=("${ROWS[@]}"); ROWS=()
+  for row in "${r[@]}"; do for _ in $(seq "$REPEAT"); do ROWS+=("$row"); done; done
 fi
 
 # run TAG N PROVIDER SIZE MODE EXTRA... : one callgrind run; prints the WRITEs it measured
