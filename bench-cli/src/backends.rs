@@ -60,7 +60,9 @@ impl std::str::FromStr for Pair {
     fn from_str(s: &str) -> Result<Self, String> {
         let without: Vec<String> = BACKENDS
             .iter()
-            .filter(|b| b.info().provider.is_none())
+            // A backend this build lacks describes itself without its providers: leave it
+            // out rather than call it provider-less.
+            .filter(|b| b.is_built() && b.info().provider.is_none())
             .map(|b| format!("{}:DEV[+DEV]", b.name()))
             .collect();
         let (name, rest) = s.split_once(':').ok_or_else(|| {

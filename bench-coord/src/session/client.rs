@@ -20,7 +20,7 @@ use bench_core::workload::send::{self, RecvNic};
 use bench_core::workload::write;
 
 use super::report::build_report;
-use super::timeouts::{PREPARE_TIMEOUT, WATCHDOG_GRACE};
+use super::timeouts::{peer_gone_cause, PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
 /// Most receives the send workload keeps posted per NIC.
 const MAX_RECV_DEPTH: u64 = 256;
@@ -130,6 +130,18 @@ pub fn client<T: Transport>(
     json: bool,
 ) -> Result<ClientOut> {
     let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(WATCHDOG_GRACE)))?;
+    // A transfer that fails because the server died names the server (the provider may see
+    // the connection go before the control connection does).
+    client_inner::<T>(cfg, plan, &mut ctrl, json)
+        .map_err(|e| peer_gone_cause(e, &ctrl, "the server"))
+}
+
+fn client_inner<T: Transport>(
+    cfg: &SideCfg,
+    plan: &Plan,
+    ctrl: &mut Ctrl,
+    json: bool,
+) -> Result<ClientOut> {
     // Every provider call from here on, closing the endpoints included, is under the
     // watchdog: one that does not return after the server died ends the process.
     let live = ctrl.liveness();
@@ -185,7 +197,7 @@ pub fn client<T: Transport>(
     }
     let mut reports = Vec::with_capacity(plan.runs.len());
     for (k, p) in plan.runs.iter().enumerate() {
-        let r = run_one(&mut side, &mut ctrl, cfg, plan, p, k as u32, json)?;
+        let r = run_one(&mut side, ctrl, cfg, plan, p, k as u32, json)?;
         if cfg.verbose > 0 {
             eprintln!(
                 "rdma-bench: run {k}{}: {:.2} Gbit/s, {:.3} Mops; knobs: {}; server threads {}",

@@ -19,11 +19,7 @@ use bench_core::workload::send::{SendActive, SendParts};
 use bench_core::workload::write::{WriteActive, WriteParts};
 use bench_core::workload::{group, run_active};
 
-use super::timeouts::{PREPARE_TIMEOUT, WATCHDOG_GRACE};
-
-/// How long a failed transfer waits for the control connection to say whether the peer left
-/// (a transfer error and the peer's departure arrive in either order).
-const GONE_WAIT: Duration = Duration::from_secs(1);
+use super::timeouts::{peer_gone_cause, PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
 /// The server's configuration.
 #[derive(Clone, Debug)]
@@ -277,31 +273,13 @@ fn accept_loop<T: Transport>(
 /// One client session; returns the number of runs served.
 pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream) -> Result<u64> {
     let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Warn(WATCHDOG_GRACE)))?;
-    let r = session_inner::<T>(cfg, &mut ctrl).map_err(|e| peer_gone_cause(e, &ctrl));
+    let r = session_inner::<T>(cfg, &mut ctrl).map_err(|e| peer_gone_cause(e, &ctrl, "the client"));
     if let Err(e) = &r {
         if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) {
             ctrl.send_error(&format!("server: {e}"));
         }
     }
     r
-}
-
-/// A transfer that failed because the peer left (an error completion for a WRITE into a
-/// process that is gone) is reported as the peer's departure, with the provider's error.
-fn peer_gone_cause(e: Error, ctrl: &Ctrl) -> Error {
-    if !matches!(e, Error::Transport { .. }) {
-        return e;
-    }
-    let live = ctrl.liveness();
-    let start = Instant::now();
-    while !live.gone() && start.elapsed() < GONE_WAIT {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if live.gone() {
-        Error::PeerGone(format!("the client is gone; the transfer failed with: {e}"))
-    } else {
-        e
-    }
 }
 
 fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> {
