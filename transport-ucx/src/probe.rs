@@ -206,6 +206,35 @@ pub(crate) fn judge(
         }
     }
 
+    // rc connects endpoint to endpoint: UCX wires it up over an auxiliary transport that
+    // reaches the peer's worker address (ud, dc or tcp). With none, every ucp_ep_create to
+    // another node fails: `no auxiliary transport to <...>: Unsupported operation` (select.c;
+    // seen with TLS=rc_verbs on Soft-RoCE).
+    let rc: Vec<&Resource> = o
+        .resources
+        .iter()
+        .filter(|r| r.tl == "rc" || r.tl.starts_with("rc_"))
+        .collect();
+    let aux = o.resources.iter().any(|r| {
+        r.tl == "tcp"
+            || ["ud", "dc"]
+                .iter()
+                .any(|p| r.tl == *p || r.tl.starts_with(&format!("{p}_")))
+    });
+    if !rc.is_empty() && !aux {
+        out.push(f(
+            "ucx.wireup",
+            FindingStatus::Warn,
+            format!(
+                "{}: {} but no transport to wire it up (ud, dc or tcp): UCX cannot connect to \
+                 another node (`no auxiliary transport ... Unsupported operation`)",
+                what(),
+                list(&mut rc.iter().copied())
+            ),
+            Some("add ud_verbs (or tcp) to --provider / UCX_TLS, e.g. `--provider rc_verbs,ud_verbs`"),
+        ));
+    }
+
     if named.gpu_memory {
         let cuda: Vec<&Resource> = o.resources.iter().filter(|r| r.cuda()).collect();
         let ipc = cuda.iter().any(|r| r.tl == "cuda_ipc");
@@ -615,6 +644,38 @@ mod tests {
             false,
         );
         assert!(find(&f, "ucx.fallback").is_none(), "{f:?}");
+    }
+
+    #[test]
+    fn rc_without_an_auxiliary_transport_warns() {
+        let rc = "#      resource 0  :  md 0  dev 0  flags -- rc_verbs/rxe0:1\n";
+        let f = judge(
+            &named(Some("rc_verbs"), &["rxe0:1"], false),
+            &opened(rc, false),
+            &["rxe0".into()],
+            false,
+        );
+        let w = find(&f, "ucx.wireup").expect("a wire-up warning");
+        assert_eq!(w.status, FindingStatus::Warn);
+        assert!(
+            w.summary.starts_with(
+                "TLS=rc_verbs NET_DEVICES=rxe0:1: rc_verbs/rxe0:1 but no transport to wire it up"
+            ),
+            "{}",
+            w.summary
+        );
+        assert!(find(&f, "ucx.fallback").is_none(), "{f:?}");
+        let rcud = "#      resource 0  :  md 0  dev 0  flags -- rc_verbs/rxe0:1
+#      resource 1  :  md 0  dev 0  flags -- ud_verbs/rxe0:1
+";
+        let f = judge(
+            &named(Some("rc_verbs,ud_verbs"), &["rxe0:1"], false),
+            &opened(rcud, false),
+            &["rxe0".into()],
+            false,
+        );
+        assert!(find(&f, "ucx.wireup").is_none(), "{f:?}");
+        assert_eq!(f.len(), 1, "{f:?}");
     }
 
     #[test]
