@@ -231,7 +231,7 @@ pub(crate) fn judge(
                 what(),
                 list(&mut rc.iter().copied())
             ),
-            Some("add ud_verbs (or tcp) to --provider / UCX_TLS, e.g. `--provider rc_verbs,ud_verbs`"),
+            Some("add ud_verbs or tcp to --provider / UCX_TLS, e.g. `--provider rc_verbs,ud_verbs` (on Soft-RoCE `rc_verbs,tcp`: ci/ucx-vm-test.sh)"),
         ));
     }
 
