@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # `rdma-bench run` under the real engines, on this one machine, over 127.0.0.1:
-#   1. Open MPI: mpirun --oversubscribe -np 4, libfabric shm and tcp;
+#   1. Open MPI: mpirun --oversubscribe -np 4, libfabric shm and tcp, UCX sm and tcp (on lo);
 #   2. Slurm: a one-node cluster (munged, slurmctld, slurmd from Debian's packages, own
 #      config, key and state in a temp dir, removed on exit), srun -n 4: rank, size, local
 #      rank and the rendezvous host all come from Slurm's environment;
 #   3. a rank killed under mpirun: every other rank exits non-zero naming it.
 # Every step is bounded by a timeout. Needs the packages SETUP_LAUNCHERS=1 ci/setup.sh
 # installs (openmpi-bin, slurmctld, slurmd, slurm-client, munge).
-#   ci/launchers-test.sh           uses target/debug/rdma-bench (built when missing)
-#   RDMA_BENCH=path ci/launchers-test.sh
+#   ci/launchers-test.sh           uses target/debug/rdma-bench (built, with the ucx feature)
+#   RDMA_BENCH=path ci/launchers-test.sh    (a binary with the ucx backend: --features ucx)
 #   LAUNCHERS_ONLY=mpi|kill|slurm ci/launchers-test.sh    one part only (e.g. to repeat one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,9 @@ export SETUP_LAUNCHERS=1
 source ci/setup.sh
 
 if [ -z "${RDMA_BENCH:-}" ]; then
-  cargo build -q -p bench-cli --bin rdma-bench
+  # With UCX, as ci/test.sh's `cargo test --features bench-cli/ucx` left it (a build without
+  # the feature would replace that binary).
+  cargo build -q -p bench-cli --bin rdma-bench --features ucx
   RDMA_BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/debug/rdma-bench
 fi
 B=$RDMA_BENCH
@@ -51,6 +53,18 @@ want mpi && for prov in shm tcp; do
   cat "$TMP/mpi-$prov.out"
   grep -q "4 ranks (Open MPI)" "$TMP/mpi-$prov.out" || fail "mpirun $prov: no 4-rank table"
   grep -q "every byte verified" "$TMP/mpi-$prov.out" || fail "mpirun $prov: not verified"
+done
+# The UCX backend: its shared memory, and its tcp held to lo (NET_DEVICES=lo).
+want mpi && for prov in sm tcp; do
+  dev=(); [ "$prov" = tcp ] && dev=(--devices lo)
+  echo "=== mpirun -np 4 rdma-bench run --backend ucx --provider $prov ${dev[*]} --pattern all-to-all" >&2
+  timeout 120 "${MPI[@]}" "$B" run --backend ucx --provider "$prov" "${dev[@]}" \
+    --pattern all-to-all --rendezvous "127.0.0.1:$(free_port)" "${ARGS[@]}" \
+    > "$TMP/mpi-ucx-$prov.out" || fail "mpirun over ucx:$prov (rc $?)"
+  cat "$TMP/mpi-ucx-$prov.out"
+  grep -q "all-to-all write over ucx/$prov: 4 ranks (Open MPI)" "$TMP/mpi-ucx-$prov.out" ||
+    fail "mpirun ucx:$prov: no 4-rank table over ucx"
+  grep -q "every byte verified" "$TMP/mpi-ucx-$prov.out" || fail "mpirun ucx:$prov: not verified"
 done
 
 if want kill; then

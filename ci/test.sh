@@ -212,6 +212,7 @@ step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)" ci/launchers-
 step "kill soak, short: 6 trials per mode and provider on libfabric $(pkg-config --modversion libfabric) (ci/kill-soak.sh)" \
   ci/kill-soak.sh --trials 6 --versions 1.17
 for s in "verbs tests inside the Soft-RoCE VM|ci/verbs-vm-test.sh" \
+         "UCX over rc_verbs inside the Soft-RoCE VM: conformance, doctor, rdma-bench (ci/ucx-vm-test.sh)|ci/ucx-vm-test.sh" \
          "rdma-bench run over verbs between two Soft-RoCE VMs|ci/verbs-2vm-test.sh"; do
   if [ -n "${SKIP_VM:-}" ]; then
     not_run "${s%%|*}" "SKIP_VM is set" ci

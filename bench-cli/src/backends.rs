@@ -5,7 +5,7 @@
 //! Adding a backend: its crate, one line here, and its feature in `Cargo.toml`.
 
 use bench_coord::backend::Backend;
-use transport_core::Probe;
+use transport_core::{Probe, ProbeAsk};
 
 /// Every backend this binary knows, built in or not, in the order `--help` lists them; the
 /// first is the default.
@@ -36,7 +36,7 @@ pub fn names() -> String {
 }
 
 /// What the doctor asks each built-in backend's library.
-pub fn probes() -> Vec<fn() -> Probe> {
+pub fn probes() -> Vec<fn(&ProbeAsk) -> Probe> {
     BACKENDS
         .iter()
         .filter(|b| b.is_built())

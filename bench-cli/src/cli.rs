@@ -384,6 +384,24 @@ pub struct DoctorArgs {
     /// With --list-checks: as a markdown table (README.md's).
     #[arg(long, requires = "list_checks")]
     pub markdown: bool,
+    /// The backend the run will use: its library is asked about --provider, --devices and
+    /// --mem (e.g. ucx: the transports UCX would use, and whether it falls back to tcp).
+    #[arg(long, value_parser = backend())]
+    pub backend: Option<&'static Backend>,
+    /// The provider the run will name (as `run --provider`).
+    #[arg(long, value_name = "NAME", requires = "backend")]
+    pub provider: Option<String>,
+    /// The NICs the run will name (as `run --devices`), comma separated.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        value_delimiter = ',',
+        requires = "backend"
+    )]
+    pub devices: Vec<String>,
+    /// The buffer memory the run will use (as `run --mem`).
+    #[arg(long, value_parser = choice::<MemKind>(), requires = "backend")]
+    pub mem: Option<MemKind>,
 }
 
 impl From<&DoctorArgs> for DoctorCfg {
@@ -393,6 +411,12 @@ impl From<&DoctorArgs> for DoctorCfg {
             root: a.root.clone(),
             topology: a.topology.clone(),
             probes: backends::probes(),
+            ask: transport_core::ProbeAsk {
+                backend: a.backend.map(|b| b.name().to_string()),
+                provider: a.provider.clone(),
+                devices: a.devices.clone(),
+                gpu_memory: a.mem == Some(MemKind::Cuda),
+            },
             list_checks: a.list_checks,
             markdown: a.markdown,
         }

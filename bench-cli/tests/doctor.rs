@@ -557,6 +557,146 @@ fn cli_exit_codes_follow_the_worst_check() {
     assert!(mem["fix"].as_str().unwrap().contains("memlock unlimited"));
 }
 
+/// `doctor --backend ucx ...`: the UCX probe opens a context with what was named and lists
+/// its transports; an RDMA device UCX has no transport on is a warning, as is GPU memory of a
+/// UCX without CUDA; transports UCX does not have are a failure in UCX's own words.
+#[cfg(feature = "ucx")]
+mod ucx {
+    use super::*;
+
+    fn doctor(args: &[&str]) -> (common::Out, serde_json::Value) {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        // UCX's own environment would stand in for what the test names.
+        let mut c = Command::new(common::bin());
+        c.arg("doctor").args(&a);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FI_") || k.starts_with("NCCL_") || k.starts_with("UCX_") {
+                c.env_remove(k);
+            }
+        }
+        let o = c.output().expect("running rdma-bench doctor");
+        let o = common::Out {
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into(),
+            stderr: String::from_utf8_lossy(&o.stderr).into(),
+            elapsed: std::time::Duration::ZERO,
+        };
+        let v = o.json();
+        (o, v)
+    }
+
+    fn check<'a>(v: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Value> {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+    }
+
+    fn rdma_on_this_node() -> bool {
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+    }
+
+    #[test]
+    fn tcp_on_lo_is_listed() {
+        let (o, v) = doctor(&["--backend", "ucx", "--provider", "tcp", "--devices", "lo"]);
+        let u = check(&v, "ucx").unwrap_or_else(|| panic!("no ucx check: {}", o.stdout));
+        assert_eq!(u["status"], "ok");
+        assert!(u["summary"].as_str().unwrap().starts_with("ucx 1."), "{u}");
+        let t = check(&v, "ucx.transports").unwrap();
+        assert_eq!(t["status"], "ok", "{t}");
+        assert_eq!(
+            t["summary"], "TLS=tcp NET_DEVICES=lo: tcp/lo; between nodes: tcp/lo",
+            "{t}"
+        );
+        assert!(check(&v, "ucx.fallback").is_none(), "{}", o.stdout);
+        assert!(check(&v, "ucx.cuda").is_none(), "{}", o.stdout);
+    }
+
+    #[test]
+    fn an_rdma_device_ucx_has_no_transport_on_warns() {
+        let (o, v) = doctor(&[
+            "--backend",
+            "ucx",
+            "--devices",
+            "nosuchhca0:1",
+            "--mem",
+            "cuda",
+        ]);
+        let w = check(&v, "ucx.fallback").unwrap_or_else(|| panic!("{}", o.stdout));
+        assert_eq!(w["status"], "warn", "{w}");
+        assert!(
+            w["summary"]
+                .as_str()
+                .unwrap()
+                .starts_with("RDMA device nosuchhca0:1 named, but UCX has no RDMA transport on it"),
+            "{w}"
+        );
+        assert!(w["fix"].as_str().unwrap().contains("libuct_ib.so"), "{w}");
+        assert!(o.code >= Some(1), "{:?}", o.code);
+        // GPU memory: a warning where this UCX has no CUDA memory domain (Debian's has none).
+        let t = check(&v, "ucx.transports").unwrap()["summary"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let c = check(&v, "ucx.cuda").unwrap_or_else(|| panic!("{}", o.stdout));
+        if !t.contains("cuda_copy") {
+            assert_eq!(c["status"], "warn", "{c}");
+            assert!(
+                c["summary"]
+                    .as_str()
+                    .unwrap()
+                    .contains("no CUDA memory domain"),
+                "{c}"
+            );
+        }
+        // What was named for another backend is not asked of UCX.
+        let (o, v) = doctor(&["--backend", "verbs", "--devices", "nosuchhca0:1"]);
+        assert!(
+            check(&v, "ucx.fallback").is_none() || rdma_on_this_node(),
+            "{}",
+            o.stdout
+        );
+    }
+
+    #[test]
+    fn transports_ucx_does_not_have_fail_in_its_words() {
+        if rdma_on_this_node() {
+            transport_core::skip::note("rc_verbs may open here", "this node has RDMA devices");
+            return;
+        }
+        let (o, v) = doctor(&["--backend", "ucx", "--provider", "rc_verbs"]);
+        let t = check(&v, "ucx.transports").unwrap();
+        assert_eq!(t["status"], "fail", "{t}");
+        assert!(
+            t["summary"]
+                .as_str()
+                .unwrap()
+                .starts_with("UCX opened no transport for TLS=rc_verbs NET_DEVICES=(default): "),
+            "{t}"
+        );
+        assert_eq!(o.code, Some(2));
+        // UCX's own words, in the finding (and on stderr, not in the JSON on stdout).
+        assert!(
+            t["summary"]
+                .as_str()
+                .unwrap()
+                .contains("(UCX: transport 'rc_verbs' is not available"),
+            "{t}"
+        );
+        assert!(o.stderr.contains("rc_verbs"), "{}", o.stderr);
+    }
+
+    #[test]
+    fn provider_needs_a_backend() {
+        let mut c = Command::new(common::bin());
+        let o = c.args(["doctor", "--provider", "tcp"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--backend"));
+    }
+}
+
 #[test]
 fn cli_bad_root_is_a_usage_error() {
     let o = doctor_cli(&["--root", "/nonexistent/rdma-bench-root"], &[]);

@@ -451,3 +451,66 @@ fn bad_flags_are_usage_errors() {
     let o = run(&args(&["--workload", "lat", "--ladder"]), T);
     assert_eq!(o.code, Some(2));
 }
+
+/// `compare` across backends: libfabric's shm beside UCX's shared memory, one workload, both
+/// verified, each pair's record naming its own library.
+#[cfg(feature = "ucx")]
+#[test]
+fn compare_libfabric_shm_with_ucx_sm() {
+    let v = run(
+        &[
+            "compare",
+            "--pairs",
+            "libfabric:shm,ucx:sm",
+            "-n",
+            "2",
+            "--pages",
+            "8",
+            "-s",
+            "4K",
+            "--json",
+        ],
+        T,
+    )
+    .expect_ok()
+    .json();
+    let pairs = v["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 2, "{v:#}");
+    for (p, (name, backend, prov)) in pairs.iter().zip([
+        ("libfabric:shm", "libfabric", "shm"),
+        ("ucx:sm", "ucx", "sm"),
+    ]) {
+        assert_eq!(p["pair"], name, "{p:#}");
+        assert_eq!(p["backend"], backend, "{p:#}");
+        assert_eq!(p["provider"], prov, "{p:#}");
+        assert_eq!(p["verified"], true, "{p:#}");
+        // Like for like: the same workload moves the same bytes on both.
+        assert_eq!(p["bytes"], 2 * 8 * 4096, "{p:#}");
+        assert!(p["gbps"].as_f64().unwrap() > 0.0, "{p:#}");
+    }
+    let rec = v["record"]["pairs"].as_array().expect("the record's pairs");
+    assert_eq!(rec[1]["pair"], "ucx:sm");
+    assert_eq!(rec[1]["backend"]["library"], "ucx", "{:#}", rec[1]);
+    assert_eq!(rec[0]["backend"]["library"], "libfabric", "{:#}", rec[0]);
+    // The table, too.
+    let o = run(
+        &[
+            "compare",
+            "--pairs",
+            "libfabric:shm,ucx:sm",
+            "-n",
+            "2",
+            "--pages",
+            "8",
+            "-s",
+            "4K",
+        ],
+        T,
+    )
+    .expect_ok();
+    assert!(
+        o.stdout.contains("libfabric:shm") && o.stdout.contains("ucx:sm"),
+        "{}",
+        o.stdout
+    );
+}

@@ -93,6 +93,32 @@ fn all_to_all_over_shm_and_tcp() {
     }
 }
 
+/// `run --backend ucx`: 4 ranks all-to-all over UCX's shared memory and over its tcp on lo,
+/// every byte verified, each rank's bytes exact.
+#[cfg(feature = "ucx")]
+#[test]
+fn all_to_all_over_ucx_sm_and_tcp() {
+    for prov in [
+        &["--provider", "sm"][..],
+        &["--provider", "tcp", "--devices", "lo"],
+    ] {
+        let mut a = vec!["--backend", "ucx", "--pattern", "all-to-all", "--json"];
+        a.extend_from_slice(prov);
+        a.extend_from_slice(SMALL_RUN);
+        let v = check_job(job(4, &a), "all-to-all");
+        assert_eq!(v["backend"], "ucx", "{v}");
+        assert!(v["provider"].as_str().unwrap().contains(prov[1]), "{v}");
+        let run = &v["runs"][0];
+        let ranks = run["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 4);
+        for r in ranks {
+            assert_eq!(r["tx_bytes"], 3 * PER_PEER, "{prov:?}: {r}");
+            assert_eq!(r["rx_bytes"], 3 * PER_PEER, "{prov:?}: {r}");
+        }
+        assert_eq!(run["bytes"], 12 * PER_PEER);
+    }
+}
+
 #[test]
 fn pairwise_incast_bisection() {
     for (pattern, tx, rx) in [

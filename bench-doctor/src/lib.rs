@@ -21,7 +21,7 @@ pub mod sys;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use transport_core::{FindingStatus, Probe};
+use transport_core::{FindingStatus, Probe, ProbeAsk};
 
 pub use crate::checks::acs_ctrl;
 pub use crate::error::{Error, Result};
@@ -45,7 +45,10 @@ pub struct DoctorCfg {
     pub topology: Option<PathBuf>,
     /// What to ask each backend's library in this process (`BackendInfo::probe` of every
     /// backend the program has); not asked under `root`.
-    pub probes: Vec<fn() -> Probe>,
+    pub probes: Vec<fn(&ProbeAsk) -> Probe>,
+    /// What the user named (backend, provider, devices, GPU memory), handed to every probe;
+    /// each takes only what was named for its backend.
+    pub ask: ProbeAsk,
     /// Print the list of checks (id, what it checks, what to do) instead of checking.
     pub list_checks: bool,
     /// With `list_checks`: as README.md's markdown table.
@@ -160,7 +163,7 @@ pub fn inputs(a: &DoctorCfg) -> Result<Inputs> {
     let probes: Vec<Probe> = if a.root.is_some() {
         Vec::new()
     } else {
-        a.probes.iter().map(|p| p()).collect()
+        a.probes.iter().map(|p| p(&a.ask)).collect()
     };
     let libfabric = probes.iter().find_map(lf::Libfabric::from_probe);
     Ok(Inputs {

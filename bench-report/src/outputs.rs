@@ -10,7 +10,7 @@ use crate::plot;
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::record::Record;
 use bench_core::report::RunReport;
-use transport_core::Probe;
+use transport_core::{Probe, ProbeAsk};
 
 /// What to do after the runs (`rdma-bench`'s `--expect`, `--min-pct`, `--min-gbps`, `--plot`,
 /// `--report`, `--report-topology`).
@@ -31,7 +31,7 @@ pub struct OutputSpec {
     /// The hwloc XML export the report's topology section shows (default: this machine).
     pub report_topology: Option<PathBuf>,
     /// What the report's node check asks each backend's library (`DoctorCfg::probes`).
-    pub probes: Vec<fn() -> Probe>,
+    pub probes: Vec<fn(&ProbeAsk) -> Probe>,
 }
 
 fn check_dir(flag: &str, p: &Path) -> Result<()> {

@@ -43,8 +43,8 @@ pub struct BackendInfo {
     /// process exchange GPU memory.
     pub same_process_gpu: &'static [(&'static str, &'static str)],
     /// What a node check should ask of the library, where it has more to say than the
-    /// machine's own files (`None`: nothing).
-    pub probe: Option<fn() -> Probe>,
+    /// machine's own files (`None`: nothing), given what the user named ([`ProbeAsk`]).
+    pub probe: Option<fn(&ProbeAsk) -> Probe>,
     /// How to end the process without closing endpoints a dead peer may have wedged, where
     /// the backend has a way of its own (plain `exit` otherwise).
     pub exit_abandoning: Option<fn(i32) -> !>,
@@ -138,6 +138,28 @@ pub struct Runtime {
     /// link layer, ...), by name.
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
+}
+
+/// What the user named for a node check to ask a backend about (`doctor --backend B
+/// --provider P --devices D --mem cuda`): the same words a run takes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbeAsk {
+    /// The backend these are for; a probe of another backend takes none of them.
+    pub backend: Option<String>,
+    pub provider: Option<String>,
+    pub devices: Vec<String>,
+    /// Whether the run will use GPU memory.
+    pub gpu_memory: bool,
+}
+
+impl ProbeAsk {
+    /// What was named for the backend `info` (nothing where another backend was named).
+    pub fn for_backend(&self, info: &BackendInfo) -> ProbeAsk {
+        match &self.backend {
+            Some(b) if info.answers_to(b) => self.clone(),
+            _ => ProbeAsk::default(),
+        }
+    }
 }
 
 /// What a node check learns from a backend's library on this machine ([`BackendInfo::probe`]).

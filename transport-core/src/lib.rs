@@ -138,7 +138,7 @@ pub mod wait;
 
 pub use backend::{
     check_options, mapped_library, BackendInfo, Finding, FindingStatus, OptionInfo, OptionsEnv,
-    Probe, ProviderInfo, Runtime,
+    Probe, ProbeAsk, ProviderInfo, Runtime,
 };
 pub use error::{CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]

@@ -5,7 +5,7 @@
 use std::os::raw::{c_char, c_void};
 
 use libfabric_sys as fi;
-use transport_core::{mapped_library, NicDesc, OptionInfo, Probe, Runtime, Transport};
+use transport_core::{mapped_library, NicDesc, OptionInfo, Probe, ProbeAsk, Runtime, Transport};
 
 use crate::endpoint::Endpoint;
 use crate::error::{cstr, runtime_version};
@@ -99,7 +99,7 @@ pub fn libfabric_release() -> String {
 /// What the doctor asks of libfabric on this machine: its version and file, its providers,
 /// whether an endpoint that must take GPU memory opens (on efa where present, else shm),
 /// and whether the library names `libcuda.so` (a CUDA-enabled build loads or links it).
-pub fn probe() -> Probe {
+pub fn probe(_ask: &ProbeAsk) -> Probe {
     let providers = Endpoint::available_providers();
     let p = if providers.iter().any(|p| p == "efa") {
         "efa"

@@ -27,11 +27,17 @@
 //! `UCX_TLS` would be: `sm`, `tcp`, `posix,cma,self`, `rc_verbs`), which NIC
 //! `NicDesc::device` (`NET_DEVICES`, e.g. `lo`, `mlx5_0:1`); unset, UCX's own defaults and
 //! environment apply.
+//!
+//! The doctor's probe ([`probe`]) opens a context with what the user named and lists the
+//! transports UCX would use, warning where it would fall back to tcp or copy GPU memory
+//! through the host.
 
 mod endpoint;
 mod frame;
+mod probe;
 
 pub use endpoint::{Endpoint, UcxKey, UcxMr};
+pub use probe::probe;
 
 use transport_core::{BackendInfo, OptionInfo, ProviderInfo};
 
@@ -88,7 +94,7 @@ pub(crate) const INFO: BackendInfo = BackendInfo {
     options: OPTIONS,
     options_env: None,
     same_process_gpu: &[],
-    probe: None,
+    probe: Some(probe::probe),
     exit_abandoning: None,
 };
 

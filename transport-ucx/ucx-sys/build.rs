@@ -71,7 +71,7 @@ fn main() {
         .header("src/wrapper.h")
         // Only the calls transport-ucx makes, and what they take.
         .allowlist_function("ucp_(init_version|cleanup|config_read|config_release|config_modify)")
-        .allowlist_function("ucp_(get_version|get_version_string|context_query)")
+        .allowlist_function("ucp_(get_version|get_version_string|context_query|context_print_info)")
         .allowlist_function("ucp_worker_(create|destroy|progress|get_address|release_address)")
         .allowlist_function("ucp_worker_set_am_recv_handler")
         .allowlist_function("ucp_ep_(create|close_nbx|flush_nbx|rkey_unpack)")
