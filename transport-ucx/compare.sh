@@ -8,17 +8,28 @@
 # ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every 64
 #        -s SIZE -n N/64: N puts, one in 64 followed by the flush and the immediate (every
 #        figure to delivery: the clock stops at the last immediate).
-# ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, UCX's default), twice
-# for shared memory: with its own buffers (UCX allocates them in posix/sysv shared memory,
-# which the peer maps: a put is a memcpy), and with UCX_MEM_ALLOC_METHOD=heap (buffers from
-# malloc, like ours: no mapping, puts go through cma's process_vm_writev).
+# ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is 32 puts
+# outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
+# by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
+# by the initiator into the target's buffer, uct_sm_ep_put_short/bcopy, the target idle),
+# and with UCX_ALLOC_PRIO=heap (buffers from malloc, like ours). No shared-memory
+# transport of UCX 1.13 reaches heap memory with a put: posix and sysv map only their own
+# segments, and cma (process_vm_writev) has only put_zcopy, while UCP's RMA lanes need
+# put_short, put_bcopy and get_bcopy (ucp_wireup_add_rma_lanes). UCP then emulates the put
+# with active messages: the initiator copies it into the posix FIFO (uct_mm_ep_am_bcopy),
+# the target's progress copies it out (ucp_put_handler) and acknowledges it; that, not
+# cma, is what ours and perftest-heap measure. (UCX_MEM_ALLOC_METHOD, used here before,
+# is no UCX variable: UCX ignored it and that column was the shared-segment case again.)
+# Each figure is the best of ROUNDS runs (default 3), the tools interleaved.
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
 # whose libraries LD_LIBRARY_PATH picks for both).
 set -euo pipefail
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
-SIZES=(${SIZES:-4096:20000 65536:5000 1048576:500})
+SIZES=(${SIZES:-4096:1048576 65536:262144 1048576:16384})
+ROUNDS=${ROUNDS:-3}
+best() { awk 'BEGIN {m = 0} $1 + 0 > m {m = $1 + 0} END {printf "%.2f\n", m}'; }
 PORT=${PORT:-13400}
 perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3; shift 3
@@ -50,10 +61,16 @@ printf '%-4s %8s %12s %14s %14s %8s\n' tls size "ours Gbit/s" "perftest" "perfte
 for tls in "${TLS_LIST[@]}"; do
   for sn in "${SIZES[@]}"; do
     size=${sn%%:*} n=${sn##*:}
-    o=$(ours "$tls" "$size" "$n")
-    p=$(perftest "$tls" "$size" "$n")
+    os=() ps=() hs=()
+    for _ in $(seq "$ROUNDS"); do
+      os+=("$(ours "$tls" "$size" "$n")")
+      ps+=("$(perftest "$tls" "$size" "$n")")
+      [ "$tls" = tcp ] || hs+=("$(perftest "$tls" "$size" "$n" UCX_ALLOC_PRIO=heap)")
+    done
+    o=$(printf '%s\n' "${os[@]}" | best)
+    p=$(printf '%s\n' "${ps[@]}" | best)
     h=-
-    [ "$tls" = tcp ] || h=$(perftest "$tls" "$size" "$n" UCX_MEM_ALLOC_METHOD=heap)
+    [ "$tls" = tcp ] || h=$(printf '%s\n' "${hs[@]}" | best)
     ref=$p; [ "$h" != - ] && ref=$h
     r=$(awk -v o="$o" -v p="$ref" 'BEGIN { if (p > 0) printf "%.2f", o / p; else print "-" }')
     printf '%-4s %8s %12s %14s %14s %8s\n' "$tls" "$size" "$o" "$p" "$h" "$r"
