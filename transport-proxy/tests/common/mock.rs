@@ -149,7 +149,7 @@ impl Inner {
                 let (src, ctx) = (self.pending[i].src, self.pending[i].ctx);
                 self.local_done(src, ctx);
             }
-            let deliver = !self.b.reorder || (r >> 8) % 2 == 0;
+            let deliver = !self.b.reorder || (r >> 8).is_multiple_of(2);
             if !deliver {
                 i += 1;
                 continue;
@@ -237,7 +237,7 @@ impl MemoryRegion for MockMr {
         RemoteMr {
             addr,
             len: self.mem.len() as u64,
-            key: KeyBytes::new(&self.key.to_le_bytes()).expect("8 bytes"),
+            key: KeyBytes::new(self.key.to_le_bytes()).expect("8 bytes"),
         }
     }
 }
