@@ -101,7 +101,7 @@ impl Default for GpuWriteCfg {
             lat_sizes: vec![8, 64, 512, 4096, 65536],
             lat_iters: 1000,
             bw_sizes: vec![4096, 65536, 1 << 20],
-            bw_bytes: 256 << 20,
+            bw_bytes: 1000 << 18,
             ring_cmds: 2_000_000,
             capacity: 4096,
             batch: 16,
