@@ -3,7 +3,13 @@
 #![cfg(feature = "efa")]
 
 mod common;
+use std::time::Duration;
+
 use common::*;
+
+/// Two proxies, a producer and the host path's threads per run, three runs at once: on a
+/// loaded 2-core box a run takes tens of seconds in a debug build.
+const LONG: Duration = Duration::from_secs(300);
 
 fn check(v: &serde_json::Value) {
     assert_eq!(v["producer"], "cpu", "{v}");
@@ -26,25 +32,25 @@ const ARGS: &[&str] = &[
     "--sizes",
     "8,4K,1M",
     "-n",
-    "20",
+    "5",
     "--json",
 ];
 
 #[test]
 fn gpu_write_over_shm_verified() {
-    check(&run(ARGS, T).expect_ok().json());
+    check(&run(ARGS, LONG).expect_ok().json());
 }
 
 #[test]
 fn gpu_write_over_tcp_verified() {
     let mut a = ARGS.to_vec();
     a.extend_from_slice(&["--provider", "tcp"]);
-    check(&run(&a, T).expect_ok().json());
+    check(&run(&a, LONG).expect_ok().json());
 }
 
 #[test]
 fn gpu_write_prints_both_columns() {
-    let o = run(&ARGS[..ARGS.len() - 1], T).expect_ok();
+    let o = run(&ARGS[..ARGS.len() - 1], LONG).expect_ok();
     for want in ["ring alone", "proxy", "host", "verified yes"] {
         assert!(o.stdout.contains(want), "{want}: {}", o.stdout);
     }
