@@ -72,3 +72,20 @@ fn efa_a_bad_command_stops_the_proxy_and_tells_the_producer() {
     let Some(p) = pair(&open) else { return };
     cases::bad_command_stops_cleanly(p.a, p.a_to_b).unwrap();
 }
+
+/// Data without immediates, a fence, a flag with one: the flag's arrival says the data landed
+/// where a WRITE's local completion means the peer has its bytes (the efa provider completes
+/// a WRITE when the device acknowledged it). Under `EFA_SIM_LOSE_WRITE_PERMILLE` (plain WRITEs
+/// acknowledged with a piece dropped) the verification is what sees the loss.
+#[test]
+fn efa_data_fence_flag() {
+    let Some(p) = pair(&open) else { return };
+    let s = Spec {
+        n: 300,
+        producers: 1,
+        flag: true,
+        ..spec()
+    };
+    let out = cases::writes_land(p.a, p.b, p.a_to_b, s, 8).unwrap();
+    assert_eq!(out.arrivals, 1, "{out:?}");
+}

@@ -167,7 +167,10 @@ pub fn writes_land<T: Transport>(
             // long; every WRITE into it was counted, so nothing writes it any more.
             let dst = unsafe { std::slice::from_raw_parts(dst_ptr as *const u8, total) };
             match first_wrong(dst, &src_bytes, seed, &ranges) {
-                Some(w) => Err(format!("arrivals said all {} landed, but {w}", spec.n)),
+                Some(w) => Err(format!(
+                    "the receiver's arrivals said all {} WRITEs landed, but {w}",
+                    spec.n
+                )),
                 None => Ok(()),
             }
         });
