@@ -138,6 +138,12 @@ sim_conformance() {
     cargo test -p transport-efa --test conformance_efa --test conformance_efa_device_rdma \
     --test efa_readiness
 }
+sim_proxy() {
+  # transport-proxy (issue 27): a CPU producer's commands through the proxy ring on efa and
+  # efa-direct, out of order and late; every byte verified; data, fence, flag.
+  CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh \
+    --expect-knobs "reorder delay_us" cargo test -p transport-proxy --test proxy_efa
+}
 sim_readiness_p5() {
   CARGO_TARGET_DIR=$SIMT CONFORMANCE_REQUIRE_DEVICE=1 ci/efa-sim.sh --devices p5 \
     cargo test -p transport-efa --test efa_readiness
@@ -175,6 +181,7 @@ SIM_STEPS=(
   "efa-sim: efa conformance and readiness, device minimal" "sim_conformance minimal"
   "efa-sim: efa conformance and readiness, device minimal-nouwr" "sim_conformance minimal-nouwr"
   "efa-sim: readiness on p5's 32 NICs" sim_readiness_p5
+  "efa-sim: transport-proxy's ring and proxy, out of order" sim_proxy
   # rdma-bench: 32 NICs with the p5 topology; a lost WRITE caught; every workload out of
   # order on both fabrics; mpirun all-to-all and a killed rank named.
   "efa-sim: rdma-bench on p5's 32 NICs" "sim_bench --devices p5 efa-sim/rdma-bench.sh p5"
