@@ -67,6 +67,8 @@ if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
   echo '$B -n 5 --pages 64 || { echo "=== FAILED: rdma-bench write"; fail=1; }'
   echo '$B --workload send -n 200 || { echo "=== FAILED: rdma-bench send"; fail=1; }'
   echo '$B --workload lat -n 200 || { echo "=== FAILED: rdma-bench lat"; fail=1; }'
+  echo 'echo "=== rdma-bench over verbs: gpu-write (the proxy ring, CPU producer; verified)"'
+  echo '$B --workload gpu-write -n 5 --sizes 8,4K,64K || { echo "=== FAILED: rdma-bench gpu-write"; fail=1; }'
   echo 'echo "=== rdma-bench over verbs: --nic-opt tc=104 -v (the traffic class is printed per NIC)"'
   echo '$B -n 2 --pages 16 --nic-opt tc=104 -v > /tmp/tc.log 2>&1; rc=$?; cat /tmp/tc.log'
   echo '[ $rc = 0 ] && grep -q "tc 104" /tmp/tc.log || { echo "=== FAILED: rdma-bench tc=104"; fail=1; }'
