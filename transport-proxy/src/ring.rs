@@ -1,0 +1,756 @@
+//! The command ring: its memory layout (the ABI a GPU kernel or a CPU thread writes) and the
+//! protocol both sides follow.
+//!
+//! # Layout (version 1; offsets in bytes from the start of the block, all little-endian)
+//! The ring lives in one contiguous block the caller provides, 64-byte aligned, at least
+//! [`RingLayout::bytes`] long. For a GPU producer it is host memory the GPU can reach:
+//! `cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)` (no write-combining:
+//! the proxy reads it) with the kernel given `cuMemHostGetDevicePointer`'s pointer and the
+//! proxy the host pointer. Every word below sits on its own 64-byte cache line, so a producer
+//! spinning on one does not steal the line the proxy writes.
+//!
+//! | offset                         | size      | word            | written by       | read by            |
+//! |--------------------------------|-----------|-----------------|------------------|--------------------|
+//! | 0                              | 4         | magic [`MAGIC`] | [`Ring::init`]   | [`Ring::attach`]   |
+//! | 4                              | 4         | version [`VERSION`] | init         | attach             |
+//! | 8                              | 4         | capacity (commands, a power of two) | init | all          |
+//! | 12                             | 4         | arrival slots (counters)            | init | all          |
+//! | 16                             | 8         | block length in bytes               | init | attach       |
+//! | [`OFF_HEAD`] = 64              | 8         | head: positions claimed | producers (atomic add) | producers |
+//! | [`OFF_TAIL`] = 128             | 8         | tail: positions consumed | proxy (Release)  | producers (Acquire) |
+//! | [`OFF_DONE`] = 192             | 8         | done: commands completed locally | proxy (Release) | waiters (Acquire) |
+//! | [`OFF_ERROR`] = 256            | 4         | error word ([`ERR_NONE`], ...)  | proxy (Release)  | everyone (Acquire) |
+//! | [`OFF_ARRIVALS`] = 320 + 64 i  | 8         | arrivals\[i\]: counted immediates | proxy (Release) | waiters (Acquire) |
+//! | 320 + 64 slots + 32 k          | 32        | command slot k ([`Command`]) | producers | proxy |
+//!
+//! Positions are 64-bit and only grow; position `p` lives in slot `p & (capacity - 1)`.
+//!
+//! # The command ([`Command`], 32 bytes, `#[repr(C)]`)
+//! | offset | size | field    | meaning |
+//! |--------|------|----------|---------|
+//! | 0      | 4    | `seq`    | the ready word: `(p + 1) as u32` for position `p`, written last |
+//! | 4      | 1    | `op`     | [`OP_WRITE`], [`OP_WRITE_IMM`], [`OP_FENCE`] |
+//! | 5      | 1    | `flags`  | 0 (reserved) |
+//! | 6      | 2    | `peer`   | index into the proxy's peer table |
+//! | 8      | 4    | `len`    | bytes to write |
+//! | 12     | 4    | `imm`    | the immediate ([`OP_WRITE_IMM`] only); `imm >> 16` names the arrival counter it bumps at the receiver ([`ARRIVAL_SHIFT`]) |
+//! | 16     | 8    | `local`  | local region index (bits 63..48) and byte offset in it (bits 47..0): [`pack`] |
+//! | 24     | 8    | `remote` | the peer's region index (bits 63..48) and byte offset (bits 47..0) |
+//!
+//! [`OP_FENCE`] carries nothing but `seq` and `op`: the proxy posts nothing after it until
+//! every command before it has completed locally (a flush; "data, fence, flag" orders the flag
+//! after the data on fabrics that do not order WRITEs).
+//!
+//! # Protocol, and which fence orders what
+//! **Producer** (a GPU thread, or a CPU thread through [`Ring::push`]), for one command:
+//! 1. Claim a position: `p = atomic add(head, 1)`; on the GPU `atomicAdd_system` (or
+//!    `atomicAdd` where one GPU is the only producer). The proxy never reads `head`, so
+//!    producers may instead claim positions with any counter they share (a warp leader, a
+//!    counter in GPU memory), as long as every position is claimed exactly once.
+//! 2. Wait for room: until `p - tail < capacity`, reading `tail` with Acquire (GPU: a
+//!    volatile or `ld.acquire.sys` load), and give up when the error word is non-zero
+//!    (the proxy is gone or failed: nothing more will be consumed).
+//! 3. Write `op, flags, peer, len, imm, local, remote` with plain stores.
+//! 4. **Fence**: system scope. GPU: `__threadfence_system()` (or make step 5 an
+//!    `st.release.sys`); CPU: the Release ordering of step 5. It orders the field stores of 3
+//!    (and every store the kernel made to the source buffer before it, which the NIC is about
+//!    to read) before the ready word.
+//! 5. Store the ready word `seq = (p + 1) as u32` (GPU: volatile store after the fence).
+//!
+//! **Proxy** (one thread per ring, [`crate::Proxy`]), at its position `t` (= tail):
+//! 1. Load slot `t`'s ready word with **Acquire**; a command is ready when it equals
+//!    `(t + 1) as u32` (a stale lap never does: capacity is at most 2^31). The Acquire pairs
+//!    with the producer's fence: the fields (and the source bytes) are visible after it.
+//! 2. Read the fields; post (batched: everything ready from `t` on, up to a fence or a
+//!    batch's worth, in one `post_writes` call).
+//! 3. For what was accepted: store `tail` with **Release**: the slots are free again, and the
+//!    Release orders the proxy's reads of them before a producer's next writes. A command the
+//!    queue did not take stays in its slot (tail does not pass it) and is posted again after
+//!    a poll: never dropped.
+//!
+//! **Counters** (`done`, `arrivals[i]`): monotonic, written by the proxy alone with a
+//! **Release** store after the event they count: `done` after the WRITE's local completion
+//! (its source buffer may be reused); `arrivals[i]` at the receiver after the RemoteWrite
+//! completions carrying `imm >> 16 == i` were polled **and**, for a landing region in GPU
+//! memory, after `make_gpu_visible` on it returned. A waiter loads them with **Acquire** (GPU:
+//! `ld.acquire.sys`, or a volatile load followed by `__threadfence_system()`) and then reads the
+//! landed bytes. "N WRITEs landed at the peer" is known only from `arrivals` at the peer,
+//! never from local completions: libfabric RDM and EFA's SRD deliver out of order.
+//!
+//! **Error word**: 0 while the proxy runs. The proxy stores a non-zero code (Release) before it
+//! returns: [`ERR_STOPPED`] when asked to stop, else the reason it failed. Producers and
+//! waiters check it whenever they spin, so nothing hangs on a dead proxy.
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// `"PXRG"` little-endian: the block's first word.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"PXRG");
+/// Layout version. Bumped on any change of the layout above.
+pub const VERSION: u32 = 1;
+/// One cache line: the header's words each own one.
+pub const LINE: usize = 64;
+/// Bytes of one [`Command`].
+pub const COMMAND_BYTES: usize = 32;
+/// Offset of `head`.
+pub const OFF_HEAD: usize = 64;
+/// Offset of `tail`.
+pub const OFF_TAIL: usize = 128;
+/// Offset of `done`.
+pub const OFF_DONE: usize = 192;
+/// Offset of the error word.
+pub const OFF_ERROR: usize = 256;
+/// Offset of `arrivals[0]`; `arrivals[i]` is at `OFF_ARRIVALS + LINE * i`.
+pub const OFF_ARRIVALS: usize = 320;
+/// The largest capacity (commands): positions compare as `u32` in the ready word.
+pub const MAX_CAPACITY: u32 = 1 << 24;
+/// The most arrival counters (the immediate's top 16 bits name one).
+pub const MAX_ARRIVAL_SLOTS: u32 = 1 << 16;
+
+/// A WRITE without immediate: nothing is counted at the receiver.
+pub const OP_WRITE: u8 = 1;
+/// A WRITE with immediate: the receiver's proxy counts it in `arrivals[imm >> 16]`.
+pub const OP_WRITE_IMM: u8 = 2;
+/// Fence/flush: nothing after it is posted until everything before it completed locally.
+pub const OP_FENCE: u8 = 3;
+
+/// The immediate's bits above this name the arrival counter at the receiver.
+pub const ARRIVAL_SHIFT: u32 = 16;
+/// Bits of a region's byte offset in [`Command::local`] / [`Command::remote`].
+pub const OFFSET_BITS: u32 = 48;
+const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+
+/// The error word: the proxy is running (or was never started).
+pub const ERR_NONE: u32 = 0;
+/// The proxy was asked to stop and did (no failure).
+pub const ERR_STOPPED: u32 = 1;
+/// A WRITE completed with an error (a wrong key, a dead peer).
+pub const ERR_COMPLETION: u32 = 2;
+/// A post, a poll or `make_gpu_visible` returned an error.
+pub const ERR_TRANSPORT: u32 = 3;
+/// A command named an unknown op, peer or region, or a range outside its region.
+pub const ERR_BAD_COMMAND: u32 = 4;
+/// An immediate named an arrival counter the ring does not have.
+pub const ERR_BAD_IMMEDIATE: u32 = 5;
+
+/// The layout above as CUDA C, for a kernel compiled at run time (NVRTC): prepend it to the
+/// kernel's source. `proxy_push` is the producer protocol for one thread.
+pub const CUDA_HEADER: &str = r#"
+#define PROXY_RING_MAGIC 0x47525850u
+#define PROXY_RING_VERSION 1u
+#define PROXY_OFF_HEAD 64
+#define PROXY_OFF_TAIL 128
+#define PROXY_OFF_DONE 192
+#define PROXY_OFF_ERROR 256
+#define PROXY_OFF_ARRIVALS 320
+#define PROXY_LINE 64
+#define PROXY_OP_WRITE 1
+#define PROXY_OP_WRITE_IMM 2
+#define PROXY_OP_FENCE 3
+#define PROXY_ARRIVAL_SHIFT 16
+#define PROXY_OFFSET_BITS 48
+struct __align__(32) proxy_cmd {
+    unsigned int seq;            /* ready word: (pos + 1), stored last */
+    unsigned char op;
+    unsigned char flags;
+    unsigned short peer;
+    unsigned int len;
+    unsigned int imm;
+    unsigned long long local;    /* region << 48 | offset */
+    unsigned long long remote;   /* region << 48 | offset */
+};
+__device__ __forceinline__ unsigned long long proxy_pack(unsigned short region, unsigned long long off) {
+    return ((unsigned long long)region << PROXY_OFFSET_BITS) | (off & ((1ull << PROXY_OFFSET_BITS) - 1));
+}
+/* ring: the device pointer of the block; returns 0, or the error word when the proxy is gone. */
+__device__ __forceinline__ unsigned int proxy_push(unsigned char *ring, const proxy_cmd *c) {
+    unsigned int cap = *(volatile unsigned int *)(ring + 8);
+    unsigned int slots = *(volatile unsigned int *)(ring + 12);
+    unsigned long long pos = atomicAdd_system((unsigned long long *)(ring + PROXY_OFF_HEAD), 1ull);
+    volatile unsigned long long *tail = (volatile unsigned long long *)(ring + PROXY_OFF_TAIL);
+    volatile unsigned int *err = (volatile unsigned int *)(ring + PROXY_OFF_ERROR);
+    while (pos - *tail >= cap) {
+        unsigned int e = *err;
+        if (e) return e;
+    }
+    __threadfence_system(); /* acquire side of tail: the proxy's reads of the slot came first */
+    proxy_cmd *slot = (proxy_cmd *)(ring + PROXY_OFF_ARRIVALS + PROXY_LINE * slots) + (pos & (cap - 1));
+    slot->op = c->op; slot->flags = 0; slot->peer = c->peer; slot->len = c->len;
+    slot->imm = c->imm; slot->local = c->local; slot->remote = c->remote;
+    __threadfence_system(); /* fields (and the source bytes) before the ready word */
+    *(volatile unsigned int *)&slot->seq = (unsigned int)(pos + 1);
+    return 0;
+}
+"#;
+
+/// `region` index and byte `offset` packed as [`Command::local`] and [`Command::remote`] hold
+/// them. `offset` must be below 2^48.
+#[inline]
+pub const fn pack(region: u16, offset: u64) -> u64 {
+    ((region as u64) << OFFSET_BITS) | (offset & OFFSET_MASK)
+}
+
+/// The region index and offset of a packed [`Command::local`] / [`Command::remote`].
+#[inline]
+pub const fn unpack(packed: u64) -> (u16, u64) {
+    ((packed >> OFFSET_BITS) as u16, packed & OFFSET_MASK)
+}
+
+/// The immediate that bumps `arrivals[slot]` at the receiver, with 16 bits of the
+/// application's own.
+#[inline]
+pub const fn immediate(slot: u16, tag: u16) -> u32 {
+    ((slot as u32) << ARRIVAL_SHIFT) | tag as u32
+}
+
+/// One command: 32 bytes, the layout in the module docs. `seq` is the ready word; producers
+/// write it last (through [`Ring::push`] on the CPU).
+#[repr(C, align(32))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Command {
+    /// The ready word: `(position + 1) as u32`, stored last, after a system-scope fence.
+    pub seq: u32,
+    /// [`OP_WRITE`], [`OP_WRITE_IMM`] or [`OP_FENCE`].
+    pub op: u8,
+    /// Reserved: 0.
+    pub flags: u8,
+    /// Index into the proxy's peer table.
+    pub peer: u16,
+    /// Bytes to write.
+    pub len: u32,
+    /// The immediate ([`OP_WRITE_IMM`]); see [`immediate`].
+    pub imm: u32,
+    /// Local region index and offset ([`pack`]).
+    pub local: u64,
+    /// The peer's region index and offset ([`pack`]).
+    pub remote: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Command>() == COMMAND_BYTES);
+const _: () = assert!(std::mem::align_of::<Command>() == COMMAND_BYTES);
+const _: () = assert!(std::mem::offset_of!(Command, op) == 4);
+const _: () = assert!(std::mem::offset_of!(Command, peer) == 6);
+const _: () = assert!(std::mem::offset_of!(Command, len) == 8);
+const _: () = assert!(std::mem::offset_of!(Command, imm) == 12);
+const _: () = assert!(std::mem::offset_of!(Command, local) == 16);
+const _: () = assert!(std::mem::offset_of!(Command, remote) == 24);
+
+impl Command {
+    /// A WRITE of `len` bytes from `local` (packed) to `remote` (packed) on `peer`, with an
+    /// immediate when `imm` is `Some`.
+    pub const fn write(peer: u16, local: u64, remote: u64, len: u32, imm: Option<u32>) -> Self {
+        let (op, imm) = match imm {
+            Some(i) => (OP_WRITE_IMM, i),
+            None => (OP_WRITE, 0),
+        };
+        Self {
+            seq: 0,
+            op,
+            flags: 0,
+            peer,
+            len,
+            imm,
+            local,
+            remote,
+        }
+    }
+
+    /// A fence: nothing after it is posted until everything before it completed locally.
+    pub const fn fence() -> Self {
+        Self {
+            seq: 0,
+            op: OP_FENCE,
+            flags: 0,
+            peer: 0,
+            len: 0,
+            imm: 0,
+            local: 0,
+            remote: 0,
+        }
+    }
+}
+
+/// The shape of a ring: how many commands it holds and how many arrival counters it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    /// Commands (a power of two, 2 ..= [`MAX_CAPACITY`]).
+    pub capacity: u32,
+    /// Arrival counters (1 ..= [`MAX_ARRIVAL_SLOTS`]): one per peer that WRITEs here.
+    pub arrival_slots: u32,
+}
+
+impl RingLayout {
+    /// A layout; an error where the capacity is not a power of two in range or the slots are
+    /// out of range.
+    pub fn new(capacity: u32, arrival_slots: u32) -> Result<Self, RingError> {
+        if !capacity.is_power_of_two() || !(2..=MAX_CAPACITY).contains(&capacity) {
+            return Err(RingError::Layout(format!(
+                "capacity {capacity} must be a power of two from 2 to {MAX_CAPACITY}"
+            )));
+        }
+        if !(1..=MAX_ARRIVAL_SLOTS).contains(&arrival_slots) {
+            return Err(RingError::Layout(format!(
+                "arrival slots {arrival_slots} must be 1 to {MAX_ARRIVAL_SLOTS}"
+            )));
+        }
+        Ok(Self {
+            capacity,
+            arrival_slots,
+        })
+    }
+
+    /// Offset of command slot 0.
+    pub const fn commands_offset(&self) -> usize {
+        OFF_ARRIVALS + LINE * self.arrival_slots as usize
+    }
+
+    /// Bytes the block needs.
+    pub const fn bytes(&self) -> usize {
+        self.commands_offset() + COMMAND_BYTES * self.capacity as usize
+    }
+}
+
+/// What went wrong with a ring itself (its memory, or the proxy behind it).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RingError {
+    /// A layout out of range, or memory that does not fit it.
+    #[error("proxy ring: {0}")]
+    Layout(String),
+    /// The error word is set: the proxy stopped or failed; nothing more will be consumed.
+    #[error("proxy ring: the proxy is gone ({}); nothing more will be consumed", error_name(*.0))]
+    ProxyGone(u32),
+    /// A wait ran out of time.
+    #[error("proxy ring: timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, &'static str),
+}
+
+/// The name of an error-word code.
+pub fn error_name(code: u32) -> &'static str {
+    match code {
+        ERR_NONE => "running",
+        ERR_STOPPED => "stopped",
+        ERR_COMPLETION => "a WRITE completed with an error",
+        ERR_TRANSPORT => "the transport returned an error",
+        ERR_BAD_COMMAND => "a command named an unknown op, peer or region",
+        ERR_BAD_IMMEDIATE => "an immediate named an arrival counter the ring lacks",
+        _ => "unknown error code",
+    }
+}
+
+/// A view of a ring in memory someone else owns (a `cuMemHostAlloc` block, a [`RingMemory`]).
+///
+/// Every shared word is read and written atomically; command fields are read by the proxy
+/// only after it saw their ready word (Acquire), and written by a producer only after it saw
+/// the slot freed (Acquire of tail), so no byte is accessed by two sides at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Ring<'a> {
+    base: NonNull<u8>,
+    capacity: u32,
+    slots: u32,
+    _mem: PhantomData<&'a [u8]>,
+}
+
+// SAFETY: the ring is shared memory by design: every word two threads touch is accessed
+// atomically, and the protocol above gives each command slot to one side at a time.
+unsafe impl Send for Ring<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Ring<'_> {}
+
+impl<'a> Ring<'a> {
+    /// Lay out a fresh ring in `len` bytes at `base`: zero them and write the header.
+    ///
+    /// # Safety
+    /// `base` must be valid for reads and writes of `len` bytes for `'a`, and nobody else may
+    /// use it as anything but this ring for `'a`. Only one side calls `init` (the others
+    /// [`attach`](Ring::attach)).
+    pub unsafe fn init(base: *mut u8, len: usize, layout: RingLayout) -> Result<Self, RingError> {
+        let base = Self::check_block(base, len, layout.bytes())?;
+        // SAFETY: the caller gives us `len >= layout.bytes()` writable bytes at `base`.
+        unsafe { std::ptr::write_bytes(base.as_ptr(), 0, layout.bytes()) };
+        let ring = Self {
+            base,
+            capacity: layout.capacity,
+            slots: layout.arrival_slots,
+            _mem: PhantomData,
+        };
+        ring.u32_at(8).store(layout.capacity, Ordering::Relaxed);
+        ring.u32_at(12)
+            .store(layout.arrival_slots, Ordering::Relaxed);
+        ring.u64_at(16)
+            .store(layout.bytes() as u64, Ordering::Relaxed);
+        ring.u32_at(4).store(VERSION, Ordering::Relaxed);
+        ring.u32_at(0).store(MAGIC, Ordering::Release);
+        Ok(ring)
+    }
+
+    /// A view of a ring another side laid out with [`init`](Ring::init).
+    ///
+    /// # Safety
+    /// As for [`init`](Ring::init): `base` valid for `len` bytes for `'a`, used only as this
+    /// ring.
+    pub unsafe fn attach(base: *mut u8, len: usize) -> Result<Self, RingError> {
+        let base = Self::check_block(base, len, OFF_ARRIVALS)?;
+        let header = Self {
+            base,
+            capacity: 2,
+            slots: 1,
+            _mem: PhantomData,
+        };
+        let (magic, version) = (
+            header.u32_at(0).load(Ordering::Acquire),
+            header.u32_at(4).load(Ordering::Relaxed),
+        );
+        if magic != MAGIC || version != VERSION {
+            return Err(RingError::Layout(format!(
+                "no version-{VERSION} ring here (magic {magic:#x}, version {version})"
+            )));
+        }
+        let layout = RingLayout::new(
+            header.u32_at(8).load(Ordering::Relaxed),
+            header.u32_at(12).load(Ordering::Relaxed),
+        )?;
+        Self::check_block(base.as_ptr(), len, layout.bytes())?;
+        Ok(Self {
+            base,
+            capacity: layout.capacity,
+            slots: layout.arrival_slots,
+            _mem: PhantomData,
+        })
+    }
+
+    fn check_block(base: *mut u8, len: usize, need: usize) -> Result<NonNull<u8>, RingError> {
+        let base = NonNull::new(base).ok_or_else(|| RingError::Layout("null block".into()))?;
+        if !(base.as_ptr() as usize).is_multiple_of(LINE) {
+            return Err(RingError::Layout(format!(
+                "block at {:p} is not {LINE}-byte aligned",
+                base.as_ptr()
+            )));
+        }
+        if len < need {
+            return Err(RingError::Layout(format!(
+                "block of {len} bytes; the ring needs {need}"
+            )));
+        }
+        Ok(base)
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: `off` is a 4-aligned offset inside the header (checked at init/attach), the
+        // block outlives 'a, and the word is only ever accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast()) }
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: as `u32_at`, 8-aligned (the block is 64-aligned, every u64 offset is 8k).
+        unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(off).cast()) }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> RingLayout {
+        RingLayout {
+            capacity: self.capacity,
+            arrival_slots: self.slots,
+        }
+    }
+
+    /// The block's start (for a GPU producer: map this, or hand it the device pointer of it).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Commands it holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// `head`: positions claimed by producers.
+    pub fn head(&self) -> &AtomicU64 {
+        self.u64_at(OFF_HEAD)
+    }
+
+    /// `tail`: positions the proxy consumed (posted, or finished for a fence).
+    pub fn tail(&self) -> &AtomicU64 {
+        self.u64_at(OFF_TAIL)
+    }
+
+    /// `done`: commands completed locally (WRITEs whose local completion came, fences passed).
+    pub fn done(&self) -> &AtomicU64 {
+        self.u64_at(OFF_DONE)
+    }
+
+    /// The error word.
+    pub fn error_word(&self) -> &AtomicU32 {
+        self.u32_at(OFF_ERROR)
+    }
+
+    /// The error word's value, Acquire.
+    pub fn error(&self) -> u32 {
+        self.error_word().load(Ordering::Acquire)
+    }
+
+    /// Store `code` in the error word unless one is there already (the first reason wins).
+    pub fn set_error(&self, code: u32) {
+        let _ =
+            self.error_word()
+                .compare_exchange(ERR_NONE, code, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// `arrivals[slot]`, or `None` past the ring's slots.
+    pub fn arrivals(&self, slot: u32) -> Option<&AtomicU64> {
+        (slot < self.slots).then(|| self.u64_at(OFF_ARRIVALS + LINE * slot as usize))
+    }
+
+    fn slot_ptr(&self, pos: u64) -> *mut Command {
+        let k = (pos & (self.capacity as u64 - 1)) as usize;
+        let off = self.layout().commands_offset() + COMMAND_BYTES * k;
+        // SAFETY: k < capacity, so the slot lies inside the block checked at init/attach.
+        unsafe { self.base.as_ptr().add(off).cast() }
+    }
+
+    fn seq_of(&self, pos: u64) -> &AtomicU32 {
+        // SAFETY: `seq` is the slot's first word, 4-aligned; it is only accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.slot_ptr(pos).cast()) }
+    }
+
+    /// The ready word a command at `pos` carries.
+    #[inline]
+    pub const fn seq_for(pos: u64) -> u32 {
+        (pos as u32).wrapping_add(1)
+    }
+
+    /// CPU producer: claim a position, wait for room (failing when the error word is set),
+    /// write `cmd`'s fields, then its ready word with Release. Returns the position.
+    /// `cmd.seq` is ignored. Spins; allocates nothing.
+    pub fn push(&self, cmd: &Command) -> Result<u64, RingError> {
+        let pos = self.head().fetch_add(1, Ordering::Relaxed);
+        self.wait_room(pos)?;
+        self.write_claimed(pos, cmd);
+        Ok(pos)
+    }
+
+    /// Wait until position `pos` (claimed) has a free slot.
+    fn wait_room(&self, pos: u64) -> Result<(), RingError> {
+        let mut spins = 0u32;
+        while pos.wrapping_sub(self.tail().load(Ordering::Acquire)) >= self.capacity as u64 {
+            let e = self.error();
+            if e != ERR_NONE {
+                return Err(RingError::ProxyGone(e));
+            }
+            backoff(&mut spins);
+        }
+        Ok(())
+    }
+
+    /// Write a command into the slot of a position this producer claimed and found room for.
+    fn write_claimed(&self, pos: u64, cmd: &Command) {
+        let slot = self.slot_ptr(pos);
+        // SAFETY: the slot belongs to this producer: it claimed `pos` (head) and saw the
+        // proxy release the slot's previous lap (tail, Acquire). The fields after `seq` are
+        // written with plain stores; the proxy reads them only after the ready word below.
+        unsafe {
+            let fields = slot.cast::<u8>().add(4);
+            let src = (cmd as *const Command).cast::<u8>().add(4);
+            std::ptr::copy_nonoverlapping(src, fields, COMMAND_BYTES - 4);
+        }
+        // The producer's fence: Release orders the field stores above (and every store this
+        // thread made to the source buffer before) before the ready word.
+        self.seq_of(pos)
+            .store(Self::seq_for(pos), Ordering::Release);
+    }
+
+    /// Proxy: the command at `pos` if its producer published it (Acquire of the ready word,
+    /// then the fields), else `None`.
+    #[inline]
+    pub fn peek(&self, pos: u64) -> Option<Command> {
+        if self.seq_of(pos).load(Ordering::Acquire) != Self::seq_for(pos) {
+            return None;
+        }
+        // SAFETY: the ready word for `pos` was stored (Release) after the fields, and the
+        // producer does not touch the slot again until tail passes `pos`: the read below sees
+        // the complete command and races with no writer.
+        Some(unsafe { std::ptr::read_volatile(self.slot_ptr(pos)) })
+    }
+
+    /// Proxy: everything before `tail` is consumed (Release: the reads of those slots happen
+    /// before any producer's reuse of them).
+    #[inline]
+    pub fn release(&self, tail: u64) {
+        self.tail().store(tail, Ordering::Release);
+    }
+
+    /// Wait until `done >= n` (Acquire), failing when the error word is set first or after
+    /// `timeout`.
+    pub fn wait_done(&self, n: u64, timeout: Duration) -> Result<(), RingError> {
+        self.wait_counter(self.done(), n, timeout, "local completions")
+    }
+
+    /// Wait until `arrivals[slot] >= n` (Acquire): `n` WRITEs counted by their immediates have
+    /// landed here (and are visible to GPU work launched after, for GPU landing regions).
+    pub fn wait_arrivals(&self, slot: u32, n: u64, timeout: Duration) -> Result<(), RingError> {
+        let c = self
+            .arrivals(slot)
+            .ok_or_else(|| RingError::Layout(format!("no arrival slot {slot}")))?;
+        self.wait_counter(c, n, timeout, "arrivals")
+    }
+
+    fn wait_counter(
+        &self,
+        c: &AtomicU64,
+        n: u64,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<(), RingError> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while c.load(Ordering::Acquire) < n {
+            let e = self.error();
+            if e != ERR_NONE && c.load(Ordering::Acquire) < n {
+                return Err(RingError::ProxyGone(e));
+            }
+            if spins % 1024 == 1023 && start.elapsed() > timeout {
+                return Err(RingError::Timeout(timeout, what));
+            }
+            backoff(&mut spins);
+        }
+        Ok(())
+    }
+}
+
+fn backoff(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if *spins < 256 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// A ring in host memory this crate allocates (64-byte aligned, zeroed): for CPU producers
+/// and tests. A GPU producer's ring lives in `cuMemHostAlloc` memory instead
+/// ([`Ring::init`] on its pointer).
+pub struct RingMemory {
+    ptr: NonNull<u8>,
+    layout: std::alloc::Layout,
+    ring: RingLayout,
+}
+
+// SAFETY: the memory is owned; shared use goes through `Ring`, which is Sync.
+unsafe impl Send for RingMemory {}
+// SAFETY: as above.
+unsafe impl Sync for RingMemory {}
+
+impl RingMemory {
+    /// Allocate and lay out a ring.
+    pub fn new(ring: RingLayout) -> Self {
+        let layout = std::alloc::Layout::from_size_align(ring.bytes(), 4096)
+            .expect("ring sizes are bounded well below isize::MAX");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        let mem = Self { ptr, layout, ring };
+        // SAFETY: we own `layout.size()` bytes at `ptr`, aligned to 4096.
+        unsafe { Ring::init(ptr.as_ptr(), layout.size(), ring) }
+            .expect("a RingLayout always fits the block sized from it");
+        mem
+    }
+
+    /// The ring in it.
+    pub fn ring(&self) -> Ring<'_> {
+        Ring {
+            base: self.ptr,
+            capacity: self.ring.capacity,
+            slots: self.ring.arrival_slots,
+            _mem: PhantomData,
+        }
+    }
+}
+
+impl Drop for RingMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; borrows of `ring()` ended.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_the_documented_one() {
+        let l = RingLayout::new(8, 3).unwrap();
+        assert_eq!(l.commands_offset(), 320 + 3 * 64);
+        assert_eq!(l.bytes(), 320 + 3 * 64 + 8 * 32);
+        assert!(RingLayout::new(6, 1).is_err());
+        assert!(RingLayout::new(8, 0).is_err());
+        let c = Command::write(3, pack(2, 0x1234), pack(5, 7), 4096, Some(immediate(9, 1)));
+        // SAFETY: reading a repr(C) struct's bytes.
+        let b: [u8; 32] = unsafe { std::mem::transmute(c) };
+        assert_eq!(&b[4..8], &[OP_WRITE_IMM, 0, 3, 0]);
+        assert_eq!(&b[8..12], &4096u32.to_le_bytes());
+        assert_eq!(&b[12..16], &0x0009_0001u32.to_le_bytes());
+        assert_eq!(&b[16..24], &(0x0002_0000_0000_1234u64).to_le_bytes());
+        assert_eq!(unpack(c.remote), (5, 7));
+    }
+
+    #[test]
+    fn the_cuda_header_says_what_the_rust_side_does() {
+        for (name, v) in [
+            ("PROXY_RING_MAGIC", format!("{MAGIC:#x}u")),
+            ("PROXY_RING_VERSION", format!("{VERSION}u")),
+            ("PROXY_OFF_HEAD", OFF_HEAD.to_string()),
+            ("PROXY_OFF_TAIL", OFF_TAIL.to_string()),
+            ("PROXY_OFF_DONE", OFF_DONE.to_string()),
+            ("PROXY_OFF_ERROR", OFF_ERROR.to_string()),
+            ("PROXY_OFF_ARRIVALS", OFF_ARRIVALS.to_string()),
+            ("PROXY_LINE", LINE.to_string()),
+            ("PROXY_OP_WRITE", OP_WRITE.to_string()),
+            ("PROXY_OP_WRITE_IMM", OP_WRITE_IMM.to_string()),
+            ("PROXY_OP_FENCE", OP_FENCE.to_string()),
+            ("PROXY_ARRIVAL_SHIFT", ARRIVAL_SHIFT.to_string()),
+            ("PROXY_OFFSET_BITS", OFFSET_BITS.to_string()),
+        ] {
+            let line = format!("#define {name} {v}\n");
+            assert!(CUDA_HEADER.contains(&line), "CUDA_HEADER lacks {line:?}");
+        }
+    }
+
+    #[test]
+    fn push_then_peek_round_trips_and_wraps() {
+        let mem = RingMemory::new(RingLayout::new(4, 1).unwrap());
+        let ring = mem.ring();
+        for p in 0..10u64 {
+            assert_eq!(ring.peek(p), None);
+            let cmd = Command::write(1, pack(0, p), pack(0, 2 * p), 8, None);
+            assert_eq!(ring.push(&cmd).unwrap(), p);
+            let got = ring.peek(p).unwrap();
+            assert_eq!((got.seq, got.local, got.remote), (p as u32 + 1, p, 2 * p));
+            ring.release(p + 1);
+        }
+        // SAFETY: the block is RingMemory's, alive for the borrow.
+        let again = unsafe { Ring::attach(ring.as_ptr(), ring.layout().bytes()) }.unwrap();
+        assert_eq!(again.layout(), ring.layout());
+    }
+
+    #[test]
+    fn a_producer_waiting_for_room_sees_the_error_word() {
+        let mem = RingMemory::new(RingLayout::new(2, 1).unwrap());
+        let ring = mem.ring();
+        ring.push(&Command::fence()).unwrap();
+        ring.push(&Command::fence()).unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| ring.push(&Command::fence()));
+            std::thread::sleep(Duration::from_millis(50));
+            ring.set_error(ERR_COMPLETION);
+            assert_eq!(h.join().unwrap(), Err(RingError::ProxyGone(ERR_COMPLETION)));
+        });
+        assert!(matches!(
+            ring.wait_done(1, Duration::from_secs(5)),
+            Err(RingError::ProxyGone(ERR_COMPLETION))
+        ));
+    }
+}
