@@ -6,4 +6,7 @@
 
 pub mod ring;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 pub use ring::{Command, Ring, RingError, RingLayout, RingMemory};
