@@ -335,6 +335,30 @@ impl Kernels {
         &self.ctx
     }
 
+    /// The same kernels (no second compile) on a stream and scratch of their own: one per
+    /// ring, so that producers of several rings run at once.
+    pub fn fork(&self) -> Result<Self, GpuError> {
+        Ok(Self {
+            ctx: self.ctx.clone(),
+            stream: self
+                .ctx
+                .new_stream()
+                .map_err(|e| cuda("cuStreamCreate", e))?,
+            produce: self.produce.clone(),
+            wait: self.wait.clone(),
+            pingpong: self.pingpong.clone(),
+            scratch: MappedHost::alloc(&self.ctx, 4096)?,
+        })
+    }
+
+    /// The GPU's streaming multiprocessors (for sizing launches).
+    pub fn multiprocessors(&self) -> u32 {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|n| n.max(1) as u32)
+            .unwrap_or(1)
+    }
+
     /// Launch the producer on the ring block at device address `ring` (asynchronous:
     /// [`Kernels::sync`] waits for it, and reports a producer that gave up).
     pub fn produce(&self, ring: u64, p: &Produce) -> Result<(), GpuError> {
@@ -568,8 +592,35 @@ mod tests {
             "clang rejects the kernels:\n{}",
             String::from_utf8_lossy(&res.stderr)
         );
-        for k in ["proxy_produce", "proxy_wait", "proxy_pingpong"] {
-            assert!(ptx.contains(&format!(".entry {k}(")), "no kernel {k} in the PTX");
+        // Each kernel's parameters, as sizes in bytes, in the order the launches in this
+        // file push them (a kernel whose signature drifts from its launch fails here).
+        for (k, sizes) in [
+            (
+                "proxy_produce",
+                &[8, 8, 8, 8, 4, 4, 8, 4, 8, 8, 8, 8, 4, 4, 8, 4, 4, 8, 8][..],
+            ),
+            ("proxy_wait", &[8, 8, 8, 8, 8][..]),
+            (
+                "proxy_pingpong",
+                &[8, 8, 8, 8, 8, 4, 4, 8, 4, 8, 8, 4, 4, 8, 8][..],
+            ),
+        ] {
+            let at = ptx
+                .find(&format!(".entry {k}("))
+                .unwrap_or_else(|| panic!("no kernel {k} in the PTX"));
+            let params = &ptx[at..at + ptx[at..].find(')').unwrap()];
+            let got: Vec<usize> = params
+                .lines()
+                .filter_map(|l| {
+                    let l = l.trim();
+                    l.strip_prefix(".param .b")
+                        .or_else(|| l.strip_prefix(".param .u"))
+                        .and_then(|r| r.split_whitespace().next())
+                        .and_then(|b| b.parse::<usize>().ok())
+                        .map(|bits| bits / 8)
+                })
+                .collect();
+            assert_eq!(got, sizes, "{k}'s parameters (bytes) in the PTX");
         }
         // The protocol's loads and stores made it into the code.
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
