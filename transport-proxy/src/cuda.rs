@@ -14,8 +14,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::driver::PushKernelArg;
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig};
 
 /// The kernels' CUDA C source, compiled at run time by NVRTC.
 pub const PRODUCER_SRC: &str = include_str!("../kernels/producer.cu");
@@ -118,9 +118,12 @@ impl MappedHost {
     /// Allocate `len` zeroed bytes (at least one page) in `ctx`.
     pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
         if len == 0 {
-            return Err(GpuError::Invalid("a mapped block needs at least one byte".into()));
+            return Err(GpuError::Invalid(
+                "a mapped block needs at least one byte".into(),
+            ));
         }
-        ctx.bind_to_thread().map_err(|e| cuda("cuCtxSetCurrent", e))?;
+        ctx.bind_to_thread()
+            .map_err(|e| cuda("cuCtxSetCurrent", e))?;
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: the context is current; cuMemHostAlloc returns a fresh page-locked
         // allocation of len bytes (or an error), owned by the value built below and freed
@@ -170,14 +173,20 @@ impl MappedHost {
     /// Read the u64 at byte `offset` (8-aligned) with a volatile load: for results a kernel
     /// wrote, read after the stream synchronised.
     pub fn read_u64(&self, offset: usize) -> u64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len, "read_u64({offset}) out of the block");
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            "read_u64({offset}) out of the block"
+        );
         // SAFETY: in bounds and aligned (checked above); the block lives as long as self.
         unsafe { std::ptr::read_volatile(self.host.add(offset) as *const u64) }
     }
 
     /// Zero `[offset, offset + len)` with volatile stores (before a kernel uses it).
     pub fn zero(&self, offset: usize, len: usize) {
-        assert!(offset + len <= self.len, "zero({offset}, {len}) out of the block");
+        assert!(
+            offset + len <= self.len,
+            "zero({offset}, {len}) out of the block"
+        );
         for i in 0..len {
             // SAFETY: in bounds (checked above); no kernel uses this range while it is zeroed.
             unsafe { std::ptr::write_volatile(self.host.add(offset + i), 0) };
@@ -365,7 +374,7 @@ impl Kernels {
         if p.count == 0 {
             return Ok(());
         }
-        if p.blocks == 0 || p.threads == 0 || p.threads % 32 != 0 || p.threads > 1024 {
+        if p.blocks == 0 || p.threads == 0 || !p.threads.is_multiple_of(32) || p.threads > 1024 {
             return Err(GpuError::Invalid(format!(
                 "launch of {} blocks of {} threads: threads must be a multiple of 32, at most 1024",
                 p.blocks, p.threads
@@ -428,7 +437,10 @@ impl Kernels {
             .map_err(|e| cuda("cuStreamSynchronize", e))?;
         let st = self.scratch.read_u64(0) & 0xffff_ffff;
         if st != 0 {
-            return Err(failure(st, "a producer thread waiting for room in the ring"));
+            return Err(failure(
+                st,
+                "a producer thread waiting for room in the ring",
+            ));
         }
         Ok(())
     }
@@ -462,7 +474,9 @@ impl Kernels {
             let word = if err != 0 { 0x100 | err } else { 1 };
             return Err(failure(
                 word,
-                &format!("the kernel waiting for a counter to reach {target} (it stayed at {seen})"),
+                &format!(
+                    "the kernel waiting for a counter to reach {target} (it stayed at {seen})"
+                ),
             ));
         }
         Ok(done.saturating_sub(start))
@@ -546,8 +560,18 @@ mod tests {
     #[test]
     fn the_kernels_use_the_rings_header_not_their_own_offsets() {
         let src = kernel_source();
-        assert!(src.starts_with(crate::ring::CUDA_HEADER.trim_end()) || src.contains("struct __align__(32) proxy_cmd"));
-        for m in ["PROXY_OFF_TAIL", "PROXY_OFF_ERROR", "PROXY_OFF_ARRIVALS", "PROXY_OFF_HEAD", "PROXY_OP_WRITE_IMM", "PROXY_ARRIVAL_SHIFT"] {
+        assert!(
+            src.starts_with(crate::ring::CUDA_HEADER.trim_end())
+                || src.contains("struct __align__(32) proxy_cmd")
+        );
+        for m in [
+            "PROXY_OFF_TAIL",
+            "PROXY_OFF_ERROR",
+            "PROXY_OFF_ARRIVALS",
+            "PROXY_OFF_HEAD",
+            "PROXY_OP_WRITE_IMM",
+            "PROXY_ARRIVAL_SHIFT",
+        ] {
             assert!(PRODUCER_SRC.contains(m), "the kernels do not use {m}");
         }
     }
@@ -562,7 +586,12 @@ mod tests {
         use std::process::{Command, Stdio};
         let clang = ["clang-16", "/usr/lib/llvm-16/bin/clang"]
             .into_iter()
-            .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
+            .find(|c| {
+                Command::new(c)
+                    .arg("--version")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
         let Some(clang) = clang else {
             eprintln!("SKIPPED: no clang-16 to check the kernels' syntax with");
             return;
@@ -573,8 +602,20 @@ mod tests {
         std::fs::write(&shim, include_str!("../kernels/clang_shim.h")).unwrap();
         let out = dir.join("producer.ptx");
         let mut child = Command::new(clang)
-            .args(["-x", "cuda", "--cuda-gpu-arch=sm_90", "-nocudainc", "-nocudalib"])
-            .args(["--cuda-device-only", "-std=c++17", "-S", "-Werror", "-include"])
+            .args([
+                "-x",
+                "cuda",
+                "--cuda-gpu-arch=sm_90",
+                "-nocudainc",
+                "-nocudalib",
+            ])
+            .args([
+                "--cuda-device-only",
+                "-std=c++17",
+                "-S",
+                "-Werror",
+                "-include",
+            ])
             .arg(&shim)
             .arg("-o")
             .arg(&out)
@@ -583,7 +624,12 @@ mod tests {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(kernel_source().as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(kernel_source().as_bytes())
+            .unwrap();
         let res = child.wait_with_output().unwrap();
         let ptx = std::fs::read_to_string(&out).unwrap_or_default();
         let _ = std::fs::remove_dir_all(&dir);

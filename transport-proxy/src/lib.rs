@@ -4,9 +4,11 @@
 //!
 //! The ring's layout and protocol (the ABI a CUDA kernel writes) are in [`ring`].
 
+pub mod proxy;
 pub mod ring;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use ring::{Command, Ring, RingError, RingLayout, RingMemory};
+pub use proxy::{drain_to_nothing, Proxy, ProxyError, ProxyPeer, ProxyStats, DEFAULT_BATCH};
+pub use ring::{immediate, pack, Command, Ring, RingError, RingLayout, RingMemory};

@@ -1,0 +1,2 @@
+pub mod cases;
+pub mod mock;
