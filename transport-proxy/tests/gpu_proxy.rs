@@ -161,7 +161,8 @@ fn kernel_commands_reach_the_ring_once_each() {
                 );
                 std::hint::spin_loop();
             };
-            let i = (cmd.local & ((1 << 48) - 1)) - 0x10_0000 + 1000;
+            // Command i's local offset is local_off + (i % pages) * stride = 0x10_0000 + i.
+            let i = (cmd.local & ((1 << 48) - 1)).wrapping_sub(0x10_0000);
             assert!((1000..1000 + count).contains(&i), "position {pos}: {cmd:?}");
             let idx = (i - 1000) as usize;
             assert!(!seen[idx], "command {i} published twice (position {pos})");
@@ -349,6 +350,10 @@ fn kernel_writes_over_shm_every_byte_verified() {
                 None
             };
             let (blocks, threads) = (4, 64);
+            // Host memory: claims on the ring's head (the ABI's own counter, one system-scope
+            // atomic per warp); GPU memory: on a counter in GPU memory.
+            let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
+            let claim = gpu.then(|| counter.device_ptr());
             let ((), p, writes, arrivals) = with_proxies(&k, p, 64, |ra, rb| {
                 let prod = Produce {
                     first,
@@ -363,7 +368,7 @@ fn kernel_writes_over_shm_every_byte_verified() {
                     pages: count,
                     op: OP_WRITE_IMM,
                     imm_slot: 0,
-                    claim: None,
+                    claim,
                     fill,
                     blocks,
                     threads,
@@ -734,6 +739,9 @@ fn figures_bandwidth() {
             for round in 0..rounds {
                 let gbps = |secs: f64| (count * size as u64 * 8) as f64 / secs / 1e9;
                 let h = gbps(host_bandwidth(&mut p, size, count));
+                // Claims on a counter in GPU memory (the ring's head costs a PCIe atomic per
+                // warp; figures_ring_only shows both).
+                let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
                 let (secs, q, writes, arrivals) = with_proxies(&k, p, 1024, |ra, rb| {
                     let prod = Produce {
                         first: 0,
@@ -748,7 +756,7 @@ fn figures_bandwidth() {
                         pages: 64,
                         op: OP_WRITE_IMM,
                         imm_slot: 0,
-                        claim: None,
+                        claim: Some(counter.device_ptr()),
                         fill: None,
                         blocks: k.multiprocessors(),
                         threads: 256,
