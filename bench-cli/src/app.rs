@@ -15,6 +15,7 @@ use bench_core::record::{self, Facts, PairRecord, Record};
 use bench_core::report::{self, RunReport};
 use bench_core::side::SideCfg;
 use bench_core::topo_glue;
+use bench_core::workload::gpu_write::{CpuProducer, GpuWriteCfg};
 use bench_report::gate::GateResult;
 use bench_report::outputs::{self, Done, OutputSpec};
 
@@ -258,6 +259,9 @@ fn print_runs(
 }
 
 fn loopback(a: LoopbackArgs) -> Result<()> {
+    if a.work.workload == bench_core::config::Workload::GpuWrite {
+        return gpu_write(&a);
+    }
     let plan = Plan::new(&(&a.work).into(), true)?;
     let out_spec = OutputSpec::from(&a.out);
     let gate = out_spec.prepare(plan.workload.name())?;
@@ -275,6 +279,61 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
         gate.as_ref(),
         a.common.json,
     )
+}
+
+/// `loopback --workload gpu-write`: the flags as its config; the CPU producer.
+fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
+    let mut cfg = GpuWriteCfg {
+        verify: !w.no_verify,
+        seed: w.seed,
+        batch: w.batch.max(1) as usize,
+        ..GpuWriteCfg::default()
+    };
+    let sizes: Vec<usize> = w
+        .sizes
+        .iter()
+        .copied()
+        .chain(w.size)
+        .map(|s| s.0 as usize)
+        .collect();
+    if sizes.iter().any(|&s| s == 0 || s > u32::MAX as usize) {
+        return Err(Error::Usage(
+            "--size/--sizes: gpu-write sizes are 1 byte to 4 GiB - 1".into(),
+        ));
+    }
+    if !sizes.is_empty() {
+        cfg.lat_sizes = sizes.iter().copied().filter(|&s| s <= 64 << 10).collect();
+        cfg.bw_sizes = sizes;
+    }
+    if let Some(n) = w.iters {
+        cfg.lat_iters = n.max(1);
+    }
+    if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() {
+        return Err(Error::Usage(
+            "gpu-write takes --size/--sizes, -n (latency round trips), --batch, --seed and \
+             --no-verify; not --ladder, --rounds, --single-buffer or --pages"
+                .into(),
+        ));
+    }
+    Ok(cfg)
+}
+
+fn gpu_write(a: &LoopbackArgs) -> Result<()> {
+    let cfg = gpu_write_cfg(&a.work)?;
+    let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
+    let out = a
+        .common
+        .backend
+        .gpu_write(&client, &server.side, &cfg, &CpuProducer)?;
+    if a.common.json {
+        println!(
+            "{}",
+            serde_json::to_string(&out).map_err(|e| Error::Protocol(e.to_string()))?
+        );
+    } else {
+        print!("{}", out.render());
+    }
+    Ok(())
 }
 
 fn server(a: ServerArgs) -> Result<()> {

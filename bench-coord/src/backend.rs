@@ -13,6 +13,7 @@ use transport_core::{BackendInfo, Transport};
 use bench_core::error::{Error, Result};
 use bench_core::plan::Plan;
 use bench_core::side::SideCfg;
+use bench_core::workload::gpu_write::{GpuWriteCfg, GpuWriteReport, Producer};
 
 use crate::ranks::{JobReport, RunCfg};
 use crate::session::{self, ClientOut, ServerCfg};
@@ -21,6 +22,7 @@ type LoopbackFn = fn(&SideCfg, &ServerCfg, &Plan, bool) -> Result<ClientOut>;
 type ServeFn = fn(&ServerCfg, &str) -> Result<()>;
 type ClientFn = fn(&SideCfg, &Plan, TcpStream, bool) -> Result<ClientOut>;
 type RankFn = fn(RunCfg) -> Result<Option<JobReport>>;
+type GpuWriteFn = fn(&SideCfg, &SideCfg, &GpuWriteCfg, &dyn Producer) -> Result<GpuWriteReport>;
 
 /// One backend of a program's table.
 pub struct Backend {
@@ -36,6 +38,7 @@ struct Entry {
     serve: ServeFn,
     client: ClientFn,
     rank: RankFn,
+    gpu_write: GpuWriteFn,
 }
 
 impl fmt::Debug for Backend {
@@ -58,6 +61,7 @@ impl Backend {
                 serve: session::serve::<T>,
                 client: session::client::<T>,
                 rank: crate::ranks::run::<T>,
+                gpu_write: session::gpu_write_loopback::<T>,
             }),
         }
     }
@@ -119,6 +123,17 @@ impl Backend {
         json: bool,
     ) -> Result<ClientOut> {
         (self.entry()?.loopback)(client, server, plan, json)
+    }
+
+    /// [`session::gpu_write_loopback`] on this backend.
+    pub fn gpu_write(
+        &self,
+        client: &SideCfg,
+        server: &SideCfg,
+        cfg: &GpuWriteCfg,
+        producer: &dyn Producer,
+    ) -> Result<GpuWriteReport> {
+        (self.entry()?.gpu_write)(client, server, cfg, producer)
     }
 
     /// [`session::serve`] on this backend.

@@ -43,6 +43,7 @@ choice!(Workload {
     Send => ("send", "SEND/RECV bandwidth"),
     Lat => ("lat", "Ping-pong latency (one-way, half the round trip)"),
     Rate => ("rate", "Small-message WRITE rate in Mops"),
+    GpuWrite => ("gpu-write", "WRITEs issued through a proxy ring (transport-proxy) beside host-initiated ones: ring rate, one-way latency, bandwidth (loopback only)"),
 });
 choice!(LatOp {
     WriteImm => ("write-imm", "RDMA WRITE with immediate; the target sees a completion, posts no receive"),
@@ -88,6 +89,10 @@ pub enum Workload {
     Lat,
     /// Small-message WRITE rate in Mops.
     Rate,
+    /// WRITEs issued through a proxy ring (a producer writes commands, a proxy thread posts
+    /// them: `transport-proxy`) beside host-initiated WRITEs; loopback only.
+    #[serde(rename = "gpu-write")]
+    GpuWrite,
 }
 
 impl Workload {
@@ -97,6 +102,7 @@ impl Workload {
             Workload::Send => "send",
             Workload::Lat => "lat",
             Workload::Rate => "rate",
+            Workload::GpuWrite => "gpu-write",
         }
     }
 }

@@ -122,6 +122,7 @@ pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
         Workload::Rate => (64, 4096, 20, 1),
         Workload::Send => (64 << 10, 2000, 0, 1),
         Workload::Lat => (8, 0, 1000, 100),
+        Workload::GpuWrite => (64 << 10, 0, 1000, 0),
     }
 }
 
@@ -129,6 +130,13 @@ impl Plan {
     /// Build the plan; `verify_default` is what `verify: None` means (`rdma-bench` verifies by
     /// default in every command: loopback, compare, client and run).
     pub fn new(w: &WorkloadSpec, verify_default: bool) -> Result<Self> {
+        if w.workload == Workload::GpuWrite {
+            return Err(Error::Usage(
+                "--workload gpu-write runs in `rdma-bench loopback` only (both sides and their \
+                 proxies in one process); client, server and run do not carry it yet"
+                    .into(),
+            ));
+        }
         let (dsize, dpages, diters, dwarm) = defaults(w.workload);
         let diters = if w.workload == Workload::Send {
             2000

@@ -2,7 +2,61 @@
 //! CPU threads) write fixed-size commands into a ring in host memory; a proxy thread per
 //! endpoint posts them and publishes completion counters the producers wait on.
 //!
-//! The ring's layout and protocol (the ABI a CUDA kernel writes) are in [`ring`].
+//! The ring's layout and protocol (the ABI a CUDA kernel writes, with which fence orders
+//! what) are in [`ring`]; [`ring::CUDA_HEADER`] is the same layout as CUDA C for NVRTC.
+//!
+//! # API
+//! One ring and one [`Proxy`] per endpoint. The sender's proxy posts its ring's commands; the
+//! receiver's proxy counts immediates into its ring's `arrivals` (slot `imm >> 16`), after
+//! `make_gpu_visible` on its landing regions. A producer learns that WRITEs *landed* from the
+//! receiver's `arrivals` only; the sender's `done` says the source buffer may be reused.
+//! ```
+//! use std::sync::atomic::AtomicBool;
+//! use std::time::Duration;
+//! use transport_core::{HostBuffer, Memory, MemoryRegion, PeerId, Transport};
+//! use transport_proxy::{immediate, pack, Command, Proxy, ProxyPeer, RingLayout, RingMemory};
+//!
+//! type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+//!
+//! /// `a` WRITEs 4 KiB into `b` through a ring (`a_to_b`: `a.add_peer(&b.address())`, with
+//! /// `b.add_peer(&a.address())` done too).
+//! fn through_the_ring<T: Transport>(mut a: T, mut b: T, a_to_b: PeerId) -> Res<()> {
+//!     let src = a.register(Memory::Host(HostBuffer::from_slice(&[7; 4096])))?;
+//!     let dst = b.register(Memory::Host(HostBuffer::new(4096)))?;
+//!     let remote = a.import(a_to_b, &dst.remote())?;
+//!     // A GPU producer's ring lives in cuMemHostAlloc(DEVICEMAP) memory: `Ring::init` on it.
+//!     let ring_a = RingMemory::new(RingLayout::new(1024, 1)?);
+//!     let ring_b = RingMemory::new(RingLayout::new(2, 1)?); // 1 arrival slot: one writer
+//!     // Commands name regions and peers by index into these tables.
+//!     let peers = vec![ProxyPeer { id: a_to_b, regions: vec![remote] }];
+//!     let pa = Proxy::<T>::new(ring_a.ring(), vec![src], peers);
+//!     let pb = Proxy::<T>::new(ring_b.ring(), vec![dst], vec![]).landing(vec![0]);
+//!     let (stop_a, stop_b) = (&AtomicBool::new(false), &AtomicBool::new(false));
+//!     std::thread::scope(|s| -> Res<()> {
+//!         // The proxies own their endpoint's regions while they run; they hand them back.
+//!         let ha = s.spawn(move || (pa.run(&mut a, stop_a), pa));
+//!         let hb = s.spawn(move || (pb.run(&mut b, stop_b), pb));
+//!         // The producer: peer 0, local region 0 offset 0, the peer's region 0 offset 0.
+//!         let cmd = Command::write(0, pack(0, 0), pack(0, 0), 4096, Some(immediate(0, 1)));
+//!         ring_a.ring().push(&cmd)?;
+//!         ring_b.ring().wait_arrivals(0, 1, Duration::from_secs(5))?; // landed at b
+//!         ring_a.ring().wait_done(1, Duration::from_secs(5))?; // src reusable
+//!         stop_a.store(true, std::sync::atomic::Ordering::Relaxed);
+//!         stop_b.store(true, std::sync::atomic::Ordering::Relaxed);
+//!         let (ra, _pa) = ha.join().expect("proxy a");
+//!         let (rb, pb) = hb.join().expect("proxy b");
+//!         ra?;
+//!         rb?;
+//!         let dst = &pb.regions()[0];
+//!         assert_eq!(dst.memory().host().map(|h| h.as_slice()), Some(&[7; 4096][..]));
+//!         Ok(())
+//!     })
+//! }
+//! ```
+//! A fence ([`Command::fence`]) holds back every later command until the earlier ones have
+//! completed locally: with delivery-complete WRITEs (verbs RC, libfabric with delivery
+//! completion) "data, fence, flag" lands the flag after the data; elsewhere count immediates.
+//! [`drain_to_nothing`] consumes a ring without posting: the ring's own rate.
 
 pub mod proxy;
 pub mod ring;
@@ -10,5 +64,7 @@ pub mod ring;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use proxy::{drain_to_nothing, Proxy, ProxyError, ProxyPeer, ProxyStats, DEFAULT_BATCH};
+pub use proxy::{
+    drain_to_nothing, Proxy, ProxyError, ProxyPeer, ProxyStats, DEFAULT_BATCH, STOP_GRACE,
+};
 pub use ring::{immediate, pack, Command, Ring, RingError, RingLayout, RingMemory};

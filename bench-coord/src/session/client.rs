@@ -71,6 +71,7 @@ fn data_len<T: Transport>(plan: &Plan, side: &Side<T>) -> Result<usize> {
                 .and_then(|n| n.checked_mul(p.size)),
             Workload::Send => send_counts(p, rx).2.checked_mul(p.size),
             Workload::Lat => p.size.checked_mul(2),
+            Workload::GpuWrite => return Err(gpu_write_loopback_only()),
         };
         need = need.max(n.unwrap_or(u64::MAX));
     }
@@ -88,6 +89,7 @@ fn check_size<T: Transport>(plan: &Plan, side: &Side<T>, size: u64, peer: bool) 
         Workload::Write | Workload::Rate => true,
         Workload::Send => false,
         Workload::Lat => plan.op == LatOp::WriteImm,
+        Workload::GpuWrite => return Err(gpu_write_loopback_only()),
     };
     let what = if uses_write { "WRITE" } else { "message" };
     for i in 0..side.eps.len() {
@@ -313,6 +315,7 @@ fn run_one<T: Transport>(
     let mut progress = Progress::new(label, json);
     let mut lat = None;
     let (done, verified) = match plan.workload {
+        Workload::GpuWrite => return Err(gpu_write_loopback_only()),
         Workload::Write | Workload::Rate => {
             let layout = PageLayout {
                 page_size: size,
@@ -538,4 +541,13 @@ pub fn connect(addr: &str, timeout: Duration) -> Result<TcpStream> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// `gpu-write` between two processes is not carried by the session protocol yet.
+pub(crate) fn gpu_write_loopback_only() -> Error {
+    Error::Usage(
+        "--workload gpu-write runs in `rdma-bench loopback` only (both sides and their proxies \
+         in one process); client, server and run do not carry it yet"
+            .into(),
+    )
 }

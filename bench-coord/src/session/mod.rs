@@ -6,11 +6,13 @@
 //! both sides share.
 
 mod client;
+mod gpu_write;
 mod loopback;
 mod report;
 mod server;
 mod timeouts;
 
 pub use client::{client, connect, ClientOut};
+pub use gpu_write::gpu_write_loopback;
 pub use loopback::loopback;
 pub use server::{serve, session, session_side, Fixed, ServerCfg};

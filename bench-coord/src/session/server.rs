@@ -378,6 +378,11 @@ fn serve_request<T: Transport>(
         Workload::Write | Workload::Rate => true,
         Workload::Send => false,
         Workload::Lat => r.op == LatOp::WriteImm,
+        Workload::GpuWrite => {
+            return Err(Error::Protocol(
+                "a client asked for gpu-write, which runs in loopback only".into(),
+            ))
+        }
     };
     for i in 0..nics {
         let c = side.caps(i);
@@ -405,6 +410,9 @@ fn serve_request<T: Transport>(
         ..Done::default()
     };
     let out = match r.workload {
+        Workload::GpuWrite => {
+            return Err(Error::Protocol("gpu-write runs in loopback only".into()))
+        }
         Workload::Write | Workload::Rate => {
             let layout = PageLayout {
                 page_size: size,

@@ -7,6 +7,7 @@
 //! [`CHECK_EVERY`] turns.
 
 pub mod delivery;
+pub mod gpu_write;
 pub mod lat;
 pub mod ranks;
 pub mod send;
