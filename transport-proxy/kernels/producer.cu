@@ -229,3 +229,43 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
     out[1] = globaltimer_ns() - start;
     out[2] = failed;
 }
+
+// Publishes n commands staged by the host (cuda.rs's CudaProducer: the seam of bench-core's
+// gpu-write, which hands a producer a list of commands): thread t takes staged command t
+// (grid-stride), 32 bytes laid out as struct proxy_cmd (seq ignored), read through the
+// device alias of the host staging buffer, and publishes it as proxy_produce does: warp
+// claims on the ring's head, room, fields, fence, ready word. status[0] as proxy_produce's.
+extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 timeout_ns,
+                                       u32 *status) {
+    const u32 cap = *(const volatile u32 *)(ring + 8);
+    const u32 slots = *(const volatile u32 *)(ring + 12);
+    u64 *head = (u64 *)(ring + PROXY_OFF_HEAD);
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warp_base = tid - lane;
+    u64 cached_tail = 0;
+    u32 failed = 0;
+    for (u64 round = 0; warp_base + round * nthreads < n; ++round) {
+        if (__any_sync(0xffffffffu, failed != 0)) break;
+        const u64 idx = tid + round * nthreads;
+        const bool mine = idx < n;
+        const u32 mask = __ballot_sync(0xffffffffu, mine);
+        if (!mine) continue;
+        const volatile proxy_cmd *c = (const volatile proxy_cmd *)staged + idx;
+        const u32 op = c->op, peer = c->peer, len = c->len, imm = c->imm;
+        const u64 local = c->local, remote = c->remote;
+        const u32 leader = __ffs(mask) - 1;
+        const u32 rank = __popc(mask & ((1u << lane) - 1u));
+        u64 base = 0;
+        if (lane == leader) base = atomicAdd_system(head, (u64)__popc(mask));
+        base = __shfl_sync(mask, base, leader);
+        const u64 pos = base + rank;
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        if (failed) {
+            atomicCAS(status, 0u, failed);
+            continue;
+        }
+        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, len, imm, local, remote);
+    }
+}

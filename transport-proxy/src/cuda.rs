@@ -253,6 +253,7 @@ pub struct Kernels {
     produce: CudaFunction,
     wait: CudaFunction,
     pingpong: CudaFunction,
+    issue: CudaFunction,
     /// Status and result words the kernels write (host-mapped: readable after a sync).
     scratch: MappedHost,
 }
@@ -335,6 +336,7 @@ impl Kernels {
             produce: f("proxy_produce")?,
             wait: f("proxy_wait")?,
             pingpong: f("proxy_pingpong")?,
+            issue: f("proxy_issue")?,
             scratch: MappedHost::alloc(ctx, 4096)?,
         })
     }
@@ -356,6 +358,7 @@ impl Kernels {
             produce: self.produce.clone(),
             wait: self.wait.clone(),
             pingpong: self.pingpong.clone(),
+            issue: self.issue.clone(),
             scratch: MappedHost::alloc(&self.ctx, 4096)?,
         })
     }
@@ -544,6 +547,103 @@ impl Kernels {
     }
 }
 
+/// A producer for a ring the caller owns in plain host memory (bench-core's gpu-write hands
+/// its producer a [`Ring`](crate::Ring) in a [`RingMemory`](crate::RingMemory) and a list of
+/// commands): per call it page-locks and maps the ring's block (`cuMemHostRegister(DEVICEMAP |
+/// PORTABLE)`), copies the commands into a mapped staging buffer, launches `proxy_issue` (one
+/// GPU thread per command: warp claims on head, room, fields, fence, ready word), waits for
+/// it and unregisters the block. The registration lasts one call because the caller may free
+/// the ring afterwards and a registration must not outlive its memory. A figure taken through
+/// it includes a registration and a kernel launch per call; tests/gpu_proxy.rs measures
+/// commands that kernels originate.
+pub struct CudaProducer {
+    kernels: Kernels,
+    staging: std::sync::Mutex<MappedHost>,
+}
+
+impl CudaProducer {
+    /// Compile the kernels on GPU `ordinal`.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        let ctx = context(ordinal)?;
+        let kernels = Kernels::load(&ctx)?;
+        let staging = MappedHost::alloc(&ctx, 4096 * crate::ring::COMMAND_BYTES)?;
+        Ok(Self {
+            kernels,
+            staging: std::sync::Mutex::new(staging),
+        })
+    }
+
+    /// Publish `cmds` into `ring` from the GPU and return once every one is in the ring (the
+    /// proxy consumes them meanwhile: more commands than the ring holds are fine).
+    pub fn issue(&self, ring: crate::Ring<'_>, cmds: &[crate::Command]) -> Result<(), GpuError> {
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        let mut staging = self
+            .staging
+            .lock()
+            .map_err(|_| GpuError::Invalid("a CudaProducer call panicked earlier".into()))?;
+        let need = std::mem::size_of_val(cmds);
+        if staging.len() < need {
+            *staging = MappedHost::alloc(&self.kernels.ctx, need.next_power_of_two())?;
+        }
+        // SAFETY: staging holds at least `need` bytes (just checked), no kernel uses it (the
+        // previous call waited for its kernel), and Command is plain 32-byte repr(C) data.
+        unsafe {
+            std::ptr::copy_nonoverlapping(cmds.as_ptr().cast::<u8>(), staging.host_ptr(), need)
+        };
+        let (base, len) = (ring.as_ptr(), ring.layout().bytes());
+        self.kernels
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| cuda("cuCtxSetCurrent", e))?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: [base, base + len) is the ring's block, alive for this call (the Ring
+        // borrows it); it is unregistered below before the call returns.
+        let r = unsafe { sys::cuMemHostRegister_v2(base.cast(), len, flags) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda("cuMemHostRegister(the ring, DEVICEMAP | PORTABLE)", r));
+        }
+        let out = self.launch_issue(base, cmds.len() as u64, staging.device_ptr());
+        // SAFETY: base was registered above by this call; the kernel that used it finished
+        // (launch_issue synchronises, and on a launch error nothing ran).
+        let u = unsafe { sys::cuMemHostUnregister(base.cast()) };
+        out?;
+        if u != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda("cuMemHostUnregister(the ring)", u));
+        }
+        Ok(())
+    }
+
+    fn launch_issue(&self, base: *mut u8, n: u64, staged: u64) -> Result<(), GpuError> {
+        let mut ring: sys::CUdeviceptr = 0;
+        // SAFETY: base starts a range registered with DEVICEMAP in the current context; ring
+        // is a valid out pointer; flags must be 0.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ring, base.cast(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda("cuMemHostGetDevicePointer(the ring)", r));
+        }
+        let k = &self.kernels;
+        k.scratch.zero(0, 8);
+        let status = k.scratch.device_ptr();
+        let timeout = KERNEL_TIMEOUT_NS;
+        let threads = 256u32;
+        let blocks = (n.div_ceil(threads as u64) as u32).clamp(1, 2 * k.multiprocessors());
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = k.stream.launch_builder(&self.kernels.issue);
+        b.arg(&ring).arg(&staged).arg(&n).arg(&timeout).arg(&status);
+        // SAFETY: the arguments match proxy_issue's (u64 device addresses, u64s); ring is the
+        // registered block, staged holds n commands, status is scratch; sync() waits for the
+        // kernel before any of them is released.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_issue)", e))?;
+        k.sync()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -650,6 +750,7 @@ mod tests {
                 "proxy_pingpong",
                 &[8, 8, 8, 8, 8, 4, 4, 8, 4, 8, 8, 4, 4, 8, 8][..],
             ),
+            ("proxy_issue", &[8, 8, 8, 8, 8][..]),
         ] {
             let at = ptx
                 .find(&format!(".entry {k}("))
