@@ -260,7 +260,7 @@ run() {
     else
       log "FAILED: proxy tests:"; grep -E -A12 'panicked|NVRTC' "$out" | head -40 >&2; status=1
     fi
-    grep -E '^(ring-only|latency|bandwidth|[0-9]+ kernel commands|.*every byte verified)' "$out" >&2 || true
+    grep -E '^(ring-only|latency|bandwidth|CudaProducer|[0-9]+ kernel commands|.*every byte verified)' "$out" >&2 || true
     echo; echo "== issue 27: kernel-initiated WRITEs through the proxy ring (shm, one process)"
     grep -E '^GOAL' "$out" || { log "FAILED: the proxy tests printed no GOAL line"; status=1; }
     rm -f "$out"
