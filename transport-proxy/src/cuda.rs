@@ -547,6 +547,36 @@ impl Kernels {
     }
 }
 
+/// A ring in pinned, device-mapped host memory ([`MappedHost`]), laid out by [`Ring::init`]
+/// (crate::Ring::init): the proxy gets [`CudaRing::ring`], kernels [`CudaRing::device_ptr`].
+pub struct CudaRing {
+    mem: MappedHost,
+}
+
+impl CudaRing {
+    /// Allocate and lay out a ring of `layout` in `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>, layout: crate::RingLayout) -> Result<Self, GpuError> {
+        let mem = MappedHost::alloc(ctx, layout.bytes())?;
+        // SAFETY: mem holds layout.bytes() writable, page-aligned bytes that this CudaRing
+        // owns and uses as nothing but this ring.
+        unsafe { crate::Ring::init(mem.host_ptr(), mem.len(), layout) }
+            .map_err(|e| GpuError::Invalid(e.to_string()))?;
+        Ok(Self { mem })
+    }
+
+    /// The ring, for the proxy and CPU waiters.
+    pub fn ring(&self) -> crate::Ring<'_> {
+        // SAFETY: the block is self.mem's, alive as long as the borrow, laid out by new().
+        unsafe { crate::Ring::attach(self.mem.host_ptr(), self.mem.len()) }
+            .expect("a ring laid out by CudaRing::new attaches")
+    }
+
+    /// The block's device address, for kernels.
+    pub fn device_ptr(&self) -> u64 {
+        self.mem.device_ptr()
+    }
+}
+
 /// A producer for a ring the caller owns in plain host memory (bench-core's gpu-write hands
 /// its producer a [`Ring`](crate::Ring) in a [`RingMemory`](crate::RingMemory) and a list of
 /// commands): per call it page-locks and maps the ring's block (`cuMemHostRegister(DEVICEMAP |
@@ -573,8 +603,14 @@ impl CudaProducer {
         })
     }
 
+    /// A ring its kernels reach without a registration per call: [`CudaRing`].
+    pub fn ring_memory(&self, layout: crate::RingLayout) -> Result<CudaRing, GpuError> {
+        CudaRing::new(&self.kernels.ctx, layout)
+    }
+
     /// Publish `cmds` into `ring` from the GPU and return once every one is in the ring (the
-    /// proxy consumes them meanwhile: more commands than the ring holds are fine).
+    /// proxy consumes them meanwhile: more commands than the ring holds are fine). A ring in
+    /// [`CudaRing`] memory is used as it is; any other is registered for the call.
     pub fn issue(&self, ring: crate::Ring<'_>, cmds: &[crate::Command]) -> Result<(), GpuError> {
         if cmds.is_empty() {
             return Ok(());
@@ -597,6 +633,13 @@ impl CudaProducer {
             .ctx
             .bind_to_thread()
             .map_err(|e| cuda("cuCtxSetCurrent", e))?;
+        let mut mapped: sys::CUdeviceptr = 0;
+        // SAFETY: a query: it writes the device alias of base into mapped where base lies in
+        // memory CUDA mapped (a CudaRing), and fails, writing nothing we use, elsewhere.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut mapped, base.cast(), 0) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return self.launch_issue(base, cmds.len() as u64, staging.device_ptr());
+        }
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
         // SAFETY: [base, base + len) is the ring's block, alive for this call (the Ring
         // borrows it); it is unregistered below before the call returns.

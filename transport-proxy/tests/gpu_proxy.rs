@@ -211,50 +211,61 @@ fn cuda_producer_publishes_given_commands() {
         return;
     }
     let producer = CudaProducer::new(0).expect("CudaProducer");
-    let mem = RingMemory::new(RingLayout::new(256, 1).expect("layout"));
-    let ring = mem.ring();
-    let n = 10_000u64;
-    let cmds: Vec<Command> = (0..n)
-        .map(|i| {
-            Command::write(
-                (i % 7) as u16,
-                pack(1, i),
-                pack(2, 3 * i),
-                64,
-                Some(immediate(0, i as u16)),
-            )
-        })
-        .collect();
-    let mut seen = vec![false; n as usize];
-    std::thread::scope(|s| {
-        let h = s.spawn(|| producer.issue(ring, &cmds));
-        let start = Instant::now();
-        for pos in 0..n {
-            let c = loop {
-                if let Some(c) = ring.peek(pos) {
-                    break c;
-                }
-                assert!(start.elapsed() < TIMEOUT, "position {pos} never published");
-                std::hint::spin_loop();
-            };
-            let i = c.local & ((1 << 48) - 1);
-            assert!(i < n && !seen[i as usize], "position {pos}: {c:?}");
-            seen[i as usize] = true;
-            let mut want = cmds[i as usize];
-            want.seq = pos as u32 + 1;
-            assert_eq!(c, want, "position {pos}");
-            ring.release(pos + 1);
-        }
-        h.join()
-            .expect("issue thread")
-            .expect("CudaProducer::issue");
-    });
-    // The registration ended with the call: the same block registers again.
-    producer
-        .issue(ring, &cmds[..1])
-        .expect("a second call on the same ring");
-    assert!(ring.peek(n).is_some());
-    eprintln!("CudaProducer: {n} given commands through a 256-slot ring, each once");
+    let layout = RingLayout::new(256, 1).expect("layout");
+    let host = RingMemory::new(layout);
+    let mapped = producer
+        .ring_memory(layout)
+        .expect("a ring in mapped memory");
+    for (ring, what) in [
+        (host.ring(), "host memory, registered per call"),
+        (mapped.ring(), "a CudaRing"),
+    ] {
+        let n = 10_000u64;
+        let cmds: Vec<Command> = (0..n)
+            .map(|i| {
+                Command::write(
+                    (i % 7) as u16,
+                    pack(1, i),
+                    pack(2, 3 * i),
+                    64,
+                    Some(immediate(0, i as u16)),
+                )
+            })
+            .collect();
+        let mut seen = vec![false; n as usize];
+        std::thread::scope(|s| {
+            let h = s.spawn(|| producer.issue(ring, &cmds));
+            let start = Instant::now();
+            for pos in 0..n {
+                let c = loop {
+                    if let Some(c) = ring.peek(pos) {
+                        break c;
+                    }
+                    assert!(
+                        start.elapsed() < TIMEOUT,
+                        "{what}: position {pos} never published"
+                    );
+                    std::hint::spin_loop();
+                };
+                let i = c.local & ((1 << 48) - 1);
+                assert!(i < n && !seen[i as usize], "{what}: position {pos}: {c:?}");
+                seen[i as usize] = true;
+                let mut want = cmds[i as usize];
+                want.seq = pos as u32 + 1;
+                assert_eq!(c, want, "{what}: position {pos}");
+                ring.release(pos + 1);
+            }
+            h.join()
+                .expect("issue thread")
+                .expect("CudaProducer::issue");
+        });
+        // A second call on the same ring (host memory: the registration ended with the call).
+        producer
+            .issue(ring, &cmds[..1])
+            .expect("a second call on the same ring");
+        assert!(ring.peek(n).is_some());
+        eprintln!("CudaProducer: {n} given commands through a 256-slot ring in {what}, each once");
+    }
 }
 
 /// Two shm endpoints of this process, `a` WRITEs into `b`.

@@ -1,15 +1,15 @@
 //! The CUDA producer of `--workload gpu-write` (feature `cuda`): GPU threads publish the
 //! workload's commands into the sender's ring ([`transport_proxy::cuda::CudaProducer`]).
 //!
-//! The seam hands a producer a ring in plain host memory and a list of commands, so each
-//! `issue` registers the ring with CUDA, launches one kernel and waits for it: its latency
-//! figures include a registration and a launch per command, which a kernel that originates
+//! Its rings live in `cuMemHostAlloc(DEVICEMAP | PORTABLE)` memory ([`Producer::ring_memory`]);
+//! each `issue` stages the commands, launches one kernel that publishes them and waits for it:
+//! its latency figures include a kernel launch per command, which a kernel that originates
 //! its own commands (transport-proxy's tests/gpu_proxy.rs) does not pay.
 
-use transport_proxy::cuda::{CudaProducer as Inner, GpuError};
-use transport_proxy::{Command, Ring};
+use transport_proxy::cuda::{CudaProducer as Inner, CudaRing, GpuError};
+use transport_proxy::{Command, Ring, RingLayout};
 
-use super::gpu_write::Producer;
+use super::gpu_write::{Producer, RingHome};
 use crate::error::{Error, Result};
 
 /// GPU threads as [`Producer`].
@@ -37,6 +37,23 @@ impl Producer for CudaProducer {
         self.0
             .issue(ring, cmds)
             .map_err(|e| Error::Protocol(format!("gpu-write: the CUDA producer: {e}")))
+    }
+
+    fn ring_memory(&self, layout: RingLayout) -> Result<Box<dyn RingHome>> {
+        let ring = self
+            .0
+            .ring_memory(layout)
+            .map_err(|e| Error::Protocol(format!("gpu-write: a ring in mapped memory: {e}")))?;
+        Ok(Box::new(Home(ring)))
+    }
+}
+
+/// A [`CudaRing`] as gpu-write's ring home.
+struct Home(CudaRing);
+
+impl RingHome for Home {
+    fn ring(&self) -> Ring<'_> {
+        self.0.ring()
     }
 }
 
