@@ -547,8 +547,9 @@ impl Kernels {
     }
 }
 
-/// A ring in pinned, device-mapped host memory ([`MappedHost`]), laid out by [`Ring::init`]
-/// (crate::Ring::init): the proxy gets [`CudaRing::ring`], kernels [`CudaRing::device_ptr`].
+/// A ring in pinned, device-mapped host memory ([`MappedHost`]), laid out by
+/// [`Ring::init`](crate::Ring::init): the proxy gets [`CudaRing::ring`], kernels
+/// [`CudaRing::device_ptr`].
 pub struct CudaRing {
     mem: MappedHost,
 }
