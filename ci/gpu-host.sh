@@ -39,9 +39,10 @@
 #      memory, as before the fix, which turns shm's CMA off),
 #      CORES (server,client cores of every table run, both tools: 1,3, or 0,1 below 4 CPUs;
 #      none: unpinned),
-#      STEPS (tests,record,visibility,table,loopback: which parts `run` does; record checks
-#      the run record's CUDA facts; loopback documents the one-process protocol and runs the
-#      ladder there), JOBS (nproc);
+#      STEPS (tests,record,visibility,table,loopback,proxy: which parts `run` does; record
+#      checks the run record's CUDA facts; loopback documents the one-process protocol and
+#      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines),
+#      JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -70,7 +71,8 @@ pack() {
     sort -u | while read -r t; do
       cp "$t" "$CARRY/tests/$(basename "$t" | sed 's/-[0-9a-f]*$//')"
     done
-  strip "$CARRY"/bin/* "$CARRY"/tests/*
+  pack_proxy "$td"
+  strip "$CARRY"/bin/* "$CARRY"/tests/* "$CARRY"/proxy/*
   # What the binaries link that a bare Ubuntu GPU host may lack (libfabric itself is built
   # there, with CUDA).
   for l in libhwloc.so.15 libudev.so.1 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
@@ -85,6 +87,20 @@ pack() {
   fi
   du -sh "$CARRY" >&2
   log "packed: carry gpu-carry/ to the GPU host and run ci/gpu-host.sh run there"
+}
+
+# The GPU producer of transport-proxy (issue 27): its test binary, run by the `proxy` step.
+pack_proxy() {
+  local td=$1 json t
+  json=$(mktemp)
+  cargo test -q --release -p transport-proxy --no-run --message-format=json --target-dir "$td" \
+    --test gpu_proxy > "$json"
+  mkdir -p "$CARRY/proxy"
+  t=$(grep '"test":true' "$json" | grep -o '"executable":"[^"]*gpu_proxy[^"]*"' |
+    sed 's/^"executable":"//; s/"$//' | head -1)
+  rm -f "$json"
+  [ -n "$t" ] || { log "pack: no gpu_proxy test binary"; exit 1; }
+  cp "$t" "$CARRY/proxy/gpu_proxy"
 }
 
 build_libfabric() {
@@ -122,7 +138,7 @@ note() {
 
 run() {
   [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
-  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback} status=0
+  local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback,proxy} status=0
   local mems=${MEM:-cuda,host} gpu=0
   [[ ,$mems, == *,cuda,* ]] && gpu=1
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
@@ -131,12 +147,12 @@ run() {
   export PATH=$lf/bin:$PATH
   local RB=$CARRY/bin/rdma-bench
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
-  local gpu_steps="tests visibility loopback" st
+  local gpu_steps="tests visibility loopback proxy" st
   if [ $gpu = 0 ]; then
     for st in $gpu_steps; do
       [[ ,$steps, == *,$st,* ]] && log "step $st: SKIPPED (MEM=$mems: a dry run without GPU memory)"
     done
-    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,visibility,/,/; s/,loopback,/,/')
+    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,visibility,/,/; s/,loopback,/,/; s/,proxy,/,/')
   fi
 
   if [[ ,$steps, == *,tests,* ]]; then
@@ -228,6 +244,26 @@ run() {
     timeout 290 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda --ladder \
       --nics-per-gpu 4 --no-verify -n 100 --rounds 3 >&2 || status=1
     kill $spid 2>/dev/null; wait $spid 2>/dev/null || true
+  fi
+
+  if [[ ,$steps, == *,proxy,* ]]; then
+    # Issue 27: CUDA kernels (NVRTC, needs $CUDA/lib64/libnvrtc.so) feed the proxy ring; shm,
+    # one process, two endpoints. Passes when every test passes (every byte verified);
+    # the GOAL lines say whether the figures meet the issue's goals.
+    local t=$CARRY/proxy/gpu_proxy out; out=$(mktemp)
+    log "proxy: GPU-initiated WRITEs through the proxy ring (REQUIRE_CUDA_PROVIDER=1)"
+    if [ ! -x "$t" ]; then
+      log "FAILED: no $t (pack again)"; status=1
+    elif LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH REQUIRE_CUDA_PROVIDER=1 \
+        "$t" --test-threads=1 --nocapture > "$out" 2>&1; then
+      log "proxy: every test passed"
+    else
+      log "FAILED: proxy tests:"; grep -E -A12 'panicked|NVRTC' "$out" | head -40 >&2; status=1
+    fi
+    grep -E '^(ring-only|latency|bandwidth|CudaProducer|[0-9]+ kernel commands|.*every byte verified)' "$out" >&2 || true
+    echo; echo "== issue 27: kernel-initiated WRITEs through the proxy ring (shm, one process)"
+    grep -E '^GOAL' "$out" || { log "FAILED: the proxy tests printed no GOAL line"; status=1; }
+    rm -f "$out"
   fi
 
   if [[ ,$steps, == *,table,* ]]; then

@@ -61,6 +61,9 @@
 pub mod proxy;
 pub mod ring;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 pub use proxy::{
     drain_to_nothing, Proxy, ProxyError, ProxyPeer, ProxyStats, DEFAULT_BATCH, STOP_GRACE,
 };

@@ -8,6 +8,8 @@
 
 pub mod delivery;
 pub mod gpu_write;
+#[cfg(feature = "cuda")]
+pub mod gpu_write_cuda;
 pub mod lat;
 pub mod ranks;
 pub mod send;

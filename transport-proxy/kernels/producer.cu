@@ -1,0 +1,271 @@
+// The GPU producer of the proxy ring. Compiled at run time by NVRTC (src/cuda.rs) with
+// ring.rs's CUDA_HEADER in front of it: the ring's offsets, ops and `struct proxy_cmd` come
+// from there (checked against the Rust constants by ring.rs's tests), and the capacity and
+// arrival-slot count are read from the block's header at run time, so one compile serves
+// every ring. No header file is included (NVRTC has none without the toolkit's include
+// directory, and none is needed).
+//
+// Memory: the ring block is cuMemHostAlloc(DEVICEMAP | PORTABLE) host memory, reached here
+// through its cuMemHostGetDevicePointer alias; every access to it crosses PCIe (or C2C).
+// Payload buffers may be GPU or host memory.
+//
+// Ordering (ring.rs's protocol, producer side, for the command at position pos):
+//   1. claim:  the warp's leader adds the number of active lanes to the claim counter with
+//              atomicAdd_system (relaxed: the claim orders nothing; it only hands out each
+//              position once). The counter is the ring's head, or a u64 in GPU memory
+//              (ring.rs allows any counter the producers share; the proxy never reads head).
+//   2. room:   spin while pos - tail >= capacity, reading tail with ld.acquire.sys. The proxy
+//              stores tail with Release after it has read the slot's previous command, so
+//              once this load sees the room, the proxy's reads happened before, and the
+//              stores below cannot be seen by them. Each spin also reads the error word
+//              (volatile): a proxy that stopped or failed ends the wait.
+//   3. fields: plain (volatile) stores of op, flags, peer, len, imm, local, remote.
+//   4. fence:  __threadfence_system() (fence.sc.sys): orders this thread's earlier stores, the
+//              payload it filled (when asked to) and the fields of step 3, before its later
+//              stores, for every observer in the system, the CPU proxy and the NIC included.
+//   5. ready:  st.relaxed.sys of seq = (pos + 1) as u32; after the fence of step 4 this is a
+//              release store. The proxy loads seq with Acquire and only then the fields.
+// Counters: the proxy stores done / arrivals[i] with Release after the events they count;
+// the kernels here load them with ld.acquire.sys, so a kernel that sees count >= N also sees
+// what the proxy (and, for arrivals into GPU memory, make_gpu_visible) made visible before.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+static_assert(sizeof(proxy_cmd) == 32, "ring.rs's command is 32 bytes");
+
+static __device__ __forceinline__ u64 ld_acquire_sys_u64(const u64 *p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void st_relaxed_sys_u32(u32 *p, u32 v) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+static __device__ __forceinline__ u64 globaltimer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ u32 ring_error(const u8 *ring) {
+    return *(const volatile u32 *)(ring + PROXY_OFF_ERROR);
+}
+
+// The slot of position pos.
+static __device__ __forceinline__ proxy_cmd *ring_slot(u8 *ring, u32 cap, u32 slots, u64 pos) {
+    return (proxy_cmd *)(ring + PROXY_OFF_ARRIVALS + (u64)PROXY_LINE * slots) + (pos & (cap - 1));
+}
+
+// Steps 3 to 5 for a position whose slot is free.
+static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u32 peer, u32 len,
+                                               u32 imm, u64 local, u64 remote) {
+    volatile proxy_cmd *v = c;
+    v->op = (u8)op;
+    v->flags = 0;
+    v->peer = (u16)peer;
+    v->len = len;
+    v->imm = imm;
+    v->local = local;
+    v->remote = remote;
+    __threadfence_system(); // step 4: fields (and payload) before the ready word
+    st_relaxed_sys_u32(&c->seq, (u32)(pos + 1)); // step 5: the ready word, last
+}
+
+// Step 2. Returns 0 when there is room, else 1 on timeout or 0x100 | the error word.
+static __device__ __forceinline__ u32 wait_room(const u8 *ring, u32 cap, u64 pos, u64 *cached_tail,
+                                                u64 timeout_ns) {
+    if (pos - *cached_tail < cap) return 0;
+    const u64 *tail = (const u64 *)(ring + PROXY_OFF_TAIL);
+    const u64 t0 = globaltimer_ns();
+    for (;;) {
+        *cached_tail = ld_acquire_sys_u64(tail);
+        if (pos - *cached_tail < cap) return 0;
+        const u32 e = ring_error(ring);
+        if (e) return 0x100u | e;
+        if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) return 1;
+    }
+}
+
+// The byte the payload of command i holds at offset j (cuda.rs's payload_byte is the same).
+static __device__ __forceinline__ u8 payload_byte(u64 i, u64 j, u32 salt) {
+    return (u8)((i * 131u + j * 7u + (j >> 8) + salt) & 0xff);
+}
+
+// Publishes commands first .. first + count (grid-stride: thread t takes t, t + threads, ...).
+// Command i WRITEs len bytes from local_off + (i % pages) * stride of local region
+// local_region to remote_off + (i % pages) * stride of the peer's region remote_region; with
+// op PROXY_OP_WRITE_IMM its immediate is (imm_slot << 16) | (i & 0xffff), counted in the
+// receiver's arrivals[imm_slot].
+// claim: the u64 the warps claim positions from (the ring's head, or one in GPU memory that
+// starts where the ring's positions are).
+// fill != 0: each thread first fills its command's payload (payload_byte) through src, the
+// device address of the local region's start; the fence of step 4 orders it before the
+// command, so the proxy's WRITE reads the new bytes.
+// status[0]: 0, or 1 when a wait for room timed out, or 0x100 | the ring's error word.
+extern "C" __global__ void proxy_produce(u8 *ring, u64 *claim, u64 first, u64 count, u32 peer,
+                                         u32 local_region, u64 local_off, u32 remote_region,
+                                         u64 remote_off, u64 len, u64 stride, u64 pages, u32 op,
+                                         u32 imm_slot, u8 *src, u32 fill, u32 salt,
+                                         u64 timeout_ns, u32 *status) {
+    const u32 cap = *(const volatile u32 *)(ring + 8);
+    const u32 slots = *(const volatile u32 *)(ring + 12);
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warp_base = tid - lane;
+    u64 cached_tail = 0;
+    u32 failed = 0;
+    // Every lane of a warp runs the same rounds, so the warp-wide votes below see all 32.
+    for (u64 round = 0; warp_base + round * nthreads < count; ++round) {
+        if (__any_sync(0xffffffffu, failed != 0)) break;
+        const u64 idx = tid + round * nthreads;
+        const bool mine = idx < count;
+        const u64 i = first + idx;
+        const u64 page = pages ? (i % pages) : 0;
+        if (mine && fill) {
+            u8 *d = src + local_off + page * stride;
+            for (u64 j = 0; j < len; ++j) d[j] = payload_byte(i, j, salt);
+        }
+        // 1. claim: one atomic per warp.
+        const u32 mask = __ballot_sync(0xffffffffu, mine);
+        if (!mine) continue;
+        const u32 leader = __ffs(mask) - 1;
+        const u32 rank = __popc(mask & ((1u << lane) - 1u));
+        u64 base = 0;
+        if (lane == leader) base = atomicAdd_system(claim, (u64)__popc(mask));
+        base = __shfl_sync(mask, base, leader);
+        const u64 pos = base + rank;
+        // 2. room.
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        if (failed) {
+            atomicCAS(status, 0u, failed);
+            continue;
+        }
+        // 3-5.
+        const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
+        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
+                proxy_pack((u16)local_region, local_off + page * stride),
+                proxy_pack((u16)remote_region, remote_off + page * stride));
+    }
+}
+
+// One thread spins until the u64 counter at `counter` (ring + PROXY_OFF_DONE, an arrivals
+// word, or any u64 the proxy stores with Release) reaches target, loading it with
+// ld.acquire.sys. out[0] = the value seen last, out[1] = globaltimer when it reached target
+// (0 if it did not), out[2] = globaltimer at the start, out[3] = the ring's error word if
+// that ended the wait. Gives up after timeout_ns (0: never).
+extern "C" __global__ void proxy_wait(const u8 *ring, const u64 *counter, u64 target,
+                                      u64 timeout_ns, u64 *out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const u64 t0 = globaltimer_ns();
+    out[2] = t0;
+    out[1] = 0;
+    out[3] = 0;
+    u64 v = 0;
+    for (;;) {
+        v = ld_acquire_sys_u64(counter);
+        if (v >= target) {
+            out[1] = globaltimer_ns();
+            break;
+        }
+        const u32 e = ring_error(ring);
+        if (e) {
+            v = ld_acquire_sys_u64(counter);
+            if (v >= target) { out[1] = globaltimer_ns(); break; }
+            out[3] = e;
+            break;
+        }
+        if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) break;
+    }
+    out[0] = v;
+}
+
+// Latency, one thread: iters rounds of "publish one command, then spin until
+// *counter >= base_count + round + 1". The thread is the ring's only producer while it runs,
+// so it claims positions from a register (starting at head, which it stores back at the
+// end) instead of an atomic on head: a round trip over PCIe less per round (ring.rs allows
+// any claim that hands out each position once; the proxy never reads head). counter is the ring's done (local
+// completion: delivered, the trait's promise) or an arrivals word of this side's ring
+// (the peer's answer landed). out[0] = rounds done, out[1] = ns of all rounds (globaltimer),
+// out[2] = 0, or 1 on timeout, or 0x100 | the error word.
+extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base_count, u64 iters,
+                                          u64 first, u32 peer, u32 local_region, u64 local_off,
+                                          u32 remote_region, u64 remote_off, u64 len, u32 op,
+                                          u32 imm_slot, u64 timeout_ns, u64 *out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const u32 cap = *(const volatile u32 *)(ring + 8);
+    const u32 slots = *(const volatile u32 *)(ring + 12);
+    volatile u64 *head = (volatile u64 *)(ring + PROXY_OFF_HEAD);
+    const u64 pos0 = *head;
+    u64 cached_tail = 0;
+    u32 failed = 0;
+    out[2] = 0;
+    const u64 start = globaltimer_ns();
+    u64 r = 0;
+    for (; r < iters; ++r) {
+        const u64 i = first + r;
+        const u64 pos = pos0 + r;
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        if (failed) break;
+        const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
+        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
+                proxy_pack((u16)local_region, local_off), proxy_pack((u16)remote_region, remote_off));
+        const u64 t0 = globaltimer_ns();
+        while (ld_acquire_sys_u64(counter) < base_count + r + 1) {
+            const u32 e = ring_error(ring);
+            if (e) { failed = 0x100u | e; break; }
+            if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) { failed = 1; break; }
+        }
+        if (failed) break;
+    }
+    // Positions pos0 .. pos0 + r were claimed (the last maybe unpublished after a failure).
+    *head = pos0 + r + (failed ? 1 : 0);
+    out[0] = r;
+    out[1] = globaltimer_ns() - start;
+    out[2] = failed;
+}
+
+// Publishes n commands staged by the host (cuda.rs's CudaProducer: the seam of bench-core's
+// gpu-write, which hands a producer a list of commands): thread t takes staged command t
+// (grid-stride), 32 bytes laid out as struct proxy_cmd (seq ignored), read through the
+// device alias of the host staging buffer, and publishes it as proxy_produce does: warp
+// claims on the ring's head, room, fields, fence, ready word. status[0] as proxy_produce's.
+extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 timeout_ns,
+                                       u32 *status) {
+    const u32 cap = *(const volatile u32 *)(ring + 8);
+    const u32 slots = *(const volatile u32 *)(ring + 12);
+    u64 *head = (u64 *)(ring + PROXY_OFF_HEAD);
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warp_base = tid - lane;
+    u64 cached_tail = 0;
+    u32 failed = 0;
+    for (u64 round = 0; warp_base + round * nthreads < n; ++round) {
+        if (__any_sync(0xffffffffu, failed != 0)) break;
+        const u64 idx = tid + round * nthreads;
+        const bool mine = idx < n;
+        const u32 mask = __ballot_sync(0xffffffffu, mine);
+        if (!mine) continue;
+        const volatile proxy_cmd *c = (const volatile proxy_cmd *)staged + idx;
+        const u32 op = c->op, peer = c->peer, len = c->len, imm = c->imm;
+        const u64 local = c->local, remote = c->remote;
+        const u32 leader = __ffs(mask) - 1;
+        const u32 rank = __popc(mask & ((1u << lane) - 1u));
+        u64 base = 0;
+        if (lane == leader) base = atomicAdd_system(head, (u64)__popc(mask));
+        base = __shfl_sync(mask, base, leader);
+        const u64 pos = base + rank;
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        if (failed) {
+            atomicCAS(status, 0u, failed);
+            continue;
+        }
+        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, len, imm, local, remote);
+    }
+}
