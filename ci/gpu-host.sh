@@ -39,7 +39,8 @@
 #      memory, as before the fix, which turns shm's CMA off),
 #      CORES (server,client cores of every table run, both tools: 1,3, or 0,1 below 4 CPUs;
 #      none: unpinned),
-#      STEPS (tests,record,visibility,table,loopback: which parts `run` does; record checks
+#      STEPS (tests,record,visibility,table,loopback: which parts `run` does; efasim, not
+#      in the default, runs ci/gpu-efa-sim.sh (the efa provider on the simulated device); record checks
 #      the run record's CUDA facts; loopback documents the one-process protocol and runs the
 #      ladder there), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
@@ -78,6 +79,7 @@ pack() {
     [ -n "$p" ] && cp -L "$p" "$CARRY/lib/"
   done
   cp "${LIBFABRIC_SRC:-$ROOT/../shared/libfabric}/libfabric-$v.tar.xz" "$CARRY/"
+  ci/gpu-efa-sim.sh pack  # step efasim: rdma-core 56.1's tarball
   if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
     ex=$(git rev-parse --git-common-dir)/info/exclude
     mkdir -p "$(dirname "$ex")"
@@ -125,6 +127,11 @@ run() {
   local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback} status=0
   local mems=${MEM:-cuda,host} gpu=0
   [[ ,$mems, == *,cuda,* ]] && gpu=1
+  # efasim: GPU memory through the efa provider on the simulated device (ci/gpu-efa-sim.sh)
+  if [[ ,$steps, == *,efasim,* ]]; then
+    ci/gpu-efa-sim.sh run || status=1
+    [ "$steps" != efasim ] || return $status
+  fi
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
   lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
   export LD_LIBRARY_PATH=$lf/lib:$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
