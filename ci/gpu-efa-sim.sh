@@ -24,7 +24,9 @@
 #                               twoproc    rdma-bench server + client --mem cuda (simulated
 #                                          hosts 0 and 1), every byte verified
 #                               fabtests   fi_rma_bw -p efa -D cuda (write, read, writedata)
-#                                          and fi_rdm_tagged_bw -D cuda, data verified (-v)
+#                                          and fi_rdm_tagged_bw -D cuda, data verified (-v);
+#                                          fi_rma_bw -o write again with FI_HMEM_CUDA_USE_DMABUF=0
+#                                          (GPU memory registered by address)
 #                             each check also needs the simulator's counts to show GPU memory
 #                             registered and bytes moved by CUDA copies in both directions
 #                             (gpu_mrs, gpu_put, gpu_get), so a run that bounced through host
@@ -265,11 +267,14 @@ run() {
     # (dmabuf first, as on a p5); -v checks the data; server and client are processes of
     # their own, -E exchanges addresses over TCP on this host.
     local t st cmd p=$((port + 20)) crc src
+    # The last one with dmabuf off: the provider registers GPU memory by address
+    # (ibv_reg_mr on the device pointer, nvidia-peermem's path on a p5).
     for t in "fi_rma_bw -D cuda -o write -I 10 -W 8 -S all -v" \
              "fi_rma_bw -D cuda -o read -I 10 -W 8 -S all -v" \
              "fi_rma_bw -D cuda -o writedata -I 10 -W 8 -S all -v" \
-             "fi_rdm_tagged_bw -D cuda -I 10 -W 8 -S all -v"; do
-      read -r -a cmd <<< "$t"
+             "fi_rdm_tagged_bw -D cuda -I 10 -W 8 -S all -v" \
+             "FI_HMEM_CUDA_USE_DMABUF=0 fi_rma_bw -D cuda -o write -I 10 -W 8 -S all -v"; do
+      read -r -a cmd <<< "env $t"
       st=$run/ft.stats; rm -f "$st"; p=$((p + 1))
       EFA_SIM_STATS=$st FI_LOG_LEVEL=warn timeout 240 "${cmd[@]}" -p efa -E=$p > "$run/ft.server" 2>&1 &
       local spid=$!

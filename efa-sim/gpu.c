@@ -22,9 +22,10 @@
  * of the CUDA allocation and offset = iov_base - that start (src/hmem_cuda.c,
  * cuda_get_dmabuf_fd). The simulator checks what the kernel checks (offset + length within
  * the dmabuf's size, iova and offset at the same place in a page) and what its model needs:
- * iova - offset is the page-aligned start of the CUDA allocation that holds
- * [iova, iova + length). A caller that passes another iova is refused (EINVAL, said on
- * stderr): on the hardware it would work, here the GPU address cannot be known.
+ * the dmabuf then starts at iova - offset, a page boundary, and lies inside the CUDA
+ * allocation that holds iova. A caller whose iova is not the address fails that check
+ * (EINVAL, said on stderr) unless the wrong range happens to fit: on the hardware any iova
+ * works, here the GPU address cannot be known otherwise.
  *
  * Visibility: every copy is issued on a stream of the simulator's own (one per thread and
  * context, non-blocking) and that stream is synchronised before the copy returns, so a
@@ -51,6 +52,9 @@ typedef void *CUstream;
 #define CUDA_SUCCESS 0
 #define CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_STREAM_NON_BLOCKING 1
 
@@ -62,6 +66,8 @@ static struct {
 	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
 	CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
 	CUresult (*CtxSetCurrent)(CUcontext);
+	CUresult (*DeviceGet)(int *, int);
+	CUresult (*PrimaryCtxRetain)(CUcontext *, int);
 	CUresult (*StreamCreate)(CUstream *, unsigned);
 	CUresult (*StreamSynchronize)(CUstream);
 	CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
@@ -91,6 +97,8 @@ static void cu_load(void)
 	SYM(PointerGetAttribute, "cuPointerGetAttribute");
 	SYM(MemGetAddressRange, "cuMemGetAddressRange_v2");
 	SYM(CtxSetCurrent, "cuCtxSetCurrent");
+	SYM(DeviceGet, "cuDeviceGet");
+	SYM(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
 	SYM(StreamCreate, "cuStreamCreate");
 	SYM(StreamSynchronize, "cuStreamSynchronize");
 	SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
@@ -130,12 +138,26 @@ static const char *cu_str(CUresult r)
 static bool cu_device_range(uint64_t va, CUdeviceptr *base, size_t *size, CUcontext *ctx)
 {
 	unsigned type = 0;
+	int ordinal = -1, dev;
 
 	if (cu.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va) != CUDA_SUCCESS ||
 	    type != CU_MEMORYTYPE_DEVICE)
 		return false;
+	/*
+	 * The context the copies run in: the allocation's, or (memory of no context: cuMemMap'd)
+	 * the primary context of its GPU, retained for the process's life.
+	 */
 	if (cu.PointerGetAttribute(ctx, CU_POINTER_ATTRIBUTE_CONTEXT, va) != CUDA_SUCCESS)
 		*ctx = NULL;
+	if (!*ctx &&
+	    (cu.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, va) != CUDA_SUCCESS ||
+	     cu.DeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
+	     cu.PrimaryCtxRetain(ctx, dev) != CUDA_SUCCESS))
+		return false;
+	/* The allocation: by attribute (no current context needed), else the older call. */
+	if (cu.PointerGetAttribute(base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, va) == CUDA_SUCCESS &&
+	    cu.PointerGetAttribute(size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, va) == CUDA_SUCCESS)
+		return true;
 	return cu.MemGetAddressRange(base, size, va) == CUDA_SUCCESS;
 }
 
@@ -144,8 +166,8 @@ static int gpu_mr(struct sim_mr *mr, uint64_t va, size_t len, CUdeviceptr base, 
 {
 	if (va + len > base + size) {
 		fprintf(stderr,
-			"efa-sim: %s of GPU memory %#llx+%zu refused: it runs past its CUDA "
-			"allocation %#llx+%zu (EFAULT, as pinning would)\n",
+			"efa-sim: %s of GPU memory %#llx+%zu refused (EFAULT): it runs past its "
+			"CUDA allocation %#llx+%zu, as pinning would fail\n",
 			how, (unsigned long long)va, len, base, size);
 		return EFAULT;
 	}
@@ -207,14 +229,20 @@ int sim_gpu_reg_dmabuf(struct sim_mr *mr, int fd, uint64_t offset, size_t len, u
 			(unsigned long long)offset, len, (long long)dsize, (unsigned long long)iova);
 		return EINVAL;
 	}
-	/* The model's: iova is the region's address, iova - offset the allocation's start. */
-	if (!cu_device_range(iova, &base, &size, &ctx) || (base & ~(PAGE_SZ - 1)) != iova - offset) {
+	/*
+	 * The model's: iova is the region's address, so the dmabuf starts at iova - offset, a
+	 * page boundary, and lies inside the CUDA allocation that holds iova.
+	 */
+	uint64_t start = iova - offset;
+	if (!cu_device_range(iova, &base, &size, &ctx) || (start & (PAGE_SZ - 1)) ||
+	    start < (base & ~(PAGE_SZ - 1)) ||
+	    start + (uint64_t)dsize > ((base + size + PAGE_SZ - 1) & ~(PAGE_SZ - 1))) {
 		fprintf(stderr,
 			"efa-sim: ibv_reg_dmabuf_mr refused (EINVAL): iova %#llx - offset %llu is not "
-			"the page-aligned start of a CUDA allocation holding iova; the simulator "
-			"takes the GPU address from iova, as libfabric 2.6.0's efa provider passes "
-			"it (efa-sim/gpu.c)\n",
-			(unsigned long long)iova, (unsigned long long)offset);
+			"a page-aligned start of the dmabuf's %lld bytes inside the CUDA allocation "
+			"holding iova; the simulator takes the GPU address from iova, as libfabric "
+			"2.6.0's efa provider passes it (efa-sim/gpu.c)\n",
+			(unsigned long long)iova, (unsigned long long)offset, (long long)dsize);
 		return EINVAL;
 	}
 	return gpu_mr(mr, iova, len, base, size, ctx, "ibv_reg_dmabuf_mr");
