@@ -12,7 +12,7 @@
  * it), READs back out of GPU memory, a WRITE from GPU memory into GPU memory; every byte
  * checked with cuMemcpyDtoH right after the completion, on a stream of this program's own
  * (so the device's copies must have finished when it completed). A dmabuf whose iova is not
- * the region's address must be refused (EINVAL).
+ * CUDA memory must be refused (EINVAL), and a registration past an allocation (EFAULT).
  *
  *   efa-sim-gpu          prints "efa-sim-gpu: PASS ..." lines, exit 0 when all held;
  *                        "efa-sim-gpu: no CUDA ..." and the no-CUDA checks where there is none
@@ -298,7 +298,9 @@ int main(int argc, char **argv)
 		check(st == IBV_WC_SUCCESS && gpu_equals(g2 + 300, src + 100, len),
 		      "WRITE GPU -> GPU (by address): every byte");
 		errno = 0;
-		check(!ibv_reg_mr(b.pd, (void *)(uintptr_t)(g + 4096), n, ACC) && errno == EFAULT,
+		/* past any rounding of the allocation's size (2 MiB granularity) */
+		check(!ibv_reg_mr(b.pd, (void *)(uintptr_t)(g + 4096), n + (2u << 20), ACC) &&
+			      errno == EFAULT,
 		      "ibv_reg_mr past the end of a CUDA allocation: EFAULT");
 		if (smr)
 			ibv_dereg_mr(smr);
@@ -332,8 +334,9 @@ int main(int argc, char **argv)
 			ibv_dereg_mr(dmr);
 		}
 		errno = 0;
-		check(!ibv_reg_dmabuf_mr(b.pd, off, 4096, g + off + 4096, fd, ACC) && errno == EINVAL,
-		      "ibv_reg_dmabuf_mr with iova not the region's address: EINVAL");
+		check(!ibv_reg_dmabuf_mr(b.pd, off, 4096, (uintptr_t)src + off, fd, ACC) &&
+			      errno == EINVAL,
+		      "ibv_reg_dmabuf_mr with an iova that is not CUDA memory: EINVAL");
 		close(fd);
 	}
 	cu.MemFree(g);
