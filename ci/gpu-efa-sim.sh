@@ -187,6 +187,10 @@ run() {
     log "$1: the simulator registered $m GPU regions and moved $p bytes into, $g out of GPU memory: GPU memory did not go through the device"
     return 1
   }
+  # regions STATS: what the simulator registered, for the PASS lines.
+  regions() {
+    echo "sim: $(counter gpu_mrs "$1") GPU regions, $(counter gpu_dmabuf "$1") of them dmabuf"
+  }
   # provider_words CHECK FILE: what the provider must not say about GPU memory.
   # (A failed CUDA copy, "efa-sim: DMA ...", is only shown: its bytes fail the verification.)
   provider_words() {
@@ -238,7 +242,7 @@ run() {
             { [ $gpu = 0 ] || grep -q "CUDA API in the provider off" "$err"; } &&
             grep -q "WRITEs done by the device" "$err" &&
             provider_words "loopback $mode" "$err" && gpu_counts "loopback $mode" "$st"; then
-          pass "loopback $mode: efa, $mem memory, 1 GPU x 4 NICs, every byte verified; CUDA API in the provider off; WRITEs done by the device"
+          pass "loopback $mode: efa, $mem memory, 1 GPU x 4 NICs, every byte verified; CUDA API in the provider off; WRITEs done by the device ($(regions "$st"))"
         else
           grep -E "rdma-bench: NIC" "$err" | head -4 >&2; tail -5 "$err" >&2
           fail "loopback $mode: not (cuda memory, 1 GPU x 4 NICs, every byte verified, CUDA API off, device WRITEs, GPU bytes through the simulator)"
@@ -267,7 +271,7 @@ run() {
           { [ $gpu = 0 ] || grep -q "CUDA API in the provider off" "$run/client.err"; } &&
           provider_words twoproc "$run/client.err" && provider_words twoproc "$run/server.out" &&
           gpu_counts twoproc "$st"; then
-        pass "twoproc: server + client on two simulated p5s, efa, $mem memory, every byte verified"
+        pass "twoproc: server + client on two simulated p5s, efa, $mem memory, every byte verified ($(regions "$st"))"
       else
         tail -5 "$run/server.out" >&2; tail -5 "$run/client.err" >&2
         fail "twoproc: server rc $src; not (cuda memory, every byte verified, CUDA API off, GPU bytes through the simulator)"
@@ -302,7 +306,7 @@ run() {
       src=0; wait $spid || src=$?
       if [ $crc -eq 0 ] && [ $src -eq 0 ] && provider_words "$t" "$run/ft.client" &&
           provider_words "$t" "$run/ft.server" && gpu_counts "$t" "$st"; then
-        pass "fabtests: $t -p efa ($(grep -c '^[0-9]' "$run/ft.client") size rows)"
+        pass "fabtests: $t -p efa ($(grep -c '^[0-9]' "$run/ft.client") size rows; $(regions "$st"))"
       else
         echo "--- server:" >&2; tail -15 "$run/ft.server" >&2
         echo "--- client:" >&2; tail -15 "$run/ft.client" >&2
