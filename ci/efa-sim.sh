@@ -149,7 +149,8 @@ if [ ! -f "$SIM/efa-sim-inorder128" ]; then
   # a day go (each run touches its own).
   find "$CACHE" -maxdepth 1 -name 'sim-*' -type d -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
   quiet make -C "$ROOT/efa-sim" RDMA_CORE="$RC" LIBFABRIC="$LF" OUT="$WORK/sim"
-  mkdir -p "$SIM" && cp "$WORK"/sim/{libibverbs.so.1,libefa.so.1,efa-sim-hazards,efa-sim-inorder128} "$SIM/"
+  mkdir -p "$SIM" && cp "$WORK"/sim/{libibverbs.so.1,libefa.so.1,efa-sim-hazards,efa-sim-gpu,efa-sim-inorder128} "$SIM/"
+  cp -r "$WORK/sim/fakecuda" "$SIM/" # a stand-in libcuda.so.1 for efa-sim/gpu.sh
 fi
 touch "$SIM"
 if [ -n "$BUILD_ONLY" ]; then

@@ -41,8 +41,9 @@
 #      none: unpinned),
 #      STEPS (tests,record,visibility,table,loopback,proxy: which parts `run` does; record
 #      checks the run record's CUDA facts; loopback documents the one-process protocol and
-#      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines),
-#      JOBS (nproc);
+#      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines;
+#      efasim, not in the default, runs ci/gpu-efa-sim.sh (the efa provider on the
+#      simulated device)), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -80,6 +81,7 @@ pack() {
     [ -n "$p" ] && cp -L "$p" "$CARRY/lib/"
   done
   cp "${LIBFABRIC_SRC:-$ROOT/../shared/libfabric}/libfabric-$v.tar.xz" "$CARRY/"
+  ci/gpu-efa-sim.sh pack  # step efasim: rdma-core 56.1's tarball
   if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
     ex=$(git rev-parse --git-common-dir)/info/exclude
     mkdir -p "$(dirname "$ex")"
@@ -141,6 +143,11 @@ run() {
   local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback,proxy} status=0
   local mems=${MEM:-cuda,host} gpu=0
   [[ ,$mems, == *,cuda,* ]] && gpu=1
+  # efasim: GPU memory through the efa provider on the simulated device (ci/gpu-efa-sim.sh)
+  if [[ ,$steps, == *,efasim,* ]]; then
+    ci/gpu-efa-sim.sh run || status=1
+    [ "$steps" != efasim ] || return $status
+  fi
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
   lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
   export LD_LIBRARY_PATH=$lf/lib:$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -189,6 +189,7 @@ SIM_STEPS=(
   "efa-sim: rdma-bench, every workload out of order" "sim_bench efa-sim/rdma-bench.sh workloads"
   "efa-sim: rdma-bench run under mpirun, a killed rank named" sim_ranks
   "efa-sim: the strict device's hazards (reuse, last byte, freed region, other PD, CQ overflow, teardown, 128-byte order)" sim_hazards
+  "efa-sim: GPU memory without a GPU (no CUDA: dmabuf refused, host memory as before; a stand-in libcuda: registration by address and dmabuf, CUDA copies synchronised before completions; the GPU host runs it on CUDA: ci/gpu-efa-sim.sh)" "ci/efa-sim.sh efa-sim/gpu.sh"
   # p5's PCIe switches in the simulated sysfs, as in its dump; two simulated p5 hosts (same
   # NICs, other GIDs) with rdma-bench between them.
   "efa-sim: p5's PCIe switches pair each GPU with its NICs" "ci/efa-sim.sh --devices p5 efa-sim/topology.sh pcie"

@@ -690,13 +690,14 @@ static void sim_stats_write(void)
 		     "rnr_permille=%u:%llu lose_write_permille=%u:%llu die_after=%u:%llu "
 		     "writes_lost=%llu lost_bytes=%llu lost_inside=%llu out_of_order=%llu "
 		     "late_pieces=%llu pinned_pages=%llu dma_unmapped=%llu bad_key=%llu "
-		     "pd_mismatch=%llu cq_overrun=%llu flushed=%llu stale_cqe=%llu\n",
+		     "pd_mismatch=%llu cq_overrun=%llu flushed=%llu stale_cqe=%llu gpu_mrs=%llu "
+		     "gpu_dmabuf=%llu gpu_put=%llu gpu_get=%llu\n",
 		     (int)getpid(), C(packets), g_sim.f.reorder > 1 ? g_sim.f.reorder : 0,
 		     C(reordered), g_sim.f.delay_us, C(delayed), g_sim.f.rnr_permille, C(rnr_injected),
 		     g_sim.f.lose_write_permille, C(lost_pieces), g_sim.f.die_after, C(silent),
 		     C(writes_lost), C(lost_bytes), C(lost_inside), C(out_of_order), C(late_pieces),
 		     C(pinned), C(dma_unmapped), C(bad_key), C(pd_mismatch), C(cq_overrun), C(flushed),
-		     C(stale_cqe));
+		     C(stale_cqe), C(gpu_mrs), C(gpu_dmabuf), C(gpu_put), C(gpu_get));
 #undef C
 	if (n <= 0)
 		return;

@@ -322,6 +322,18 @@ static void place(struct sim_engine *e, struct dest *d, const uint8_t *data, uin
 		}
 		if (!mr) /* deregistered since the packet arrived: the bytes go nowhere */
 			break;
+		if (mr->gpu) {
+			/*
+			 * GPU memory: the piece in one CUDA copy at the first step (a copy per
+			 * 64-byte run would be a CUDA call each), so a GPU kernel polling the
+			 * target sees a piece land whole, not in halves: not modelled for GPU
+			 * memory. The completion still waits for both steps.
+			 */
+			if (step == 1)
+				sim_dma_put(&dma, mr, mr_va(mr, addr), data + done, n);
+			done += n;
+			continue;
+		}
 		for (j = 0; j < n;) {
 			uint64_t a = addr + j, run = (1ull << shift) - (a & ((1ull << shift) - 1));
 

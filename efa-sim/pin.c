@@ -319,6 +319,11 @@ void sim_dma_flush(struct sim_dma *d)
 
 void sim_dma_put(struct sim_dma *d, struct sim_mr *mr, uint64_t va, const uint8_t *src, uint64_t n)
 {
+	if (mr->gpu) { /* a CUDA copy, finished when it returns (gpu.c) */
+		if (!sim_gpu_put(mr, va, src, n))
+			d->bytes += n;
+		return;
+	}
 	while (n) {
 		struct sim_seg *s = seg_of(mr, va);
 		uint64_t take;
@@ -350,6 +355,8 @@ uint64_t sim_dma_get(struct sim_mr *mr, uint64_t va, uint8_t *dst, uint64_t n)
 {
 	uint64_t done = 0;
 
+	if (mr->gpu) /* a CUDA copy, finished when it returns (gpu.c) */
+		return sim_gpu_get(mr, va, dst, n) ? 0 : n;
 	while (n) {
 		struct sim_seg *s = seg_of(mr, va);
 		uint64_t take;

@@ -113,6 +113,10 @@ struct sim_stats {
 	atomic_ullong cq_overrun;    /* completions written over unpolled ones (CQ too small) */
 	atomic_ullong flushed;       /* work requests flushed by ibv_destroy_qp */
 	atomic_ullong stale_cqe;     /* polls that met a destroyed QP's completion (EINVAL) */
+	atomic_ullong gpu_mrs;       /* registrations of GPU memory (gpu.c) */
+	atomic_ullong gpu_dmabuf;    /*   of which dmabufs (ibv_reg_dmabuf_mr) */
+	atomic_ullong gpu_put;       /* bytes the device wrote into GPU memory (CUDA copies) */
+	atomic_ullong gpu_get;       /* bytes the device read out of GPU memory */
 };
 
 /* A PCI function of the device file that is not a simulated NIC (a GPU): for sysfs. */
@@ -170,6 +174,8 @@ struct sim_mr {
 	int access;
 	int nseg;
 	struct sim_seg *seg;
+	bool gpu;     /* CUDA device memory (gpu.c): mr.addr is its device address */
+	void *cuctx;  /* its CUcontext */
 };
 
 struct sim_ah {
@@ -319,6 +325,12 @@ void sim_dma_put(struct sim_dma *d, struct sim_mr *mr, uint64_t va, const uint8_
 void sim_dma_flush(struct sim_dma *d);
 uint64_t sim_dma_get(struct sim_mr *mr, uint64_t va, uint8_t *dst, uint64_t n);
 int sim_ah_for_gid(struct sim_ctx *ctx, const union ibv_gid *gid, struct ibv_pd *pd);
+
+/* gpu.c: GPU memory (CUDA device pointers and dmabufs), moved with CUDA copies */
+int sim_gpu_reg_va(struct sim_mr *mr, uint64_t va, size_t len, bool *is_gpu);
+int sim_gpu_reg_dmabuf(struct sim_mr *mr, int fd, uint64_t offset, size_t len, uint64_t iova);
+int sim_gpu_put(struct sim_mr *mr, uint64_t va, const uint8_t *src, uint64_t n);
+int sim_gpu_get(struct sim_mr *mr, uint64_t va, uint8_t *dst, uint64_t n);
 
 /* The efadv functions, exported privately for libefa.so.1. */
 int efasim_query_device(struct ibv_context *ibvctx, struct efadv_device_attr *attr,

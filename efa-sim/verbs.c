@@ -135,12 +135,19 @@ static void mr_remove(struct sim_ctx *ctx, struct sim_mr *mr)
 		}
 }
 
-static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
-			     unsigned access)
+/* A dmabuf to register instead of addr (ibv_reg_dmabuf_mr), or fd -1. */
+struct dmabuf_arg {
+	int fd;
+	uint64_t offset;
+};
+
+static struct ibv_mr *reg_mr_any(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				 unsigned access, const struct dmabuf_arg *dmabuf)
 {
 	struct sim_ctx *ctx = to_ctx(pd->context);
 	unsigned supported = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
 	struct sim_mr *mr;
+	bool gpu = false;
 	int err;
 
 	if (ctx->dev->a.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE)
@@ -148,7 +155,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 	access &= ~(unsigned)IBV_ACCESS_OPTIONAL_RANGE; /* optional flags may be ignored */
 	/* The core's checks first (EINVAL), then what the efa driver supports (EOPNOTSUPP). */
 	if (((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) ||
-	    len > ctx->dev->a.max_mr_size || (!addr && len)) {
+	    len > ctx->dev->a.max_mr_size || (!addr && len && !dmabuf)) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -161,9 +168,19 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = ENOMEM;
 		return NULL;
 	}
-	/* As the kernel: pin the pages, writable ones where the access asks for writes. */
-	err = sim_pin(mr, addr, len, access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
-		      access & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
+	if (dmabuf) {
+		/* GPU memory as a dmabuf: its address is iova (gpu.c says why). */
+		err = sim_gpu_reg_dmabuf(mr, dmabuf->fd, dmabuf->offset, len, iova);
+		addr = (void *)(uintptr_t)iova;
+	} else {
+		/* GPU memory by address (nvidia-peermem's path), else host memory. */
+		err = sim_gpu_reg_va(mr, (uintptr_t)addr, len, &gpu);
+		/* As the kernel: pin the pages, writable ones where the access asks for writes. */
+		if (!err && !gpu)
+			err = sim_pin(mr, addr, len,
+				      access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+				      access & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
+	}
 	if (err) {
 		sim_log(1, "reg_mr %p+%zu refused: %s\n", addr, len, strerror(err));
 		free(mr);
@@ -187,8 +204,15 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = err;
 		return NULL;
 	}
-	sim_log(3, "reg_mr %p+%zu key %#x access %#x\n", addr, len, mr->mr.lkey, access);
+	sim_log(3, "reg_mr %p+%zu key %#x access %#x%s\n", addr, len, mr->mr.lkey, access,
+		mr->gpu ? " (GPU memory)" : "");
 	return &mr->mr;
+}
+
+static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+			     unsigned access)
+{
+	return reg_mr_any(pd, addr, len, iova, access, NULL);
 }
 
 #undef ibv_reg_mr
@@ -217,9 +241,9 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint6
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
 				 int fd, int access)
 {
-	(void)pd, (void)offset, (void)len, (void)iova, (void)fd, (void)access;
-	errno = EOPNOTSUPP; /* no device memory here */
-	return NULL;
+	struct dmabuf_arg d = { .fd = fd, .offset = offset };
+
+	return reg_mr_any(pd, NULL, len, iova, (unsigned)access, &d);
 }
 
 int ibv_dereg_mr(struct ibv_mr *ibmr)
