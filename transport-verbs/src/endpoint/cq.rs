@@ -131,17 +131,16 @@ impl Endpoint {
         }
         let n = (n as usize).min(want);
         let mut k = 0;
-        // n <= want <= out.len(), and every work completion maps to at most one completion.
-        let mut dst = out.iter_mut();
+        // n <= want <= out.len(), and every work completion maps to at most one completion,
+        // so before the i-th is read k <= i < n <= out.len(): `out[k]` needs no check.
         for i in 0..n {
             let wc = &self.wcs[i];
             if wc.status != sys::IBV_WC_SUCCESS {
                 // Out of line: the same bookkeeping, and the error completion, if any.
                 if let Some(c) = self.failed_wc(i) {
-                    if let Some(o) = dst.next() {
-                        *o = c;
-                        k += 1;
-                    }
+                    // SAFETY: k <= i < n <= out.len() (above).
+                    unsafe { *out.get_unchecked_mut(k) = c };
+                    k += 1;
                 }
                 continue;
             }
@@ -156,17 +155,18 @@ impl Endpoint {
                 let q = if msg { &mut p.msg } else { &mut p.data };
                 q.outstanding = q.outstanding.saturating_sub(1);
                 let ctx = q.ctx.get(slot).copied().unwrap_or(0);
-                if let Some(o) = dst.next() {
-                    *o = Completion {
+                // SAFETY: k <= i < n <= out.len() (above).
+                unsafe {
+                    *out.get_unchecked_mut(k) = Completion {
                         ctx,
                         kind: if msg {
                             CompletionKind::Send
                         } else {
                             CompletionKind::Write
                         },
-                    };
-                    k += 1;
-                }
+                    }
+                };
+                k += 1;
             } else if wr_id >> TAG_SHIFT == TAG_RECV {
                 let slot = (wr_id & 0xffff_ffff) as u32;
                 let len = wc.byte_len as usize;
@@ -175,25 +175,27 @@ impl Endpoint {
                     .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
                 let ctx = self.recv_ctx.get(slot as usize).copied().unwrap_or(0);
                 self.recv_free.push(slot);
-                if let Some(o) = dst.next() {
-                    *o = Completion {
+                // SAFETY: k <= i < n <= out.len() (above).
+                unsafe {
+                    *out.get_unchecked_mut(k) = Completion {
                         ctx,
                         kind: CompletionKind::Recv { len, imm },
-                    };
-                    k += 1;
-                }
+                    }
+                };
+                k += 1;
             } else {
                 // One of our zero-length immediate receives.
                 // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
                 let imm = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
                 self.imm_to_post += 1;
-                if let Some(o) = dst.next() {
-                    *o = Completion {
+                // SAFETY: k <= i < n <= out.len() (above).
+                unsafe {
+                    *out.get_unchecked_mut(k) = Completion {
                         ctx: 0,
                         kind: CompletionKind::RemoteWrite { imm },
-                    };
-                    k += 1;
-                }
+                    }
+                };
+                k += 1;
             }
         }
         if self.imm_to_post >= self.imm_repost_at {

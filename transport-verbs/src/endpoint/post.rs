@@ -131,7 +131,7 @@ impl Endpoint {
         };
         let w = &mut self.wrs[0];
         w.wr_id = (TAG_SQ << TAG_SHIFT) | (CHAN_DATA << 56) | ((pi as u64) << 32) | slot as u64;
-        w.next = ptr::null_mut();
+        // `w.next` is null: `post_chain` unlinks every chain it posts.
         w.num_sge = i32::from(len > 0);
         w.opcode = if imm.is_some() {
             sys::IBV_WR_RDMA_WRITE_WITH_IMM
@@ -289,8 +289,9 @@ impl Endpoint {
     }
 }
 
-/// Post `wrs[..n]` (`1 <= n <= POST_BATCH`; linked here) on `qp`; how many the provider
-/// took, or the error where it took none.
+/// Post `wrs[..n]` (`1 <= n <= POST_BATCH`; linked here and unlinked after, so every
+/// `next` is null between posts) on `qp`; how many the provider took, or the error where it
+/// took none.
 #[inline(always)]
 fn post_chain(
     qp: *mut sys::ibv_qp,
@@ -307,6 +308,11 @@ fn post_chain(
     // point into the endpoint's `sges` and into registered memory kept alive by the caller's
     // regions; the provider copies (or, for inline, reads) them before returning.
     let rc = unsafe { sys::ibvs_post_send(qp, base, &mut bad) };
+    for i in 0..n.saturating_sub(1) {
+        // Unlinked again: a one-WR post then only sets its own fields (`next` stays null).
+        // SAFETY: `i < n - 1 < POST_BATCH`: a pointer into the same boxed array.
+        unsafe { (*base.add(i)).next = ptr::null_mut() };
+    }
     if rc == 0 {
         return Ok(n);
     }
