@@ -147,7 +147,11 @@ impl Endpoint {
         if post_chain(q.qp, &mut self.wrs, 1)? == 0 {
             return Ok(Post::QueueFull);
         }
-        q.ctx[slot] = ctx;
+        debug_assert!(slot < q.ctx.len());
+        // SAFETY: `head < depth == ctx.len()` always: the ring has `caps.tx_depth` slots
+        // (`create_qp`; `tx_depth` is fixed at open) and `head` only moves by `ring_next` and
+        // `ring_add` modulo that depth.
+        unsafe { *q.ctx.get_unchecked_mut(slot) = ctx };
         q.head = ring_next(slot, depth);
         q.outstanding += 1;
         Ok(Post::Posted)
