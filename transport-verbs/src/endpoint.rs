@@ -93,10 +93,12 @@ pub struct Endpoint {
     peers: Vec<QpPair>,
     /// The queue pairs `address()` describes; connected by the next `add_peer`.
     pending: Option<QpPair>,
-    // ---- hot-path scratch, allocated once
-    wcs: Box<[sys::ibv_wc]>,
-    wrs: Box<[sys::ibv_send_wr]>,
-    sges: Box<[sys::ibv_sge]>,
+    // ---- hot-path scratch, allocated once (fixed sizes: constant indexes need no check)
+    wcs: Box<[sys::ibv_wc; POLL_BATCH]>,
+    /// Send WRs for one post (a chain of up to `POST_BATCH`); `wrs[i].sg_list` is
+    /// `&sges[i]`, set once at open.
+    wrs: Box<[sys::ibv_send_wr; POST_BATCH]>,
+    sges: Box<[sys::ibv_sge; POST_BATCH]>,
     imm_wrs: Box<[sys::ibv_recv_wr]>,
     /// Immediate receives consumed and not yet reposted.
     imm_to_post: usize,
@@ -313,9 +315,9 @@ impl Endpoint {
             imm_srq: ptr::null_mut(),
             peers: Vec::new(),
             pending: None,
-            wcs: vec![sys::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
-            wrs: vec![sys::ibv_send_wr::default(); POST_BATCH].into_boxed_slice(),
-            sges: vec![sys::ibv_sge::default(); POST_BATCH].into_boxed_slice(),
+            wcs: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
+            wrs: Box::new([sys::ibv_send_wr::default(); POST_BATCH]),
+            sges: Box::new([sys::ibv_sge::default(); POST_BATCH]),
             imm_wrs: vec![sys::ibv_recv_wr::default(); IMM_BATCH].into_boxed_slice(),
             imm_to_post: 0,
             imm_repost_at: IMM_BATCH.min(imm_depth / 4).max(1),
@@ -331,6 +333,7 @@ impl Endpoint {
         ep.cq_cap = got;
         ep.recv_srq = ep.create_srq(rx_depth, "receive")?;
         ep.imm_srq = ep.create_srq(imm_depth, "immediate")?;
+        ep.link_send_sges();
         ep.link_imm_chain();
         ep.imm_to_post = imm_depth;
         ep.repost_imm()?;

@@ -129,88 +129,123 @@ impl Endpoint {
                 "the completion queue is broken (overrun?); the endpoint must be reopened",
             ));
         }
+        let n = (n as usize).min(want);
         let mut k = 0;
-        // n <= want <= out.len(), and every work completion maps to at most one completion.
-        let mut dst = out.iter_mut();
-        for wc in &self.wcs[..(n as usize).min(want)] {
-            let ok = wc.status == sys::IBV_WC_SUCCESS;
-            match wc.wr_id >> TAG_SHIFT {
-                TAG_SQ => {
-                    let slot = (wc.wr_id & 0xffff_ffff) as usize;
-                    let peer = ((wc.wr_id >> 32) & 0xff_ffff) as usize;
-                    let msg = (wc.wr_id >> 56) & 1 == CHAN_MSG;
-                    let Some(p) = self.peers.get_mut(peer) else {
-                        continue;
-                    };
-                    let q = if msg { &mut p.msg } else { &mut p.data };
-                    q.outstanding = q.outstanding.saturating_sub(1);
-                    let ctx = q.ctx.get(slot).copied().unwrap_or(0);
-                    let (op, kind) = if msg {
-                        (Op::Send, CompletionKind::Send)
-                    } else {
-                        (Op::Write, CompletionKind::Write)
-                    };
-                    let c = Completion {
+        // n <= want <= out.len(), and every work completion maps to at most one completion,
+        // so before the i-th is read k <= i < n <= out.len(): `out[k]` needs no check.
+        for i in 0..n {
+            let wc = &self.wcs[i];
+            if wc.status != sys::IBV_WC_SUCCESS {
+                // Out of line: the same bookkeeping, and the error completion, if any.
+                if let Some(c) = self.failed_wc(i) {
+                    // SAFETY: k <= i < n <= out.len() (above).
+                    unsafe { *out.get_unchecked_mut(k) = c };
+                    k += 1;
+                }
+                continue;
+            }
+            let wr_id = wc.wr_id;
+            if wr_id >> TAG_SHIFT == TAG_SQ {
+                let slot = (wr_id & 0xffff_ffff) as usize;
+                let peer = ((wr_id >> 32) & 0xff_ffff) as usize;
+                let msg = (wr_id >> 56) & 1 == CHAN_MSG;
+                let Some(p) = self.peers.get_mut(peer) else {
+                    continue;
+                };
+                let q = if msg { &mut p.msg } else { &mut p.data };
+                q.outstanding = q.outstanding.saturating_sub(1);
+                let ctx = q.ctx.get(slot).copied().unwrap_or(0);
+                // SAFETY: k <= i < n <= out.len() (above).
+                unsafe {
+                    *out.get_unchecked_mut(k) = Completion {
                         ctx,
-                        kind: if ok {
-                            kind
+                        kind: if msg {
+                            CompletionKind::Send
                         } else {
-                            CompletionKind::Error(self.wc_error(op, ctx, wc))
+                            CompletionKind::Write
                         },
-                    };
-                    if let Some(o) = dst.next() {
-                        *o = c;
-                        k += 1;
                     }
-                }
-                TAG_RECV => {
-                    let slot = (wc.wr_id & 0xffff_ffff) as u32;
-                    let ctx = self.recv_ctx.get(slot as usize).copied().unwrap_or(0);
-                    self.recv_free.push(slot);
-                    let c = Completion {
+                };
+                k += 1;
+            } else if wr_id >> TAG_SHIFT == TAG_RECV {
+                let slot = (wr_id & 0xffff_ffff) as u32;
+                let len = wc.byte_len as usize;
+                // SAFETY: IBV_WC_WITH_IMM says the union holds imm_data.
+                let imm = (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
+                    .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
+                let ctx = self.recv_ctx.get(slot as usize).copied().unwrap_or(0);
+                self.recv_free.push(slot);
+                // SAFETY: k <= i < n <= out.len() (above).
+                unsafe {
+                    *out.get_unchecked_mut(k) = Completion {
                         ctx,
-                        kind: if ok {
-                            CompletionKind::Recv {
-                                len: wc.byte_len as usize,
-                                imm: (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
-                                    // SAFETY: IBV_WC_WITH_IMM says the union holds imm_data.
-                                    .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
-                            }
-                        } else {
-                            CompletionKind::Error(self.wc_error(Op::Recv, ctx, wc))
-                        },
-                    };
-                    if let Some(o) = dst.next() {
-                        *o = c;
-                        k += 1;
+                        kind: CompletionKind::Recv { len, imm },
                     }
-                }
-                _ => {
-                    // One of our zero-length immediate receives: consumed either way.
-                    self.imm_to_post += 1;
-                    if ok {
-                        // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
-                        let imm = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
-                        if let Some(o) = dst.next() {
-                            *o = Completion {
-                                ctx: 0,
-                                kind: CompletionKind::RemoteWrite { imm },
-                            };
-                            k += 1;
-                        }
-                    } else if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
-                        // The writer gets the error completion; the application here posted
-                        // nothing, so it gets none. Counted for diagnosis.
-                        self.responder_errors += 1;
-                        self.last_responder_error = Some(self.wc_error(Op::RemoteWrite, 0, wc));
+                };
+                k += 1;
+            } else {
+                // One of our zero-length immediate receives.
+                // SAFETY: a successful RECV_RDMA_WITH_IMM carries imm_data.
+                let imm = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+                self.imm_to_post += 1;
+                // SAFETY: k <= i < n <= out.len() (above).
+                unsafe {
+                    *out.get_unchecked_mut(k) = Completion {
+                        ctx: 0,
+                        kind: CompletionKind::RemoteWrite { imm },
                     }
-                }
+                };
+                k += 1;
             }
         }
         if self.imm_to_post >= self.imm_repost_at {
             self.repost_imm()?;
         }
         Ok(k)
+    }
+
+    /// [`Self::poll_cq`] for a work completion that failed (`wcs[i]`, status not success):
+    /// the same bookkeeping as a success (send-queue slot, receive slot, immediate receive
+    /// consumed), and the error completion to hand out, if any (none for the backend's own
+    /// immediate receives: the writer gets the error; counted here for diagnosis).
+    #[cold]
+    #[inline(never)]
+    fn failed_wc(&mut self, i: usize) -> Option<Completion> {
+        let wc = self.wcs[i];
+        match wc.wr_id >> TAG_SHIFT {
+            TAG_SQ => {
+                let slot = (wc.wr_id & 0xffff_ffff) as usize;
+                let peer = ((wc.wr_id >> 32) & 0xff_ffff) as usize;
+                let msg = (wc.wr_id >> 56) & 1 == CHAN_MSG;
+                let p = self.peers.get_mut(peer)?;
+                let q = if msg { &mut p.msg } else { &mut p.data };
+                q.outstanding = q.outstanding.saturating_sub(1);
+                let ctx = q.ctx.get(slot).copied().unwrap_or(0);
+                let op = if msg { Op::Send } else { Op::Write };
+                Some(Completion {
+                    ctx,
+                    kind: CompletionKind::Error(self.wc_error(op, ctx, &wc)),
+                })
+            }
+            TAG_RECV => {
+                let slot = (wc.wr_id & 0xffff_ffff) as u32;
+                let ctx = self.recv_ctx.get(slot as usize).copied().unwrap_or(0);
+                self.recv_free.push(slot);
+                Some(Completion {
+                    ctx,
+                    kind: CompletionKind::Error(self.wc_error(Op::Recv, ctx, &wc)),
+                })
+            }
+            _ => {
+                // Consumed either way.
+                self.imm_to_post += 1;
+                if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
+                    self.responder_errors += 1;
+                    self.last_responder_error = Some(self.wc_error(Op::RemoteWrite, 0, &wc));
+                }
+                None
+            }
+        }
     }
 
     #[cold]

@@ -48,12 +48,12 @@ impl Endpoint {
             rkey: 0,
         };
         self.fill(0, &p, CHAN_MSG, slot);
-        if self.post_chain(qp, 1)? == 0 {
+        if post_chain(qp, &mut self.wrs, 1)? == 0 {
             return Ok(Post::QueueFull);
         }
         let q = &mut self.peers[pi].msg;
         q.ctx[slot] = ctx;
-        q.head = ring_add(slot, 1, depth);
+        q.head = ring_next(slot, depth);
         q.outstanding += 1;
         Ok(Post::Posted)
     }
@@ -94,6 +94,12 @@ impl Endpoint {
     }
 
     /// [`Transport::post_write`](transport_core::Transport::post_write) on `peer`'s data QP.
+    ///
+    /// The one-WRITE path, written out rather than through [`Self::prepare_write`] and
+    /// [`Self::fill`]: every check in one branch (the message built out of line from scalars,
+    /// so nothing is put in memory for it on the way), the peer looked up once, only the
+    /// fields of `wrs[0]` that change per WRITE stored (its SGE pointer is set at open), no
+    /// chain to link.
     #[inline]
     pub(super) fn write_one(
         &mut self,
@@ -103,27 +109,50 @@ impl Endpoint {
         imm: Option<u32>,
         ctx: u64,
     ) -> Result<Post> {
-        // The one-WRITE path: checked once, no chain.
-        let p = self.prepare_write(&WriteOp {
-            peer,
-            local: buf,
-            remote,
-            imm,
-            ctx,
-        })?;
+        let pi = peer.0 as usize;
+        let len = buf.len;
+        let ok = Arc::ptr_eq(&buf.mr.domain, &self.domain)
+            & (len <= self.caps.max_write_size)
+            & (len as u64 <= remote.len);
+        let inline = (len <= self.caps.inject_size) & (buf.mr.host_addr != 0);
         let depth = self.caps.tx_depth;
-        let q = &self.peers[p.peer].data;
+        let Some(pair) = self.peers.get_mut(pi).filter(|_| ok) else {
+            return Err(self.write_error(buf.mr, peer, len, remote.len));
+        };
+        let q = &mut pair.data;
         if q.outstanding >= depth {
             return Ok(Post::QueueFull);
         }
-        let (qp, slot) = (q.qp, q.head);
-        self.fill(0, &p, CHAN_DATA, slot);
-        if self.post_chain(qp, 1)? == 0 {
+        let slot = q.head;
+        self.sges[0] = sys::ibv_sge {
+            addr: buf.mr.iova + buf.offset as u64,
+            length: len as u32,
+            lkey: buf.mr.lkey,
+        };
+        let w = &mut self.wrs[0];
+        w.wr_id = (TAG_SQ << TAG_SHIFT) | (CHAN_DATA << 56) | ((pi as u64) << 32) | slot as u64;
+        // `w.next` is null: `post_chain` unlinks every chain it posts.
+        w.num_sge = i32::from(len > 0);
+        w.opcode = if imm.is_some() {
+            sys::IBV_WR_RDMA_WRITE_WITH_IMM
+        } else {
+            sys::IBV_WR_RDMA_WRITE
+        };
+        w.send_flags = sys::IBV_SEND_SIGNALED | if inline { sys::IBV_SEND_INLINE } else { 0 };
+        w.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
+        w.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: remote.addr,
+            rkey: remote.key,
+        };
+        if post_chain(q.qp, &mut self.wrs, 1)? == 0 {
             return Ok(Post::QueueFull);
         }
-        let q = &mut self.peers[p.peer].data;
-        q.ctx[slot] = ctx;
-        q.head = ring_add(slot, 1, depth);
+        debug_assert!(slot < q.ctx.len());
+        // SAFETY: `head < depth == ctx.len()` always: the ring has `caps.tx_depth` slots
+        // (`create_qp`; `tx_depth` is fixed at open) and `head` only moves by `ring_next` and
+        // `ring_add` modulo that depth.
+        unsafe { *q.ctx.get_unchecked_mut(slot) = ctx };
+        q.head = ring_next(slot, depth);
         q.outstanding += 1;
         Ok(Post::Posted)
     }
@@ -157,7 +186,7 @@ impl Endpoint {
                 bytes += p.sge.length as usize;
                 n += 1;
             }
-            let took = self.post_chain(qp, n)?;
+            let took = post_chain(qp, &mut self.wrs, n)?;
             let q = &mut self.peers[peer].data;
             for k in 0..took {
                 q.ctx[ring_add(head, k, depth)] = ops[i + k].ctx;
@@ -185,7 +214,7 @@ impl Endpoint {
             & (len <= self.caps.max_write_size)
             & (len as u64 <= op.remote.len);
         if !ok {
-            return Err(self.write_error(op));
+            return Err(self.write_error(op.local.mr, op.peer, len, op.remote.len));
         }
         Ok(Prepared {
             peer,
@@ -205,14 +234,13 @@ impl Endpoint {
     /// Why [`Self::prepare_write`] refused a WRITE (the first failed check, in order).
     #[cold]
     #[inline(never)]
-    fn write_error(&self, op: &WriteOp<'_, VerbsMr, u32>) -> Error {
-        if let Err(e) = self.own_region(op.local.mr, "post_write") {
+    fn write_error(&self, mr: &VerbsMr, peer: PeerId, len: usize, remote_len: u64) -> Error {
+        if let Err(e) = self.own_region(mr, "post_write") {
             return e;
         }
-        if let Err(e) = self.peer_index(op.peer) {
+        if let Err(e) = self.peer_index(peer) {
             return e;
         }
-        let len = op.local.len;
         if len > self.caps.max_write_size {
             return Error::InvalidArgument(format!(
                 "write of {len} bytes exceeds the port's maximum message size {}",
@@ -220,8 +248,7 @@ impl Endpoint {
             ));
         }
         Error::InvalidArgument(format!(
-            "write of {len} bytes into a {}-byte remote slice",
-            op.remote.len
+            "write of {len} bytes into a {remote_len}-byte remote slice"
         ))
     }
 
@@ -239,15 +266,14 @@ impl Endpoint {
         s.len <= self.caps.inject_size && s.mr.host_addr != 0
     }
 
-    /// Fill `self.wrs[i]` from `p` using ring slot `slot` of channel `chan`.
+    /// Fill `self.wrs[i]` from `p` using ring slot `slot` of channel `chan` (its `sg_list`
+    /// points at `self.sges[i]` since [`Self::link_send_sges`]).
     #[inline(always)]
     fn fill(&mut self, i: usize, p: &Prepared, chan: u64, slot: usize) {
         self.sges[i] = p.sge;
-        let sge_ptr: *mut sys::ibv_sge = &mut self.sges[i];
         let w = &mut self.wrs[i];
         w.wr_id = (TAG_SQ << TAG_SHIFT) | (chan << 56) | ((p.peer as u64) << 32) | slot as u64;
         w.next = ptr::null_mut();
-        w.sg_list = sge_ptr;
         w.num_sge = i32::from(p.sge.length > 0);
         w.opcode = p.opcode;
         w.send_flags = sys::IBV_SEND_SIGNALED | if p.inline { sys::IBV_SEND_INLINE } else { 0 };
@@ -258,38 +284,79 @@ impl Endpoint {
         };
     }
 
-    /// Post `self.wrs[..n]` (already chained) on `qp`; how many the provider took, or the
-    /// error where it took none.
-    #[inline(always)]
-    fn post_chain(&mut self, qp: *mut sys::ibv_qp, n: usize) -> Result<usize> {
-        let base = self.wrs.as_mut_ptr();
-        for i in 0..n.saturating_sub(1) {
-            // SAFETY: `i + 1 < n <= POST_BATCH`: pointers into the same boxed array.
-            unsafe { (*base.add(i)).next = base.add(i + 1) };
+    /// Point each send WR at its own SGE, once: `wrs[i].sg_list = &sges[i]`. The boxed
+    /// arrays never move, so the pointers stay valid for the endpoint's life.
+    pub(super) fn link_send_sges(&mut self) {
+        for (w, sge) in self.wrs.iter_mut().zip(self.sges.iter_mut()) {
+            w.sg_list = sge;
         }
-        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: `qp` is a live connected QP; `wrs[..n]` is an initialised chain whose SGEs
-        // point into `sges` and into registered memory kept alive by the caller's regions; the
-        // provider copies (or, for inline, reads) them before returning.
-        let rc = unsafe { sys::ibvs_post_send(qp, base, &mut bad) };
-        if rc == 0 {
-            return Ok(n);
-        }
-        // WRs before `bad` were posted.
-        let taken = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: a non-null `bad` points into the chain (providers set it on failure).
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        if taken > 0 || rc == libc::ENOMEM || rc == libc::EAGAIN {
-            return Ok(taken.min(n));
-        }
-        Err(provider_err(
-            "ibv_post_send",
-            rc,
-            "is the peer's queue pair in the error state after an earlier failure?",
-        ))
+    }
+}
+
+/// Post `wrs[..n]` (`1 <= n <= POST_BATCH`; linked here and unlinked after, so every
+/// `next` is null between posts) on `qp`; how many the provider took, or the error where it
+/// took none.
+#[inline(always)]
+fn post_chain(
+    qp: *mut sys::ibv_qp,
+    wrs: &mut [sys::ibv_send_wr; POST_BATCH],
+    n: usize,
+) -> Result<usize> {
+    let base = wrs.as_mut_ptr();
+    for i in 0..n.saturating_sub(1) {
+        // SAFETY: `i + 1 < n <= POST_BATCH`: pointers into the same boxed array.
+        unsafe { (*base.add(i)).next = base.add(i + 1) };
+    }
+    let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+    // SAFETY: `qp` is a live connected QP; `wrs[..n]` is an initialised chain whose SGEs
+    // point into the endpoint's `sges` and into registered memory kept alive by the caller's
+    // regions; the provider copies (or, for inline, reads) them before returning.
+    let rc = unsafe { sys::ibvs_post_send(qp, base, &mut bad) };
+    for i in 0..n.saturating_sub(1) {
+        // Unlinked again: a one-WR post then only sets its own fields (`next` stays null).
+        // SAFETY: `i < n - 1 < POST_BATCH`: a pointer into the same boxed array.
+        unsafe { (*base.add(i)).next = ptr::null_mut() };
+    }
+    if rc == 0 {
+        return Ok(n);
+    }
+    post_failed(rc, base, bad, n)
+}
+
+/// [`post_chain`] when `ibv_post_send` said no: the WRs before `bad` were posted.
+#[cold]
+#[inline(never)]
+fn post_failed(
+    rc: i32,
+    base: *mut sys::ibv_send_wr,
+    bad: *mut sys::ibv_send_wr,
+    n: usize,
+) -> Result<usize> {
+    let taken = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null `bad` points into the chain at `base` (providers set it on
+        // failure).
+        unsafe { bad.offset_from(base) }.max(0) as usize
+    };
+    if taken > 0 || rc == libc::ENOMEM || rc == libc::EAGAIN {
+        return Ok(taken.min(n));
+    }
+    Err(provider_err(
+        "ibv_post_send",
+        rc,
+        "is the peer's queue pair in the error state after an earlier failure?",
+    ))
+}
+
+/// `(slot + 1) % depth` for `slot < depth`, without the division.
+#[inline(always)]
+fn ring_next(slot: usize, depth: usize) -> usize {
+    let s = slot + 1;
+    if s == depth {
+        0
+    } else {
+        s
     }
 }
 

@@ -47,7 +47,7 @@ pub(super) struct Qp {
     pub(super) psn: u32,
     /// Posted, not yet completed (every WR is signaled).
     pub(super) outstanding: usize,
-    /// Next ring slot.
+    /// Next ring slot: always `< ctx.len()` (`post_write` stores there unchecked).
     pub(super) head: usize,
     /// Caller contexts by ring slot. Completions of one send queue come in order, so a slot is
     /// free again once `outstanding < depth`.
