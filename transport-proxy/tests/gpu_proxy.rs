@@ -40,6 +40,9 @@ use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
 use transport_proxy::{Command, RingMemory};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// How long any wait here may see no progress before it fails naming what it waited for
+/// (the kernels give up after `KERNEL_TIMEOUT_NS`, longer, so the host's message comes first).
+const STALL: Duration = Duration::from_secs(5);
 
 fn required() -> bool {
     std::env::var_os("REQUIRE_CUDA_PROVIDER").is_some()
@@ -121,6 +124,133 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Takes positions `0..p.count` out of `ring` (in position order, as a proxy does) and checks
+/// them by content, not by position: warps claim positions in any order, so which command
+/// lands at which position is the GPU's choice. Each position's ready word must be its own
+/// (`pos + 1`); its command `i` (decoded from the local offset, `p.pages` covering every `i`)
+/// must lie in `p.first..p.first + p.count` and not have come before (a duplicate fails);
+/// every other field must be `i`'s (a torn or early-read command fails: its fields would
+/// disagree with each other); a position that stays unpublished for `stall` fails naming it
+/// (a lost command), and after the last position every `i` must have come.
+fn take_once_each(ring: &Ring<'_>, p: &Produce, stall: Duration, what: &str) {
+    assert_eq!(p.stride, 1, "commands are told apart by their local offset");
+    let count = p.count;
+    let mut seen = vec![false; count as usize];
+    for pos in 0..count {
+        let since = Instant::now();
+        let cmd = loop {
+            if let Some(c) = ring.peek(pos) {
+                break c;
+            }
+            assert!(
+                since.elapsed() < stall,
+                "{what}: position {pos} of {count} stayed unpublished for {stall:?} \
+                 (a lost command, or a producer that stopped)"
+            );
+            std::hint::spin_loop();
+        };
+        let off = cmd.local & ((1 << 48) - 1);
+        let i = off.wrapping_sub(p.local_off);
+        assert!(
+            off >= p.local_off && (p.first..p.first + count).contains(&i),
+            "{what}: position {pos} holds a command of no producer thread: {cmd:?}"
+        );
+        let idx = (i - p.first) as usize;
+        assert!(
+            !seen[idx],
+            "{what}: command {i} arrived twice (again at position {pos})"
+        );
+        seen[idx] = true;
+        let want = transport_proxy::Command {
+            seq: pos as u32 + 1,
+            op: p.op,
+            flags: 0,
+            peer: p.peer,
+            len: p.len,
+            imm: immediate(p.imm_slot, i as u16),
+            local: pack(p.local_region, p.local_off + (i % p.pages) * p.stride),
+            remote: pack(p.remote_region, p.remote_off + (i % p.pages) * p.stride),
+        };
+        assert_eq!(
+            cmd, want,
+            "{what}: position {pos} (command {i}) torn or wrong"
+        );
+        ring.release(pos + 1);
+    }
+    if let Some(idx) = seen.iter().position(|&s| !s) {
+        panic!("{what}: command {} never arrived", p.first + idx as u64);
+    }
+}
+
+/// The check of `kernel_commands_reach_the_ring_once_each` can fail, here, without a GPU: a
+/// CPU producer publishes proxy_produce's commands in a shuffled order (as warps may), and
+/// `take_once_each` passes them; with one command lost, one duplicated, or one torn (a field
+/// of another command) it fails naming what.
+#[test]
+fn once_each_check_fails_on_lost_duplicated_or_torn_commands() {
+    let count = 4096u64;
+    let p = Produce {
+        first: 1000,
+        count,
+        peer: 3,
+        local_region: 1,
+        local_off: 0x10_0000,
+        remote_region: 2,
+        remote_off: 0x20_0000,
+        len: 24,
+        stride: 1,
+        pages: 1 << 40,
+        op: OP_WRITE_IMM,
+        imm_slot: 5,
+        claim: None,
+        fill: None,
+        blocks: 1,
+        threads: 1,
+    };
+    let cmd = |i: u64| Command {
+        seq: 0,
+        op: OP_WRITE_IMM,
+        flags: 0,
+        peer: 3,
+        len: 24,
+        imm: immediate(5, i as u16),
+        local: pack(1, 0x10_0000 + i),
+        remote: pack(2, 0x20_0000 + i),
+    };
+    // Order of claims: a fixed shuffle (odd multiplier modulo a power of two).
+    let order: Vec<u64> = (0..count)
+        .map(|k| 1000 + (k * 2654435761) % count)
+        .collect();
+    let run = |edit: &dyn Fn(&mut Vec<Command>)| {
+        let mem = RingMemory::new(RingLayout::new(count as u32, 1).expect("layout"));
+        let mut cmds: Vec<Command> = order.iter().map(|&i| cmd(i)).collect();
+        edit(&mut cmds);
+        let ring = mem.ring();
+        for c in &cmds {
+            ring.push(c).expect("push");
+        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            take_once_each(&ring, &p, Duration::from_millis(200), "cpu")
+        }))
+        .map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "?".into())
+        })
+    };
+    run(&|_| {}).expect("every command once, shuffled: passes");
+    let lost = run(&|c| {
+        c.remove(77);
+    })
+    .expect_err("a lost command");
+    assert!(lost.contains("stayed unpublished"), "{lost}");
+    let dup = run(&|c| c[78] = c[77]).expect_err("a duplicated command");
+    assert!(dup.contains("arrived twice"), "{dup}");
+    let torn = run(&|c| c[79].remote = c[80].remote).expect_err("a torn command");
+    assert!(torn.contains("torn or wrong"), "{torn}");
+    eprintln!("take_once_each: passes {count} shuffled commands; fails on lost ({lost:.60}...), duplicated, torn");
+}
+
 /// Commands claimed by warps, taken out by a CPU consumer in position order: each exactly
 /// once, with the fields the kernel wrote.
 #[test]
@@ -151,40 +281,14 @@ fn kernel_commands_reach_the_ring_once_each() {
             threads,
         };
         k.produce(gr.dev(), &p).expect("launch");
-        let mut seen = vec![false; count as usize];
         let start = Instant::now();
-        for pos in 0..count {
-            let cmd = loop {
-                if let Some(c) = ring.peek(pos) {
-                    break c;
-                }
-                assert!(
-                    start.elapsed() < TIMEOUT,
-                    "position {pos} never published (claims in GPU memory: {claim_in_gpu})"
-                );
-                std::hint::spin_loop();
-            };
-            // Command i's local offset is local_off + (i % pages) * stride = 0x10_0000 + i.
-            let i = (cmd.local & ((1 << 48) - 1)).wrapping_sub(0x10_0000);
-            assert!((1000..1000 + count).contains(&i), "position {pos}: {cmd:?}");
-            let idx = (i - 1000) as usize;
-            assert!(!seen[idx], "command {i} published twice (position {pos})");
-            seen[idx] = true;
-            let want = transport_proxy::Command {
-                seq: pos as u32 + 1,
-                op: OP_WRITE_IMM,
-                flags: 0,
-                peer: 3,
-                len: 24,
-                imm: immediate(5, i as u16),
-                local: pack(1, 0x10_0000 + (i % (1 << 40))),
-                remote: pack(2, 0x20_0000 + (i % (1 << 40))),
-            };
-            assert_eq!(cmd, want, "position {pos}");
-            ring.release(pos + 1);
-        }
+        take_once_each(
+            &ring,
+            &p,
+            STALL,
+            &format!("claims in GPU memory: {claim_in_gpu}"),
+        );
         k.sync().expect("the producer");
-        assert!(seen.iter().all(|&s| s));
         assert_eq!(ring.tail().load(Ordering::Acquire), count);
         if !claim_in_gpu {
             assert_eq!(ring.head().load(Ordering::Acquire), count);
