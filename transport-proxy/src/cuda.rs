@@ -259,7 +259,7 @@ pub struct Kernels {
 }
 
 /// How long a kernel waits for the proxy before it gives up and says so.
-pub const KERNEL_TIMEOUT_NS: u64 = 30_000_000_000;
+pub const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The kernels' source as NVRTC compiles it: ring.rs's CUDA header, then the kernels.
 pub fn kernel_source() -> String {

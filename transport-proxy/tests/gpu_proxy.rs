@@ -39,7 +39,7 @@ use transport_proxy::ring::{immediate, pack, Ring, RingLayout, OP_WRITE_IMM};
 use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
 use transport_proxy::{Command, RingMemory};
 
-const TIMEOUT: Duration = Duration::from_secs(60);
+const TIMEOUT: Duration = Duration::from_secs(10);
 /// How long any wait here may see no progress before it fails naming what it waited for
 /// (the kernels give up after `KERNEL_TIMEOUT_NS`, longer, so the host's message comes first).
 const STALL: Duration = Duration::from_secs(5);
@@ -122,6 +122,75 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// Waits until `c` (a ring's counter) reaches `target`; fails as soon as the ring's error word
+/// is set, or when `c` did not move for [`STALL`], saying what it waited for and where it
+/// stood (no multi-minute hangs: a stuck proxy or producer shows within seconds).
+fn wait_progress(ring: &Ring<'_>, c: &std::sync::atomic::AtomicU64, target: u64, what: &str) {
+    let mut last = c.load(Ordering::Acquire);
+    let mut since = Instant::now();
+    let mut spins = 0u32;
+    while last < target {
+        let e = ring.error();
+        assert!(
+            e == 0 || c.load(Ordering::Acquire) >= target,
+            "{what}: at {last} of {target} when the proxy stopped ({e}: {})",
+            transport_proxy::ring::error_name(e)
+        );
+        let v = c.load(Ordering::Acquire);
+        if v != last {
+            (last, since) = (v, Instant::now());
+            continue;
+        }
+        assert!(
+            since.elapsed() < STALL,
+            "{what}: stuck at {last} of {target} for {STALL:?} (no progress)"
+        );
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Slots of the ring a producer kernel of `count` commands gets in the bandwidth figures: room
+/// for all of them where the ring's bytes allow (8 MiB at most), so the kernel never waits on
+/// the proxy (see [`produce_ahead`]).
+fn ring_slots(count: u64) -> u32 {
+    count.next_power_of_two().clamp(1024, 1 << 18) as u32
+}
+
+/// Launches `p` into `ring` (of `cap` slots) in launches of at most `cap` commands, each only
+/// once the ring has room for all of it (the host waits for the proxy's tail, with
+/// [`wait_progress`]): no kernel ever waits on the proxy. A kernel that spins on the proxy
+/// deadlocks where the proxy's transport synchronises the whole device: libfabric 2.6.0's
+/// CUDA copy (`ofi_cudaMemcpy`, what shm uses for GPU memory) calls `cudaDeviceSynchronize`
+/// when either side of a copy is memory CUDA does not know, and that waits for every running
+/// kernel, whatever its stream; the kernel waits for ring room only the stalled proxy gives.
+/// The clock includes the host's waits.
+fn produce_ahead(k: &Kernels, ring: &GpuRing, p: &Produce, cap: u32) {
+    let r = ring.ring();
+    let mut start = 0;
+    while start < p.count {
+        let n = (p.count - start).min(cap as u64);
+        let need = (start + n).saturating_sub(cap as u64);
+        wait_progress(
+            &r,
+            r.tail(),
+            need,
+            "room in the ring for the next producer launch",
+        );
+        let chunk = Produce {
+            first: p.first + start,
+            count: n,
+            ..p.clone()
+        };
+        k.produce(ring.dev(), &chunk).expect("launch the producer");
+        start += n;
+    }
 }
 
 /// Takes positions `0..p.count` out of `ring` (in position order, as a proxy does) and checks
@@ -527,7 +596,15 @@ fn kernel_writes_over_shm_every_byte_verified() {
             // atomic per warp); GPU memory: on a counter in GPU memory.
             let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
             let claim = gpu.then(|| counter.device_ptr());
-            let ((), p, writes, arrivals) = with_proxies(&k, p, 64, |ra, rb| {
+            // GPU memory: a ring with room for every command, so the producer never waits on
+            // the proxy (see produce_ahead), and the host sees the counters move before a
+            // kernel waits on them; host memory: a 64-slot ring the kernel wraps 4 times.
+            let cap = if gpu {
+                count.next_power_of_two() as u32
+            } else {
+                64
+            };
+            let ((), p, writes, arrivals) = with_proxies(&k, p, cap, |ra, rb| {
                 let prod = Produce {
                     first,
                     count,
@@ -548,6 +625,12 @@ fn kernel_writes_over_shm_every_byte_verified() {
                 };
                 k.produce(ra.dev(), &prod).expect("launch the producer");
                 k.sync().expect("the producer");
+                if gpu {
+                    let (a, b) = (ra.ring(), rb.ring());
+                    wait_progress(&a, a.done(), count, "local completions at a");
+                    let arr = b.arrivals(0).expect("arrival slot 0");
+                    wait_progress(&b, arr, count, "immediates at b");
+                }
                 k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), count)
                     .expect("local completions at a");
                 k.wait(
@@ -645,10 +728,14 @@ fn figures_ring_only() {
                     };
                     ks[i].produce(r.dev(), &p).expect("launch");
                 }
-                for r in &rings {
-                    r.ring()
-                        .wait_done(per_ring, TIMEOUT)
-                        .expect("the ring drained");
+                for (i, r) in rings.iter().enumerate() {
+                    let ring = r.ring();
+                    wait_progress(
+                        &ring,
+                        ring.done(),
+                        per_ring,
+                        &format!("ring-only: ring {i} drained"),
+                    );
                 }
                 let secs = start.elapsed().as_secs_f64();
                 stop.store(true, Ordering::Relaxed);
@@ -864,6 +951,7 @@ fn host_bandwidth(p: &mut Pair, size: usize, count: u64) -> f64 {
     let (mut next, mut done_a, mut landed) = (0u64, 0u64, 0u64);
     let mut batch = Vec::with_capacity(64);
     let start = Instant::now();
+    let (mut seen, mut since) = (0u64, start);
     while done_a < count || landed < count {
         if next < count {
             batch.clear();
@@ -881,9 +969,13 @@ fn host_bandwidth(p: &mut Pair, size: usize, count: u64) -> f64 {
         }
         done_a += drain(&mut p.a, &mut comps, |_| false).0;
         landed += drain(&mut p.b, &mut comps, |_| true).1;
+        if done_a + landed != seen {
+            (seen, since) = (done_a + landed, Instant::now());
+        }
         assert!(
-            start.elapsed() < TIMEOUT * 4,
-            "host bandwidth: {done_a}/{landed} of {count}"
+            since.elapsed() < STALL,
+            "host bandwidth: stuck at {done_a} local completions and {landed} immediates of \
+             {count} for {STALL:?}"
         );
     }
     start.elapsed().as_secs_f64()
@@ -915,7 +1007,8 @@ fn figures_bandwidth() {
                 // Claims on a counter in GPU memory (the ring's head costs a PCIe atomic per
                 // warp; figures_ring_only shows both).
                 let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
-                let (secs, q, writes, arrivals) = with_proxies(&k, p, 1024, |ra, rb| {
+                let cap = ring_slots(count);
+                let (secs, q, writes, arrivals) = with_proxies(&k, p, cap, |ra, rb| {
                     let prod = Produce {
                         first: 0,
                         count,
@@ -935,13 +1028,17 @@ fn figures_bandwidth() {
                         threads: 256,
                     };
                     let start = Instant::now();
-                    k.produce(ra.dev(), &prod).expect("launch");
-                    ra.ring()
-                        .wait_done(count, TIMEOUT * 4)
-                        .expect("local completions");
-                    rb.ring()
-                        .wait_arrivals(0, count, TIMEOUT * 4)
-                        .expect("immediates at b");
+                    produce_ahead(&k, ra, &prod, cap);
+                    let (a, b) = (ra.ring(), rb.ring());
+                    let what = format!("kernel bandwidth {mem} {size} B round {round}");
+                    wait_progress(
+                        &a,
+                        a.done(),
+                        count,
+                        &format!("{what}: local completions at a"),
+                    );
+                    let arr = b.arrivals(0).expect("arrival slot 0");
+                    wait_progress(&b, arr, count, &format!("{what}: immediates at b"));
                     let secs = start.elapsed().as_secs_f64();
                     k.sync().expect("the producer");
                     secs
@@ -977,4 +1074,34 @@ fn figures_bandwidth() {
             }
         }
     }
+}
+
+/// The tests' waits fail fast, here without a GPU: on a counter that never moves within
+/// [`STALL`] (not minutes), and at once when the proxy's error word is set, naming what they
+/// waited for and where the counter stood.
+#[test]
+fn waits_fail_fast_naming_what_they_waited_for() {
+    let mem = RingMemory::new(RingLayout::new(64, 1).expect("layout"));
+    let ring = mem.ring();
+    ring.done().store(3, Ordering::Release);
+    let fail = |what: &str| {
+        let start = Instant::now();
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_progress(&ring, ring.done(), 10, what)
+        }))
+        .expect_err("a wait that cannot end fails");
+        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        (msg, start.elapsed())
+    };
+    let (msg, took) = fail("stuck counter");
+    assert!(msg.contains("stuck counter: stuck at 3 of 10"), "{msg}");
+    assert!(took < STALL * 2, "took {took:?}");
+    ring.set_error(transport_proxy::ring::ERR_TRANSPORT);
+    let (msg, took) = fail("dead proxy");
+    assert!(
+        msg.contains("dead proxy: at 3 of 10 when the proxy stopped"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    eprintln!("waits: a stuck counter fails in {STALL:?}, a stopped proxy at once");
 }
