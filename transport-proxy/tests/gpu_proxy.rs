@@ -859,6 +859,50 @@ fn host_latency(p: &mut Pair, size: usize, iters: u64) -> f64 {
     ns
 }
 
+/// Mean us of a kernel <-> CPU flag round trip over mapped host memory (`Kernels::
+/// flag_pingpong` against a CPU thread echoing each flag): the PCIe floor under the
+/// kernel-initiated latency. The echo thread spins (as the proxies do) and stops when the
+/// kernel returned.
+fn pcie_floor_us(k: &Kernels, iters: u64) -> f64 {
+    use std::sync::atomic::AtomicU64;
+    let mem = MappedHost::alloc(k.context(), 4096).expect("cuMemHostAlloc");
+    mem.zero(0, 4096);
+    // SAFETY: the block is 4096 bytes, page-aligned, alive until the end of this function
+    // (after the scope joins the echo thread); offsets 0 and 128 are u64-aligned and only
+    // touched atomically here and by the kernel's system-scope loads and stores.
+    let (to_host, from_host) = unsafe {
+        (
+            &*(mem.host_ptr() as *const AtomicU64),
+            &*(mem.host_ptr().add(128) as *const AtomicU64),
+        )
+    };
+    let stop = AtomicBool::new(false);
+    let run = |n: u64| {
+        to_host.store(0, Ordering::Relaxed);
+        from_host.store(0, Ordering::Relaxed);
+        stop.store(false, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            let _stop = StopOnDrop(&stop);
+            s.spawn(|| {
+                let mut seen = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = to_host.load(Ordering::Acquire);
+                    if v != seen {
+                        seen = v;
+                        from_host.store(v, Ordering::Release);
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            k.flag_pingpong(mem.device_ptr(), n)
+                .expect("the flag ping-pong")
+        })
+    };
+    run(100);
+    run(iters) as f64 / iters as f64 / 1e3
+}
+
 /// Issue 27's latency goal: kernel-initiated "issue to remote immediate" against
 /// host-initiated on the same endpoints. Kernel: one GPU thread publishes a WRITE with
 /// immediate and spins on `arrivals[0]` of b's ring until b's proxy counted it (the
@@ -871,6 +915,12 @@ fn figures_latency() {
     let Some(k) = kernels() else { return };
     let iters = env_u64("PROXY_LAT_ITERS", 2000);
     let warm = 100;
+    let floor = pcie_floor_us(&k, iters);
+    println!(
+        "latency floor: kernel <-> CPU flag ping-pong over mapped host memory {floor:.2} us \
+         (one GPU thread stores a flag, a CPU thread echoes it, the GPU sees the echo; mean of \
+         {iters} rounds: what PCIe costs a kernel-initiated round trip with no proxy)"
+    );
     for gpu in [false, true] {
         let mem = if gpu { "GPU" } else { "host" };
         let max = 64 << 10;
@@ -933,6 +983,11 @@ fn figures_latency() {
                  {:+.2} us (issue to the remote immediate seen by the issuer, mean of {iters} \
                  rounds; shm, one process; bytes verified)",
                 k_us - h_us
+            );
+            println!(
+                "latency {mem} memory {size} B: the proxy adds {:+.2} us above the PCIe floor \
+                 of {floor:.2} us and the host-initiated {h_us:.2} us (kernel - floor - host)",
+                k_us - floor - h_us
             );
             println!(
                 "GOAL latency {mem} {size} B kernel - host <= +2 us: {} ({:+.2} us)",
@@ -1064,7 +1119,9 @@ fn figures_bandwidth() {
             println!(
                 "bandwidth {mem} memory {size} B: kernel {best_k:.2} Gbit/s, host {best_h:.2} \
                  Gbit/s, {ratio:.2}x ({count} WRITEs with immediate over 64 pages, best of \
-                 {rounds}; shm, one process; every byte of the 64 target pages verified)"
+                 {rounds}; kernel: a ring of {} slots, launches into room only; shm, one \
+                 process; every byte of the 64 target pages verified)",
+                ring_slots(count)
             );
             if size >= 64 << 10 {
                 println!(
