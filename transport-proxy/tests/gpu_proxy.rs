@@ -39,6 +39,15 @@ use transport_proxy::ring::{immediate, pack, Ring, RingLayout, OP_WRITE_IMM};
 use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
 use transport_proxy::{Command, RingMemory};
 
+/// `assert!` as an early `Err(message)`.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How long any wait here may see no progress before it fails naming what it waited for
 /// (the kernels give up after `KERNEL_TIMEOUT_NS`, longer, so the host's message comes first).
@@ -128,12 +137,22 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// is set, or when `c` did not move for [`STALL`], saying what it waited for and where it
 /// stood (no multi-minute hangs: a stuck proxy or producer shows within seconds).
 fn wait_progress(ring: &Ring<'_>, c: &std::sync::atomic::AtomicU64, target: u64, what: &str) {
+    try_wait_progress(ring, c, target, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`wait_progress`], the failure as an error (its self-test checks it without a panic).
+fn try_wait_progress(
+    ring: &Ring<'_>,
+    c: &std::sync::atomic::AtomicU64,
+    target: u64,
+    what: &str,
+) -> Result<(), String> {
     let mut last = c.load(Ordering::Acquire);
     let mut since = Instant::now();
     let mut spins = 0u32;
     while last < target {
         let e = ring.error();
-        assert!(
+        ensure!(
             e == 0 || c.load(Ordering::Acquire) >= target,
             "{what}: at {last} of {target} when the proxy stopped ({e}: {})",
             transport_proxy::ring::error_name(e)
@@ -143,7 +162,7 @@ fn wait_progress(ring: &Ring<'_>, c: &std::sync::atomic::AtomicU64, target: u64,
             (last, since) = (v, Instant::now());
             continue;
         }
-        assert!(
+        ensure!(
             since.elapsed() < STALL,
             "{what}: stuck at {last} of {target} for {STALL:?} (no progress)"
         );
@@ -154,6 +173,7 @@ fn wait_progress(ring: &Ring<'_>, c: &std::sync::atomic::AtomicU64, target: u64,
             std::hint::spin_loop();
         }
     }
+    Ok(())
 }
 
 /// Slots of the ring a producer kernel of `count` commands gets in the bandwidth figures: room
@@ -202,6 +222,16 @@ fn produce_ahead(k: &Kernels, ring: &GpuRing, p: &Produce, cap: u32) {
 /// disagree with each other); a position that stays unpublished for `stall` fails naming it
 /// (a lost command), and after the last position every `i` must have come.
 fn take_once_each(ring: &Ring<'_>, p: &Produce, stall: Duration, what: &str) {
+    try_take_once_each(ring, p, stall, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`take_once_each`], the failure as an error (its self-test checks it without a panic).
+fn try_take_once_each(
+    ring: &Ring<'_>,
+    p: &Produce,
+    stall: Duration,
+    what: &str,
+) -> Result<(), String> {
     assert_eq!(p.stride, 1, "commands are told apart by their local offset");
     let count = p.count;
     let mut seen = vec![false; count as usize];
@@ -211,7 +241,7 @@ fn take_once_each(ring: &Ring<'_>, p: &Produce, stall: Duration, what: &str) {
             if let Some(c) = ring.peek(pos) {
                 break c;
             }
-            assert!(
+            ensure!(
                 since.elapsed() < stall,
                 "{what}: position {pos} of {count} stayed unpublished for {stall:?} \
                  (a lost command, or a producer that stopped)"
@@ -220,12 +250,12 @@ fn take_once_each(ring: &Ring<'_>, p: &Produce, stall: Duration, what: &str) {
         };
         let off = cmd.local & ((1 << 48) - 1);
         let i = off.wrapping_sub(p.local_off);
-        assert!(
+        ensure!(
             off >= p.local_off && (p.first..p.first + count).contains(&i),
             "{what}: position {pos} holds a command of no producer thread: {cmd:?}"
         );
         let idx = (i - p.first) as usize;
-        assert!(
+        ensure!(
             !seen[idx],
             "{what}: command {i} arrived twice (again at position {pos})"
         );
@@ -240,15 +270,19 @@ fn take_once_each(ring: &Ring<'_>, p: &Produce, stall: Duration, what: &str) {
             local: pack(p.local_region, p.local_off + (i % p.pages) * p.stride),
             remote: pack(p.remote_region, p.remote_off + (i % p.pages) * p.stride),
         };
-        assert_eq!(
-            cmd, want,
-            "{what}: position {pos} (command {i}) torn or wrong"
+        ensure!(
+            cmd == want,
+            "{what}: position {pos} (command {i}) torn or wrong: got {cmd:?}, want {want:?}"
         );
         ring.release(pos + 1);
     }
     if let Some(idx) = seen.iter().position(|&s| !s) {
-        panic!("{what}: command {} never arrived", p.first + idx as u64);
+        return Err(format!(
+            "{what}: command {} never arrived",
+            p.first + idx as u64
+        ));
     }
+    Ok(())
 }
 
 /// The check of `kernel_commands_reach_the_ring_once_each` can fail, here, without a GPU: a
@@ -298,14 +332,7 @@ fn once_each_check_fails_on_lost_duplicated_or_torn_commands() {
         for c in &cmds {
             ring.push(c).expect("push");
         }
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            take_once_each(&ring, &p, Duration::from_millis(200), "cpu")
-        }))
-        .map_err(|e| {
-            e.downcast_ref::<String>()
-                .cloned()
-                .unwrap_or_else(|| "?".into())
-        })
+        try_take_once_each(&ring, &p, Duration::from_millis(200), "cpu")
     };
     run(&|_| {}).expect("every command once, shuffled: passes");
     let lost = run(&|c| {
@@ -1143,11 +1170,8 @@ fn waits_fail_fast_naming_what_they_waited_for() {
     ring.done().store(3, Ordering::Release);
     let fail = |what: &str| {
         let start = Instant::now();
-        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wait_progress(&ring, ring.done(), 10, what)
-        }))
-        .expect_err("a wait that cannot end fails");
-        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        let msg = try_wait_progress(&ring, ring.done(), 10, what)
+            .expect_err("a wait that cannot end fails");
         (msg, start.elapsed())
     };
     let (msg, took) = fail("stuck counter");
