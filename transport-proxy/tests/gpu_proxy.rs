@@ -20,7 +20,12 @@
 //!   4 proxy threads, one ring each), kernel-initiated latency against host-initiated, and
 //!   bandwidth at 64 KiB and 1 MiB against host-initiated, on the same endpoints, every byte
 //!   of every run verified. The test fails on a wrong byte or a failure, never on a figure
-//!   (speed is judged from the printed lines).
+//!   (speed is judged from the printed lines). Latency also prints the PCIe floor (a kernel
+//!   <-> CPU flag ping-pong over the same mapped memory) and what the proxy adds above it.
+//!
+//! No kernel here waits on a proxy whose copies may synchronise the device (GPU memory over
+//! shm: see `produce_ahead`), and every host wait fails within seconds naming what it waited
+//! for (`wait_progress`; the kernels give up after `KERNEL_TIMEOUT_NS`).
 
 #![cfg(feature = "cuda")]
 
