@@ -15,7 +15,7 @@ use bench_core::record::{self, Facts, PairRecord, Record};
 use bench_core::report::{self, RunReport};
 use bench_core::side::SideCfg;
 use bench_core::topo_glue;
-use bench_core::workload::gpu_write::{CpuProducer, GpuWriteCfg};
+use bench_core::workload::gpu_write::{CpuProducer, GpuWriteCfg, Producer};
 use bench_report::gate::GateResult;
 use bench_report::outputs::{self, Done, OutputSpec};
 
@@ -262,6 +262,12 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
     if a.work.workload == bench_core::config::Workload::GpuWrite {
         return gpu_write(&a);
     }
+    if a.work.producer != "cpu" {
+        return Err(Error::Usage(
+            "--producer is gpu-write's (who fills the proxy's ring): add --workload gpu-write"
+                .into(),
+        ));
+    }
     let plan = Plan::new(&(&a.work).into(), true)?;
     let out_spec = OutputSpec::from(&a.out);
     let gate = out_spec.prepare(plan.workload.name())?;
@@ -323,13 +329,31 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
     Ok(cfg)
 }
 
+/// `--producer`: a host thread, or GPU threads (a usage error naming what is missing where
+/// this build or machine has no CUDA).
+fn gpu_write_producer(name: &str) -> Result<Box<dyn Producer>> {
+    match name {
+        "cpu" => Ok(Box::new(CpuProducer)),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Box::new(
+            bench_core::workload::gpu_write_cuda::CudaProducer::new(0)?,
+        )),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err(Error::Usage(
+            "--producer cuda: this rdma-bench was built without the cuda feature".into(),
+        )),
+        other => Err(Error::Usage(format!("--producer {other}: cpu or cuda"))),
+    }
+}
+
 fn gpu_write(a: &LoopbackArgs) -> Result<()> {
     let cfg = gpu_write_cfg(&a.work)?;
+    let producer = gpu_write_producer(&a.work.producer)?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
     let out = a
         .common
         .backend
-        .gpu_write(&client, &server.side, &cfg, &CpuProducer)?;
+        .gpu_write(&client, &server.side, &cfg, producer.as_ref())?;
     if a.common.json {
         println!(
             "{}",

@@ -198,6 +198,10 @@ pub struct WorkloadArgs {
     /// Threads on the side that posts: one, or one per GPU.
     #[arg(long, value_parser = choice::<Threads>(), default_value = "one")]
     pub threads: Threads,
+    /// gpu-write: who publishes the commands into the proxy's ring: `cpu` (a host thread) or
+    /// `cuda` (GPU threads, one kernel per batch; needs a CUDA driver and NVRTC).
+    #[arg(long, value_parser = ["cpu", "cuda"], default_value = "cpu")]
+    pub producer: String,
     /// Pin each thread to a core near its GPU.
     #[arg(long)]
     pub pin: bool,

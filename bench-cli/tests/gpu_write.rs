@@ -12,7 +12,11 @@ use common::*;
 const LONG: Duration = Duration::from_secs(300);
 
 fn check(v: &serde_json::Value) {
-    assert_eq!(v["producer"], "cpu", "{v}");
+    check_producer(v, "cpu");
+}
+
+fn check_producer(v: &serde_json::Value, producer: &str) {
+    assert_eq!(v["producer"], producer, "{v}");
     assert_eq!(v["verified"], true, "{v}");
     assert!(v["ring_mcmds"].as_f64().unwrap() > 0.0, "{v}");
     let lat = v["lat_us"].as_array().unwrap();
@@ -69,4 +73,31 @@ fn client_refuses_gpu_write() {
         T,
     );
     let _ = o.expect_err("runs in `rdma-bench loopback` only");
+}
+
+/// `--producer cuda`: GPU threads fill the ring (host memory, every byte verified) where CUDA
+/// is; elsewhere a usage error (exit 2) that names what is missing, and under
+/// `REQUIRE_CUDA_PROVIDER` that is a failure. `--producer` on another workload is refused.
+#[test]
+fn gpu_write_with_the_cuda_producer_runs_or_says_why_not() {
+    let mut a = ARGS.to_vec();
+    a.extend_from_slice(&["--producer", "cuda"]);
+    let o = run(&a, LONG);
+    if o.ok() {
+        check_producer(&o.json(), "cuda");
+    } else {
+        assert!(
+            std::env::var_os("REQUIRE_CUDA_PROVIDER").is_none(),
+            "REQUIRE_CUDA_PROVIDER is set: --producer cuda failed: {}",
+            o.stderr
+        );
+        assert_eq!(o.code, Some(2), "a usage error: {}", o.stderr);
+        assert!(o.stderr.contains("CUDA producer"), "{}", o.stderr);
+        eprintln!("SKIPPED: --producer cuda: {}", o.stderr.trim());
+    }
+    let o = run(
+        &["loopback", "--workload", "write", "--producer", "cuda"],
+        T,
+    );
+    let _ = o.expect_err("--producer is gpu-write's");
 }

@@ -77,17 +77,24 @@ static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u3
 }
 
 // Step 2. Returns 0 when there is room, else 1 on timeout or 0x100 | the error word.
+// backoff: pause between polls (bulk producers); 0 for the latency kernel.
 static __device__ __forceinline__ u32 wait_room(const u8 *ring, u32 cap, u64 pos, u64 *cached_tail,
-                                                u64 timeout_ns) {
+                                                u64 timeout_ns, bool backoff) {
     if (pos - *cached_tail < cap) return 0;
     const u64 *tail = (const u64 *)(ring + PROXY_OFF_TAIL);
     const u64 t0 = globaltimer_ns();
-    for (;;) {
+    for (u32 spin = 1;; ++spin) {
         *cached_tail = ld_acquire_sys_u64(tail);
         if (pos - *cached_tail < cap) return 0;
-        const u32 e = ring_error(ring);
-        if (e) return 0x100u | e;
-        if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) return 1;
+        // Each read here crosses PCIe (~1 us) and thousands of threads may wait at once:
+        // the error word and the clock only every 32nd poll, and past 8 polls a pause, so
+        // the waiters do not crowd out the proxy's and the copies' own PCIe traffic.
+        if ((spin & 31u) == 0) {
+            const u32 e = ring_error(ring);
+            if (e) return 0x100u | e;
+            if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) return 1;
+        }
+        if (backoff && spin > 8) asm volatile("nanosleep.u32 256;" ::: "memory"); // sm_70+
     }
 }
 
@@ -141,7 +148,7 @@ extern "C" __global__ void proxy_produce(u8 *ring, u64 *claim, u64 first, u64 co
         base = __shfl_sync(mask, base, leader);
         const u64 pos = base + rank;
         // 2. room.
-        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, true);
         if (failed) {
             atomicCAS(status, 0u, failed);
             continue;
@@ -210,13 +217,16 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
     for (; r < iters; ++r) {
         const u64 i = first + r;
         const u64 pos = pos0 + r;
-        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, false);
         if (failed) break;
         const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
         publish(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
                 proxy_pack((u16)local_region, local_off), proxy_pack((u16)remote_region, remote_off));
         const u64 t0 = globaltimer_ns();
-        while (ld_acquire_sys_u64(counter) < base_count + r + 1) {
+        // One PCIe read per poll: the error word and the clock only every 64th (reading the
+        // error word on every poll doubled the time between two looks at the counter).
+        for (u32 spin = 1; ld_acquire_sys_u64(counter) < base_count + r + 1; ++spin) {
+            if ((spin & 63u) != 0) continue;
             const u32 e = ring_error(ring);
             if (e) { failed = 0x100u | e; break; }
             if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) { failed = 1; break; }
@@ -261,11 +271,39 @@ extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 ti
         if (lane == leader) base = atomicAdd_system(head, (u64)__popc(mask));
         base = __shfl_sync(mask, base, leader);
         const u64 pos = base + rank;
-        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns);
+        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, true);
         if (failed) {
             atomicCAS(status, 0u, failed);
             continue;
         }
         publish(ring_slot(ring, cap, slots, pos), pos, op, peer, len, imm, local, remote);
     }
+}
+
+// The floor of a kernel <-> CPU round trip over the same mapped memory as the ring (what
+// PCIe costs alone, no proxy, no transport), one thread: iters rounds of "store r + 1 to
+// flags[0] (st.relaxed.sys after __threadfence_system, as publish stores the ready word),
+// then spin until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1 with
+// ld.acquire.sys". out[0] = rounds done, out[1] = ns of all rounds (globaltimer), out[2] = 0
+// or 1 on timeout (the CPU stopped echoing).
+extern "C" __global__ void proxy_flag_pingpong(u64 *flags, u64 iters, u64 timeout_ns, u64 *out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    out[2] = 0;
+    const u64 start = globaltimer_ns();
+    u64 r = 0;
+    for (; r < iters; ++r) {
+        __threadfence_system();
+        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
+        const u64 t0 = globaltimer_ns();
+        bool late = false;
+        for (u32 spin = 1; ld_acquire_sys_u64(flags + 16) < r + 1; ++spin) {
+            if ((spin & 63u) == 0 && timeout_ns && globaltimer_ns() - t0 > timeout_ns) {
+                late = true;
+                break;
+            }
+        }
+        if (late) { out[2] = 1; break; }
+    }
+    out[0] = r;
+    out[1] = globaltimer_ns() - start;
 }

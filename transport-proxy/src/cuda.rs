@@ -254,12 +254,13 @@ pub struct Kernels {
     wait: CudaFunction,
     pingpong: CudaFunction,
     issue: CudaFunction,
+    flag_pingpong: CudaFunction,
     /// Status and result words the kernels write (host-mapped: readable after a sync).
     scratch: MappedHost,
 }
 
 /// How long a kernel waits for the proxy before it gives up and says so.
-pub const KERNEL_TIMEOUT_NS: u64 = 30_000_000_000;
+pub const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The kernels' source as NVRTC compiles it: ring.rs's CUDA header, then the kernels.
 pub fn kernel_source() -> String {
@@ -337,6 +338,7 @@ impl Kernels {
             wait: f("proxy_wait")?,
             pingpong: f("proxy_pingpong")?,
             issue: f("proxy_issue")?,
+            flag_pingpong: f("proxy_flag_pingpong")?,
             scratch: MappedHost::alloc(ctx, 4096)?,
         })
     }
@@ -359,6 +361,7 @@ impl Kernels {
             wait: self.wait.clone(),
             pingpong: self.pingpong.clone(),
             issue: self.issue.clone(),
+            flag_pingpong: self.flag_pingpong.clone(),
             scratch: MappedHost::alloc(&self.ctx, 4096)?,
         })
     }
@@ -542,6 +545,41 @@ impl Kernels {
                 failed.max(1),
                 &format!("the latency kernel after {done} of {iters} rounds"),
             ));
+        }
+        Ok(ns)
+    }
+}
+
+impl Kernels {
+    /// The PCIe floor: `iters` rounds of one GPU thread storing `r + 1` to the u64 at device
+    /// address `flags` and spinning until the u64 128 bytes on (`flags + 128`) reads `r + 1`,
+    /// which a CPU thread must echo (see `proxy_flag_pingpong`); the GPU's total ns. `flags`
+    /// must be mapped host memory (a [`MappedHost`]'s device address).
+    pub fn flag_pingpong(&self, flags: u64, iters: u64) -> Result<u64, GpuError> {
+        self.scratch.zero(192, 24);
+        let out = self.scratch.device_ptr() + 192;
+        let timeout = KERNEL_TIMEOUT_NS;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.flag_pingpong);
+        b.arg(&flags).arg(&iters).arg(&timeout).arg(&out);
+        // SAFETY: arguments match proxy_flag_pingpong's (u64 device addresses and u64s);
+        // flags is the caller's mapped memory with 136 bytes from it, alive across this
+        // synchronous call; out is scratch, owned by self.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_flag_pingpong)", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda("cuStreamSynchronize", e))?;
+        let [done, ns, failed] = [192, 200, 208].map(|o| self.scratch.read_u64(o));
+        if failed != 0 || done != iters {
+            return Err(GpuError::Timeout(format!(
+                "the flag ping-pong kernel after {done} of {iters} rounds: the CPU stopped \
+                 echoing for {} s",
+                KERNEL_TIMEOUT_NS / 1_000_000_000
+            )));
         }
         Ok(ns)
     }
@@ -795,6 +833,7 @@ mod tests {
                 &[8, 8, 8, 8, 8, 4, 4, 8, 4, 8, 8, 4, 4, 8, 8][..],
             ),
             ("proxy_issue", &[8, 8, 8, 8, 8][..]),
+            ("proxy_flag_pingpong", &[8, 8, 8, 8][..]),
         ] {
             let at = ptx
                 .find(&format!(".entry {k}("))

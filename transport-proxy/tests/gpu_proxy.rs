@@ -20,7 +20,12 @@
 //!   4 proxy threads, one ring each), kernel-initiated latency against host-initiated, and
 //!   bandwidth at 64 KiB and 1 MiB against host-initiated, on the same endpoints, every byte
 //!   of every run verified. The test fails on a wrong byte or a failure, never on a figure
-//!   (speed is judged from the printed lines).
+//!   (speed is judged from the printed lines). Latency also prints the PCIe floor (a kernel
+//!   <-> CPU flag ping-pong over the same mapped memory) and what the proxy adds above it.
+//!
+//! No kernel here waits on a proxy whose copies may synchronise the device (GPU memory over
+//! shm: see `produce_ahead`), and every host wait fails within seconds naming what it waited
+//! for (`wait_progress`; the kernels give up after `KERNEL_TIMEOUT_NS`).
 
 #![cfg(feature = "cuda")]
 
@@ -39,7 +44,19 @@ use transport_proxy::ring::{immediate, pack, Ring, RingLayout, OP_WRITE_IMM};
 use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
 use transport_proxy::{Command, RingMemory};
 
-const TIMEOUT: Duration = Duration::from_secs(60);
+/// `assert!` as an early `Err(message)`.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long any wait here may see no progress before it fails naming what it waited for
+/// (the kernels give up after `KERNEL_TIMEOUT_NS`, longer, so the host's message comes first).
+const STALL: Duration = Duration::from_secs(5);
 
 fn required() -> bool {
     std::env::var_os("REQUIRE_CUDA_PROVIDER").is_some()
@@ -121,6 +138,220 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Waits until `c` (a ring's counter) reaches `target`; fails as soon as the ring's error word
+/// is set, or when `c` did not move for [`STALL`], saying what it waited for and where it
+/// stood (no multi-minute hangs: a stuck proxy or producer shows within seconds).
+fn wait_progress(ring: &Ring<'_>, c: &std::sync::atomic::AtomicU64, target: u64, what: &str) {
+    try_wait_progress(ring, c, target, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`wait_progress`], the failure as an error (its self-test checks it without a panic).
+fn try_wait_progress(
+    ring: &Ring<'_>,
+    c: &std::sync::atomic::AtomicU64,
+    target: u64,
+    what: &str,
+) -> Result<(), String> {
+    let mut last = c.load(Ordering::Acquire);
+    let mut since = Instant::now();
+    let mut spins = 0u32;
+    while last < target {
+        let e = ring.error();
+        ensure!(
+            e == 0 || c.load(Ordering::Acquire) >= target,
+            "{what}: at {last} of {target} when the proxy stopped ({e}: {})",
+            transport_proxy::ring::error_name(e)
+        );
+        let v = c.load(Ordering::Acquire);
+        if v != last {
+            (last, since) = (v, Instant::now());
+            continue;
+        }
+        ensure!(
+            since.elapsed() < STALL,
+            "{what}: stuck at {last} of {target} for {STALL:?} (no progress)"
+        );
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}
+
+/// Slots of the ring a producer kernel of `count` commands gets in the bandwidth figures: room
+/// for all of them where the ring's bytes allow (8 MiB at most), so the kernel never waits on
+/// the proxy (see [`produce_ahead`]).
+fn ring_slots(count: u64) -> u32 {
+    count.next_power_of_two().clamp(1024, 1 << 18) as u32
+}
+
+/// Launches `p` into `ring` (of `cap` slots) in launches of at most `cap` commands, each only
+/// once the ring has room for all of it (the host waits for the proxy's tail, with
+/// [`wait_progress`]): no kernel ever waits on the proxy. A kernel that spins on the proxy
+/// deadlocks where the proxy's transport synchronises the whole device: libfabric 2.6.0's
+/// CUDA copy (`ofi_cudaMemcpy`, what shm uses for GPU memory) calls `cudaDeviceSynchronize`
+/// when either side of a copy is memory CUDA does not know, and that waits for every running
+/// kernel, whatever its stream; the kernel waits for ring room only the stalled proxy gives.
+/// The clock includes the host's waits.
+fn produce_ahead(k: &Kernels, ring: &GpuRing, p: &Produce, cap: u32) {
+    let r = ring.ring();
+    let mut start = 0;
+    while start < p.count {
+        let n = (p.count - start).min(cap as u64);
+        let need = (start + n).saturating_sub(cap as u64);
+        wait_progress(
+            &r,
+            r.tail(),
+            need,
+            "room in the ring for the next producer launch",
+        );
+        let chunk = Produce {
+            first: p.first + start,
+            count: n,
+            ..p.clone()
+        };
+        k.produce(ring.dev(), &chunk).expect("launch the producer");
+        start += n;
+    }
+}
+
+/// Takes positions `0..p.count` out of `ring` (in position order, as a proxy does) and checks
+/// them by content, not by position: warps claim positions in any order, so which command
+/// lands at which position is the GPU's choice. Each position's ready word must be its own
+/// (`pos + 1`); its command `i` (decoded from the local offset, `p.pages` covering every `i`)
+/// must lie in `p.first..p.first + p.count` and not have come before (a duplicate fails);
+/// every other field must be `i`'s (a torn or early-read command fails: its fields would
+/// disagree with each other); a position that stays unpublished for `stall` fails naming it
+/// (a lost command), and after the last position every `i` must have come.
+fn take_once_each(ring: &Ring<'_>, p: &Produce, stall: Duration, what: &str) {
+    try_take_once_each(ring, p, stall, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`take_once_each`], the failure as an error (its self-test checks it without a panic).
+fn try_take_once_each(
+    ring: &Ring<'_>,
+    p: &Produce,
+    stall: Duration,
+    what: &str,
+) -> Result<(), String> {
+    assert_eq!(p.stride, 1, "commands are told apart by their local offset");
+    let count = p.count;
+    let mut seen = vec![false; count as usize];
+    for pos in 0..count {
+        let since = Instant::now();
+        let cmd = loop {
+            if let Some(c) = ring.peek(pos) {
+                break c;
+            }
+            ensure!(
+                since.elapsed() < stall,
+                "{what}: position {pos} of {count} stayed unpublished for {stall:?} \
+                 (a lost command, or a producer that stopped)"
+            );
+            std::hint::spin_loop();
+        };
+        let off = cmd.local & ((1 << 48) - 1);
+        let i = off.wrapping_sub(p.local_off);
+        ensure!(
+            off >= p.local_off && (p.first..p.first + count).contains(&i),
+            "{what}: position {pos} holds a command of no producer thread: {cmd:?}"
+        );
+        let idx = (i - p.first) as usize;
+        ensure!(
+            !seen[idx],
+            "{what}: command {i} arrived twice (again at position {pos})"
+        );
+        seen[idx] = true;
+        let want = transport_proxy::Command {
+            seq: pos as u32 + 1,
+            op: p.op,
+            flags: 0,
+            peer: p.peer,
+            len: p.len,
+            imm: immediate(p.imm_slot, i as u16),
+            local: pack(p.local_region, p.local_off + (i % p.pages) * p.stride),
+            remote: pack(p.remote_region, p.remote_off + (i % p.pages) * p.stride),
+        };
+        ensure!(
+            cmd == want,
+            "{what}: position {pos} (command {i}) torn or wrong: got {cmd:?}, want {want:?}"
+        );
+        ring.release(pos + 1);
+    }
+    if let Some(idx) = seen.iter().position(|&s| !s) {
+        return Err(format!(
+            "{what}: command {} never arrived",
+            p.first + idx as u64
+        ));
+    }
+    Ok(())
+}
+
+/// The check of `kernel_commands_reach_the_ring_once_each` can fail, here, without a GPU: a
+/// CPU producer publishes proxy_produce's commands in a shuffled order (as warps may), and
+/// `take_once_each` passes them; with one command lost, one duplicated, or one torn (a field
+/// of another command) it fails naming what.
+#[test]
+fn once_each_check_fails_on_lost_duplicated_or_torn_commands() {
+    let count = 4096u64;
+    let p = Produce {
+        first: 1000,
+        count,
+        peer: 3,
+        local_region: 1,
+        local_off: 0x10_0000,
+        remote_region: 2,
+        remote_off: 0x20_0000,
+        len: 24,
+        stride: 1,
+        pages: 1 << 40,
+        op: OP_WRITE_IMM,
+        imm_slot: 5,
+        claim: None,
+        fill: None,
+        blocks: 1,
+        threads: 1,
+    };
+    let cmd = |i: u64| Command {
+        seq: 0,
+        op: OP_WRITE_IMM,
+        flags: 0,
+        peer: 3,
+        len: 24,
+        imm: immediate(5, i as u16),
+        local: pack(1, 0x10_0000 + i),
+        remote: pack(2, 0x20_0000 + i),
+    };
+    // Order of claims: a fixed shuffle (odd multiplier modulo a power of two).
+    let order: Vec<u64> = (0..count)
+        .map(|k| 1000 + (k * 2654435761) % count)
+        .collect();
+    let run = |edit: &dyn Fn(&mut Vec<Command>)| {
+        let mem = RingMemory::new(RingLayout::new(count as u32, 1).expect("layout"));
+        let mut cmds: Vec<Command> = order.iter().map(|&i| cmd(i)).collect();
+        edit(&mut cmds);
+        let ring = mem.ring();
+        for c in &cmds {
+            ring.push(c).expect("push");
+        }
+        try_take_once_each(&ring, &p, Duration::from_millis(200), "cpu")
+    };
+    run(&|_| {}).expect("every command once, shuffled: passes");
+    let lost = run(&|c| {
+        c.remove(77);
+    })
+    .expect_err("a lost command");
+    assert!(lost.contains("stayed unpublished"), "{lost}");
+    let dup = run(&|c| c[78] = c[77]).expect_err("a duplicated command");
+    assert!(dup.contains("arrived twice"), "{dup}");
+    let torn = run(&|c| c[79].remote = c[80].remote).expect_err("a torn command");
+    assert!(torn.contains("torn or wrong"), "{torn}");
+    eprintln!("take_once_each: passes {count} shuffled commands; fails on lost ({lost:.60}...), duplicated, torn");
+}
+
 /// Commands claimed by warps, taken out by a CPU consumer in position order: each exactly
 /// once, with the fields the kernel wrote.
 #[test]
@@ -151,40 +382,14 @@ fn kernel_commands_reach_the_ring_once_each() {
             threads,
         };
         k.produce(gr.dev(), &p).expect("launch");
-        let mut seen = vec![false; count as usize];
         let start = Instant::now();
-        for pos in 0..count {
-            let cmd = loop {
-                if let Some(c) = ring.peek(pos) {
-                    break c;
-                }
-                assert!(
-                    start.elapsed() < TIMEOUT,
-                    "position {pos} never published (claims in GPU memory: {claim_in_gpu})"
-                );
-                std::hint::spin_loop();
-            };
-            // Command i's local offset is local_off + (i % pages) * stride = 0x10_0000 + i.
-            let i = (cmd.local & ((1 << 48) - 1)).wrapping_sub(0x10_0000);
-            assert!((1000..1000 + count).contains(&i), "position {pos}: {cmd:?}");
-            let idx = (i - 1000) as usize;
-            assert!(!seen[idx], "command {i} published twice (position {pos})");
-            seen[idx] = true;
-            let want = transport_proxy::Command {
-                seq: pos as u32 + 1,
-                op: OP_WRITE_IMM,
-                flags: 0,
-                peer: 3,
-                len: 24,
-                imm: immediate(5, i as u16),
-                local: pack(1, 0x10_0000 + (i % (1 << 40))),
-                remote: pack(2, 0x20_0000 + (i % (1 << 40))),
-            };
-            assert_eq!(cmd, want, "position {pos}");
-            ring.release(pos + 1);
-        }
+        take_once_each(
+            &ring,
+            &p,
+            STALL,
+            &format!("claims in GPU memory: {claim_in_gpu}"),
+        );
         k.sync().expect("the producer");
-        assert!(seen.iter().all(|&s| s));
         assert_eq!(ring.tail().load(Ordering::Acquire), count);
         if !claim_in_gpu {
             assert_eq!(ring.head().load(Ordering::Acquire), count);
@@ -423,7 +628,15 @@ fn kernel_writes_over_shm_every_byte_verified() {
             // atomic per warp); GPU memory: on a counter in GPU memory.
             let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
             let claim = gpu.then(|| counter.device_ptr());
-            let ((), p, writes, arrivals) = with_proxies(&k, p, 64, |ra, rb| {
+            // GPU memory: a ring with room for every command, so the producer never waits on
+            // the proxy (see produce_ahead), and the host sees the counters move before a
+            // kernel waits on them; host memory: a 64-slot ring the kernel wraps 4 times.
+            let cap = if gpu {
+                count.next_power_of_two() as u32
+            } else {
+                64
+            };
+            let ((), p, writes, arrivals) = with_proxies(&k, p, cap, |ra, rb| {
                 let prod = Produce {
                     first,
                     count,
@@ -444,6 +657,12 @@ fn kernel_writes_over_shm_every_byte_verified() {
                 };
                 k.produce(ra.dev(), &prod).expect("launch the producer");
                 k.sync().expect("the producer");
+                if gpu {
+                    let (a, b) = (ra.ring(), rb.ring());
+                    wait_progress(&a, a.done(), count, "local completions at a");
+                    let arr = b.arrivals(0).expect("arrival slot 0");
+                    wait_progress(&b, arr, count, "immediates at b");
+                }
                 k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), count)
                     .expect("local completions at a");
                 k.wait(
@@ -541,10 +760,14 @@ fn figures_ring_only() {
                     };
                     ks[i].produce(r.dev(), &p).expect("launch");
                 }
-                for r in &rings {
-                    r.ring()
-                        .wait_done(per_ring, TIMEOUT)
-                        .expect("the ring drained");
+                for (i, r) in rings.iter().enumerate() {
+                    let ring = r.ring();
+                    wait_progress(
+                        &ring,
+                        ring.done(),
+                        per_ring,
+                        &format!("ring-only: ring {i} drained"),
+                    );
                 }
                 let secs = start.elapsed().as_secs_f64();
                 stop.store(true, Ordering::Relaxed);
@@ -668,6 +891,50 @@ fn host_latency(p: &mut Pair, size: usize, iters: u64) -> f64 {
     ns
 }
 
+/// Mean us of a kernel <-> CPU flag round trip over mapped host memory (`Kernels::
+/// flag_pingpong` against a CPU thread echoing each flag): the PCIe floor under the
+/// kernel-initiated latency. The echo thread spins (as the proxies do) and stops when the
+/// kernel returned.
+fn pcie_floor_us(k: &Kernels, iters: u64) -> f64 {
+    use std::sync::atomic::AtomicU64;
+    let mem = MappedHost::alloc(k.context(), 4096).expect("cuMemHostAlloc");
+    mem.zero(0, 4096);
+    // SAFETY: the block is 4096 bytes, page-aligned, alive until the end of this function
+    // (after the scope joins the echo thread); offsets 0 and 128 are u64-aligned and only
+    // touched atomically here and by the kernel's system-scope loads and stores.
+    let (to_host, from_host) = unsafe {
+        (
+            &*(mem.host_ptr() as *const AtomicU64),
+            &*(mem.host_ptr().add(128) as *const AtomicU64),
+        )
+    };
+    let stop = AtomicBool::new(false);
+    let run = |n: u64| {
+        to_host.store(0, Ordering::Relaxed);
+        from_host.store(0, Ordering::Relaxed);
+        stop.store(false, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            let _stop = StopOnDrop(&stop);
+            s.spawn(|| {
+                let mut seen = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = to_host.load(Ordering::Acquire);
+                    if v != seen {
+                        seen = v;
+                        from_host.store(v, Ordering::Release);
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            k.flag_pingpong(mem.device_ptr(), n)
+                .expect("the flag ping-pong")
+        })
+    };
+    run(100);
+    run(iters) as f64 / iters as f64 / 1e3
+}
+
 /// Issue 27's latency goal: kernel-initiated "issue to remote immediate" against
 /// host-initiated on the same endpoints. Kernel: one GPU thread publishes a WRITE with
 /// immediate and spins on `arrivals[0]` of b's ring until b's proxy counted it (the
@@ -680,6 +947,12 @@ fn figures_latency() {
     let Some(k) = kernels() else { return };
     let iters = env_u64("PROXY_LAT_ITERS", 2000);
     let warm = 100;
+    let floor = pcie_floor_us(&k, iters);
+    println!(
+        "latency floor: kernel <-> CPU flag ping-pong over mapped host memory {floor:.2} us \
+         (one GPU thread stores a flag, a CPU thread echoes it, the GPU sees the echo; mean of \
+         {iters} rounds: what PCIe costs a kernel-initiated round trip with no proxy)"
+    );
     for gpu in [false, true] {
         let mem = if gpu { "GPU" } else { "host" };
         let max = 64 << 10;
@@ -744,6 +1017,11 @@ fn figures_latency() {
                 k_us - h_us
             );
             println!(
+                "latency {mem} memory {size} B: the proxy adds {:+.2} us above the PCIe floor \
+                 of {floor:.2} us and the host-initiated {h_us:.2} us (kernel - floor - host)",
+                k_us - floor - h_us
+            );
+            println!(
                 "GOAL latency {mem} {size} B kernel - host <= +2 us: {} ({:+.2} us)",
                 if k_us - h_us <= 2.0 { "MET" } else { "NOT MET" },
                 k_us - h_us
@@ -760,6 +1038,7 @@ fn host_bandwidth(p: &mut Pair, size: usize, count: u64) -> f64 {
     let (mut next, mut done_a, mut landed) = (0u64, 0u64, 0u64);
     let mut batch = Vec::with_capacity(64);
     let start = Instant::now();
+    let (mut seen, mut since) = (0u64, start);
     while done_a < count || landed < count {
         if next < count {
             batch.clear();
@@ -777,9 +1056,13 @@ fn host_bandwidth(p: &mut Pair, size: usize, count: u64) -> f64 {
         }
         done_a += drain(&mut p.a, &mut comps, |_| false).0;
         landed += drain(&mut p.b, &mut comps, |_| true).1;
+        if done_a + landed != seen {
+            (seen, since) = (done_a + landed, Instant::now());
+        }
         assert!(
-            start.elapsed() < TIMEOUT * 4,
-            "host bandwidth: {done_a}/{landed} of {count}"
+            since.elapsed() < STALL,
+            "host bandwidth: stuck at {done_a} local completions and {landed} immediates of \
+             {count} for {STALL:?}"
         );
     }
     start.elapsed().as_secs_f64()
@@ -811,7 +1094,8 @@ fn figures_bandwidth() {
                 // Claims on a counter in GPU memory (the ring's head costs a PCIe atomic per
                 // warp; figures_ring_only shows both).
                 let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
-                let (secs, q, writes, arrivals) = with_proxies(&k, p, 1024, |ra, rb| {
+                let cap = ring_slots(count);
+                let (secs, q, writes, arrivals) = with_proxies(&k, p, cap, |ra, rb| {
                     let prod = Produce {
                         first: 0,
                         count,
@@ -831,13 +1115,17 @@ fn figures_bandwidth() {
                         threads: 256,
                     };
                     let start = Instant::now();
-                    k.produce(ra.dev(), &prod).expect("launch");
-                    ra.ring()
-                        .wait_done(count, TIMEOUT * 4)
-                        .expect("local completions");
-                    rb.ring()
-                        .wait_arrivals(0, count, TIMEOUT * 4)
-                        .expect("immediates at b");
+                    produce_ahead(&k, ra, &prod, cap);
+                    let (a, b) = (ra.ring(), rb.ring());
+                    let what = format!("kernel bandwidth {mem} {size} B round {round}");
+                    wait_progress(
+                        &a,
+                        a.done(),
+                        count,
+                        &format!("{what}: local completions at a"),
+                    );
+                    let arr = b.arrivals(0).expect("arrival slot 0");
+                    wait_progress(&b, arr, count, &format!("{what}: immediates at b"));
                     let secs = start.elapsed().as_secs_f64();
                     k.sync().expect("the producer");
                     secs
@@ -863,7 +1151,9 @@ fn figures_bandwidth() {
             println!(
                 "bandwidth {mem} memory {size} B: kernel {best_k:.2} Gbit/s, host {best_h:.2} \
                  Gbit/s, {ratio:.2}x ({count} WRITEs with immediate over 64 pages, best of \
-                 {rounds}; shm, one process; every byte of the 64 target pages verified)"
+                 {rounds}; kernel: a ring of {} slots, launches into room only; shm, one \
+                 process; every byte of the 64 target pages verified)",
+                ring_slots(count)
             );
             if size >= 64 << 10 {
                 println!(
@@ -873,4 +1163,31 @@ fn figures_bandwidth() {
             }
         }
     }
+}
+
+/// The tests' waits fail fast, here without a GPU: on a counter that never moves within
+/// [`STALL`] (not minutes), and at once when the proxy's error word is set, naming what they
+/// waited for and where the counter stood.
+#[test]
+fn waits_fail_fast_naming_what_they_waited_for() {
+    let mem = RingMemory::new(RingLayout::new(64, 1).expect("layout"));
+    let ring = mem.ring();
+    ring.done().store(3, Ordering::Release);
+    let fail = |what: &str| {
+        let start = Instant::now();
+        let msg = try_wait_progress(&ring, ring.done(), 10, what)
+            .expect_err("a wait that cannot end fails");
+        (msg, start.elapsed())
+    };
+    let (msg, took) = fail("stuck counter");
+    assert!(msg.contains("stuck counter: stuck at 3 of 10"), "{msg}");
+    assert!(took < STALL * 2, "took {took:?}");
+    ring.set_error(transport_proxy::ring::ERR_TRANSPORT);
+    let (msg, took) = fail("dead proxy");
+    assert!(
+        msg.contains("dead proxy: at 3 of 10 when the proxy stopped"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    eprintln!("waits: a stuck counter fails in {STALL:?}, a stopped proxy at once");
 }
