@@ -41,7 +41,8 @@
 #      none: unpinned),
 #      STEPS (tests,record,visibility,table,loopback: which parts `run` does; record checks
 #      the run record's CUDA facts; loopback documents the one-process protocol and runs the
-#      ladder there), JOBS (nproc);
+#      ladder there; ucx, not in the default: ci/gpu-host-ucx.sh, UCX 1.22 from the
+#      libucx-cu12 wheel, rdma-bench --backend ucx against ucx_perftest), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -78,6 +79,7 @@ pack() {
     [ -n "$p" ] && cp -L "$p" "$CARRY/lib/"
   done
   cp "${LIBFABRIC_SRC:-$ROOT/../shared/libfabric}/libfabric-$v.tar.xz" "$CARRY/"
+  ci/gpu-host-ucx.sh pack "$td" "$CARRY"
   if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
     ex=$(git rev-parse --git-common-dir)/info/exclude
     mkdir -p "$(dirname "$ex")"
@@ -336,6 +338,10 @@ run() {
       done
     done
     rm -rf "$out"
+  fi
+
+  if [[ ,$steps, == *,ucx,* ]]; then
+    CARRY=$CARRY MEM=$mems ci/gpu-host-ucx.sh run || status=1
   fi
   return $status
 }
