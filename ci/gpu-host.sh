@@ -42,8 +42,9 @@
 #      STEPS (tests,record,visibility,table,loopback,proxy: which parts `run` does; record
 #      checks the run record's CUDA facts; loopback documents the one-process protocol and
 #      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines;
-#      efasim, not in the default, runs ci/gpu-efa-sim.sh (the efa provider on the
-#      simulated device)), JOBS (nproc);
+#      not in the default: efasim runs ci/gpu-efa-sim.sh (the efa provider on the simulated
+#      device), ucx runs ci/gpu-host-ucx.sh (UCX 1.22 from the libucx-cu12 wheel,
+#      rdma-bench --backend ucx against ucx_perftest)), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -82,6 +83,7 @@ pack() {
   done
   cp "${LIBFABRIC_SRC:-$ROOT/../shared/libfabric}/libfabric-$v.tar.xz" "$CARRY/"
   ci/gpu-efa-sim.sh pack  # step efasim: rdma-core 56.1's tarball
+  ci/gpu-host-ucx.sh pack "$td" "$CARRY"
   if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
     ex=$(git rev-parse --git-common-dir)/info/exclude
     mkdir -p "$(dirname "$ex")"
@@ -395,6 +397,10 @@ run() {
       done
     done
     rm -rf "$out"
+  fi
+
+  if [[ ,$steps, == *,ucx,* ]]; then
+    CARRY=$CARRY MEM=$mems ci/gpu-host-ucx.sh run || status=1
   fi
   return $status
 }

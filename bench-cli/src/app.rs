@@ -269,7 +269,7 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
         ));
     }
     let plan = Plan::new(&(&a.work).into(), true)?;
-    let out_spec = OutputSpec::from(&a.out);
+    let out_spec = a.out.spec(&a.common, default_provider(&a.common));
     let gate = out_spec.prepare(plan.workload.name())?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
     let out = a
@@ -403,7 +403,7 @@ fn client(a: ClientArgs) -> Result<()> {
     }
     // Verified by default, as loopback and run are (`--no-verify` for a pure speed run).
     let plan = Plan::new(&(&a.work).into(), true)?;
-    let out_spec = OutputSpec::from(&a.out);
+    let out_spec = a.out.spec(&a.common, a.common.provider.clone());
     let gate = out_spec.prepare(plan.workload.name())?;
     let cfg = side_cfg(
         &a.common,

@@ -365,6 +365,24 @@ impl From<&OutputArgs> for OutputSpec {
             report: o.report.clone(),
             report_topology: o.report_topology.clone(),
             probes: backends::probes(),
+            ask: transport_core::ProbeAsk::default(),
+        }
+    }
+}
+
+impl OutputArgs {
+    /// The output flags of a run that uses `common` with `provider`: the report's node check
+    /// asks the backend about what the run names, as `doctor --backend B --provider P
+    /// --devices D --mem M` does.
+    pub fn spec(&self, common: &Common, provider: Option<String>) -> OutputSpec {
+        OutputSpec {
+            ask: transport_core::ProbeAsk {
+                backend: Some(common.backend.name().to_string()),
+                provider,
+                devices: common.devices.clone(),
+                gpu_memory: common.mem() == MemKind::Cuda,
+            },
+            ..self.into()
         }
     }
 }

@@ -598,6 +598,41 @@ mod ucx {
         std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
     }
 
+    /// A run's `--report` page: its node check asks UCX about what the run named, as
+    /// `doctor --backend ucx --provider tcp` does (it asked about nothing before).
+    #[test]
+    fn the_reports_node_check_asks_what_the_run_named() {
+        let d = std::env::temp_dir().join(format!("rdma-bench-ucx-report-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let page = d.join("report.html");
+        let o = common::run(
+            &[
+                "loopback",
+                "--backend",
+                "ucx",
+                "--provider",
+                "tcp",
+                "-n",
+                "2",
+                "--pages",
+                "4",
+                "-s",
+                "4K",
+                "--report",
+                page.to_str().unwrap(),
+            ],
+            std::time::Duration::from_secs(120),
+        );
+        assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+        let html = std::fs::read_to_string(&page).unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(
+            html.contains("TLS=tcp NET_DEVICES=(default): tcp/"),
+            "the node check did not ask about TLS=tcp: {}",
+            html.lines().filter(|l| l.contains("TLS=")).collect::<Vec<_>>().join("\n")
+        );
+    }
+
     #[test]
     fn tcp_on_lo_is_listed() {
         let (o, v) = doctor(&["--backend", "ucx", "--provider", "tcp", "--devices", "lo"]);

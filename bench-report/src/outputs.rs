@@ -32,6 +32,9 @@ pub struct OutputSpec {
     pub report_topology: Option<PathBuf>,
     /// What the report's node check asks each backend's library (`DoctorCfg::probes`).
     pub probes: Vec<fn(&ProbeAsk) -> Probe>,
+    /// What the run named (backend, provider, devices, memory), asked of those probes as
+    /// `doctor --backend ... --provider ... --devices ... --mem ...` asks them.
+    pub ask: ProbeAsk,
 }
 
 fn check_dir(flag: &str, p: &Path) -> Result<()> {
@@ -176,6 +179,7 @@ pub fn finish(
         // The node check is of this machine, whatever topology the page shows.
         let doctor = bench_doctor::inputs(&bench_doctor::DoctorCfg {
             probes: o.probes.clone(),
+            ask: o.ask.clone(),
             ..bench_doctor::DoctorCfg::default()
         })
         .ok()

@@ -76,6 +76,27 @@ fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
         .then_some("mlx5")
 }
 
+/// Whether `tls` names rc_verbs or rc_mlx5 and no transport UCX can wire them up over (tcp,
+/// ud, dc, or an alias that brings one: rc, rc_v, rc_x, ib, all): every `ucp_ep_create` then
+/// fails with UCX's `no auxiliary transport ... Unsupported operation` (seen with
+/// TLS=rc_verbs on Soft-RoCE, ci/ucx-vm-test.sh).
+pub(crate) fn rc_without_wireup(tls: &str) -> bool {
+    let names: Vec<&str> = tls.split(',').map(str::trim).collect();
+    if names.iter().any(|t| t.starts_with('^')) {
+        return false;
+    }
+    let rc = names
+        .iter()
+        .any(|t| matches!(t.split(':').next(), Some("rc_verbs" | "rc_mlx5")));
+    let aux = names.iter().any(|t| {
+        let t = t.split(':').next().unwrap_or("");
+        matches!(t, "tcp" | "rc" | "rc_v" | "rc_x" | "ib" | "all" | "dc" | "ud")
+            || t.starts_with("ud_")
+            || t.starts_with("dc_")
+    });
+    rc && !aux
+}
+
 fn no_env(_provider: &str) -> &'static [(&'static str, &'static str)] {
     &[]
 }
@@ -110,5 +131,12 @@ mod tests {
         assert!(super::shared_memory_only(Some("posix,cma,self")));
         assert!(!super::shared_memory_only(Some("sm,tcp")));
         assert!(!super::shared_memory_only(None));
+        assert!(super::rc_without_wireup("rc_verbs"));
+        assert!(super::rc_without_wireup("rc_mlx5,sm"));
+        assert!(!super::rc_without_wireup("rc_verbs,tcp"));
+        assert!(!super::rc_without_wireup("rc_verbs,ud_verbs"));
+        assert!(!super::rc_without_wireup("rc"));
+        assert!(!super::rc_without_wireup("sm"));
+        assert!(!super::rc_without_wireup("all"));
     }
 }

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# The UCX part of ci/gpu-host.sh (issue 26 items 4 and 5): UCX 1.22 with CUDA from the
+# libucx-cu12 wheel on the GPU host, rdma-bench --backend ucx --mem cuda between two
+# processes (every byte verified), and rdma-bench against ucx_perftest like for like.
+#
+#   ci/gpu-host-ucx.sh pack TARGET_DIR CARRY   (ci/gpu-host.sh pack calls it) builds
+#       rdma-bench with --features ucx into CARRY/bin/rdma-bench-ucx (a binary of its own:
+#       the other steps' rdma-bench keeps no link to libucp) and CARRY/ucx.tar.xz: the
+#       wheel's UCX trimmed to what the step runs (libucp/uct/ucs/ucm, the modules cuda
+#       (cuda_copy, cuda_ipc), ucm_cuda, cma and perftest_cuda, ucx_info, ucx_perftest, the
+#       bundled libcudart and libgomp), stripped, in the wheel's layout (their RPATHs are
+#       $ORIGIN-relative). The wheel: $UCX_WHEEL, else ~/.cache/rdma-bench/ucx-wheel/, else
+#       `pip download libucx-cu12==1.22.0 --no-deps` into that folder.
+#   ci/gpu-host-ucx.sh run      (ci/gpu-host.sh run calls it for STEPS=...,ucx,...) with
+#       CARRY, MEM, ROUNDS, SIZES, BYTES, LAT_ITERS, CORES as ci/gpu-host.sh documents them.
+#
+# ABI: rdma-bench-ucx is built against Debian's UCX 1.13.1 headers (ucx-sys's bindgen) and
+# loads the wheel's 1.22.0 libucp.so.0 (same soname). What ucx-sys binds was compared
+# between the two headers: every struct 1.22 grew (ucp_params_t, ucp_context_attr_t,
+# ucp_mem_map_params_t, ucp_request_param_t) grew at its end, behind a field-mask bit
+# 1.13's code never sets; the enum values used are equal (UCS_MEMORY_TYPE_HOST 0, CUDA 1;
+# 1.22 appends RDMA, ZE_*, GAUDI before LAST/UNKNOWN, which the backend does not use);
+# ucs_status_t and every flag used are unchanged. ucp_init_version passes API 1.13, which
+# a 1.22 library accepts.
+#
+# The step (run) prints:
+#   ucx_info -v and the transports of ucx_info -d (expect cuda_copy, cuda_ipc, cma, posix,
+#   sysv, tcp on the GPU host); rdma-bench-ucx client/server with --mem cuda (then host),
+#   sizes 4K,64K,1M,16M, 16 pages, "every byte verified"; then one table per memory:
+#     put  rdma-bench --workload write --single-buffer --imm-every 64 against
+#          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, perftest's default
+#          outstanding window, -w N/10 warm-up);
+#     tag  rdma-bench --workload send --single-buffer against ucx_perftest -t tag_bw (ours
+#          SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx);
+#     lat  rdma-bench --workload lat --op send against ucx_perftest -t tag_lat (one-way:
+#          ours total / iters / 2, perftest's "overall" latency, which is half a round trip);
+#   best of ROUNDS interleaved rounds, ours / theirs. Both sides of every run: the same
+#   UCX_TLS (UCX_STEP_TLS, default sm,cuda_copy,cuda_ipc,self: UCX_TLS=sm alone leaves
+#   CUDA memory no transport), no peer error handling (perftest's default, without -e:
+#   --nic-opt peer_errors=off), ucx_perftest -m cuda for the GPU table and heap buffers
+#   (UCX_ALLOC_PRIO=heap, as ours) for the host one.
+# Exit status: 0 when every run worked and every byte was verified; 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+log() { echo "gpu-host ucx: $*" >&2; }
+WHEEL_VER=1.22.0
+
+wheel() {
+  local dir=${UCX_WHEEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-bench/ucx-wheel} w
+  if [ -n "${UCX_WHEEL:-}" ]; then echo "$UCX_WHEEL"; return; fi
+  w=$(ls "$dir"/libucx_cu12-$WHEEL_VER-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$w" ]; then
+    mkdir -p "$dir"
+    log "no libucx-cu12 $WHEEL_VER wheel in $dir: pip download"
+    pip download "libucx-cu12==$WHEEL_VER" --no-deps -d "$dir" >&2
+    w=$(ls "$dir"/libucx_cu12-$WHEEL_VER-*.whl | head -1)
+  fi
+  echo "$w"
+}
+
+pack() {
+  local td=$1 carry=$2 w tmp f
+  log "building rdma-bench with --features ucx (UCX $(pkg-config --modversion ucx) headers)"
+  cargo build --release -q -p bench-cli --bin rdma-bench --features ucx --target-dir "$td"
+  cp "$td/release/rdma-bench" "$carry/bin/rdma-bench-ucx"
+  strip "$carry/bin/rdma-bench-ucx"
+  w=$(wheel)
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' RETURN
+  mkdir "$tmp/whl" "$tmp/ucx"
+  unzip -q "$w" -d "$tmp/whl"
+  for f in libucx/lib/lib{ucp,uct,ucs,ucm}.so.0 \
+      libucx/lib/ucx/lib{uct_cuda,ucm_cuda,uct_cma,ucx_perftest_cuda}.so.0 \
+      libucx/bin/ucx_info libucx/bin/ucx_perftest libucx_cu12.libs/libcudart-*.so.* \
+      libucx_cu12.libs/libgomp-*.so.*; do
+    for g in "$tmp/whl"/$f; do
+      [ -e "$g" ] || { log "the wheel $w has no $f"; return 1; }
+      mkdir -p "$tmp/ucx/$(dirname "$f")"
+      cp "$g" "$tmp/ucx/$(dirname "$f")/"
+    done
+  done
+  # The wheel's libraries carry their symbol tables (37 MB); stripped, 12 MB, 1.7 MB in xz.
+  find "$tmp/ucx" -type f -exec strip --strip-unneeded {} +
+  tar cJf "$carry/ucx.tar.xz" -C "$tmp/ucx" .
+  log "packed $(basename "$w") as ucx.tar.xz ($(du -h "$carry/ucx.tar.xz" | cut -f1)) and bin/rdma-bench-ucx"
+}
+
+bytes_of() {
+  local s=${1^^}
+  case $s in *K) echo $(( ${s%K} << 10 )) ;; *M) echo $(( ${s%M} << 20 )) ;; *G) echo $(( ${s%G} << 30 )) ;; *) echo "$s" ;; esac
+}
+
+note() {  # ROW MEM: what each side does per iteration
+  local m=; [ "$2" = cuda ] && m=" -m cuda"
+  case $1 in
+    put) echo "ours: ucp_put_nbx from one SIZE buffer into one; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate), up to 4 such groups in flight; the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window (-O), clock stops after ucp_worker_flush" ;;
+    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side" ;;
+    lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
+  esac
+}
+
+run() {
+  local carry=${CARRY:?} rb=$CARRY/bin/rdma-bench-ucx ucx=$CARRY/build/ucx status=0
+  [ -x "$rb" ] && [ -f "$carry/ucx.tar.xz" ] || { log "no rdma-bench-ucx or ucx.tar.xz in $carry: ci/gpu-host.sh pack"; return 1; }
+  if [ ! -f "$ucx/.stamp" ] || [ "$(cat "$ucx/.stamp")" != "$(stat -c %s "$carry/ucx.tar.xz")" ]; then
+    rm -rf "$ucx"; mkdir -p "$ucx"
+    tar xJf "$carry/ucx.tar.xz" -C "$ucx"
+    stat -c %s "$carry/ucx.tar.xz" > "$ucx/.stamp"
+  fi
+  local lib=$ucx/libucx/lib
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local info=$ucx/libucx/bin/ucx_info perf=$ucx/libucx/bin/ucx_perftest
+  "$info" -v >&2
+  log "ucx_info -d: transports (memory domain: transports)"
+  "$info" -d 2>/dev/null | awk '/# Memory domain:/ {md = $4} /# *Transport:/ {t[md] = t[md] " " $3}
+    END {for (m in t) printf "  %-10s%s\n", m ":", t[m]}' | sort >&2
+  local mems=${MEM:-cuda,host} mem
+  IFS=, read -r -a memv <<< "$mems"
+  local tls=${UCX_STEP_TLS:-sm,cuda_copy,cuda_ipc,self}
+  local common=(--backend ucx --provider "$tls" --nic-opt peer_errors=off)
+  local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
+  local cores pin_srv=() pin_cli=()
+  cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
+  if [ "$cores" != none ] && command -v taskset >/dev/null; then
+    pin_srv=(taskset -c "${cores%,*}"); pin_cli=(taskset -c "${cores#*,}")
+  fi
+
+  # Two processes, every byte verified (the client verifies by default).
+  for mem in "${memv[@]}"; do
+    log "rdma-bench-ucx server/client, TLS=$tls, $mem memory, every byte verified"
+    port=$((port + 3))
+    timeout 120 "$rb" server --listen 127.0.0.1:$port "${common[@]}" --mem "$mem" \
+      --sessions 1 > "$out/srv" 2>&1 &
+    local spid=$! i
+    for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
+    if timeout 120 "$rb" client --connect 127.0.0.1:$port "${common[@]}" --mem "$mem" \
+        --sizes 4K,64K,1M,16M --pages 16 -v > "$out/cli" 2>&1; then
+      cat "$out/cli" >&2
+      if grep -q "$mem memory.*every byte verified" "$out/cli"; then
+        log "$mem memory: PASS (every byte verified)"
+      else
+        log "FAILED: $mem memory: the client did not say every byte verified"; status=1
+      fi
+    else
+      cat "$out/cli" >&2; sed 's/^/  server: /' "$out/srv" >&2
+      log "FAILED: $mem memory: rdma-bench-ucx client/server"; status=1
+    fi
+    wait $spid 2>/dev/null || { log "FAILED: the server exited non-zero"; status=1; }
+  done
+
+  local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
+  IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
+  ours() {  # ROW SIZE MEM -> Gbit/s, or one-way us for lat
+    local row=$1 size=$2 mem=$3 b n args
+    b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
+    port=$((port + 3))
+    case $row in
+      put) args=(--workload write --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify) ;;
+      tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
+      lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
+    esac
+    timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port "${common[@]}" \
+      --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
+    local spid=$! i
+    for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
+    if ! timeout 120 "${pin_cli[@]}" "$rb" client --connect 127.0.0.1:$port "${common[@]}" \
+        --mem "$mem" "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
+      log "rdma-bench-ucx $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
+      kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
+    fi
+    wait $spid 2>/dev/null || true
+    # UCX logs to stdout ("[TIME] [HOST:PID:THREAD] file:line UCX WARN ..."): not JSON.
+    grep -v '^\[[0-9]' "$out/ours.json" > "$out/ours.clean" || true
+    if [ "$row" = lat ]; then jq -r '.seconds * 1e6 / .ops / 2' "$out/ours.clean"
+    else jq -r '.gbps' "$out/ours.clean"; fi
+  }
+  theirs() {  # ROW SIZE MEM
+    local row=$1 size=$2 mem=$3 b n t iters
+    b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
+    port=$((port + 3))
+    case $row in put) t=ucp_put_bw; iters=$n ;; tag) t=tag_bw; iters=$n ;; lat) t=tag_lat; iters=$lat_iters ;; esac
+    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f)
+    # Host buffers from the heap, as ours: perftest's default host buffers are UCX's own
+    # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
+    # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").
+    local alloc=(); [ "$mem" = host ] && alloc=(UCX_ALLOC_PRIO=heap)
+    env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
+    local spid=$!
+    sleep 0.5
+    if ! env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_cli[@]}" "${cmd[@]}" 127.0.0.1 > "$out/tcli" 2>&1; then
+      log "ucx_perftest $t $size failed: $(tail -2 "$out/tcli" | tr '\n' ' ')"
+      kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
+    fi
+    wait $spid 2>/dev/null || true
+    # The final line: iterations, p50, average, overall (latency or overhead, us), bandwidth
+    # average, overall (MB/s, 2^20 bytes), message rate average, overall.
+    if [ "$row" = lat ]; then
+      awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4} END {print v + 0}' "$out/tcli"
+    else
+      awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$out/tcli"
+    fi
+  }
+  best() {
+    awk -v r="$1" -v a="$2" -v b="$3" 'BEGIN {
+      if (a == 0) {print b; exit} if (b == 0) {print a; exit}
+      if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
+  }
+  local row size r o t bo bt fail
+  for mem in "${memv[@]}"; do
+    echo
+    echo "== $mem memory, UCX $("$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem"
+    printf '%-4s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
+    IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
+    for row in "${rowv[@]}"; do
+      for size in "${sizes[@]}"; do
+        bo=0 bt=0
+        for r in $(seq 1 "$rounds"); do
+          if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
+          else t=$(theirs $row "$size" "$mem"); o=$(ours $row "$size" "$mem"); fi
+          log "$mem $row $size round $r: ours $o, theirs $t"
+          bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
+        done
+        fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
+        printf '%-4s %5s %10.2f %10.2f %7s%s\n' "$row" "$size" "$bo" "$bt" \
+          "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')" "$fail"
+      done
+      echo "     per iteration: $(note $row "$mem")"
+    done
+  done
+  rm -rf "$out"
+  return $status
+}
+
+case ${1:-} in
+  pack) pack "$2" "$3" ;;
+  run) run ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
+esac
