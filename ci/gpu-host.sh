@@ -267,7 +267,11 @@ run() {
         "$t" --test-threads=1 --nocapture > "$out" 2>&1; then
       log "proxy: every test passed"
     else
-      log "FAILED: proxy tests:"; grep -E -A12 'panicked|NVRTC' "$out" | head -40 >&2; status=1
+      # (|| true: under set -e and pipefail a crash that printed no panic must not end the
+      # script here; the last lines of the output say which test was running)
+      log "FAILED: proxy tests:"; { grep -E -A12 'panicked|NVRTC' "$out" || tail -25 "$out"; } |
+        head -40 >&2 || true
+      status=1
     fi
     grep -E '^(ring-only|latency|bandwidth|CudaProducer|[0-9]+ kernel commands|.*every byte verified)' "$out" >&2 || true
     # Whether libfabric's CUDA copy synchronised the whole device (what hung run 1's
