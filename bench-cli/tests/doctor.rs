@@ -629,7 +629,10 @@ mod ucx {
         assert!(
             html.contains("TLS=tcp NET_DEVICES=(default): tcp/"),
             "the node check did not ask about TLS=tcp: {}",
-            html.lines().filter(|l| l.contains("TLS=")).collect::<Vec<_>>().join("\n")
+            html.lines()
+                .filter(|l| l.contains("TLS="))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 

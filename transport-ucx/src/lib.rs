@@ -90,8 +90,10 @@ pub(crate) fn rc_without_wireup(tls: &str) -> bool {
         .any(|t| matches!(t.split(':').next(), Some("rc_verbs" | "rc_mlx5")));
     let aux = names.iter().any(|t| {
         let t = t.split(':').next().unwrap_or("");
-        matches!(t, "tcp" | "rc" | "rc_v" | "rc_x" | "ib" | "all" | "dc" | "ud")
-            || t.starts_with("ud_")
+        matches!(
+            t,
+            "tcp" | "rc" | "rc_v" | "rc_x" | "ib" | "all" | "dc" | "ud"
+        ) || t.starts_with("ud_")
             || t.starts_with("dc_")
     });
     rc && !aux
