@@ -296,12 +296,12 @@ run() {
     grep -E '^GOAL' "$out" || { log "FAILED: the proxy tests printed no GOAL line"; status=1; }
     rm -f "$out"
     # rdma-bench's gpu-write with GPU threads as the producer (host memory, every byte
-    # verified): passes when it exits 0 and says "verified yes".
+    # verified): passes when it exits 0 and says "every byte verified".
     log "proxy: rdma-bench loopback --workload gpu-write --producer cuda (host memory, shm)"
     out=$(mktemp)
     if LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH timeout 300 "$RB" loopback \
         --workload gpu-write --producer cuda --provider shm --sizes 4K,64K,1M -n 200 > "$out" 2>&1 &&
-        grep -q "verified yes" "$out"; then
+        grep -q "every byte verified" "$out"; then
       log "proxy: gpu-write --producer cuda passed"
     else
       log "FAILED: gpu-write --producer cuda"; status=1

@@ -55,7 +55,7 @@ fn gpu_write_over_tcp_verified() {
 #[test]
 fn gpu_write_prints_both_columns() {
     let o = run(&ARGS[..ARGS.len() - 1], LONG).expect_ok();
-    for want in ["ring alone", "proxy", "host", "verified yes"] {
+    for want in ["ring alone", "proxy", "host", "every byte verified"] {
         assert!(o.stdout.contains(want), "{want}: {}", o.stdout);
     }
 }

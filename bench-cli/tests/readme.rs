@@ -53,7 +53,7 @@ const SUBSTITUTIONS: &[(&str, &str, &str)] = &[
     ),
     (
         "loopback, client, compare, run",
-        "+ -n 2 --pages 4 (unless given)",
+        "+ -n 2 --pages 4 (unless given; no --pages for --workload gpu-write)",
         "small runs; sizes as typed (the README's largest is 1M: 4 MiB per NIC and side)",
     ),
     (
@@ -124,6 +124,20 @@ const ELSEWHERE: &[(&str, &str)] = &[
         "cargo build --release -p bench-cli",
         "ci/main.sh builds the release binary (with --features ucx); cargo test builds the \
          binary this test runs",
+    ),
+    (
+        "rdma-bench loopback --workload gpu-write --producer cuda",
+        "GPU threads: the GPU host's `STEPS=proxy ci/gpu-host.sh run` (not CI: no GPU); \
+         bench-cli/tests/gpu_write.rs checks that a build without CUDA refuses it by name",
+    ),
+    (
+        "ci/gpu-host.sh pack",
+        "the GPU host's runs, by hand (docs/testing.md); not CI: no GPU",
+    ),
+    (
+        "ci/gpu-efa-sim.sh run",
+        "the GPU host, by hand (docs/efa-sim.md); CI runs the simulator's GPU checks against a \
+         stand-in libcuda (efa-sim/gpu.sh)",
     ),
     (
         "#SBATCH --nodes=16 --ntasks-per-node=1 --exclusive",
@@ -412,7 +426,8 @@ fn substitute(mut a: Vec<String>, connect: Option<&str>) -> Vec<String> {
         if value(&a, "-n").is_none() && value(&a, "--iters").is_none() {
             a.extend(["-n".into(), "2".into()]);
         }
-        if value(&a, "--pages").is_none() {
+        // gpu-write has no pages (its own buffers); it refuses the flag by name
+        if value(&a, "--pages").is_none() && value(&a, "--workload") != Some("gpu-write") {
             a.extend(["--pages".into(), "4".into()]);
         }
     }

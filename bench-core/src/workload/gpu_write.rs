@@ -182,7 +182,12 @@ impl GpuWriteReport {
                 r.proxy / r.host
             );
         }
-        s += &format!("verified {}\n", if self.verified { "yes" } else { "no" });
+        // The same words as every other workload's output ("every byte verified").
+        s += if self.verified {
+            "every byte verified\n"
+        } else {
+            "not verified (--no-verify)\n"
+        };
         s
     }
 }
