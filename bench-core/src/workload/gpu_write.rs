@@ -147,6 +147,23 @@ pub struct GpuWriteReport {
     pub verified: bool,
 }
 
+/// One of the report's tables: a title, then size, proxy, host and `last` (what compares them).
+fn table(s: &mut String, title: &str, last: &str, rows: &[Row], cmp: impl Fn(&Row) -> String) {
+    *s += &format!(
+        "{title}\n{:>10} {:>10} {:>10} {last:>8}\n",
+        "size", "proxy", "host"
+    );
+    for r in rows {
+        *s += &format!(
+            "{:>10} {:>10.2} {:>10.2} {}\n",
+            crate::units::human_bytes(r.size as u64),
+            r.proxy,
+            r.host,
+            cmp(r)
+        );
+    }
+}
+
 impl GpuWriteReport {
     /// The table, for people.
     pub fn render(&self) -> String {
@@ -154,34 +171,20 @@ impl GpuWriteReport {
             "gpu-write (producer {}): ring alone {:.2} M commands/s (the proxy consuming into nothing)\n",
             self.producer, self.ring_mcmds
         );
-        s += "one-way latency, issue to the receiver's counted immediate (median, us):\n";
-        s += &format!(
-            "{:>10} {:>10} {:>10} {:>8}\n",
-            "size", "proxy", "host", "diff"
+        table(
+            &mut s,
+            "one-way latency, issue to the receiver's counted immediate (median, us):",
+            "diff",
+            &self.lat_us,
+            |r| format!("{:>+8.2}", r.proxy - r.host),
         );
-        for r in &self.lat_us {
-            s += &format!(
-                "{:>10} {:>10.2} {:>10.2} {:>+8.2}\n",
-                crate::units::human_bytes(r.size as u64),
-                r.proxy,
-                r.host,
-                r.proxy - r.host
-            );
-        }
-        s += "bandwidth to the last counted immediate (Gbit/s):\n";
-        s += &format!(
-            "{:>10} {:>10} {:>10} {:>8}\n",
-            "size", "proxy", "host", "ratio"
+        table(
+            &mut s,
+            "bandwidth to the last counted immediate (Gbit/s):",
+            "ratio",
+            &self.bw_gbps,
+            |r| format!("{:>8.2}", r.proxy / r.host),
         );
-        for r in &self.bw_gbps {
-            s += &format!(
-                "{:>10} {:>10.2} {:>10.2} {:>8.2}\n",
-                crate::units::human_bytes(r.size as u64),
-                r.proxy,
-                r.host,
-                r.proxy / r.host
-            );
-        }
         // The same words as every other workload's output ("every byte verified").
         s += if self.verified {
             "every byte verified\n"
