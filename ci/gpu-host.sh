@@ -42,9 +42,11 @@
 #      STEPS (tests,record,visibility,table,loopback,proxy: which parts `run` does; record
 #      checks the run record's CUDA facts; loopback documents the one-process protocol and
 #      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines;
-#      not in the default: efasim runs ci/gpu-efa-sim.sh (the efa provider on the simulated
+#      not in the default: proxycrash runs the proxy's open SIGSEGV case CRASH_RUNS (10)
+#      times per variant and prints each crash's frames; efasim runs ci/gpu-efa-sim.sh (the efa provider on the simulated
 #      device), ucx runs ci/gpu-host-ucx.sh (UCX 1.22 from the libucx-cu12 wheel,
-#      rdma-bench --backend ucx against ucx_perftest)), JOBS (nproc);
+#      rdma-bench --backend ucx against ucx_perftest)), PROXY_TESTS (the proxy step's tests,
+#      space-separated names of gpu_proxy's tests; default all), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -98,13 +100,17 @@ pack_proxy() {
   local td=$1 json t
   json=$(mktemp)
   cargo test -q --release -p transport-proxy --no-run --message-format=json --target-dir "$td" \
-    --test gpu_proxy > "$json"
-  mkdir -p "$CARRY/proxy"
-  t=$(grep '"test":true' "$json" | grep -o '"executable":"[^"]*gpu_proxy[^"]*"' |
-    sed 's/^"executable":"//; s/"$//' | head -1)
+    --test gpu_proxy --test proxy_shm > "$json"
+  mkdir -p "$CARRY/proxy" "$td/gpu-carry-syms"
+  for name in gpu_proxy proxy_shm; do
+    t=$(grep '"test":true' "$json" | grep -o "\"executable\":\"[^\"]*$name[^\"]*\"" |
+      sed 's/^"executable":"//; s/"$//' | head -1)
+    [ -n "$t" ] || { log "pack: no $name test binary"; exit 1; }
+    cp "$t" "$CARRY/proxy/$name"
+    # Unstripped, for ci/crash-frames.sh here (the carried copy is stripped).
+    cp "$t" "$td/gpu-carry-syms/$name"
+  done
   rm -f "$json"
-  [ -n "$t" ] || { log "pack: no gpu_proxy test binary"; exit 1; }
-  cp "$t" "$CARRY/proxy/gpu_proxy"
 }
 
 build_libfabric() {
@@ -156,12 +162,12 @@ run() {
   export PATH=$lf/bin:$PATH
   local RB=$CARRY/bin/rdma-bench
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
-  local gpu_steps="tests visibility loopback proxy" st
+  local gpu_steps="tests visibility loopback proxy proxycrash" st
   if [ $gpu = 0 ]; then
     for st in $gpu_steps; do
       [[ ,$steps, == *,$st,* ]] && log "step $st: SKIPPED (MEM=$mems: a dry run without GPU memory)"
     done
-    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,visibility,/,/; s/,loopback,/,/; s/,proxy,/,/')
+    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,visibility,/,/; s/,loopback,/,/; s/,proxy,/,/; s/,proxycrash,/,/')
   fi
 
   if [[ ,$steps, == *,tests,* ]]; then
@@ -268,8 +274,8 @@ run() {
       # segmentation fault with no test output (not yet explained); run 3 ran them one by
       # one and each passed. A crash stays a failure, and names its test.
       local name failed=0
-      for name in $(LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH "$t" --list 2>/dev/null |
-          sed -n 's/: test$//p'); do
+      for name in ${PROXY_TESTS:-$(LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH "$t" --list 2>/dev/null |
+          sed -n 's/: test$//p')}; do
         if FI_LOG_LEVEL=warn LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH REQUIRE_CUDA_PROVIDER=1 \
             timeout 300 "$t" --exact "$name" --test-threads=1 --nocapture >> "$out" 2>&1; then
           log "proxy: $name passed"
@@ -307,6 +313,53 @@ run() {
       log "FAILED: gpu-write --producer cuda"; status=1
     fi
     cat "$out" >&2; rm -f "$out"
+  fi
+
+  if [[ ,$steps, == *,proxycrash,* ]]; then
+    # Issue 27's open SIGSEGV (kernel_writes_over_shm_every_byte_verified, host memory, 64 KiB,
+    # 1 run in 3): CRASH_RUNS processes of that case alone per variant (plain; shm's CMA off,
+    # so its SAR protocol; libfabric's memory monitors off), then proxy_shm's CPU
+    # reproduction with FI_HMEM asked. Each crash prints its frames (tests/common/crash.rs),
+    # resolved here by ci/crash-frames.sh where the objects have symbols (libfabric, built
+    # here); the test binary's frames are resolved on the dev box against its unstripped copy.
+    # Passes when nothing crashed or failed.
+    local t=$CARRY/proxy/gpu_proxy runs=${CRASH_RUNS:-10} v i out rc bad
+    out=$(mktemp)
+    for v in plain nocma nomonitor; do
+      bad=0
+      for i in $(seq "$runs"); do
+        local extra=()
+        case $v in
+          nocma) extra=(FI_SHM_DISABLE_CMA=1) ;;
+          nomonitor) extra=(FI_MR_CACHE_MONITOR=disabled FI_MR_CUDA_CACHE_MONITOR_ENABLED=0) ;;
+        esac
+        env "${extra[@]}" FI_LOG_LEVEL=warn LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH \
+          REQUIRE_CUDA_PROVIDER=1 PROXY_E2E_ONLY=host:65536 timeout 120 "$t" --exact \
+          kernel_writes_over_shm_every_byte_verified --test-threads=1 --nocapture > "$out" 2>&1
+        rc=$?
+        if [ $rc != 0 ]; then
+          bad=$((bad + 1)); status=1
+          log "proxycrash: $v run $i exited $rc"
+          [ $bad -le 2 ] && { ci/crash-frames.sh "$out" >&2; grep -E -A8 'panicked' "$out" >&2; tail -5 "$out" >&2; } || true
+        fi
+      done
+      log "proxycrash: $v: $bad of $runs runs failed"
+    done
+    bad=0
+    for i in $(seq "$runs"); do
+      PROXY_SHM_HMEM=on PROXY_FULL_RING_RUNS=20 FI_LOG_LEVEL=warn \
+        LD_LIBRARY_PATH=$cuda/lib64:$LD_LIBRARY_PATH timeout 120 "$CARRY/proxy/proxy_shm" \
+        --exact a_ring_exactly_full_of_64k_writes_then_endpoints_before_regions \
+        --test-threads=1 --nocapture > "$out" 2>&1
+      rc=$?
+      if [ $rc != 0 ]; then
+        bad=$((bad + 1)); status=1
+        log "proxycrash: proxy_shm (CPU producer, FI_HMEM) run $i exited $rc"
+        [ $bad -le 2 ] && { ci/crash-frames.sh "$out" >&2; tail -5 "$out" >&2; } || true
+      fi
+    done
+    log "proxycrash: proxy_shm (CPU producer, FI_HMEM, 20 cases a process): $bad of $runs processes failed"
+    rm -f "$out"
   fi
 
   if [[ ,$steps, == *,table,* ]]; then

@@ -2,6 +2,8 @@
 //! counted at the receiver by immediates, every byte verified.
 
 mod common;
+#[path = "common/crash.rs"]
+mod crash;
 
 use common::cases::{self, Spec};
 use transport_conformance::Pair;
@@ -9,6 +11,7 @@ use transport_core::{NicDesc, Result, Transport};
 use transport_efa::Endpoint;
 
 fn open(_side: usize) -> Result<Endpoint> {
+    crash::install();
     let mut nic = NicDesc::provider("shm");
     // PROXY_SHM_HMEM=on: ask FI_HMEM, as a host with a GPU does under hmem=auto (shm then
     // turns CMA off and copies WRITEs above 4 KiB through its SAR buffers, one per peer at a
