@@ -125,6 +125,11 @@ fn run(args: &Args) -> Result<bool> {
     let mut b = Endpoint::open(&args.nic)?;
     let a_to_b = a.add_peer(&b.address())?;
     b.add_peer(&a.address())?;
+    // One process: each side takes the other's connection request before a posts (see
+    // the crate docs: libfabric 2.6's shm crashes a peer that has not polled once).
+    let mut none: [transport_core::Completion; 4] = Default::default();
+    b.poll(&mut none)?;
+    a.poll(&mut none)?;
     println!(
         "provider {} (fabric {}, domain {}, libfabric {}), mr_mode {}, max write {} bytes",
         a.provider(),

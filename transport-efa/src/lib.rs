@@ -28,6 +28,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Two endpoints of one process (as here, and `rdma-bench loopback`): poll each once after
+//! both `add_peer` calls and before either posts from another thread, or posts something
+//! larger than an inject. libfabric 2.6's `shm` counts a side connected once it processed
+//! its peer's connection request, while the peer records where it mapped that side's
+//! region only when it processes that side's own: a command the peer must hand back (a
+//! delivery-complete WRITE, a message above the inject size) posted in between carries an
+//! address computed from 0, and the peer dies of SIGSEGV on its next poll
+//! (`tests/shm_same_process.rs` shows both orders). Between processes nothing is needed.
+//!
 //! # Options ([`NicDesc::options`])
 //! - `mr_mode=strict`: ask the provider for EFA's memory registration mode
 //!   (`FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY`), so that `tcp` and

@@ -498,6 +498,9 @@ fn pair(gpu: bool, len: usize) -> Option<Pair> {
         NicDesc::provider("shm")
             .with_option("hmem", "on")
             .with_option("gpu_ipc", "off")
+    } else if let Ok(h) = std::env::var("PROXY_SHM_HMEM") {
+        // on: FI_HMEM asked for host memory too, as hmem=auto does on a host with a GPU.
+        NicDesc::provider("shm").with_option("hmem", &h)
     } else {
         NicDesc::provider("shm")
     };
@@ -529,6 +532,7 @@ fn pair(gpu: bool, len: usize) -> Option<Pair> {
     let to_a = b.add_peer(&a.address()).expect("add_peer");
     let remote = a.import(to_b, &dst.remote()).expect("import");
     let remote_a = b.import(to_a, &src.remote()).expect("import");
+    settle(&mut a, &mut b);
     Some(Pair {
         a,
         b,
@@ -539,6 +543,27 @@ fn pair(gpu: bool, len: usize) -> Option<Pair> {
         to_a,
         remote_a,
     })
+}
+
+/// Poll each endpoint once, expecting nothing, before either posts (as bench-core's
+/// `Side::settle`): each takes the other's connection request. Without it libfabric 2.x's
+/// `shm` lets a side that processed its peer's request first post at once, addressing the
+/// command its peer must hand back from the peer's `local_region` for it, which the peer
+/// only records when it processes that side's own request: 0, and the peer dies of SIGSEGV
+/// in `smr_progress_cmd` (this test's pairs did not settle, and that was the GPU host's
+/// crash in `kernel_writes_over_shm_every_byte_verified` and `figures_bandwidth`: the
+/// kernel's first command reached a's proxy before b's proxy thread had polled once).
+fn settle(a: &mut Endpoint, b: &mut Endpoint) {
+    let mut comps = vec![Completion::default(); 4];
+    for (ep, side) in [(a, "a"), (b, "b")] {
+        let n = ep.poll(&mut comps).expect("poll before any work");
+        assert_eq!(
+            n,
+            0,
+            "{side}: a completion before any work: {:?}",
+            &comps[..n]
+        );
+    }
 }
 
 /// Rings for `a` (commands) and `b` (arrivals), a proxy thread on each (the endpoint and
@@ -1613,14 +1638,19 @@ fn host_baselines_carry_every_byte_without_a_gpu() {
             "ping-pong (two threads: {two}): the answer's bytes differ"
         );
     }
+    // HOST_BW_SIZE/HOST_BW_COUNT/HOST_BW_ROUNDS: the bandwidth loops at other shapes (64 KiB
+    // and 16384 WRITEs with a thread per endpoint is where figures_bandwidth died of SIGSEGV
+    // inside libfabric's poll on the GPU host: this reproduces it without a GPU).
+    let size = env_u64("HOST_BW_SIZE", size as u64) as usize;
+    let count = env_u64("HOST_BW_COUNT", 1000);
     let mut p = pair(false, 64 * size).expect("shm with host memory");
     fill_host(&mut p.src, 0, 64, size, salt);
-    for two in [false, true] {
+    for two in (0..env_u64("HOST_BW_ROUNDS", 1)).flat_map(|_| [false, true]) {
         p.dst
             .memory_mut()
             .write_at(0, &vec![0u8; 64 * size])
             .expect("clear");
-        assert!(host_bandwidth(&mut p, size, 1000, two) > 0.0);
+        assert!(host_bandwidth(&mut p, size, count, two) > 0.0);
         verify_pages(p.dst.memory(), 0, 64, size, salt, "host bandwidth");
     }
 }
