@@ -44,7 +44,8 @@
 #      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines;
 #      not in the default: efasim runs ci/gpu-efa-sim.sh (the efa provider on the simulated
 #      device), ucx runs ci/gpu-host-ucx.sh (UCX 1.22 from the libucx-cu12 wheel,
-#      rdma-bench --backend ucx against ucx_perftest)), JOBS (nproc);
+#      rdma-bench --backend ucx against ucx_perftest), gpuwrite2p runs ci/gpu-write-2p.sh
+#      (issue 27's gpu-write between rdma-bench server and client, host and GPU memory)), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -307,6 +308,12 @@ run() {
       log "FAILED: gpu-write --producer cuda"; status=1
     fi
     cat "$out" >&2; rm -f "$out"
+  fi
+
+  # Issue 27, two processes: rdma-bench server + client --workload gpu-write --producer cuda
+  # over shm, host then GPU memory (ci/gpu-write-2p.sh; not in the default STEPS).
+  if [[ ,$steps, == *,gpuwrite2p,* ]]; then
+    RB=$RB CUDA=$cuda ci/gpu-write-2p.sh || status=1
   fi
 
   if [[ ,$steps, == *,table,* ]]; then

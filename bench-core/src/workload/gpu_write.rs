@@ -963,9 +963,6 @@ pub fn client<T: Transport>(
             verify: cfg.verify,
             pin: cfg.pin,
         };
-        if std::env::var_os("GPUW_DEBUG").is_some() {
-            eprintln!("step {id} {kind:?} {size} n {n}");
-        }
         let r = region.take().expect("the region between steps");
         let (d, done, r) = match client_step(e, r, &step, producer, cfg, ctrl) {
             Ok(v) => v,
