@@ -967,9 +967,9 @@ pub fn client<T: Transport>(
         let (d, done, r) = match client_step(e, r, &step, producer, cfg, ctrl) {
             Ok(v) => v,
             // A peer that left or failed says why on the control connection.
-            Err(err) if e.live.gone() => {
+            Err(err) if e.live.gone() && !matches!(err, Error::Refused(_) | Error::PeerGone(_)) => {
                 return Err(ctrl
-                    .recv(Duration::from_secs(2), "the server's reason")
+                    .recv(Duration::from_secs(1), "the server's reason")
                     .err()
                     .unwrap_or(err))
             }
