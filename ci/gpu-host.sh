@@ -45,8 +45,10 @@
 #      not in the default: proxycrash runs the case that died of SIGSEGV CRASH_RUNS (10)
 #      times per variant and prints any crash's frames; efasim runs ci/gpu-efa-sim.sh (the efa provider on the simulated
 #      device), ucx runs ci/gpu-host-ucx.sh (UCX 1.22 from the libucx-cu12 wheel,
-#      rdma-bench --backend ucx against ucx_perftest)), PROXY_TESTS (the proxy step's tests,
-#      space-separated names of gpu_proxy's tests; default all), JOBS (nproc);
+#      rdma-bench --backend ucx against ucx_perftest), gpuwrite2p runs ci/gpu-write-2p.sh
+#      (issue 27's gpu-write between rdma-bench server and client, host and GPU memory)),
+#      PROXY_TESTS (the proxy step's tests, space-separated names of gpu_proxy's tests;
+#      default all), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
@@ -350,6 +352,12 @@ run() {
     crash_case "kernel host:65536" $c "${k[@]}"
     crash_case "kernel host:65536, hmem=off (no FI_HMEM)" $c "${k[@]}" PROXY_SHM_HMEM=off
     rm -f "$out"
+  fi
+
+  # Issue 27, two processes: rdma-bench server + client --workload gpu-write --producer cuda
+  # over shm, host then GPU memory (ci/gpu-write-2p.sh; not in the default STEPS).
+  if [[ ,$steps, == *,gpuwrite2p,* ]]; then
+    RB=$RB CUDA=$cuda ci/gpu-write-2p.sh || status=1
   fi
 
   if [[ ,$steps, == *,table,* ]]; then

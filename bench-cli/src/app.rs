@@ -293,6 +293,7 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
         verify: !w.no_verify,
         seed: w.seed,
         batch: w.batch.max(1) as usize,
+        pin: w.pin,
         ..GpuWriteCfg::default()
     };
     let sizes: Vec<usize> = w
@@ -329,14 +330,15 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
     Ok(cfg)
 }
 
-/// `--producer`: a host thread, or GPU threads (a usage error naming what is missing where
-/// this build or machine has no CUDA).
-fn gpu_write_producer(name: &str) -> Result<Box<dyn Producer>> {
+/// `--producer`: a host thread, or GPU threads on the side's first GPU (a usage error naming
+/// what is missing where this build or machine has no CUDA).
+fn gpu_write_producer(name: &str, side: &SideCfg) -> Result<Box<dyn Producer>> {
+    let _gpu = side.gpus.first().copied().unwrap_or(0);
     match name {
         "cpu" => Ok(Box::new(CpuProducer)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(
-            bench_core::workload::gpu_write_cuda::CudaProducer::new(0)?,
+            bench_core::workload::gpu_write_cuda::CudaProducer::new(_gpu)?,
         )),
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(Error::Usage(
@@ -348,13 +350,39 @@ fn gpu_write_producer(name: &str) -> Result<Box<dyn Producer>> {
 
 fn gpu_write(a: &LoopbackArgs) -> Result<()> {
     let cfg = gpu_write_cfg(&a.work)?;
-    let producer = gpu_write_producer(&a.work.producer)?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
+    let producer = gpu_write_producer(&a.work.producer, &client)?;
     let out = a
         .common
         .backend
-        .gpu_write(&client, &server.side, &cfg, producer.as_ref())?;
-    if a.common.json {
+        .gpu_write(&client, &server, &cfg, producer.as_ref())?;
+    print_gpu_write(&out, a.common.json)
+}
+
+/// `client --workload gpu-write`: the producer and its proxy here, the server's proxy and
+/// echo there.
+fn gpu_write_client(a: &ClientArgs) -> Result<()> {
+    let cfg = gpu_write_cfg(&a.work)?;
+    let side = side_cfg(
+        &a.common,
+        a.common.provider.clone(),
+        a.common.devices.clone(),
+    )?;
+    a.common.backend.check_built()?;
+    let producer = gpu_write_producer(&a.work.producer, &side)?;
+    let stream = session::connect(&a.connect, Duration::from_secs_f64(a.connect_timeout))?;
+    let out = a
+        .common
+        .backend
+        .gpu_write_client(&side, stream, &cfg, producer.as_ref())?;
+    print_gpu_write(&out, a.common.json)
+}
+
+fn print_gpu_write(
+    out: &bench_core::workload::gpu_write::GpuWriteReport,
+    json: bool,
+) -> Result<()> {
+    if json {
         println!(
             "{}",
             serde_json::to_string(&out).map_err(|e| Error::Protocol(e.to_string()))?
@@ -399,6 +427,15 @@ fn client(a: ClientArgs) -> Result<()> {
     if !(a.connect_timeout.is_finite() && a.connect_timeout > 0.0 && a.connect_timeout < 1e6) {
         return Err(Error::Usage(
             "--connect-timeout: seconds, more than 0".into(),
+        ));
+    }
+    if a.work.workload == bench_core::config::Workload::GpuWrite {
+        return gpu_write_client(&a);
+    }
+    if a.work.producer != "cpu" {
+        return Err(Error::Usage(
+            "--producer is gpu-write's (who fills the proxy's ring): add --workload gpu-write"
+                .into(),
         ));
     }
     // Verified by default, as loopback and run are (`--no-verify` for a pure speed run).

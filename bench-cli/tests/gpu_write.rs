@@ -1,5 +1,7 @@
-//! `rdma-bench loopback --workload gpu-write` over libfabric shm and tcp: WRITEs through the
-//! proxy ring beside host-initiated ones, every byte verified; client refuses it.
+//! `rdma-bench loopback --workload gpu-write`, and `server` + `client --workload gpu-write` in
+//! two processes, over libfabric shm and tcp: WRITEs through the proxy rings beside
+//! host-initiated ones, every byte verified by the server; bad input and a dead server end in
+//! a clear error.
 #![cfg(feature = "efa")]
 
 mod common;
@@ -60,19 +62,152 @@ fn gpu_write_prints_both_columns() {
     }
 }
 
+/// The client's arguments against `srv` over `prov`: the same figures as loopback's.
+fn client_args<'a>(srv: &'a Server, prov: &'a str) -> Vec<&'a str> {
+    let mut a = client_base(srv, prov);
+    a.extend_from_slice(&ARGS[3..]);
+    a
+}
+
+/// `client --connect SRV --provider PROV --workload gpu-write`, nothing more.
+fn client_base<'a>(srv: &'a Server, prov: &'a str) -> Vec<&'a str> {
+    vec![
+        "client",
+        "--connect",
+        srv.addr.as_str(),
+        "--provider",
+        prov,
+        "--workload",
+        "gpu-write",
+    ]
+}
+
+fn two_processes(prov: &str) {
+    let mut srv = Server::start(&["--provider", prov]);
+    let v = run(&client_args(&srv, prov), LONG).expect_ok().json();
+    check(&v);
+    // The server compared what landed: every WRITE of every step, latency and bandwidth.
+    assert!(
+        v["server_checked"].as_u64().unwrap() >= (1 << 20) * 5,
+        "{v}"
+    );
+    assert!(srv.alive(), "{prov}: the server exited:\n{}", srv.log());
+    // The table, for people: both columns, what the figures include, verified.
+    let mut a = client_args(&srv, prov);
+    a.pop();
+    let o = run(&a, LONG).expect_ok();
+    for want in [
+        "ring alone",
+        "half the round trip",
+        "includes one return WRITE",
+        "proxy threads: client unpinned (--pin not given)",
+        "every byte verified (the server checked",
+    ] {
+        assert!(o.stdout.contains(want), "{prov}: {want}: {}", o.stdout);
+    }
+    assert!(srv.alive(), "{prov}: the server exited:\n{}", srv.log());
+}
+
 #[test]
-fn client_refuses_gpu_write() {
+fn gpu_write_server_and_client_over_shm_verified() {
+    two_processes("shm");
+}
+
+#[test]
+fn gpu_write_server_and_client_over_tcp_verified() {
+    two_processes("tcp");
+}
+
+/// --pin: near GPU 0 where the topology places cores (a fixture of 2 GPUs); on this machine's
+/// own topology, without GPUs, unpinned, and the output says why.
+#[test]
+fn gpu_write_pins_where_the_topology_says() {
+    let two = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../topo/tests/fixtures/gpu-no-nic.xml"
+    );
+    let srv = Server::start(&["--provider", "shm"]);
+    let mut a = client_base(&srv, "shm");
+    a.extend_from_slice(&["--sizes", "8", "-n", "2", "--pin"]);
+    let o = run(&a, LONG).expect_ok();
+    if !o.stdout.contains("pinned to core") {
+        assert!(
+            o.stdout
+                .contains("client unpinned (no topology says which cores are near GPU 0)"),
+            "{}",
+            o.stdout
+        );
+    }
+    a.extend_from_slice(&["--topology", two]);
+    let o = run(&a, LONG).expect_ok();
+    assert!(
+        o.stdout.contains("proxy threads: client pinned to core"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("(near GPU 0)"), "{}", o.stdout);
+}
+
+/// Flags gpu-write refuses, a producer it does not know, `run`, and a server that is not
+/// there: a clear error, a non-zero exit, no hang.
+#[test]
+fn gpu_write_bad_input_and_a_dead_server_fail_clearly() {
+    let srv = Server::start(&["--provider", "shm"]);
+    let mut a = client_args(&srv, "shm");
+    a.extend_from_slice(&["--pages", "4"]);
+    let o = run(&a, T).expect_err("gpu-write takes --size/--sizes");
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    let mut a = client_args(&srv, "shm");
+    a.extend_from_slice(&["--producer", "opencl"]);
+    assert!(!run(&a, T).ok());
     let o = run(
         &[
             "client",
             "--connect",
             "127.0.0.1:1",
+            "--connect-timeout",
+            "1",
             "--workload",
             "gpu-write",
         ],
         T,
     );
-    let _ = o.expect_err("runs in `rdma-bench loopback` only");
+    let o = o.expect_err("is `rdma-bench server` running there?");
+    assert_ne!(o.code, Some(0));
+    let o = run(
+        &[
+            "run",
+            "--workload",
+            "gpu-write",
+            "--rendezvous",
+            "127.0.0.1:1",
+        ],
+        T,
+    );
+    assert!(!o.ok(), "{}", o.stdout);
+}
+
+/// A server killed in the middle of a run: the client says the peer is gone and exits
+/// non-zero, well before its idle timeout (30 s).
+#[test]
+fn gpu_write_client_survives_a_killed_server() {
+    let mut srv = Server::start(&["--provider", "shm"]);
+    let mut a = client_base(&srv, "shm");
+    a.extend_from_slice(&["--sizes", "8,64K", "-n", "100000"]);
+    let child = spawn(&a);
+    assert!(
+        srv.wait_log("started", Duration::from_secs(60)),
+        "{}",
+        srv.log()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    srv.kill();
+    let o = wait(child, Duration::from_secs(60));
+    assert!(!o.ok(), "{}", o.stdout);
+    // "the server is gone", or the watchdog's "the peer is gone ... exiting" where libfabric
+    // 1.x shm spins on a queue lock the dead server held.
+    assert!(o.stderr.contains(" is gone"), "{}", o.stderr);
+    assert!(o.elapsed < Duration::from_secs(30), "{:?}", o.elapsed);
 }
 
 /// `--producer cuda`: GPU threads fill the ring (host memory, every byte verified) where CUDA

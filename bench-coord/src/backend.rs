@@ -22,7 +22,8 @@ type LoopbackFn = fn(&SideCfg, &ServerCfg, &Plan, bool) -> Result<ClientOut>;
 type ServeFn = fn(&ServerCfg, &str) -> Result<()>;
 type ClientFn = fn(&SideCfg, &Plan, TcpStream, bool) -> Result<ClientOut>;
 type RankFn = fn(RunCfg) -> Result<Option<JobReport>>;
-type GpuWriteFn = fn(&SideCfg, &SideCfg, &GpuWriteCfg, &dyn Producer) -> Result<GpuWriteReport>;
+type GpuWriteFn = fn(&SideCfg, &ServerCfg, &GpuWriteCfg, &dyn Producer) -> Result<GpuWriteReport>;
+type GpuClientFn = fn(&SideCfg, TcpStream, &GpuWriteCfg, &dyn Producer) -> Result<GpuWriteReport>;
 
 /// One backend of a program's table.
 pub struct Backend {
@@ -39,6 +40,7 @@ struct Entry {
     client: ClientFn,
     rank: RankFn,
     gpu_write: GpuWriteFn,
+    gpu_write_client: GpuClientFn,
 }
 
 impl fmt::Debug for Backend {
@@ -62,6 +64,7 @@ impl Backend {
                 client: session::client::<T>,
                 rank: crate::ranks::run::<T>,
                 gpu_write: session::gpu_write_loopback::<T>,
+                gpu_write_client: session::gpu_write_client::<T>,
             }),
         }
     }
@@ -129,11 +132,22 @@ impl Backend {
     pub fn gpu_write(
         &self,
         client: &SideCfg,
-        server: &SideCfg,
+        server: &ServerCfg,
         cfg: &GpuWriteCfg,
         producer: &dyn Producer,
     ) -> Result<GpuWriteReport> {
         (self.entry()?.gpu_write)(client, server, cfg, producer)
+    }
+
+    /// [`session::gpu_write_client`] on this backend.
+    pub fn gpu_write_client(
+        &self,
+        client: &SideCfg,
+        stream: TcpStream,
+        cfg: &GpuWriteCfg,
+        producer: &dyn Producer,
+    ) -> Result<GpuWriteReport> {
+        (self.entry()?.gpu_write_client)(client, stream, cfg, producer)
     }
 
     /// [`session::serve`] on this backend.

@@ -43,7 +43,7 @@ choice!(Workload {
     Send => ("send", "SEND/RECV bandwidth"),
     Lat => ("lat", "Ping-pong latency (one-way, half the round trip)"),
     Rate => ("rate", "Small-message WRITE rate in Mops"),
-    GpuWrite => ("gpu-write", "WRITEs issued through a proxy ring (transport-proxy) beside host-initiated ones: ring rate, one-way latency, bandwidth (loopback only; -n N: N round trips, N x 256 KiB a size, N x 2000 ring commands)"),
+    GpuWrite => ("gpu-write", "WRITEs issued through a proxy ring (transport-proxy) beside host-initiated ones: ring rate, latency (half the round trip), bandwidth to delivery (loopback, or client and server; -n N: N round trips, N x 256 KiB a size, N x 2000 ring commands)"),
 });
 choice!(LatOp {
     WriteImm => ("write-imm", "RDMA WRITE with immediate; the target sees a completion, posts no receive"),

@@ -132,8 +132,8 @@ impl Plan {
     pub fn new(w: &WorkloadSpec, verify_default: bool) -> Result<Self> {
         if w.workload == Workload::GpuWrite {
             return Err(Error::Usage(
-                "--workload gpu-write runs in `rdma-bench loopback` only (both sides and their \
-                 proxies in one process); client, server and run do not carry it yet"
+                "--workload gpu-write runs in `rdma-bench loopback` and between `rdma-bench \
+                 server` and `client`; `run` does not carry it"
                     .into(),
             ));
         }

@@ -697,6 +697,73 @@ impl CudaProducer {
         Ok(())
     }
 
+    /// Latency rounds on the GPU (the persistent `proxy_pingpong` kernel, one thread):
+    /// `rounds` times, publish `cmd` into `ring` (its immediate's low 16 bits replaced by
+    /// `(first + round) as u16`, its arrival slot kept) and spin until `ring`'s
+    /// `arrivals[slot]` reaches `base + round + 1`; the GPU's total ns (its globaltimer).
+    /// `ring` must be in memory the GPU reaches without a registration ([`CudaRing`],
+    /// [`CudaProducer::ring_memory`]), and the kernel its only producer while it runs.
+    pub fn pingpong(
+        &self,
+        ring: crate::Ring<'_>,
+        slot: u32,
+        cmd: &crate::Command,
+        first: u64,
+        base: u64,
+        rounds: u64,
+    ) -> Result<u64, GpuError> {
+        if slot >= ring.layout().arrival_slots {
+            return Err(GpuError::Invalid(format!(
+                "arrival slot {slot}: the ring has {}",
+                ring.layout().arrival_slots
+            )));
+        }
+        if rounds == 0 {
+            return Ok(0);
+        }
+        // One latency kernel at a time on this producer's stream and scratch.
+        let _one = self
+            .staging
+            .lock()
+            .map_err(|_| GpuError::Invalid("a CudaProducer call panicked earlier".into()))?;
+        self.kernels
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| cuda("cuCtxSetCurrent", e))?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: a query: it writes the device alias of the ring's block into dev where the
+        // block lies in memory CUDA mapped, and fails, writing nothing we use, elsewhere.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ring.as_ptr().cast(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(GpuError::Invalid(
+                "the latency kernel needs a ring in mapped memory (CudaProducer::ring_memory)"
+                    .into(),
+            ));
+        }
+        let (lreg, loff) = crate::ring::unpack(cmd.local);
+        let (rreg, roff) = crate::ring::unpack(cmd.remote);
+        let p = Produce {
+            first,
+            count: 1,
+            peer: cmd.peer,
+            local_region: lreg,
+            local_off: loff,
+            remote_region: rreg,
+            remote_off: roff,
+            len: cmd.len,
+            stride: 0,
+            pages: 1,
+            op: cmd.op,
+            imm_slot: (cmd.imm >> crate::ring::ARRIVAL_SHIFT) as u16,
+            claim: None,
+            fill: None,
+            blocks: 1,
+            threads: 32,
+        };
+        let counter = dev + (crate::ring::OFF_ARRIVALS + crate::ring::LINE * slot as usize) as u64;
+        self.kernels.pingpong(dev, counter, base, rounds, &p)
+    }
+
     fn launch_issue(&self, base: *mut u8, n: u64, staged: u64) -> Result<(), GpuError> {
         let mut ring: sys::CUdeviceptr = 0;
         // SAFETY: base starts a range registered with DEVICEMAP in the current context; ring

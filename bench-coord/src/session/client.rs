@@ -154,6 +154,45 @@ fn client_inner<T: Transport>(
     }
     let len = data_len(plan, &side)?;
     side.register(cfg.mem, len)?;
+    let (facts, peer) = greet(&mut side, cfg, ctrl, len)?;
+    for p in &plan.runs {
+        check_size(plan, &side, p.size, true)?;
+    }
+    let mut reports = Vec::with_capacity(plan.runs.len());
+    for (k, p) in plan.runs.iter().enumerate() {
+        let r = run_one(&mut side, ctrl, cfg, plan, p, k as u32, json)?;
+        if cfg.verbose > 0 {
+            eprintln!(
+                "rdma-bench: run {k}{}: {:.2} Gbit/s, {:.3} Mops; knobs: {}; server threads {}",
+                p.stage
+                    .as_deref()
+                    .map(|s| format!(" ({s})"))
+                    .unwrap_or_default(),
+                r.gbps,
+                r.mops,
+                r.knobs,
+                bench_core::units::pinning(&r.cores)
+            );
+        }
+        reports.push(r);
+    }
+    let _ = ctrl.send(&Msg::Bye);
+    Ok(ClientOut {
+        reports,
+        facts,
+        peer,
+    })
+}
+
+/// Hello and welcome: tell the server this side's layout and endpoints, take its own, connect
+/// to them and take in what it announced. `len`: the bytes of this side's data regions, which
+/// the server's must hold too. Returns this side's run-record facts and the server's.
+pub(crate) fn greet<T: Transport>(
+    side: &mut Side<T>,
+    cfg: &SideCfg,
+    ctrl: &mut Ctrl,
+    len: usize,
+) -> Result<(Facts, Option<Facts>)> {
     let facts = match side.runtime() {
         Some(r) => cfg.facts.with_backend(r),
         None => cfg.facts.clone(),
@@ -194,33 +233,7 @@ fn client_inner<T: Transport>(
     side.connect(welcome.nics)?;
     // The server announced its endpoints before its welcome: take that in now.
     side.settle()?;
-    for p in &plan.runs {
-        check_size(plan, &side, p.size, true)?;
-    }
-    let mut reports = Vec::with_capacity(plan.runs.len());
-    for (k, p) in plan.runs.iter().enumerate() {
-        let r = run_one(&mut side, ctrl, cfg, plan, p, k as u32, json)?;
-        if cfg.verbose > 0 {
-            eprintln!(
-                "rdma-bench: run {k}{}: {:.2} Gbit/s, {:.3} Mops; knobs: {}; server threads {}",
-                p.stage
-                    .as_deref()
-                    .map(|s| format!(" ({s})"))
-                    .unwrap_or_default(),
-                r.gbps,
-                r.mops,
-                r.knobs,
-                bench_core::units::pinning(&r.cores)
-            );
-        }
-        reports.push(r);
-    }
-    let _ = ctrl.send(&Msg::Bye);
-    Ok(ClientOut {
-        reports,
-        facts,
-        peer,
-    })
+    Ok((facts, peer))
 }
 
 fn request(plan: &Plan, p: &Planned, id: u32, count: u64, shifts: u64) -> Request {
@@ -543,11 +556,10 @@ pub fn connect(addr: &str, timeout: Duration) -> Result<TcpStream> {
     }
 }
 
-/// `gpu-write` between two processes is not carried by the session protocol yet.
+/// `gpu-write` is not a plan of runs: it goes through [`super::gpu_write_client`].
 pub(crate) fn gpu_write_loopback_only() -> Error {
     Error::Usage(
-        "--workload gpu-write runs in `rdma-bench loopback` only (both sides and their proxies \
-         in one process); client, server and run do not carry it yet"
+        "--workload gpu-write runs in steps of its own (`gpu_write_client`), not as a plan of runs"
             .into(),
     )
 }

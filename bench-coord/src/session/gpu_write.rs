@@ -1,48 +1,108 @@
-//! `--workload gpu-write` in loopback: both sides in this process, NIC 0 of each, a proxy per
-//! endpoint (`bench_core::workload::gpu_write`).
+//! `--workload gpu-write` over the session protocol: the client runs the producer and its
+//! proxy, the server its proxy and the echo (`bench_core::workload::gpu_write`), on NIC 0 of
+//! each side. Loopback runs the same two halves in one process ([`gpu_write_loopback`]).
+
+use std::net::TcpStream;
 
 use transport_core::Transport;
 
+use bench_core::ctrl::{Ctrl, Watchdog};
 use bench_core::error::{Error, Result};
+use bench_core::proto::{GpuStep, GpuStepDone, Msg};
 use bench_core::side::{Side, SideCfg};
-use bench_core::workload::gpu_write::{self, GpuWriteCfg, GpuWriteReport, Pair, Producer};
+use bench_core::workload::gpu_write::{self, End, GpuWriteCfg, GpuWriteReport, Producer};
 
-/// Open both sides, register a data region on each (host or GPU memory, as each side's
-/// `mem` says), connect them, and run the workload over their first NICs.
+use super::client::greet;
+use super::loopback::with_server;
+use super::server::ServerCfg;
+use super::timeouts::{peer_gone_cause, WATCHDOG_GRACE};
+
+/// Both sides in this process: a one-session server in a thread, the gpu-write client in
+/// this one, over a TCP connection on 127.0.0.1 (as loopback runs every workload).
 pub fn gpu_write_loopback<T: Transport>(
     client: &SideCfg,
-    server: &SideCfg,
+    server: &ServerCfg,
     cfg: &GpuWriteCfg,
     producer: &dyn Producer,
 ) -> Result<GpuWriteReport> {
-    let len = cfg.region_len();
-    let mut a = Side::<T>::open(client)?;
-    let mut b = Side::<T>::open(server)?;
-    a.register(client.mem, len)?;
-    b.register(server.mem, len)?;
-    let (wa, wb) = (a.wire(), b.wire());
-    a.connect(wb)?;
-    b.connect(wa)?;
-    a.settle()?;
-    b.settle()?;
-    if a.eps.is_empty() || b.eps.is_empty() {
-        return Err(Error::Usage("gpu-write: no NIC on one side".into()));
+    with_server::<T, _>(server, |st| {
+        gpu_write_client::<T>(client, st, cfg, producer)
+    })
+}
+
+/// The client of a gpu-write session over `stream`.
+pub fn gpu_write_client<T: Transport>(
+    cfg: &SideCfg,
+    stream: TcpStream,
+    gcfg: &GpuWriteCfg,
+    producer: &dyn Producer,
+) -> Result<GpuWriteReport> {
+    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(WATCHDOG_GRACE)))?;
+    let r = client_inner::<T>(cfg, &mut ctrl, gcfg, producer);
+    let r = r.map_err(|e| peer_gone_cause(e, &ctrl, "the server"));
+    if r.is_ok() {
+        let _ = ctrl.send(&Msg::Bye);
     }
-    let (a_to_b, remote) = (a.peers[0], a.imported[0][0]);
-    // Regions are taken before their endpoints, and handed back in that order by `run`.
-    let (src, dst) = (a.data.swap_remove(0), b.data.swap_remove(0));
-    let (ep_a, ep_b) = (a.eps.swap_remove(0), b.eps.swap_remove(0));
-    drop((a, b));
-    gpu_write::run(
-        Pair {
-            a: ep_a,
-            b: ep_b,
-            a_to_b,
-            src,
-            dst,
-            remote,
-        },
-        producer,
-        cfg,
-    )
+    r
+}
+
+fn client_inner<T: Transport>(
+    cfg: &SideCfg,
+    ctrl: &mut Ctrl,
+    gcfg: &GpuWriteCfg,
+    producer: &dyn Producer,
+) -> Result<GpuWriteReport> {
+    let live = ctrl.liveness();
+    let _busy = live.busy();
+    let mut side = Side::<T>::open(cfg)?;
+    if side.eps.is_empty() {
+        return Err(Error::Usage("gpu-write: no NIC on this side".into()));
+    }
+    let len = gcfg.region_len();
+    side.register(cfg.mem, len)?;
+    greet(&mut side, cfg, ctrl, len)?;
+    let gpu = side.gpus.first().copied().unwrap_or(0);
+    let (core, pinning) = gpu_write::proxy_core(gcfg.pin, cfg.hints.as_ref(), gpu);
+    let region = side.data.remove(0);
+    let mut end = End {
+        ep: &mut side.eps[0],
+        peer: side.peers[0],
+        remote: side.imported[0][0],
+        core,
+        live: live.clone(),
+        idle: gcfg.idle,
+    };
+    let (report, region) = gpu_write::client(&mut end, region, producer, gcfg, ctrl, &pinning)?;
+    side.data.insert(0, region);
+    Ok(report)
+}
+
+/// The server's part of one gpu-write step, on NIC 0 of `side`.
+pub(crate) fn serve_gpu_step<T: Transport>(
+    side: &mut Side<T>,
+    ctrl: &mut Ctrl,
+    cfg: &ServerCfg,
+    step: &GpuStep,
+) -> Result<GpuStepDone> {
+    if side.eps.is_empty() || side.data.is_empty() {
+        return Err(Error::Protocol("gpu-write: no NIC on the server".into()));
+    }
+    let live = ctrl.liveness();
+    let _busy = live.busy();
+    let gpu = side.gpus.first().copied().unwrap_or(0);
+    let (core, _) = gpu_write::proxy_core(step.pin, cfg.side.hints.as_ref(), gpu);
+    let region = side.data.remove(0);
+    let mut end = End {
+        ep: &mut side.eps[0],
+        peer: side.peers[0],
+        remote: side.imported[0][0],
+        core,
+        live: live.clone(),
+        idle: cfg.side.idle.max(std::time::Duration::from_secs(30)),
+    };
+    let id = step.id;
+    let (done, region) =
+        gpu_write::serve_step(&mut end, region, step, || ctrl.send(&Msg::Ready { id }))?;
+    side.data.insert(0, region);
+    Ok(done)
 }

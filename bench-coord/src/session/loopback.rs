@@ -22,6 +22,14 @@ pub fn loopback<T: Transport>(
     plan: &Plan,
     json: bool,
 ) -> Result<ClientOut> {
+    with_server::<T, _>(server_cfg, |st| client::<T>(client_cfg, plan, st, json))
+}
+
+/// A one-session server in a thread, and `client` in this one over a connection to it.
+pub(super) fn with_server<T: Transport, R>(
+    server_cfg: &ServerCfg,
+    client: impl FnOnce(std::net::TcpStream) -> Result<R>,
+) -> Result<R> {
     let listener = TcpListener::bind("127.0.0.1:0").ctx(|| "binding 127.0.0.1")?;
     let addr = listener
         .local_addr()
@@ -61,8 +69,7 @@ pub fn loopback<T: Transport>(
                 .ctx(|| "configuring the loopback connection")?;
             session::<T>(server_cfg, stream)
         });
-        let client = connect(&addr.to_string(), Duration::from_secs(5))
-            .and_then(|st| client::<T>(client_cfg, plan, st, json));
+        let client = connect(&addr.to_string(), Duration::from_secs(5)).and_then(client);
         stop.store(true, Ordering::Relaxed);
         let server = server.join().unwrap_or_else(|_| {
             Err(Error::Protocol(

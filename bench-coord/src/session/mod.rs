@@ -13,6 +13,6 @@ mod server;
 mod timeouts;
 
 pub use client::{client, connect, ClientOut};
-pub use gpu_write::gpu_write_loopback;
+pub use gpu_write::{gpu_write_client, gpu_write_loopback};
 pub use loopback::loopback;
 pub use server::{serve, session, session_side, Fixed, ServerCfg};

@@ -347,6 +347,14 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
                 ctrl.send(&Msg::Done(done))?;
                 runs += 1;
             }
+            Msg::GpuStep(g) => {
+                if runs == 0 {
+                    side.settle()?;
+                }
+                let done = super::gpu_write::serve_gpu_step(&mut side, ctrl, cfg, &g)?;
+                ctrl.send(&Msg::GpuStepDone(done))?;
+                runs += 1;
+            }
             Msg::Bye => return Ok(runs),
             m => {
                 return Err(Error::Protocol(format!(
@@ -374,16 +382,16 @@ fn serve_request<T: Transport>(
         .map_or(0, transport_core::MemoryRegion::len) as u64;
     let peer_len = side.remote.iter().map(|n| n.mrs[0].len).min().unwrap_or(0);
     let region = own_len.min(peer_len);
-    let uses_write = match r.workload {
-        Workload::Write | Workload::Rate => true,
-        Workload::Send => false,
-        Workload::Lat => r.op == LatOp::WriteImm,
-        Workload::GpuWrite => {
-            return Err(Error::Protocol(
-                "a client asked for gpu-write, which runs in loopback only".into(),
-            ))
-        }
-    };
+    let uses_write =
+        match r.workload {
+            Workload::Write | Workload::Rate => true,
+            Workload::Send => false,
+            Workload::Lat => r.op == LatOp::WriteImm,
+            Workload::GpuWrite => return Err(Error::Protocol(
+                "a client asked for gpu-write in a run request: gpu-write runs in steps of its own"
+                    .into(),
+            )),
+        };
     for i in 0..nics {
         let c = side.caps(i);
         let limit = if uses_write {
@@ -411,7 +419,9 @@ fn serve_request<T: Transport>(
     };
     let out = match r.workload {
         Workload::GpuWrite => {
-            return Err(Error::Protocol("gpu-write runs in loopback only".into()))
+            return Err(Error::Protocol(
+                "gpu-write runs in steps of its own, not run requests".into(),
+            ))
         }
         Workload::Write | Workload::Rate => {
             let layout = PageLayout {

@@ -25,7 +25,10 @@ pub use frame::{decode_body, decode_frame, encode, read_frame, write_msg, Frame}
 pub use ranks::{
     Join, LinkStats, LinkWire, Links, RankDone, RankSpec, RunSpec, MAX_LINKS, MAX_RANKS, MAX_RUNS,
 };
-pub use session::{Done, Hello, NicStats, NicWire, Request, Welcome, MAX_IMM_EVERY};
+pub use session::{
+    Done, GpuStep, GpuStepDone, GpuStepKind, Hello, NicStats, NicWire, Request, Welcome,
+    MAX_IMM_EVERY,
+};
 pub use validate::validate;
 
 /// First field of `Hello` and `Welcome`.
@@ -83,6 +86,8 @@ pub enum Msg {
     Barrier { id: u32 },
     RankDone(RankDone),
     Abort { rank: u32, message: String },
+    GpuStep(GpuStep),
+    GpuStepDone(GpuStepDone),
 }
 
 impl Msg {
@@ -101,6 +106,8 @@ impl Msg {
             Msg::Barrier { .. } => "barrier",
             Msg::RankDone(_) => "rank_done",
             Msg::Abort { .. } => "abort",
+            Msg::GpuStep(_) => "gpu_step",
+            Msg::GpuStepDone(_) => "gpu_step_done",
         }
     }
 }

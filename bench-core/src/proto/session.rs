@@ -107,3 +107,53 @@ pub struct Done {
     /// Cores the server's threads were pinned to, where pinned.
     pub cores: Vec<u32>,
 }
+
+/// What a step of `--workload gpu-write` measures (`GpuStep::kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuStepKind {
+    /// Host-initiated ping-pong: the server's thread answers each WRITE+imm with one.
+    HostLat,
+    /// Through both rings: the server's echo answers each counted arrival with a command.
+    ProxyLat,
+    /// Host-initiated bandwidth: `n` WRITEs+imm, one answer after the last.
+    HostBw,
+    /// Through both rings: `n` commands, one answer after the last arrival.
+    ProxyBw,
+}
+
+/// One step of `--workload gpu-write` (client -> server; the server answers `Ready` when it
+/// is listening, then `GpuStepDone`, or `Error`). Both regions are split in two halves of
+/// `half` bytes: the client WRITEs from its lower half into the server's lower half, the
+/// server answers from its upper half into the client's upper half.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuStep {
+    pub id: u32,
+    pub kind: GpuStepKind,
+    /// Bytes of each client WRITE and, in latency steps, of each answer (bandwidth: 8).
+    pub size: u64,
+    /// Timed WRITEs (latency: round trips; bandwidth: WRITEs before the answer).
+    pub n: u64,
+    /// Untimed latency round trips before the timed ones.
+    pub warm: u64,
+    pub half: u64,
+    /// Ring capacity of the server's ring.
+    pub capacity: u32,
+    pub seed: u64,
+    pub verify: bool,
+    /// Pin the server's proxy (or host-path) thread near its GPU where its topology says.
+    pub pin: bool,
+}
+
+/// The server's side of a gpu-write step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuStepDone {
+    pub id: u32,
+    /// WRITEs the server counted by their immediates.
+    pub arrivals: u64,
+    /// Bytes of the landing region the server compared with the client's pattern (0 without
+    /// verification).
+    pub checked: u64,
+    /// The core its proxy or host-path thread was pinned to.
+    pub core: Option<u32>,
+}

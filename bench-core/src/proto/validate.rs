@@ -182,6 +182,19 @@ pub fn validate(msg: &Msg) -> Result<()> {
             Ok(())
         }
         Msg::Ready { .. } | Msg::Bye | Msg::Barrier { .. } => Ok(()),
+        Msg::GpuStep(g) => {
+            if g.size == 0 || g.size > u64::from(u32::MAX) || g.half > MAX_ITERS {
+                return Err(proto("gpu-write step: size 1 byte to 4 GiB - 1"));
+            }
+            if g.n == 0 || g.n > MAX_ITERS || g.warm > MAX_LAT_ITERS {
+                return Err(proto("gpu-write step: bad count"));
+            }
+            if !g.capacity.is_power_of_two() || g.capacity > 1 << 24 {
+                return Err(proto("gpu-write step: ring capacity not a power of two"));
+            }
+            Ok(())
+        }
+        Msg::GpuStepDone(_) => Ok(()),
         Msg::Join(j) => {
             check_magic(&j.magic, j.version)?;
             check_name("host name", &j.host)?;

@@ -2,11 +2,15 @@
 //! workload's commands into the sender's ring ([`transport_proxy::cuda::CudaProducer`]).
 //!
 //! Its rings live in `cuMemHostAlloc(DEVICEMAP | PORTABLE)` memory ([`Producer::ring_memory`]);
-//! each `issue` stages the commands, launches one kernel that publishes them and waits for it:
-//! its latency figures include a kernel launch per command, which a kernel that originates
-//! its own commands (transport-proxy's tests/gpu_proxy.rs) does not pay.
+//! each `issue` stages the commands, launches one kernel that publishes them and waits for it
+//! (the bandwidth steps: one launch per 1024 commands). Latency runs in one persistent kernel
+//! (`proxy_pingpong`, [`Producer::pingpong`]): one GPU thread publishes a command, spins on
+//! its own ring's arrival counter in mapped memory until the peer's answer is counted, and
+//! repeats; the time is the GPU's globaltimer over all rounds, no launch inside it.
 
+use std::time::Duration;
 use transport_proxy::cuda::{CudaProducer as Inner, CudaRing, GpuError};
+
 use transport_proxy::{Command, Ring, RingLayout};
 
 use super::gpu_write::{Producer, RingHome};
@@ -37,6 +41,24 @@ impl Producer for CudaProducer {
         self.0
             .issue(ring, cmds)
             .map_err(|e| Error::Protocol(format!("gpu-write: the CUDA producer: {e}")))
+    }
+
+    fn pingpong(
+        &self,
+        ring: Ring<'_>,
+        slot: u32,
+        cmd: &Command,
+        first: u64,
+        base: u64,
+        rounds: u64,
+        _idle: Duration,
+    ) -> Result<Duration> {
+        // The kernel gives up by itself (transport_proxy::cuda::KERNEL_TIMEOUT_NS) and on the
+        // ring's error word.
+        self.0
+            .pingpong(ring, slot, cmd, first, base, rounds)
+            .map(Duration::from_nanos)
+            .map_err(|e| Error::Protocol(format!("gpu-write: the CUDA latency kernel: {e}")))
     }
 
     fn ring_memory(&self, layout: RingLayout) -> Result<Box<dyn RingHome>> {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 27 on the GPU host, two processes over shm: `rdma-bench server` and `rdma-bench client
+# --workload gpu-write --producer cuda`, first with host memory, then with GPU memory (both
+# sides' data regions: the server takes the client's --mem). The server's proxy and echo run
+# in the server process, the kernel's ring and proxy in the client's; latency is half the
+# ping-pong round trip (the persistent proxy_pingpong kernel against a client thread), and
+# bandwidth stops at the server's answer (one return WRITE included).
+#
+#   ci/gpu-write-2p.sh        (ci/gpu-host.sh runs it as its `gpuwrite2p` step)
+#
+# Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS
+#      (host,cuda), GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 2000 --pin"),
+#      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu).
+# Pass: exit 0; every table ends with "every byte verified (the server checked N landed
+# bytes, ...)"; a mismatch is a non-zero exit naming the WRITE and the byte.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RB=${RB:-gpu-carry/bin/rdma-bench}
+cuda=${CUDA:-/usr/local/cuda}
+export LD_LIBRARY_PATH=$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+read -r -a args <<< "${GW_ARGS:---sizes 8,64,512,4K,64K,1M -n 2000 --pin}"
+log() { echo "gpu-write-2p: $*" >&2; }
+status=0
+for mem in ${MEMS:-host cuda}; do
+  mem=${mem//,/}
+  port=$((20000 + RANDOM % 20000))
+  srvlog=$(mktemp); out=$(mktemp)
+  "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 >/dev/null 2>"$srvlog" &
+  srv=$!
+  echo; echo "== issue 27: gpu-write, two processes over shm, --producer ${PRODUCER:-cuda}, $mem memory"
+  echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1"
+  echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]}"
+  if timeout 900 "$RB" client --connect "127.0.0.1:$port" --provider shm --mem "$mem" \
+      --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" > "$out" 2>&1 &&
+      grep -q "every byte verified" "$out"; then
+    log "$mem memory: passed"
+  else
+    log "FAILED: $mem memory"; status=1
+  fi
+  cat "$out"
+  wait "$srv" 2>/dev/null || { log "the server ($mem memory) exited non-zero:"; cat "$srvlog" >&2; status=1; }
+  rm -f "$out" "$srvlog"
+done
+exit $status
