@@ -122,7 +122,9 @@ impl Producer for CpuProducer {
     }
 }
 
-/// Spin until `c >= target`, failing when `ring`'s error word is set or after `idle`.
+/// Spin until `c >= target`, failing when `ring`'s error word is set or after `idle` without
+/// progress (neither the counter nor the ring's `done` moved: a bandwidth step's millions of
+/// WRITEs may take longer than `idle` in all).
 fn spin_until(
     ring: &Ring<'_>,
     c: &AtomicU64,
@@ -130,11 +132,18 @@ fn spin_until(
     idle: Duration,
     what: &str,
 ) -> Result<()> {
-    let t = Instant::now();
+    let mut t = Instant::now();
     let mut spins = 0u32;
+    // Progress: the counter, or the ring's local completions (a sender's WRITEs going out).
+    let moved = || c.load(Ordering::Acquire) + ring.done().load(Ordering::Acquire);
+    let mut last = moved();
     while c.load(Ordering::Acquire) < target {
         spins = spins.wrapping_add(1);
         if spins & 63 == 0 {
+            let now = moved();
+            if now != last {
+                (last, t) = (now, Instant::now());
+            }
             let e = ring.error();
             if e != 0 && c.load(Ordering::Acquire) < target {
                 return Err(Error::Protocol(format!(
@@ -778,7 +787,7 @@ fn client_proxy<T: Transport>(
             &ring,
             arrivals,
             1,
-            idle.max(Duration::from_secs(120)),
+            idle,
             "the server's answer to proxied WRITEs",
         )?;
         let d = t0.elapsed();
