@@ -296,6 +296,9 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
         pin: w.pin,
         ..GpuWriteCfg::default()
     };
+    if let Some(warm) = w.warmup {
+        cfg.lat_warm = u64::from(warm);
+    }
     let sizes: Vec<usize> = w
         .sizes
         .iter()
@@ -322,8 +325,9 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
     }
     if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() {
         return Err(Error::Usage(
-            "gpu-write takes --size/--sizes, -n (latency round trips), --batch, --seed and \
-             --no-verify; not --ladder, --rounds, --single-buffer or --pages"
+            "gpu-write takes --size/--sizes, -n (latency round trips), --warmup (untimed round \
+             trips), --batch, --seed, --pin and --no-verify; not --ladder, --rounds, \
+             --single-buffer or --pages"
                 .into(),
         ));
     }

@@ -90,7 +90,7 @@ pub enum Workload {
     /// Small-message WRITE rate in Mops.
     Rate,
     /// WRITEs issued through a proxy ring (a producer writes commands, a proxy thread posts
-    /// them: `transport-proxy`) beside host-initiated WRITEs; loopback only.
+    /// them: `transport-proxy`) beside host-initiated WRITEs; loopback, or server and client.
     #[serde(rename = "gpu-write")]
     GpuWrite,
 }

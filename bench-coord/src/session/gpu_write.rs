@@ -62,7 +62,7 @@ fn client_inner<T: Transport>(
     side.register(cfg.mem, len)?;
     greet(&mut side, cfg, ctrl, len)?;
     let gpu = side.gpus.first().copied().unwrap_or(0);
-    let (core, pinning) = gpu_write::proxy_core(gcfg.pin, cfg.hints.as_ref(), gpu);
+    let (core, pinning) = gpu_write::proxy_core(gcfg.pin, cfg.hints.as_ref(), gpu, 0);
     let region = side.data.remove(0);
     let mut end = End {
         ep: &mut side.eps[0],
@@ -90,7 +90,7 @@ pub(crate) fn serve_gpu_step<T: Transport>(
     let live = ctrl.liveness();
     let _busy = live.busy();
     let gpu = side.gpus.first().copied().unwrap_or(0);
-    let (core, _) = gpu_write::proxy_core(step.pin, cfg.side.hints.as_ref(), gpu);
+    let (core, _) = gpu_write::proxy_core(step.pin, cfg.side.hints.as_ref(), gpu, 1);
     let region = side.data.remove(0);
     let mut end = End {
         ep: &mut side.eps[0],

@@ -2,7 +2,8 @@
 //!
 //! A session is: client `Hello` -> server `Welcome` (or `Error`), then per run client
 //! `Request` -> server `Ready` -> (the transfer) -> server `Done` (or `Error`), and finally
-//! client `Bye`. Every count and length that arrives is checked against the limits below before
+//! client `Bye`. `--workload gpu-write` runs in steps instead of requests: client `GpuStep` ->
+//! server `Ready` -> (the step) -> server `GpuStepDone` (or `Error`). Every count and length that arrives is checked against the limits below before
 //! it is used; a frame that does not decode is an error, never a panic.
 //!
 //! Here: the limits and [`Msg`], every message. The modules behind it (all re-exported here):

@@ -122,7 +122,9 @@ impl Producer for CpuProducer {
     }
 }
 
-/// Spin until `c >= target`, failing when `ring`'s error word is set or after `idle`.
+/// Spin until `c >= target`, failing when `ring`'s error word is set or after `idle` without
+/// progress (neither the counter nor the ring's `done` moved: a bandwidth step's millions of
+/// WRITEs may take longer than `idle` in all).
 fn spin_until(
     ring: &Ring<'_>,
     c: &AtomicU64,
@@ -130,11 +132,18 @@ fn spin_until(
     idle: Duration,
     what: &str,
 ) -> Result<()> {
-    let t = Instant::now();
+    let mut t = Instant::now();
     let mut spins = 0u32;
+    // Progress: the counter, or the ring's local completions (a sender's WRITEs going out).
+    let moved = || c.load(Ordering::Acquire) + ring.done().load(Ordering::Acquire);
+    let mut last = moved();
     while c.load(Ordering::Acquire) < target {
         spins = spins.wrapping_add(1);
         if spins & 63 == 0 {
+            let now = moved();
+            if now != last {
+                (last, t) = (now, Instant::now());
+            }
             let e = ring.error();
             if e != 0 && c.load(Ordering::Acquire) < target {
                 return Err(Error::Protocol(format!(
@@ -315,8 +324,15 @@ impl GpuWriteReport {
 }
 
 /// The core the proxy thread of a side whose GPU is `gpu` runs on, and the words saying so:
-/// the first core the topology places near the GPU with `pin`; else unpinned, and why.
-pub fn proxy_core(pin: bool, hints: Option<&Hints>, gpu: usize) -> (Option<usize>, String) {
+/// with `pin`, core `side` of those the topology places near the GPU (the client takes the
+/// first, the server the second: both on one host, as over shm, their busy-polling proxies
+/// must not share a core); else unpinned, and why.
+pub fn proxy_core(
+    pin: bool,
+    hints: Option<&Hints>,
+    gpu: usize,
+    side: usize,
+) -> (Option<usize>, String) {
     if !pin {
         return (None, "unpinned (--pin not given)".into());
     }
@@ -324,7 +340,8 @@ pub fn proxy_core(pin: bool, hints: Option<&Hints>, gpu: usize) -> (Option<usize
     let near = hints
         .filter(|h| gpu < h.gpus)
         .and_then(|h| h.cores.get(gpu))
-        .and_then(|c| c.first());
+        .filter(|c| !c.is_empty())
+        .map(|c| &c[side % c.len()]);
     match near {
         Some(&c) => (Some(c), format!("pinned to core {c} (near GPU {gpu})")),
         None => (
@@ -778,7 +795,7 @@ fn client_proxy<T: Transport>(
             &ring,
             arrivals,
             1,
-            idle.max(Duration::from_secs(120)),
+            idle,
             "the server's answer to proxied WRITEs",
         )?;
         let d = t0.elapsed();
@@ -1111,8 +1128,8 @@ mod tests {
 
     #[test]
     fn pinning_needs_the_flag_and_a_topology() {
-        assert_eq!(proxy_core(false, None, 0).0, None);
-        let (c, why) = proxy_core(true, None, 0);
+        assert_eq!(proxy_core(false, None, 0, 0).0, None);
+        let (c, why) = proxy_core(true, None, 0, 0);
         assert_eq!(c, None);
         assert!(why.contains("no topology"), "{why}");
         let none = Hints {
@@ -1120,12 +1137,14 @@ mod tests {
             nic_groups: Vec::new(),
             cores: vec![vec![0, 1]],
         };
-        assert_eq!(proxy_core(true, Some(&none), 0).0, None);
+        assert_eq!(proxy_core(true, Some(&none), 0, 0).0, None);
         let h = Hints {
             gpus: 2,
             nic_groups: vec![Vec::new(); 2],
             cores: vec![vec![0, 1], vec![8, 9]],
         };
-        assert_eq!(proxy_core(true, Some(&h), 1).0, Some(8));
+        assert_eq!(proxy_core(true, Some(&h), 1, 0).0, Some(8));
+        // The server: the next core near its GPU.
+        assert_eq!(proxy_core(true, Some(&h), 1, 1).0, Some(9));
     }
 }
