@@ -9,7 +9,7 @@
 #   ci/gpu-write-2p.sh        (ci/gpu-host.sh runs it as its `gpuwrite2p` step)
 #
 # Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS
-#      (host,cuda), GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 2000 --pin"),
+#      (host,cuda), GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin"),
 #      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu).
 # Pass: exit 0; every table ends with "every byte verified (the server checked N landed
 # bytes, ...)"; a mismatch is a non-zero exit naming the WRITE and the byte.
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 RB=${RB:-gpu-carry/bin/rdma-bench}
 cuda=${CUDA:-/usr/local/cuda}
 export LD_LIBRARY_PATH=$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-read -r -a args <<< "${GW_ARGS:---sizes 8,64,512,4K,64K,1M -n 2000 --pin}"
+read -r -a args <<< "${GW_ARGS:---sizes 8,64,512,4K,64K,1M -n 1000 --pin}"
 log() { echo "gpu-write-2p: $*" >&2; }
 status=0
 for mem in ${MEMS:-host cuda}; do
@@ -30,14 +30,16 @@ for mem in ${MEMS:-host cuda}; do
   echo; echo "== issue 27: gpu-write, two processes over shm, --producer ${PRODUCER:-cuda}, $mem memory"
   echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1"
   echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]}"
-  if timeout 900 "$RB" client --connect "127.0.0.1:$port" --provider shm --mem "$mem" \
-      --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" > "$out" 2>&1 &&
-      grep -q "every byte verified" "$out"; then
+  # (Streamed as it runs, so a run cut short still shows how far it got; CLIENT_TIMEOUT
+  # bounds each memory's run.)
+  if timeout "${CLIENT_TIMEOUT:-240}" "$RB" client --connect "127.0.0.1:$port" --provider shm \
+      --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" 2>&1 |
+      tee "$out" && grep -q "every byte verified" "$out"; then
     log "$mem memory: passed"
   else
     log "FAILED: $mem memory"; status=1
+    kill "$srv" 2>/dev/null || true
   fi
-  cat "$out"
   wait "$srv" 2>/dev/null || { log "the server ($mem memory) exited non-zero:"; cat "$srvlog" >&2; status=1; }
   rm -f "$out" "$srvlog"
 done

@@ -170,6 +170,10 @@ fn ring_err(e: transport_proxy::RingError) -> Error {
     Error::Protocol(e.to_string())
 }
 
+/// The most WRITEs one bandwidth size takes (small sizes: `bw_bytes / size` would be
+/// tens of millions).
+pub const MAX_BW_WRITES: u64 = 1 << 20;
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct GpuWriteCfg {
@@ -183,6 +187,7 @@ pub struct GpuWriteCfg {
     pub bw_sizes: Vec<usize>,
     /// Bytes per bandwidth size (the WRITEs cycle over the region's half).
     pub bw_bytes: u64,
+    // (Each size's WRITE count is also capped at [`MAX_BW_WRITES`].)
     /// Commands for the ring-alone rate.
     pub ring_cmds: u64,
     /// Ring capacity (commands).
@@ -954,7 +959,9 @@ pub fn client<T: Transport>(
         }
     }
     for &size in &cfg.bw_sizes {
-        let n = (cfg.bw_bytes / size as u64).max(1);
+        // At most MAX_BW_WRITES a size: at 8 B, -n 2000's 512 MiB would be 64 M WRITEs
+        // (minutes through shm), which the GPU host's first two-process run spent its time on.
+        let n = (cfg.bw_bytes / size as u64).clamp(1, MAX_BW_WRITES);
         for kind in [GpuStepKind::HostBw, GpuStepKind::ProxyBw] {
             steps.push((kind, size, n));
         }
