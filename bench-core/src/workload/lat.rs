@@ -1,7 +1,10 @@
 //! `lat`: ping-pong on one NIC, WRITE-with-immediate or SEND. The client times round trips;
 //! latency is reported one-way, as half the round trip. Each side lands what it received
 //! ([`super::delivery::land`]: for GPU memory, visible to its GPU) before it answers, and the
-//! client's clock for a round trip stops only after it landed the answer.
+//! client's clock for a round trip stops only after it landed the answer. A round trip runs
+//! from the previous one's landing to its own: one clock read per round trip, and the round
+//! trips add up to the wall time of the timed loop, re-posted receives included (what
+//! `ucx_perftest`'s and perftest's overall latency divide by the iterations).
 
 use std::time::{Duration, Instant};
 
@@ -107,7 +110,9 @@ impl<T: Transport> PingPong<'_, T> {
         live: &Liveness,
         idle: Duration,
     ) -> Result<()> {
-        let start = Instant::now();
+        // The idle clock starts at the first check, not here: a message that comes within
+        // CHECK polls (every one of a ping-pong) costs no clock read.
+        let mut start: Option<Instant> = None;
         let mut spins = 0u32;
         loop {
             let n = self.ep.poll(buf).ctx(|| "polling")?;
@@ -132,7 +137,8 @@ impl<T: Transport> PingPong<'_, T> {
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(CHECK) {
-                check(live, start, idle, "the peer's ping-pong message")?;
+                let since = *start.get_or_insert_with(Instant::now);
+                check(live, since, idle, "the peer's ping-pong message")?;
             }
         }
     }
@@ -176,18 +182,19 @@ impl<T: Transport> PingPong<'_, T> {
         let mut rtts = Vec::with_capacity(iters as usize);
         let mut buf = vec![Completion::default(); 16];
         let mut local_done = 0u64;
+        let mut clock = Clock::start();
         for i in 0..total {
-            let clock = Clock::start();
             self.post_msg(i, &mut local_done, &mut buf)?;
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
             let delivered = land(self.ep, &[self.dst.mr], Drain::No)?;
-            // The receive for the next reply goes up before the next ping can provoke it.
+            if i >= warm {
+                rtts.push(clock.stop(delivered).as_nanos() as u64);
+            }
+            // The next round trip starts here: its receive (for the next reply, up before the
+            // next ping can provoke it) is part of it.
+            clock = Clock::from(delivered.at());
             if self.op == LatOp::Send && i + 1 < total {
                 self.post_recv(i + 1)?;
-            }
-            let rtt = clock.stop(delivered);
-            if i >= warm {
-                rtts.push(rtt.as_nanos() as u64);
             }
             if i % 4096 == 4095 {
                 progress.update(i + 1, total);
