@@ -5,6 +5,11 @@
 //! from the previous one's landing to its own: one clock read per round trip, and the round
 //! trips add up to the wall time of the timed loop, re-posted receives included (what
 //! `ucx_perftest`'s and perftest's overall latency divide by the iterations).
+//!
+//! SEND keeps two receives posted on each side ([`AHEAD`]): the receive for message `i + 2` is
+//! posted right after this side sent message `i` (the client) or answered it (the server),
+//! while the message is in flight, a whole round trip before that message can come; a
+//! re-post is never on the path between a message's arrival and the answer.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +25,9 @@ use crate::report::Progress;
 
 /// Polls between liveness and timeout checks while spinning.
 const CHECK: u32 = 4096;
+
+/// Receives each side keeps posted for SEND (see the module docs).
+const AHEAD: u64 = 2;
 
 /// One side's view of the ping-pong NIC.
 pub struct PingPong<'a, T: Transport> {
@@ -87,16 +95,29 @@ impl<T: Transport> PingPong<'_, T> {
             .ctx(|| "posting a receive for the ping-pong")?
         {
             Post::Posted => Ok(()),
-            Post::QueueFull => Err(Error::Protocol(
-                "the receive queue is full with one receive posted".into(),
-            )),
+            Post::QueueFull => Err(Error::Protocol(format!(
+                "the receive queue is full with {AHEAD} receives posted"
+            ))),
         }
     }
 
-    /// The ping-pong's own receive, before the first message (SEND only).
-    pub fn prepare(&mut self) -> Result<()> {
+    /// The ping-pong's own receives for the first [`AHEAD`] of `total` messages, before the
+    /// first one (SEND only).
+    pub fn prepare(&mut self, total: u64) -> Result<()> {
         if self.op == LatOp::Send {
-            self.post_recv(0)?;
+            for i in 0..AHEAD.min(total) {
+                self.post_recv(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After message `i` went out (client) or was answered (server): the receive for message
+    /// `i + AHEAD`, the next one's being posted already.
+    #[inline]
+    fn post_ahead(&mut self, i: u64, total: u64) -> Result<()> {
+        if self.op == LatOp::Send && i + AHEAD < total {
+            self.post_recv(i + AHEAD)?;
         }
         Ok(())
     }
@@ -185,17 +206,16 @@ impl<T: Transport> PingPong<'_, T> {
         let mut clock = Clock::start();
         for i in 0..total {
             self.post_msg(i, &mut local_done, &mut buf)?;
+            // The reply's receive is posted (prepare, or the previous turn); this one is for
+            // the reply after next, posted while this ping is in flight.
+            self.post_ahead(i, total)?;
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
             let delivered = land(self.ep, &[self.dst.mr], Drain::No)?;
             if i >= warm {
                 rtts.push(clock.stop(delivered).as_nanos() as u64);
             }
-            // The next round trip starts here: its receive (for the next reply, up before the
-            // next ping can provoke it) is part of it.
+            // The next round trip starts here.
             clock = Clock::from(delivered.at());
-            if self.op == LatOp::Send && i + 1 < total {
-                self.post_recv(i + 1)?;
-            }
             if i % 4096 == 4095 {
                 progress.update(i + 1, total);
             }
@@ -211,10 +231,9 @@ impl<T: Transport> PingPong<'_, T> {
         for i in 0..total {
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
             make_visible(self.ep, &[self.dst.mr])?;
-            if self.op == LatOp::Send && i + 1 < total {
-                self.post_recv(i + 1)?;
-            }
             self.post_msg(i, &mut local_done, &mut buf)?;
+            // The next ping's receive is posted (prepare, or the previous turn).
+            self.post_ahead(i, total)?;
         }
         self.drain(&mut local_done, total, &mut buf, live, idle)
     }
