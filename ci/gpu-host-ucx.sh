@@ -98,7 +98,7 @@ note() {  # ROW MEM: what each side does per iteration
   case $1 in
     put) echo "ours: ucp_put_nbx from one SIZE buffer into one; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate), up to 4 such groups in flight; the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window (-O), clock stops after ucp_worker_flush" ;;
     tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
-    lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
+    lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
 }
 
