@@ -22,7 +22,8 @@
 # first, even rounds theirs first). tcp runs with UCX_NET_DEVICES=lo and --devices lo.
 # UCX_LIB=DIR runs both against the UCX in DIR (LD_LIBRARY_PATH; e.g. the libucx-cu12 wheel's
 # libucx/lib, whose 1.22 is what the GPU host runs), with UCX_PERFTEST its ucx_perftest.
-# ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000).
+# ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
+# at most LAT_BYTES / SIZE: 4 GiB, so 4096 round trips at 1 MiB).
 set -euo pipefail
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
@@ -31,11 +32,12 @@ PERFTEST=${UCX_PERFTEST:-ucx_perftest}
 IFS=, read -r -a SIZES <<< "${SIZES:-4096,65536,1048576}"
 IFS=, read -r -a ROWS <<< "${ROWS:-tag,lat}"
 ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824} LAT_ITERS=${LAT_ITERS:-20000}
+LAT_BYTES=${LAT_BYTES:-4294967296}
 PORT=${PORT:-$((21000 + RANDOM % 20000))}
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
 iters() { # ROW SIZE
   local n
-  if [ "$1" = lat ]; then echo "$LAT_ITERS"; return; fi
+  if [ "$1" = lat ]; then n=$((LAT_BYTES / $2)); [ $n -lt "$LAT_ITERS" ] || n=$LAT_ITERS; echo $n; return; fi
   n=$((BYTES / $2)); [ $n -ge 128 ] || n=128; echo $n
 }
 theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
