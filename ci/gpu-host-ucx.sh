@@ -31,9 +31,12 @@
 #          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, perftest's default
 #          outstanding window, -w N/10 warm-up);
 #     tag  rdma-bench --workload send --single-buffer against ucx_perftest -t tag_bw (ours
-#          SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx);
+#          SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx, naming the region's memh and
+#          memory type as perftest -z does: UCX_OURS_OPTS="--nic-opt memh=off" turns that off,
+#          UCX_PERFTEST_OPTS=-z gives perftest the same);
 #     lat  rdma-bench --workload lat --op send against ucx_perftest -t tag_lat (one-way:
-#          ours total / iters / 2, perftest's "overall" latency, which is half a round trip);
+#          ours total / iters / 2, perftest's "overall" latency, which is half a round trip;
+#          ours' median and minimum in the log);
 #   best of ROUNDS interleaved rounds, ours / theirs. Both sides of every run: the same
 #   UCX_TLS (UCX_STEP_TLS, default sm,cuda_copy,cuda_ipc,self: UCX_TLS=sm alone leaves
 #   CUDA memory no transport), no peer error handling (perftest's default, without -e:
@@ -94,8 +97,8 @@ note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
     put) echo "ours: ucp_put_nbx from one SIZE buffer into one; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate), up to 4 such groups in flight; the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window (-O), clock stops after ucp_worker_flush" ;;
-    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side" ;;
-    lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
+    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
+    lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
 }
 
@@ -111,13 +114,14 @@ run() {
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local info=$ucx/libucx/bin/ucx_info perf=$ucx/libucx/bin/ucx_perftest
   "$info" -v >&2
+  log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
   log "ucx_info -d: transports (memory domain: transports)"
   "$info" -d 2>/dev/null | awk '/# Memory domain:/ {md = $4} /# *Transport:/ {t[md] = t[md] " " $3}
     END {for (m in t) printf "  %-10s%s\n", m ":", t[m]}' | sort >&2
   local mems=${MEM:-cuda,host} mem
   IFS=, read -r -a memv <<< "$mems"
   local tls=${UCX_STEP_TLS:-sm,cuda_copy,cuda_ipc,self}
-  local common=(--backend ucx --provider "$tls" --nic-opt peer_errors=off)
+  local common=(--backend ucx --provider "$tls" --nic-opt peer_errors=off ${UCX_OURS_OPTS:-})
   local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
   local cores pin_srv=() pin_cli=()
   cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
@@ -171,7 +175,9 @@ run() {
     wait $spid 2>/dev/null || true
     # UCX logs to stdout ("[TIME] [HOST:PID:THREAD] file:line UCX WARN ..."): not JSON.
     grep -v '^\[[0-9]' "$out/ours.json" > "$out/ours.clean" || true
-    if [ "$row" = lat ]; then jq -r '.seconds * 1e6 / .ops / 2' "$out/ours.clean"
+    if [ "$row" = lat ]; then
+      log "  ours lat $size: $(jq -r '"p50 \(.p50_us) min \(.min_us) max \(.max_us) us"' "$out/ours.clean")"
+      jq -r '.seconds * 1e6 / .ops / 2' "$out/ours.clean"
     else jq -r '.gbps' "$out/ours.clean"; fi
   }
   theirs() {  # ROW SIZE MEM
@@ -179,7 +185,7 @@ run() {
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in put) t=ucp_put_bw; iters=$n ;; tag) t=tag_bw; iters=$n ;; lat) t=tag_lat; iters=$lat_iters ;; esac
-    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f)
+    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f ${UCX_PERFTEST_OPTS:-})
     # Host buffers from the heap, as ours: perftest's default host buffers are UCX's own
     # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
     # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").

@@ -99,6 +99,9 @@ pub struct UcxMr {
     owner: u32,
     /// Start address of the memory (host or device pointer).
     base: usize,
+    /// What `ucp_mem_map` was told the memory is: sends and receives name it (with the
+    /// mapping) so that UCX does not detect it per call.
+    mtype: sys::ucs_memory_type_t,
     remote: RemoteMr,
 }
 
@@ -241,6 +244,8 @@ pub struct Endpoint {
     version: String,
     /// UCP_ERR_HANDLING_MODE_PEER (option `peer_errors`, default on).
     peer_errors: bool,
+    /// Sends and receives name their region's memh and memory type (option `memh`).
+    name_memory: bool,
 }
 
 // SAFETY: the worker is created UCS_THREAD_MODE_SERIALIZED (any thread, one at a time), and
@@ -271,6 +276,11 @@ impl Endpoint {
             Some("on") => true,
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("peer_errors", v)),
+        };
+        let name_memory = match nic.options.get("memh").map(String::as_str) {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
         };
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
@@ -399,6 +409,7 @@ impl Endpoint {
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
             peer_errors,
+            name_memory,
         };
 
         let hparams = sys::ucp_am_handler_param_t {
@@ -520,6 +531,18 @@ impl Endpoint {
         };
         p.cb.send = Some(on_send);
         p
+    }
+
+    /// Name the memory of a send or receive: its type and its `ucp_mem_map` handle (the
+    /// buffer lies inside the mapping: `local` checked it), as `ucx_perftest -z` does. Without
+    /// them UCX detects the memory type per call (UCX 1.22's CUDA build: a memtype-cache
+    /// lookup, and `cuPointerGetAttributes` where the cache has no device for the range) and
+    /// looks a zero-copy send's registration up in its cache.
+    #[inline]
+    fn set_memory(p: &mut sys::ucp_request_param_t, mr: &UcxMr) {
+        p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
+        p.memory_type = mr.mtype;
+        p.memh = mr.map.memh;
     }
 
     /// Send the immediate of the WRITE in slot `i` (its flush completed).
@@ -816,6 +839,7 @@ impl Transport for Endpoint {
             map,
             owner: self.id,
             base,
+            mtype,
         })
     }
 
@@ -878,10 +902,13 @@ impl Transport for Endpoint {
         s.state.set(State::Send);
         s.ctx.set(ctx);
         let i = s.index;
-        let p = Self::params(s);
+        let mut p = Self::params(s);
+        if self.name_memory {
+            Self::set_memory(&mut p, buf.mr);
+        }
         // SAFETY: ep is live; [addr, addr + len) lies in a region this endpoint registered
-        // (checked), which the caller keeps alive until the completion; the slot outlives the
-        // operation.
+        // (checked), which the caller keeps alive until the completion, and so its mapping
+        // (the memh named in p); the slot outlives the operation.
         let r = unsafe { sys::ucp_tag_send_nbx(ep, addr, buf.len, SEND_TAG, &p) };
         self.started(i, "ucp_tag_send_nbx", r)
     }
@@ -898,9 +925,12 @@ impl Transport for Endpoint {
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
         p.cb.recv = Some(on_recv);
         p.recv_info.tag_info = s.info.get();
+        if self.name_memory {
+            Self::set_memory(&mut p, buf.mr);
+        }
         // SAFETY: the worker is live; the buffer lies in a region of this endpoint (checked)
-        // kept alive until the completion; recv_info points at the slot's `info`, which lives
-        // with the endpoint.
+        // kept alive until the completion, and so its mapping (the memh named in p);
+        // recv_info points at the slot's `info`, which lives with the endpoint.
         let r =
             unsafe { sys::ucp_tag_recv_nbx(self.worker, addr, buf.len, SEND_TAG, u64::MAX, &p) };
         self.started(i, "ucp_tag_recv_nbx", r)
@@ -1083,6 +1113,10 @@ impl Transport for Endpoint {
             "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx".into(),
         );
         settings.insert("cuda_memory".into(), self.ctx.cuda.to_string());
+        settings.insert(
+            "memh".into(),
+            if self.name_memory { "on" } else { "off" }.into(),
+        );
         settings.insert(
             "err_mode".into(),
             if self.peer_errors { "peer" } else { "none" }.into(),

@@ -17,7 +17,8 @@
 //!   active message whose 4-byte header is the immediate (`ucp_am_send_nbx`). The target's
 //!   handler turns it into the `RemoteWrite`: it is never delivered before the bytes. The
 //!   initiator's `Write` completion comes when the active message has been sent.
-//! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
+//! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer), each
+//!   naming its region's `ucp_mem_map` handle and memory type (option `memh`).
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress`. Every
 //!   operation takes a slot of a fixed table made at open (the request slab): UCX's callbacks
 //!   write the status into the slot and queue its index; nothing is allocated and no lock is
@@ -42,14 +43,24 @@ pub use probe::probe;
 use transport_core::{BackendInfo, OptionInfo, ProviderInfo};
 
 /// The options of `NicDesc::options`.
-const OPTIONS: &[OptionInfo] = &[OptionInfo {
-    key: "peer_errors",
-    values: "auto|on|off",
-    help: "UCP_ERR_HANDLING_MODE_PEER on every peer: a dead peer is an error, not an abort \
+const OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        key: "peer_errors",
+        values: "auto|on|off",
+        help: "UCP_ERR_HANDLING_MODE_PEER on every peer: a dead peer is an error, not an abort \
            or a hang. UCX 1.13's shared-memory transports (posix, sysv) cannot do it, so auto \
            (the default) is off where every transport named is shared memory (sm, posix, \
            sysv, cma, self), on otherwise; the run record's err_mode says which",
-}];
+    },
+    OptionInfo {
+        key: "memh",
+        values: "on|off",
+        help: "SEND and RECV name their region to UCX (UCP_OP_ATTR_FIELD_MEMH and \
+           _MEMORY_TYPE: its ucp_mem_map handle and memory type, as ucx_perftest -z does), so \
+           UCX does not detect the memory type or look the registration up per message; on \
+           by default, off for an A/B against ucx_perftest without -z",
+    },
+];
 
 /// Whether `tls` names shared-memory transports only (UCX 1.13 has no peer failure handler
 /// for posix and sysv, so peer error handling finds no transport for messages there).

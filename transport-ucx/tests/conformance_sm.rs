@@ -41,3 +41,17 @@ fn peer_errors_need_a_transport_that_has_them() {
         other => panic!("UCX 1.13 sm with peer errors: {other:?}"),
     }
 }
+
+/// `memh` (SEND and RECV naming their region) is on by default, can be turned off, and a
+/// value it does not know is refused; the run record says which.
+#[test]
+fn memh_option() {
+    let on = Endpoint::open(&NicDesc::provider("sm")).unwrap();
+    assert_eq!(on.runtime().settings["memh"], "on");
+    let off = Endpoint::open(&NicDesc::provider("sm").with_option("memh", "off")).unwrap();
+    assert_eq!(off.runtime().settings["memh"], "off");
+    match Endpoint::open(&NicDesc::provider("sm").with_option("memh", "maybe")) {
+        Err(e) => assert!(e.to_string().contains("memh"), "{e}"),
+        Ok(_) => panic!("memh=maybe was taken"),
+    }
+}

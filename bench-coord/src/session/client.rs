@@ -501,7 +501,7 @@ fn run_one<T: Transport>(
                         .ctx(|| "the server's region")?,
                     op: plan.op,
                 };
-                pp.prepare()?;
+                pp.prepare(warm + p.iters)?;
                 ctrl.send(&Msg::Request(request(plan, p, id, 1, 1)))?;
                 wait_ready(ctrl, id)?;
                 pp.ping(warm, p.iters, &ctrl.liveness(), cfg.idle, &mut progress)?

@@ -584,7 +584,7 @@ fn serve_request<T: Transport>(
                     .ctx(|| "the client's region")?,
                 op: r.op,
             };
-            pp.prepare()?;
+            pp.prepare(warm + r.iters)?;
             ctrl.send(&Msg::Ready { id: r.id })?;
             pp.pong(warm + r.iters, &live, idle)?;
             Default::default()

@@ -1,7 +1,15 @@
 //! `lat`: ping-pong on one NIC, WRITE-with-immediate or SEND. The client times round trips;
 //! latency is reported one-way, as half the round trip. Each side lands what it received
 //! ([`super::delivery::land`]: for GPU memory, visible to its GPU) before it answers, and the
-//! client's clock for a round trip stops only after it landed the answer.
+//! client's clock for a round trip stops only after it landed the answer. A round trip runs
+//! from the previous one's landing to its own: one clock read per round trip, and the round
+//! trips add up to the wall time of the timed loop, re-posted receives included (what
+//! `ucx_perftest`'s and perftest's overall latency divide by the iterations).
+//!
+//! SEND keeps two receives posted on each side ([`AHEAD`]): the receive for message `i + 2` is
+//! posted right after this side sent message `i` (the client) or answered it (the server),
+//! while the message is in flight, a whole round trip before that message can come; a
+//! re-post is never on the path between a message's arrival and the answer.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +25,9 @@ use crate::report::Progress;
 
 /// Polls between liveness and timeout checks while spinning.
 const CHECK: u32 = 4096;
+
+/// Receives each side keeps posted for SEND (see the module docs).
+const AHEAD: u64 = 2;
 
 /// One side's view of the ping-pong NIC.
 pub struct PingPong<'a, T: Transport> {
@@ -84,16 +95,29 @@ impl<T: Transport> PingPong<'_, T> {
             .ctx(|| "posting a receive for the ping-pong")?
         {
             Post::Posted => Ok(()),
-            Post::QueueFull => Err(Error::Protocol(
-                "the receive queue is full with one receive posted".into(),
-            )),
+            Post::QueueFull => Err(Error::Protocol(format!(
+                "the receive queue is full with {AHEAD} receives posted"
+            ))),
         }
     }
 
-    /// The ping-pong's own receive, before the first message (SEND only).
-    pub fn prepare(&mut self) -> Result<()> {
+    /// The ping-pong's own receives for the first [`AHEAD`] of `total` messages, before the
+    /// first one (SEND only).
+    pub fn prepare(&mut self, total: u64) -> Result<()> {
         if self.op == LatOp::Send {
-            self.post_recv(0)?;
+            for i in 0..AHEAD.min(total) {
+                self.post_recv(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After message `i` went out (client) or was answered (server): the receive for message
+    /// `i + AHEAD`, the next one's being posted already.
+    #[inline]
+    fn post_ahead(&mut self, i: u64, total: u64) -> Result<()> {
+        if self.op == LatOp::Send && i + AHEAD < total {
+            self.post_recv(i + AHEAD)?;
         }
         Ok(())
     }
@@ -107,7 +131,9 @@ impl<T: Transport> PingPong<'_, T> {
         live: &Liveness,
         idle: Duration,
     ) -> Result<()> {
-        let start = Instant::now();
+        // The idle clock starts at the first check, not here: a message that comes within
+        // CHECK polls (every one of a ping-pong) costs no clock read.
+        let mut start: Option<Instant> = None;
         let mut spins = 0u32;
         loop {
             let n = self.ep.poll(buf).ctx(|| "polling")?;
@@ -132,7 +158,8 @@ impl<T: Transport> PingPong<'_, T> {
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(CHECK) {
-                check(live, start, idle, "the peer's ping-pong message")?;
+                let since = *start.get_or_insert_with(Instant::now);
+                check(live, since, idle, "the peer's ping-pong message")?;
             }
         }
     }
@@ -176,19 +203,19 @@ impl<T: Transport> PingPong<'_, T> {
         let mut rtts = Vec::with_capacity(iters as usize);
         let mut buf = vec![Completion::default(); 16];
         let mut local_done = 0u64;
+        let mut clock = Clock::start();
         for i in 0..total {
-            let clock = Clock::start();
             self.post_msg(i, &mut local_done, &mut buf)?;
+            // The reply's receive is posted (prepare, or the previous turn); this one is for
+            // the reply after next, posted while this ping is in flight.
+            self.post_ahead(i, total)?;
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
             let delivered = land(self.ep, &[self.dst.mr], Drain::No)?;
-            // The receive for the next reply goes up before the next ping can provoke it.
-            if self.op == LatOp::Send && i + 1 < total {
-                self.post_recv(i + 1)?;
-            }
-            let rtt = clock.stop(delivered);
             if i >= warm {
-                rtts.push(rtt.as_nanos() as u64);
+                rtts.push(clock.stop(delivered).as_nanos() as u64);
             }
+            // The next round trip starts here.
+            clock = Clock::from(delivered.at());
             if i % 4096 == 4095 {
                 progress.update(i + 1, total);
             }
@@ -204,10 +231,9 @@ impl<T: Transport> PingPong<'_, T> {
         for i in 0..total {
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
             make_visible(self.ep, &[self.dst.mr])?;
-            if self.op == LatOp::Send && i + 1 < total {
-                self.post_recv(i + 1)?;
-            }
             self.post_msg(i, &mut local_done, &mut buf)?;
+            // The next ping's receive is posted (prepare, or the previous turn).
+            self.post_ahead(i, total)?;
         }
         self.drain(&mut local_done, total, &mut buf, live, idle)
     }

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# ucx_perftest's tag_bw and tag_lat beside rdma-bench's SEND rows over the ucx backend, like
+# for like (compare.sh does put): two processes on 127.0.0.1, the same transports (UCX_TLS),
+# message sizes and iterations, heap buffers on both sides (perftest: UCX_ALLOC_PRIO=heap, as
+# ci/gpu-host-ucx.sh runs it), no peer error handling on either (perftest's default, ours
+# --nic-opt peer_errors=off), no verification in either.
+#
+#   transport-ucx/compare-tag.sh [RDMA_BENCH] [TLS...]   (default: target/release/rdma-bench, sm tcp)
+#
+# tag  ours: --workload send --single-buffer -s SIZE -n N: ucp_tag_send_nbx into receives kept
+#           posted on one buffer (depth 256, credits back as WRITEs with immediate every 64);
+#           the clock stops at the receiver's acknowledgement after the last message.
+#      perftest -t tag_bw -s SIZE -n N -w N/10: ucp_tag_send_nbx with up to 32 sends
+#           outstanding (immediately completed ones not counted), the receiver posts up to 32
+#           receives; its clock stops when the receiver's 1-byte ack (a tag send) arrived.
+# lat  ours: --workload lat --op send -s SIZE -n LAT_ITERS: tag ping-pong; one-way = the sum of
+#           the timed round trips / iters / 2 (the mean), and the median round trip / 2.
+#      perftest -t tag_lat -s SIZE -n LAT_ITERS -w LAT_ITERS/10: its "overall" latency (the
+#           mean, half a round trip) and its "50%" column.
+# Gbit/s for tag (ours / theirs: higher is better), microseconds for lat (lower is better);
+# each figure the best of ROUNDS (default 3) rounds, the tools interleaved (odd rounds ours
+# first, even rounds theirs first). tcp runs with UCX_NET_DEVICES=lo and --devices lo.
+# UCX_LIB=DIR runs both against the UCX in DIR (LD_LIBRARY_PATH; e.g. the libucx-cu12 wheel's
+# libucx/lib, whose 1.22 is what the GPU host runs), with UCX_PERFTEST its ucx_perftest.
+# ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
+# at most LAT_BYTES / SIZE: 4 GiB, so 4096 round trips at 1 MiB).
+set -euo pipefail
+B=${1:-target/release/rdma-bench}; shift || true
+[ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
+PERFTEST=${UCX_PERFTEST:-ucx_perftest}
+[ -n "${UCX_LIB:-}" ] && export LD_LIBRARY_PATH=$UCX_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+IFS=, read -r -a SIZES <<< "${SIZES:-4096,65536,1048576}"
+IFS=, read -r -a ROWS <<< "${ROWS:-tag,lat}"
+ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824} LAT_ITERS=${LAT_ITERS:-20000}
+LAT_BYTES=${LAT_BYTES:-4294967296}
+PORT=${PORT:-$((21000 + RANDOM % 20000))}
+OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
+iters() { # ROW SIZE
+  local n
+  if [ "$1" = lat ]; then n=$((LAT_BYTES / $2)); [ $n -lt "$LAT_ITERS" ] || n=$LAT_ITERS; echo $n; return; fi
+  n=$((BYTES / $2)); [ $n -ge 128 ] || n=128; echo $n
+}
+theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
+  local row=$1 tls=$2 size=$3 n t; n=$(iters "$row" "$size")
+  [ "$row" = lat ] && t=tag_lat || t=tag_bw
+  PORT=$((PORT + 1))
+  local env=(UCX_TLS="$tls" UCX_NET_DEVICES=lo UCX_ALLOC_PRIO=heap)
+  env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
+    > "$OUT/tsrv" 2>&1 &
+  local srv=$!
+  sleep 0.5
+  # Final line: iters, lat 50%, lat avg, lat overall (us), bw avg, overall (MB/s), rates.
+  env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
+    127.0.0.1 > "$OUT/tcli" 2>&1 || true
+  wait "$srv" || true
+  if [ "$row" = lat ]; then
+    awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4; m = $2} END {printf "%.3f %.3f\n", v, m}' "$OUT/tcli"
+  else
+    awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.2f -\n", v * 8 * 1048576 / 1e9}' "$OUT/tcli"
+  fi
+}
+ours() { # ROW TLS SIZE
+  local row=$1 tls=$2 size=$3 n dev=() args; n=$(iters "$row" "$size")
+  PORT=$((PORT + 1))
+  [ "$tls" = tcp ] && dev=(--devices lo)
+  local common=(--backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off)
+  case $row in
+    tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
+    lat) args=(--workload lat --op send -s "$size" -n "$n") ;;
+  esac
+  timeout 120 "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
+  local srv=$!
+  sleep 0.5
+  timeout 120 "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" --json \
+    2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
+  wait "$srv" || true
+  if [ "$row" = lat ]; then
+    jq -r '"\(.seconds * 1e6 / .ops / 2) \(.p50_us)"' "$OUT/ours.json" 2>/dev/null |
+      awk '{printf "%.3f %.3f\n", $1, $2}' || echo "0 0"
+  else
+    jq -r '.gbps' "$OUT/ours.json" 2>/dev/null | awk '{printf "%.2f -\n", $1}' || echo "0 -"
+  fi
+}
+best() { # ROW: best of the first column (and of the second) of stdin
+  awk -v r="$1" '$1 + 0 > 0 { if (n++ == 0 || (r == "lat" ? $1 < a : $1 > a)) a = $1;
+      if ($2 != "-" && (m == "" || $2 < m)) m = $2 }
+    END { if (n == 0) print "0 -"; else printf "%s %s\n", a, (m == "" ? "-" : m) }'
+}
+printf '%-4s %-4s %8s %10s %10s %7s   %s\n' tls row size ours theirs ratio \
+  "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
+for tls in "${TLS_LIST[@]}"; do
+  for row in "${ROWS[@]}"; do
+    for size in "${SIZES[@]}"; do
+      : > "$OUT/o"; : > "$OUT/t"
+      for r in $(seq "$ROUNDS"); do
+        if [ $((r % 2)) = 1 ]; then ours $row $tls $size >> "$OUT/o"; theirs $row $tls $size >> "$OUT/t"
+        else theirs $row $tls $size >> "$OUT/t"; ours $row $tls $size >> "$OUT/o"; fi
+      done
+      read -r o om < <(best $row < "$OUT/o")
+      read -r t tm < <(best $row < "$OUT/t")
+      ratio=$(awk -v a="$o" -v b="$t" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "-"}')
+      extra=
+      [ "$row" = lat ] && extra="   median $om/$tm"
+      printf '%-4s %-4s %8s %10s %10s %7s%s   rounds: ours %s theirs %s\n' "$tls" "$row" "$size" \
+        "$o" "$t" "$ratio" "$extra" "$(cut -d' ' -f1 "$OUT/o" | paste -sd/)" \
+        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)"
+    done
+  done
+done
