@@ -32,12 +32,15 @@ for mem in ${MEMS:-host cuda}; do
   echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]}"
   # (Streamed as it runs, so a run cut short still shows how far it got; CLIENT_TIMEOUT
   # bounds each memory's run.)
-  if timeout "${CLIENT_TIMEOUT:-240}" "$RB" client --connect "127.0.0.1:$port" --provider shm \
-      --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" 2>&1 |
-      tee "$out" && grep -q "every byte verified" "$out"; then
+  rc=0
+  timeout "${CLIENT_TIMEOUT:-240}" "$RB" client --connect "127.0.0.1:$port" --provider shm \
+    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" 2>&1 |
+    tee "$out" || rc=${PIPESTATUS[0]}
+  if [ "$rc" = 0 ] && grep -q "every byte verified" "$out"; then
     log "$mem memory: passed"
   else
-    log "FAILED: $mem memory"; status=1
+    log "FAILED: $mem memory (the client exited $rc$([ "$rc" -gt 128 ] && echo ", signal $((rc - 128))"))"
+    status=1
     kill "$srv" 2>/dev/null || true
   fi
   wait "$srv" 2>/dev/null || { log "the server ($mem memory) exited non-zero:"; cat "$srvlog" >&2; status=1; }
