@@ -32,8 +32,11 @@ for mem in ${MEMS:-host cuda}; do
   echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]}"
   # (Streamed as it runs, so a run cut short still shows how far it got; CLIENT_TIMEOUT
   # bounds each memory's run.)
+  # FI_LOG_LEVEL=warn: libfabric says once when its CUDA copy synchronises the whole device
+  # (a copy with memory CUDA does not know), which a kernel spinning on the proxy cannot
+  # survive: the first thing to look for if a GPU-memory run hangs (run 6's did, silently).
   rc=0
-  timeout "${CLIENT_TIMEOUT:-240}" "$RB" client --connect "127.0.0.1:$port" --provider shm \
+  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} timeout "${CLIENT_TIMEOUT:-240}" "$RB" client --connect "127.0.0.1:$port" --provider shm \
     --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" 2>&1 |
     tee "$out" || rc=${PIPESTATUS[0]}
   if [ "$rc" = 0 ] && grep -q "every byte verified" "$out"; then
