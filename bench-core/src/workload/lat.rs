@@ -6,7 +6,7 @@
 //! trips add up to the wall time of the timed loop, re-posted receives included (what
 //! `ucx_perftest`'s and perftest's overall latency divide by the iterations).
 //!
-//! SEND keeps two receives posted on each side ([`AHEAD`]): the receive for message `i + 2` is
+//! SEND keeps two receives posted on each side (`AHEAD`): the receive for message `i + 2` is
 //! posted right after this side sent message `i` (the client) or answered it (the server),
 //! while the message is in flight, a whole round trip before that message can come; a
 //! re-post is never on the path between a message's arrival and the answer.
@@ -101,7 +101,7 @@ impl<T: Transport> PingPong<'_, T> {
         }
     }
 
-    /// The ping-pong's own receives for the first [`AHEAD`] of `total` messages, before the
+    /// The ping-pong's own receives for the first `AHEAD` of `total` messages, before the
     /// first one (SEND only).
     pub fn prepare(&mut self, total: u64) -> Result<()> {
         if self.op == LatOp::Send {
