@@ -246,6 +246,40 @@ pub struct Produce {
     pub threads: u32,
 }
 
+impl Produce {
+    /// `cmd` alone, as command `first` of one warp (what [`Kernels::pingpong`] publishes each
+    /// round: its immediate's low 16 bits become the round's position).
+    pub fn single(cmd: &crate::Command, first: u64) -> Self {
+        let (local_region, local_off) = crate::ring::unpack(cmd.local);
+        let (remote_region, remote_off) = crate::ring::unpack(cmd.remote);
+        Self {
+            first,
+            count: 1,
+            peer: cmd.peer,
+            local_region,
+            local_off,
+            remote_region,
+            remote_off,
+            len: cmd.len,
+            stride: 0,
+            pages: 1,
+            op: cmd.op,
+            imm_slot: (cmd.imm >> crate::ring::ARRIVAL_SHIFT) as u16,
+            claim: None,
+            fill: None,
+            blocks: 1,
+            threads: 32,
+        }
+    }
+}
+
+/// One warp: the launch of the kernels one GPU thread runs (wait, ping-pongs).
+const ONE_WARP: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (32, 1, 1),
+    shared_mem_bytes: 0,
+};
+
 /// The compiled kernels, on one stream of one context.
 pub struct Kernels {
     ctx: Arc<CudaContext>,
@@ -436,11 +470,16 @@ impl Kernels {
         Ok(())
     }
 
-    /// Wait for everything launched so far; an error if a producer gave up.
-    pub fn sync(&self) -> Result<(), GpuError> {
+    /// Wait for this stream's work.
+    fn synchronize(&self) -> Result<(), GpuError> {
         self.stream
             .synchronize()
-            .map_err(|e| cuda("cuStreamSynchronize", e))?;
+            .map_err(|e| cuda("cuStreamSynchronize", e))
+    }
+
+    /// Wait for everything launched so far; an error if a producer gave up.
+    pub fn sync(&self) -> Result<(), GpuError> {
+        self.synchronize()?;
         let st = self.scratch.read_u64(0) & 0xffff_ffff;
         if st != 0 {
             return Err(failure(
@@ -457,11 +496,7 @@ impl Kernels {
         self.scratch.zero(64, 32);
         let out = self.scratch.device_ptr() + 64;
         let timeout = KERNEL_TIMEOUT_NS;
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = ONE_WARP;
         let mut b = self.stream.launch_builder(&self.wait);
         b.arg(&ring)
             .arg(&counter)
@@ -472,9 +507,7 @@ impl Kernels {
         // counter are in the caller's mapped block, alive across this synchronous call; out
         // is scratch, owned by self.
         unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_wait)", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| cuda("cuStreamSynchronize", e))?;
+        self.synchronize()?;
         let [seen, done, start, err] = [64, 72, 80, 88].map(|o| self.scratch.read_u64(o));
         if done == 0 {
             let word = if err != 0 { 0x100 | err } else { 1 };
@@ -511,11 +544,7 @@ impl Kernels {
             p.op as u32,
             p.imm_slot as u32,
         );
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = ONE_WARP;
         let mut b = self.stream.launch_builder(&self.pingpong);
         b.arg(&ring)
             .arg(&counter)
@@ -536,9 +565,7 @@ impl Kernels {
         // counter are in the caller's mapped block, alive across this synchronous call; out
         // is scratch, owned by self.
         unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_pingpong)", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| cuda("cuStreamSynchronize", e))?;
+        self.synchronize()?;
         let [done, ns, failed] = [128, 136, 144].map(|o| self.scratch.read_u64(o));
         if failed != 0 || done != iters {
             return Err(failure(
@@ -559,20 +586,14 @@ impl Kernels {
         self.scratch.zero(192, 24);
         let out = self.scratch.device_ptr() + 192;
         let timeout = KERNEL_TIMEOUT_NS;
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = ONE_WARP;
         let mut b = self.stream.launch_builder(&self.flag_pingpong);
         b.arg(&flags).arg(&iters).arg(&timeout).arg(&out);
         // SAFETY: arguments match proxy_flag_pingpong's (u64 device addresses and u64s);
         // flags is the caller's mapped memory with 136 bytes from it, alive across this
         // synchronous call; out is scratch, owned by self.
         unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_flag_pingpong)", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| cuda("cuStreamSynchronize", e))?;
+        self.synchronize()?;
         let [done, ns, failed] = [192, 200, 208].map(|o| self.scratch.read_u64(o));
         if failed != 0 || done != iters {
             return Err(GpuError::Timeout(format!(
@@ -740,26 +761,7 @@ impl CudaProducer {
                     .into(),
             ));
         }
-        let (lreg, loff) = crate::ring::unpack(cmd.local);
-        let (rreg, roff) = crate::ring::unpack(cmd.remote);
-        let p = Produce {
-            first,
-            count: 1,
-            peer: cmd.peer,
-            local_region: lreg,
-            local_off: loff,
-            remote_region: rreg,
-            remote_off: roff,
-            len: cmd.len,
-            stride: 0,
-            pages: 1,
-            op: cmd.op,
-            imm_slot: (cmd.imm >> crate::ring::ARRIVAL_SHIFT) as u16,
-            claim: None,
-            fill: None,
-            blocks: 1,
-            threads: 32,
-        };
+        let p = Produce::single(cmd, first);
         let counter = dev + (crate::ring::OFF_ARRIVALS + crate::ring::LINE * slot as usize) as u64;
         self.kernels.pingpong(dev, counter, base, rounds, &p)
     }

@@ -1015,24 +1015,16 @@ fn figures_latency() {
             host_latency(&mut p, size, warm);
             let host = host_latency(&mut p, size, iters);
             let (kernel, q, writes, arrivals) = with_proxies(&k, p, 64, |ra, rb| {
-                let mut prod = Produce {
-                    first: 0,
-                    count: 1,
-                    peer: 0,
-                    local_region: 0,
-                    local_off: 0,
-                    remote_region: 0,
-                    remote_off: 0,
-                    len: size as u32,
-                    stride: 0,
-                    pages: 1,
-                    op: OP_WRITE_IMM,
-                    imm_slot: 0,
-                    claim: None,
-                    fill: None,
-                    blocks: 1,
-                    threads: 32,
-                };
+                let mut prod = Produce::single(
+                    &Command::write(
+                        0,
+                        pack(0, 0),
+                        pack(0, 0),
+                        size as u32,
+                        Some(immediate(0, 0)),
+                    ),
+                    0,
+                );
                 let arrivals = rb.dev_at(transport_proxy::ring::OFF_ARRIVALS);
                 k.pingpong(ra.dev(), arrivals, 0, warm, &prod)
                     .expect("warm-up rounds");
@@ -1290,24 +1282,16 @@ fn figures_latency_half_round_trip() {
                 .expect("clear the answers");
             let total = warm + iters;
             let (kernel, q, writes, arrivals) = with_proxies(&k, p, 64, |ra, rb| {
-                let prod = Produce {
-                    first: 0,
-                    count: 1,
-                    peer: 0,
-                    local_region: 0,
-                    local_off: 0,
-                    remote_region: 0,
-                    remote_off: 0,
-                    len: size as u32,
-                    stride: 0,
-                    pages: 1,
-                    op: OP_WRITE_IMM,
-                    imm_slot: 0,
-                    claim: None,
-                    fill: None,
-                    blocks: 1,
-                    threads: 32,
-                };
+                let prod = Produce::single(
+                    &Command::write(
+                        0,
+                        pack(0, 0),
+                        pack(0, 0),
+                        size as u32,
+                        Some(immediate(0, 0)),
+                    ),
+                    0,
+                );
                 let echo_stop = AtomicBool::new(false);
                 std::thread::scope(|s| {
                     let _stop = StopOnDrop(&echo_stop);
@@ -1395,6 +1379,31 @@ fn figures_latency_half_round_trip() {
     }
 }
 
+/// Post WRITEs `todo.start..` (at most 64, each with its immediate) of `size` bytes, WRITE `i`
+/// from and to page `i % 64`; how many `a` took.
+fn post_pages<'m>(
+    a: &mut Endpoint,
+    to_b: PeerId,
+    src: &'m <Endpoint as Transport>::Mr,
+    remote: &RemoteRegion<<Endpoint as Transport>::RemoteKey>,
+    size: usize,
+    todo: std::ops::Range<u64>,
+    batch: &mut Vec<WriteOp<'m, <Endpoint as Transport>::Mr, <Endpoint as Transport>::RemoteKey>>,
+) -> u64 {
+    batch.clear();
+    for i in todo.start..(todo.start + 64).min(todo.end) {
+        let off = (i % 64) as usize * size;
+        batch.push(WriteOp {
+            peer: to_b,
+            local: LocalSlice::new(src, off, size).expect("slice"),
+            remote: remote.slice(off as u64, size as u64).expect("slice"),
+            imm: Some(immediate(0, i as u16)),
+            ctx: i,
+        });
+    }
+    a.post_writes(batch).expect("post_writes") as u64
+}
+
 /// Host-initiated bandwidth: `count` WRITEs with immediate of `size` bytes, page `i % 64` to
 /// page `i % 64`, batches of up to 64 per post, until every local completion and every
 /// immediate at b came; seconds.
@@ -1409,18 +1418,15 @@ fn host_bandwidth(p: &mut Pair, size: usize, count: u64, two_threads: bool) -> f
     let (mut seen, mut since) = (0u64, start);
     while done_a < count || landed < count {
         if next < count {
-            batch.clear();
-            for i in next..(next + 64).min(count) {
-                let off = (i % 64) as usize * size;
-                batch.push(WriteOp {
-                    peer: p.to_b,
-                    local: LocalSlice::new(&p.src, off, size).expect("slice"),
-                    remote: p.remote.slice(off as u64, size as u64).expect("slice"),
-                    imm: Some(immediate(0, i as u16)),
-                    ctx: i,
-                });
-            }
-            next += p.a.post_writes(&batch).expect("post_writes") as u64;
+            next += post_pages(
+                &mut p.a,
+                p.to_b,
+                &p.src,
+                &p.remote,
+                size,
+                next..count,
+                &mut batch,
+            );
         }
         done_a += drain(&mut p.a, &mut comps, |_| false).0;
         landed += drain(&mut p.b, &mut comps, |_| true).1;
@@ -1475,18 +1481,7 @@ fn host_bandwidth_two_threads(p: &mut Pair, size: usize, count: u64) -> f64 {
         let mut since = start;
         while done_a < count || landed.load(Ordering::Acquire) < count {
             if next < count {
-                batch.clear();
-                for i in next..(next + 64).min(count) {
-                    let off = (i % 64) as usize * size;
-                    batch.push(WriteOp {
-                        peer: *to_b,
-                        local: LocalSlice::new(src, off, size).expect("slice"),
-                        remote: remote.slice(off as u64, size as u64).expect("slice"),
-                        imm: Some(immediate(0, i as u16)),
-                        ctx: i,
-                    });
-                }
-                next += a.post_writes(&batch).expect("post_writes") as u64;
+                next += post_pages(a, *to_b, src, remote, size, next..count, &mut batch);
             }
             let w = drain(a, &mut comps, |_| false).0;
             if w > 0 {

@@ -3,10 +3,11 @@
 //! each side. Loopback runs the same two halves in one process ([`gpu_write_loopback`]).
 
 use std::net::TcpStream;
+use std::time::Duration;
 
 use transport_core::Transport;
 
-use bench_core::ctrl::{Ctrl, Watchdog};
+use bench_core::ctrl::{Ctrl, Liveness, Watchdog};
 use bench_core::error::{Error, Result};
 use bench_core::proto::{GpuStep, GpuStepDone, Msg};
 use bench_core::side::{Side, SideCfg};
@@ -63,18 +64,9 @@ fn client_inner<T: Transport>(
     greet(&mut side, cfg, ctrl, len)?;
     let gpu = side.gpus.first().copied().unwrap_or(0);
     let (core, pinning) = gpu_write::proxy_core(gcfg.pin, cfg.hints.as_ref(), gpu, 0);
-    let region = side.data.remove(0);
-    let mut end = End {
-        ep: &mut side.eps[0],
-        peer: side.peers[0],
-        remote: side.imported[0][0],
-        core,
-        live: live.clone(),
-        idle: gcfg.idle,
-    };
-    let (report, region) = gpu_write::client(&mut end, region, producer, gcfg, ctrl, &pinning)?;
-    side.data.insert(0, region);
-    Ok(report)
+    on_nic0(&mut side, core, &live, gcfg.idle, |end, region| {
+        gpu_write::client(end, region, producer, gcfg, ctrl, &pinning)
+    })
 }
 
 /// The server's part of one gpu-write step, on NIC 0 of `side`.
@@ -91,6 +83,22 @@ pub(crate) fn serve_gpu_step<T: Transport>(
     let _busy = live.busy();
     let gpu = side.gpus.first().copied().unwrap_or(0);
     let (core, _) = gpu_write::proxy_core(step.pin, cfg.side.hints.as_ref(), gpu, 1);
+    let idle = cfg.side.idle.max(Duration::from_secs(30));
+    let id = step.id;
+    on_nic0(side, core, &live, idle, |end, region| {
+        gpu_write::serve_step(end, region, step, || ctrl.send(&Msg::Ready { id }))
+    })
+}
+
+/// NIC 0 of `side` as one end of gpu-write (its endpoint, its peer, the peer's data region as
+/// imported, the proxy's core), with its own data region lent to `f` and put back after.
+fn on_nic0<T: Transport, R>(
+    side: &mut Side<T>,
+    core: Option<usize>,
+    live: &Liveness,
+    idle: Duration,
+    f: impl FnOnce(&mut End<'_, T>, T::Mr) -> Result<(R, T::Mr)>,
+) -> Result<R> {
     let region = side.data.remove(0);
     let mut end = End {
         ep: &mut side.eps[0],
@@ -98,11 +106,9 @@ pub(crate) fn serve_gpu_step<T: Transport>(
         remote: side.imported[0][0],
         core,
         live: live.clone(),
-        idle: cfg.side.idle.max(std::time::Duration::from_secs(30)),
+        idle,
     };
-    let id = step.id;
-    let (done, region) =
-        gpu_write::serve_step(&mut end, region, step, || ctrl.send(&Msg::Ready { id }))?;
+    let (r, region) = f(&mut end, region)?;
     side.data.insert(0, region);
-    Ok(done)
+    Ok(r)
 }
