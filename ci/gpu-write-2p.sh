@@ -25,7 +25,7 @@ for mem in ${MEMS:-host cuda}; do
   mem=${mem//,/}
   port=$((20000 + RANDOM % 20000))
   srvlog=$(mktemp); out=$(mktemp)
-  "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 >/dev/null 2>"$srvlog" &
+  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 >/dev/null 2>"$srvlog" &
   srv=$!
   echo; echo "== issue 27: gpu-write, two processes over shm, --producer ${PRODUCER:-cuda}, $mem memory"
   echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1"
@@ -36,9 +36,35 @@ for mem in ${MEMS:-host cuda}; do
   # (a copy with memory CUDA does not know), which a kernel spinning on the proxy cannot
   # survive: the first thing to look for if a GPU-memory run hangs (run 6's did, silently).
   rc=0
-  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} timeout "${CLIENT_TIMEOUT:-240}" "$RB" client --connect "127.0.0.1:$port" --provider shm \
-    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" 2>&1 |
-    tee "$out" || rc=${PIPESTATUS[0]}
+  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" client --connect "127.0.0.1:$port" --provider shm \
+    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" >"$out" 2>&1 &
+  cpid=$!
+  tail -n +1 -f --pid="$cpid" "$out" &
+  tailer=$!
+  waited=0
+  while kill -0 "$cpid" 2>/dev/null; do
+    if [ "$waited" -ge "${CLIENT_TIMEOUT:-240}" ]; then
+      # A hang: say where each thread is before killing it (a signal needs no dump: its
+      # number is printed below).
+      log "the client ($mem memory) is still running after ${CLIENT_TIMEOUT:-240} s; its threads:"
+      for t in /proc/"$cpid"/task/*; do
+        echo "  $(cat "$t/comm" 2>/dev/null) state=$(awk '{print $3}' "$t/stat" 2>/dev/null)" \
+          "wchan=$(cat "$t/wchan" 2>/dev/null) syscall=$(cut -d' ' -f1 "$t/syscall" 2>/dev/null)" >&2
+      done
+      # The binary's load address, for ci/crash-frames.sh with the unstripped copy
+      # (target-lf-2.6.0/release/rdma-bench here) to name gdb's bare frames.
+      awk '$6 ~ /rdma-bench$/ {print "  load: " $1 " " $3 " " $6; exit}' /proc/"$cpid"/maps >&2 || true
+      if command -v gdb >/dev/null; then
+        timeout 60 gdb -p "$cpid" -batch -ex "thread apply all bt 12" 2>&1 | grep -E '^(Thread|#)' | head -150 >&2 || true
+      fi
+      kill -9 "$cpid" 2>/dev/null || true
+      break
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  wait "$cpid" || rc=$?
+  wait "$tailer" 2>/dev/null || true
   if [ "$rc" = 0 ] && grep -q "every byte verified" "$out"; then
     log "$mem memory: passed"
   else
@@ -47,6 +73,13 @@ for mem in ${MEMS:-host cuda}; do
     kill "$srv" 2>/dev/null || true
   fi
   wait "$srv" 2>/dev/null || { log "the server ($mem memory) exited non-zero:"; cat "$srvlog" >&2; status=1; }
+  # shm says at warn level when it copies GPU memory through host bounce buffers instead of
+  # CUDA IPC (a posting thread without a CUDA context did, in the run of 2026-11-28 that
+  # read 0.07 Gbit/s): figures taken so are not the GPU path's.
+  if grep -h "fallback to using SAR" "$out" "$srvlog" | head -2 | grep . >&2; then
+    log "FAILED: $mem memory: shm copied GPU memory through host bounce buffers (above)"
+    status=1
+  fi
   rm -f "$out" "$srvlog"
 done
 exit $status

@@ -56,6 +56,38 @@ pub fn cuda_driver() -> bool {
     }
 }
 
+/// The GPU whose CUDA context this thread has current (it allocated a side's GPU memory, or
+/// ran a kernel), to hand to the threads it starts; `None` without one, without a driver or
+/// without the `cuda` feature.
+pub fn thread_gpu() -> Option<usize> {
+    #[cfg(feature = "cuda")]
+    {
+        transport_core::cuda_current_device()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
+    }
+}
+
+/// Make GPU `gpu`'s CUDA context current on this thread. Every thread a workload starts to
+/// post or poll calls this first where the thread that started it had a context
+/// ([`thread_gpu`]): providers call the CUDA driver from the thread that drives the endpoint,
+/// and libfabric's shm copies GPU memory through host bounce buffers from a thread without
+/// one (`transport_core::cuda_enter_device` says what that cost).
+pub fn enter_gpu(gpu: usize) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        transport_core::cuda_enter_device(gpu)
+            .ctx(|| format!("making GPU {gpu}'s CUDA context current on a worker thread"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = gpu;
+        Ok(())
+    }
+}
+
 #[inline]
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);

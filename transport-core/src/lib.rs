@@ -142,7 +142,9 @@ pub use backend::{
 };
 pub use error::{CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]
-pub use mem::{cuda_context, cuda_device_count, cuda_driver_present};
+pub use mem::{
+    cuda_context, cuda_current_device, cuda_device_count, cuda_driver_present, cuda_enter_device,
+};
 pub use mem::{
     dmabuf_range, make_gpu_visible, Dmabuf, DmabufRange, GpuBuffer, GpuDirectFlush, HostBuffer,
     Landing, Memory, MemoryMut, FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST,

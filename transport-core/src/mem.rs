@@ -366,8 +366,9 @@ mod cuda;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    context as cuda_context, device_count as cuda_device_count,
-    driver_present as cuda_driver_present,
+    context as cuda_context, current_device as cuda_current_device,
+    device_count as cuda_device_count, driver_present as cuda_driver_present,
+    enter_device as cuda_enter_device,
 };
 
 #[cfg(test)]

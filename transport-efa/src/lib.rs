@@ -37,6 +37,13 @@
 //! address computed from 0, and the peer dies of SIGSEGV on its next poll
 //! (`tests/shm_same_process.rs` shows both orders). Between processes nothing is needed.
 //!
+//! GPU memory: a thread that posts or polls on an endpoint with GPU memory registered needs
+//! the device's CUDA context current ([`transport_core::cuda_enter_device`]), not only the
+//! thread that registered it. shm takes its CUDA IPC handles on the posting thread; from a
+//! thread without a context it falls back to host bounce buffers ("unable to use IPC for
+//! msg, fallback to using SAR" at `FI_LOG_LEVEL=warn`), slower by orders of magnitude and
+//! otherwise silent (`tests/gpu_ipc.rs` shows both).
+//!
 //! # Options ([`NicDesc::options`])
 //! - `mr_mode=strict`: ask the provider for EFA's memory registration mode
 //!   (`FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY`), so that `tcp` and

@@ -137,12 +137,43 @@ fn child() {
             )
             .expect("child: import the target region")
             .all();
+        // The WRITEs go out from a thread of their own, as a workload's do: with the
+        // device's context made current there first (`GPU_IPC_THREAD=bound`, what every
+        // rdma-bench thread does) or not (`unbound`).
+        let bind = std::env::var("GPU_IPC_THREAD").as_deref() == Ok("bound");
+        let ep = &mut ep;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                if bind && !host() {
+                    transport_core::cuda_enter_device(0).expect("child: cuCtxSetCurrent");
+                }
+                write_all(ep, peer, &src, remote, reps, k);
+            })
+            .join()
+            .expect("child: the posting thread panicked");
+        });
+        println!("DONE");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// Post `reps` WRITEs of all of `src` to `remote` (the last with immediate `k`) and wait for
+/// their completions.
+fn write_all(
+    ep: &mut Endpoint,
+    peer: transport_core::PeerId,
+    src: &<Endpoint as Transport>::Mr,
+    remote: transport_core::RemoteSlice<<Endpoint as Transport>::RemoteKey>,
+    reps: u64,
+    k: usize,
+) {
+    {
         let mut done = 0;
         for r in 0..reps {
             let imm = (r + 1 == reps).then_some(k as u32);
             let start = Instant::now();
             while ep
-                .post_write(peer, LocalSlice::all(&src), remote, imm, r)
+                .post_write(peer, LocalSlice::all(src), remote, imm, r)
                 .expect("child: post_write")
                 == Post::QueueFull
             {
@@ -155,12 +186,10 @@ fn child() {
                 }
             }
         }
-        wait(&mut ep, "child: WRITE completions", |c| {
+        wait(ep, "child: WRITE completions", |c| {
             done += u64::from(c.kind == CompletionKind::Write);
             done == reps
         });
-        println!("DONE");
-        let _ = std::io::stdout().flush();
     }
 }
 
@@ -174,22 +203,18 @@ impl Drop for Kid {
     }
 }
 
-#[test]
-fn gpu_memory_between_processes_moves_device_to_device() {
-    if std::env::var_os("GPU_IPC_CHILD").is_some() {
-        child();
-        return;
-    }
+/// The target's endpoint, or why this machine cannot run the exchange (a skip, said).
+fn target() -> Option<Endpoint> {
     if !host() && (!cuda_driver_present() || cuda_device_count().unwrap_or(0) == 0) {
         assert!(
             !required(),
             "REQUIRE_CUDA_PROVIDER is set, but no CUDA device"
         );
         transport_core::skip::note("no CUDA device", "no CUDA driver or device on this machine");
-        return;
+        return None;
     }
-    let mut ep = match Endpoint::open(&nic()) {
-        Ok(ep) if ep.caps().gpu_memory || host() => ep,
+    match Endpoint::open(&nic()) {
+        Ok(ep) if ep.caps().gpu_memory || host() => Some(ep),
         other => {
             let why = match other {
                 Ok(_) => "shm offers no GPU memory here".to_string(),
@@ -197,9 +222,14 @@ fn gpu_memory_between_processes_moves_device_to_device() {
             };
             assert!(!required(), "REQUIRE_CUDA_PROVIDER is set: {why}");
             transport_core::skip::note("no CUDA-capable libfabric", &why);
-            return;
+            None
         }
-    };
+    }
+}
+
+/// Regions of each of `sizes` WRITEn into this process by a child whose posting thread is
+/// `thread` (`GPU_IPC_THREAD`), every byte checked; the rate of each, Gbit/s.
+fn exchange(ep: &mut Endpoint, thread: &str, sizes: &[usize]) -> Vec<(usize, f64)> {
     let exe = std::env::current_exe().expect("test binary");
     let mut kid = Kid(Command::new(exe)
         .args([
@@ -208,6 +238,7 @@ fn gpu_memory_between_processes_moves_device_to_device() {
             "--nocapture",
         ])
         .env("GPU_IPC_CHILD", "1")
+        .env("GPU_IPC_THREAD", thread)
         .env("FI_LOG_LEVEL", "warn")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -232,11 +263,8 @@ fn gpu_memory_between_processes_moves_device_to_device() {
         .expect("add_peer");
     writeln!(to_kid, "ADDR {}", hex(&ep.address().0)).expect("to child");
 
-    let mut slow = Vec::new();
-    for (k, len) in [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
-        .into_iter()
-        .enumerate()
-    {
+    let mut rates = Vec::new();
+    for (k, &len) in sizes.iter().enumerate() {
         let reps: u64 = ((8u64 << 30) / len as u64).clamp(4, 256);
         let dst = ep.register(alloc(len)).expect("register the target region");
         let r = dst.remote();
@@ -247,7 +275,7 @@ fn gpu_memory_between_processes_moves_device_to_device() {
         let start = Instant::now();
         writeln!(to_kid, "GO").expect("to child");
         to_kid.flush().expect("to child");
-        wait(&mut ep, "the region's immediate", |c| {
+        wait(ep, "the region's immediate", |c| {
             c.kind == CompletionKind::RemoteWrite { imm: k as u32 }
         });
         // shm's IPC copy is a device-to-device cudaMemcpy in this process, which returns
@@ -270,17 +298,62 @@ fn gpu_memory_between_processes_moves_device_to_device() {
                 panic!("region of {len} bytes: byte {} differs", off + i);
             }
         }
-        eprintln!("{len:>11} bytes x {reps:>3}: {gbps:8.1} Gbit/s, every byte verified");
-        if len >= CHECK_FROM && gbps < MIN_GBPS && !host() {
-            slow.push(format!("{len} bytes at {gbps:.1} Gbit/s"));
-        }
+        eprintln!(
+            "{thread} posting thread: {len:>11} bytes x {reps:>3}: {gbps:8.1} Gbit/s, every byte verified"
+        );
+        rates.push((len, gbps));
     }
     writeln!(to_kid, "END").expect("to child");
-    drop(to_kid);
+    rates
+}
+
+/// The regions at or above [`CHECK_FROM`] that moved under [`MIN_GBPS`], in words.
+fn slow(rates: &[(usize, f64)]) -> Vec<String> {
+    rates
+        .iter()
+        .filter(|&&(len, gbps)| len >= CHECK_FROM && gbps < MIN_GBPS)
+        .map(|(len, gbps)| format!("{len} bytes at {gbps:.1} Gbit/s"))
+        .collect()
+}
+
+/// The child posts from a thread of its own that made the device's context current first,
+/// as every rdma-bench thread does (`bench_core::buffers::enter_gpu`).
+#[test]
+fn gpu_memory_between_processes_moves_device_to_device() {
+    if std::env::var_os("GPU_IPC_CHILD").is_some() {
+        child();
+        return;
+    }
+    let Some(mut ep) = target() else { return };
+    let sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30];
+    let rates = exchange(&mut ep, "bound", &sizes);
+    let slow = slow(&rates);
     assert!(
-        slow.is_empty(),
+        host() || slow.is_empty(),
         "GPU memory did not move device to device between processes (under {MIN_GBPS} \
          Gbit/s: shm's host bounce path): {}",
         slow.join(", ")
+    );
+}
+
+/// What the context on the posting thread is for: the same exchange from a thread that never
+/// made a CUDA context current goes through shm's host bounce buffers (libfabric 2.6: "unable
+/// to use IPC for msg, fallback to using SAR"; the H200 run of 2026-11-28 that found it moved a
+/// kernel's 4 KiB WRITEs at 0.07 Gbit/s). Every byte still arrives. If a libfabric stops
+/// needing the context, this goes red, and the binding's reason with it.
+#[test]
+fn a_posting_thread_without_a_cuda_context_bounces_through_host_memory() {
+    if host() {
+        transport_core::skip::note("GPU_IPC_HOST", "host memory has no CUDA path to lose");
+        return;
+    }
+    let Some(mut ep) = target() else { return };
+    let rates = exchange(&mut ep, "unbound", &[1 << 20, 16 << 20]);
+    assert_eq!(
+        slow(&rates).len(),
+        rates.len(),
+        "a posting thread without a CUDA context moved GPU memory at {rates:?} (Gbit/s): \
+         shm no longer falls back to its host bounce buffers there; the binding in \
+         bench_core::buffers::enter_gpu may no longer be needed"
     );
 }

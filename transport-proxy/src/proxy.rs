@@ -125,6 +125,10 @@ impl<'a, T: Transport> Proxy<'a, T> {
     ///
     /// Nothing is allocated after it starts, no lock is taken, and it makes no syscall of its
     /// own while there is work (after a long idle stretch it yields its core).
+    ///
+    /// With GPU memory among the regions, call it on a thread with the device's CUDA context
+    /// current (`transport_core::cuda_enter_device`): the provider's CUDA calls run on this
+    /// thread, and libfabric's shm copies through host memory where it has none.
     pub fn run(&self, ep: &mut T, stop: &AtomicBool) -> Result<ProxyStats, ProxyError> {
         let out = self.run_inner(ep, stop);
         self.ring.set_error(match &out {

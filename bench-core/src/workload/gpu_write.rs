@@ -356,13 +356,19 @@ pub fn proxy_core(
     }
 }
 
-/// Run `f` on a thread of its own pinned to `core` (where given and the OS agrees).
+/// Run `f` on a thread of its own pinned to `core` (where given and the OS agrees), with the
+/// CUDA context this thread has (if any) current there too: the proxy posts and polls GPU
+/// memory from that thread (`buffers::enter_gpu` says why it needs one).
 fn on_core<'s, 'e, R: Send + 's>(
     s: &'s std::thread::Scope<'s, 'e>,
     core: Option<usize>,
     f: impl FnOnce() -> R + Send + 's,
 ) -> std::thread::ScopedJoinHandle<'s, R> {
+    let gpu = crate::buffers::thread_gpu();
     s.spawn(move || {
+        if let Some(Err(e)) = gpu.map(crate::buffers::enter_gpu) {
+            eprintln!("rdma-bench: gpu-write: {e}; the proxy's GPU-memory copies may go through host memory");
+        }
         if let Some(c) = core {
             if !crate::pin::pin_current(c) {
                 eprintln!(

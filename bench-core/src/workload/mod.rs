@@ -321,6 +321,9 @@ where
     let (warm, timed) = (Shared::default(), Shared::default());
     let (warm_total, timed_total) = (totals(warm_iters), totals(iters));
     let ngroups = groups.len();
+    // A side on GPU memory has its GPU's context current here; each thread makes its own
+    // GPU's current before it posts (`buffers::enter_gpu` says why).
+    let cuda = crate::buffers::thread_gpu().is_some();
     let results: Vec<Result<ThreadOut>> = std::thread::scope(|s| {
         let handles: Vec<_> = groups
             .into_iter()
@@ -335,6 +338,7 @@ where
                 s.spawn(move || {
                     let r = thread_main(
                         g,
+                        cuda,
                         core,
                         knobs,
                         warm_iters,
@@ -413,6 +417,7 @@ struct ThreadOut {
 #[allow(clippy::too_many_arguments)]
 fn thread_main<P, W: NicWork>(
     g: Group<P>,
+    cuda: bool,
     core: Option<usize>,
     knobs: &Knobs,
     warm_iters: u64,
@@ -424,6 +429,9 @@ fn thread_main<P, W: NicWork>(
     build: &(impl Fn(P) -> W + Sync),
 ) -> Result<ThreadOut> {
     let core = core.filter(|&c| pin::pin_current(c));
+    if cuda {
+        crate::buffers::enter_gpu(g.gpu)?;
+    }
     let mut nics: Vec<W> = g.parts.into_iter().map(build).collect();
     let mut buf = vec![Completion::default(); POLL_BATCH];
     if warm_iters > 0 {

@@ -75,6 +75,40 @@ pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     CudaContext::new(ordinal).map_err(|e| cuda_err("cuCtxCreate", e))
 }
 
+/// The device whose CUDA context is current on the calling thread; `None` where none is (or
+/// there is no driver). A thread that allocated GPU memory has its device's context current:
+/// this is what it hands to the threads it starts, which make it theirs with
+/// [`enter_device`].
+pub fn current_device() -> Option<usize> {
+    if !driver_present() {
+        return None;
+    }
+    result::ctx::get_current().ok().flatten()?;
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a context is current on this thread (checked just above), which is all
+    // cuCtxGetDevice needs; it writes one CUdevice through the pointer, a local here.
+    let r = unsafe { sys::cuCtxGetDevice(&mut dev) };
+    (r == sys::CUresult::CUDA_SUCCESS)
+        .then(|| usize::try_from(dev).ok())
+        .flatten()
+}
+
+/// Make device `ordinal`'s (primary) context current on the calling thread.
+///
+/// Every thread that posts or polls on GPU memory needs one. Providers call the CUDA driver
+/// from the thread that drives the endpoint, not the one that registered the memory:
+/// libfabric's shm takes a CUDA IPC handle there (`cuMemGetAddressRange`, then
+/// `cuIpcGetMemHandle`), and on a thread without a context it warns "unable to use IPC for
+/// msg, fallback to using SAR" and copies every byte through host bounce buffers. On an H200,
+/// a proxy thread without a context turned a 4 KiB WRITE between two processes into a
+/// 150 us round trip and a persistent kernel's stream of them into 0.07 Gbit/s. NCCL's proxy
+/// threads set their device for the same reason.
+pub fn enter_device(ordinal: usize) -> Result<()> {
+    context(ordinal)?
+        .bind_to_thread()
+        .map_err(|e| cuda_err("cuCtxSetCurrent", e))
+}
+
 /// An attribute of the context's device; 0 where the driver does not know it.
 fn device_attribute(ctx: &CudaContext, attr: sys::CUdevice_attribute) -> i32 {
     ctx.attribute(attr).unwrap_or(0)
