@@ -10,7 +10,9 @@
 #
 # Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS
 #      (host,cuda), GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin"),
-#      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu).
+#      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu),
+#      SERVER_ARGS (more server flags: `--mem host` keeps the server's region in host memory
+#      whatever the client's; see the GPU-memory note below).
 # Pass: exit 0; every table ends with "every byte verified (the server checked N landed
 # bytes, ...)"; a mismatch is a non-zero exit naming the WRITE and the byte.
 set -euo pipefail
@@ -25,10 +27,12 @@ for mem in ${MEMS:-host cuda}; do
   mem=${mem//,/}
   port=$((20000 + RANDOM % 20000))
   srvlog=$(mktemp); out=$(mktemp)
-  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 >/dev/null 2>"$srvlog" &
+  read -r -a sargs <<< "${SERVER_ARGS:-}"
+  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 \
+    ${sargs[@]+"${sargs[@]}"} >/dev/null 2>"$srvlog" &
   srv=$!
   echo; echo "== issue 27: gpu-write, two processes over shm, --producer ${PRODUCER:-cuda}, $mem memory"
-  echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1"
+  echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1 ${SERVER_ARGS:-}"
   echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]}"
   # (Streamed as it runs, so a run cut short still shows how far it got; CLIENT_TIMEOUT
   # bounds each memory's run.)

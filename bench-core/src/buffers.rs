@@ -74,7 +74,7 @@ pub fn thread_gpu() -> Option<usize> {
 /// post or poll calls this first where the thread that started it had a context
 /// ([`thread_gpu`]): providers call the CUDA driver from the thread that drives the endpoint,
 /// and libfabric's shm copies GPU memory through host bounce buffers from a thread without
-/// one (`transport_core::cuda_enter_device` says what that cost).
+/// one until something there happens to make one current (`transport_core::cuda_enter_device`).
 pub fn enter_gpu(gpu: usize) -> Result<()> {
     #[cfg(feature = "cuda")]
     {

@@ -40,9 +40,9 @@
 //! GPU memory: a thread that posts or polls on an endpoint with GPU memory registered needs
 //! the device's CUDA context current ([`transport_core::cuda_enter_device`]), not only the
 //! thread that registered it. shm takes its CUDA IPC handles on the posting thread; from a
-//! thread without a context it falls back to host bounce buffers ("unable to use IPC for
-//! msg, fallback to using SAR" at `FI_LOG_LEVEL=warn`), slower by orders of magnitude and
-//! otherwise silent (`tests/gpu_ipc.rs` shows both).
+//! thread without a context it copies through host bounce buffers instead ("unable to use
+//! IPC for msg, fallback to using SAR" at `FI_LOG_LEVEL=warn`, silent otherwise) until a
+//! CUDA runtime call makes one current there (`tests/gpu_ipc.rs` shows both).
 //!
 //! # Options ([`NicDesc::options`])
 //! - `mr_mode=strict`: ask the provider for EFA's memory registration mode

@@ -97,11 +97,11 @@ pub fn current_device() -> Option<usize> {
 ///
 /// Every thread that posts or polls on GPU memory needs one. Providers call the CUDA driver
 /// from the thread that drives the endpoint, not the one that registered the memory:
-/// libfabric's shm takes a CUDA IPC handle there (`cuMemGetAddressRange`, then
-/// `cuIpcGetMemHandle`), and on a thread without a context it warns "unable to use IPC for
-/// msg, fallback to using SAR" and copies every byte through host bounce buffers. On an H200,
-/// a proxy thread without a context turned a 4 KiB WRITE between two processes into a
-/// 150 us round trip and a persistent kernel's stream of them into 0.07 Gbit/s. NCCL's proxy
+/// libfabric 2.6's shm takes a CUDA IPC handle there (`cuMemGetAddressRange`), and on a
+/// thread without a context that fails (`CUDA_ERROR_INVALID_CONTEXT`) and it copies the
+/// WRITE through host bounce buffers instead ("unable to use IPC for msg, fallback to using
+/// SAR"); the runtime call of that copy happens to make the primary context current, so only
+/// the first WRITEs pay (transport-efa's `tests/gpu_ipc.rs` shows both). NCCL's proxy
 /// threads set their device for the same reason.
 pub fn enter_device(ordinal: usize) -> Result<()> {
     context(ordinal)?
