@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Issue 27 on the GPU host, two processes over shm: `rdma-bench server` and `rdma-bench client
-# --workload gpu-write --producer cuda`, first with host memory, then with GPU memory (both
-# sides' data regions: the server takes the client's --mem). The server's proxy and echo run
-# in the server process, the kernel's ring and proxy in the client's; latency is half the
-# ping-pong round trip (the persistent proxy_pingpong kernel against a client thread), and
-# bandwidth stops at the server's answer (one return WRITE included).
+# --workload gpu-write --producer cuda`. The server's proxy and echo run in the server
+# process, the kernel's ring and proxy in the client's; latency is half the ping-pong round
+# trip (the persistent proxy_pingpong kernel against a client thread), and bandwidth stops at
+# the server's answer (one return WRITE included).
 #
 #   ci/gpu-write-2p.sh        (ci/gpu-host.sh runs it as its `gpuwrite2p` step)
 #
-# Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS
-#      (host,cuda), GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin"),
+# MEMS (default "host cuda"), one run each:
+#   host       both sides' regions in host memory.
+#   cuda       the client's (the kernel's side) in GPU memory, the server's in host memory
+#              (`server --mem host`), and the client's GPU memory registered for shm's copies
+#              through host memory (`--nic-opt gpu_ipc=off`): no CUDA work in the server.
+#   cuda-both  both in GPU memory, CUDA IPC between them (the server copies out of and into
+#              the client's GPU memory). On a host with one GPU and no MPS, that copy waits
+#              for the GPU to time-slice away from the client's persistent kernel: on the
+#              H200 (2026-11-28) a 4 KiB round trip took 1.2 ms with the kernel against 153 us
+#              with a CPU producer, and 12.6 us as `cuda` above. It measures CUDA's scheduling
+#              of two processes on one GPU, not the proxy; keep -n small.
+# Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS,
+#      GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin"),
 #      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu),
-#      SERVER_ARGS (more server flags: `--mem host` keeps the server's region in host memory
-#      whatever the client's; see the GPU-memory note below).
+#      SERVER_ARGS (more server flags), CLIENT_TIMEOUT (s, per run, default 240: then the
+#      client's threads are listed and it is killed).
 # Pass: exit 0; every table ends with "every byte verified (the server checked N landed
-# bytes, ...)"; a mismatch is a non-zero exit naming the WRITE and the byte.
+# bytes, ...)"; a mismatch is a non-zero exit naming the WRITE and the byte; shm's warning
+# that it copied GPU memory through host memory where CUDA IPC was asked fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RB=${RB:-gpu-carry/bin/rdma-bench}
@@ -28,12 +39,19 @@ for mem in ${MEMS:-host cuda}; do
   port=$((20000 + RANDOM % 20000))
   srvlog=$(mktemp); out=$(mktemp)
   read -r -a sargs <<< "${SERVER_ARGS:-}"
+  cextra=()
+  case $mem in
+    host) ;;
+    cuda) sargs=(--mem host ${sargs[@]+"${sargs[@]}"}); cextra=(--nic-opt gpu_ipc=off) ;;
+    cuda-both) mem=cuda ;;
+    *) log "MEMS: host, cuda or cuda-both, not $mem"; exit 2 ;;
+  esac
   FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 \
     ${sargs[@]+"${sargs[@]}"} >/dev/null 2>"$srvlog" &
   srv=$!
   echo; echo "== issue 27: gpu-write, two processes over shm, --producer ${PRODUCER:-cuda}, $mem memory"
-  echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1 ${SERVER_ARGS:-}"
-  echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]}"
+  echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1 ${sargs[*]+${sargs[*]}}"
+  echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]} ${cextra[*]+${cextra[*]}}"
   # (Streamed as it runs, so a run cut short still shows how far it got; CLIENT_TIMEOUT
   # bounds each memory's run.)
   # FI_LOG_LEVEL=warn: libfabric says once when its CUDA copy synchronises the whole device
@@ -41,7 +59,8 @@ for mem in ${MEMS:-host cuda}; do
   # survive: the first thing to look for if a GPU-memory run hangs (run 6's did, silently).
   rc=0
   FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" client --connect "127.0.0.1:$port" --provider shm \
-    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" >"$out" 2>&1 &
+    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" \
+    ${cextra[@]+"${cextra[@]}"} >"$out" 2>&1 &
   cpid=$!
   tail -n +1 -f --pid="$cpid" "$out" &
   tailer=$!
