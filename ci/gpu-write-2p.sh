@@ -59,7 +59,7 @@ for mem in ${MEMS:-host cuda}; do
   # survive: the first thing to look for if a GPU-memory run hangs (run 6's did, silently).
   rc=0
   FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" client --connect "127.0.0.1:$port" --provider shm \
-    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" "${args[@]}" \
+    --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" -v "${args[@]}" \
     ${cextra[@]+"${cextra[@]}"} >"$out" 2>&1 &
   cpid=$!
   tail -n +1 -f --pid="$cpid" "$out" &

@@ -288,8 +288,9 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
 }
 
 /// `loopback --workload gpu-write`: the flags as its config; the CPU producer.
-fn gpu_write_cfg(w: &crate::cli::WorkloadArgs) -> Result<GpuWriteCfg> {
+fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCfg> {
     let mut cfg = GpuWriteCfg {
+        verbose: verbose > 0,
         verify: !w.no_verify,
         seed: w.seed,
         batch: w.batch.max(1) as usize,
@@ -353,7 +354,7 @@ fn gpu_write_producer(name: &str, side: &SideCfg) -> Result<Box<dyn Producer>> {
 }
 
 fn gpu_write(a: &LoopbackArgs) -> Result<()> {
-    let cfg = gpu_write_cfg(&a.work)?;
+    let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
     let producer = gpu_write_producer(&a.work.producer, &client)?;
     let out = a
@@ -366,7 +367,7 @@ fn gpu_write(a: &LoopbackArgs) -> Result<()> {
 /// `client --workload gpu-write`: the producer and its proxy here, the server's proxy and
 /// echo there.
 fn gpu_write_client(a: &ClientArgs) -> Result<()> {
-    let cfg = gpu_write_cfg(&a.work)?;
+    let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
     let side = side_cfg(
         &a.common,
         a.common.provider.clone(),

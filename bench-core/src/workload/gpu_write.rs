@@ -199,6 +199,8 @@ pub struct GpuWriteCfg {
     pub idle: Duration,
     /// Pin the proxy threads (and the host path's) near the GPU where the topology says.
     pub pin: bool,
+    /// Say on stderr when each step starts and ends (`-v`): where a slow or stuck run is.
+    pub verbose: bool,
 }
 
 impl Default for GpuWriteCfg {
@@ -216,6 +218,7 @@ impl Default for GpuWriteCfg {
             seed: 1,
             idle: Duration::from_secs(30),
             pin: false,
+            verbose: false,
         }
     }
 }
@@ -958,6 +961,9 @@ pub fn client<T: Transport>(
         .ctx(|| "filling the source region")?;
     drop(pat);
     let ring_mcmds = ring_rate(producer, cfg, e.core)?;
+    if cfg.verbose {
+        eprintln!("rdma-bench: gpu-write: ring alone {ring_mcmds:.2} M commands/s");
+    }
     let mut steps = Vec::new();
     for &size in &cfg.lat_sizes {
         for kind in [GpuStepKind::HostLat, GpuStepKind::ProxyLat] {
@@ -994,6 +1000,9 @@ pub fn client<T: Transport>(
             pin: cfg.pin,
         };
         let r = region.take().expect("the region between steps");
+        if cfg.verbose {
+            eprintln!("rdma-bench: gpu-write step {id}: {kind:?}, {size} B x {n}: started");
+        }
         let (d, done, r) = match client_step(e, r, &step, producer, cfg, ctrl) {
             Ok(v) => v,
             // A peer that left or failed says why on the control connection.
@@ -1009,6 +1018,9 @@ pub fn client<T: Transport>(
         server_checked += done.checked;
         server_core = done.core;
         let secs = d.as_secs_f64();
+        if cfg.verbose {
+            eprintln!("rdma-bench: gpu-write step {id}: {secs:.3} s");
+        }
         let value = match kind {
             GpuStepKind::HostLat | GpuStepKind::ProxyLat => secs * 1e6 / n as f64 / 2.0,
             GpuStepKind::HostBw | GpuStepKind::ProxyBw => {
