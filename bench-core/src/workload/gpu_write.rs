@@ -171,8 +171,10 @@ fn ring_err(e: transport_proxy::RingError) -> Error {
 }
 
 /// The most WRITEs one bandwidth size takes (small sizes: `bw_bytes / size` would be
-/// tens of millions).
-pub const MAX_BW_WRITES: u64 = 1 << 20;
+/// tens of millions). 256 Ki: about 0.1 s of 8 B WRITEs over shm in host memory, and 2-4 s in
+/// GPU memory, where shm's host copies cost 7-15 us a WRITE (H200: 1 Mi of them took 8 s from
+/// the host and 14-35 s through the proxy, past the run's bound).
+pub const MAX_BW_WRITES: u64 = 1 << 18;
 
 /// What to measure.
 #[derive(Clone, Debug)]
