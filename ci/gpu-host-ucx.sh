@@ -41,7 +41,13 @@
 #   UCX_TLS (UCX_STEP_TLS, default sm,cuda_copy,cuda_ipc,self: UCX_TLS=sm alone leaves
 #   CUDA memory no transport), no peer error handling (perftest's default, without -e:
 #   --nic-opt peer_errors=off), ucx_perftest -m cuda for the GPU table and heap buffers
-#   (UCX_ALLOC_PRIO=heap, as ours) for the host one.
+#   (UCX_ALLOC_PRIO=heap, as ours) for the host one, written before the run as ours
+#   (bin/perftest-written.so, LD_PRELOAD: perftest never writes its send buffer, which then
+#   reads as the kernel's zero page; PERFTEST_BUF=untouched runs it as it comes).
+#   UCX_AB=1: the tag and lat rows also run ours with --nic-opt memh=off and perftest with
+#   -z, and on host memory perftest with untouched buffers, interleaved in the same rounds
+#   (one line per size: "ab" columns). UCX_STEP_BUDGET (seconds, default 420): rows not
+#   started by then print SKIPPED (budget), and the step fails.
 # Exit status: 0 when every run worked and every byte was verified; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +74,7 @@ pack() {
   cargo build --release -q -p bench-cli --bin rdma-bench --features ucx --target-dir "$td"
   cp "$td/release/rdma-bench" "$carry/bin/rdma-bench-ucx"
   strip "$carry/bin/rdma-bench-ucx"
+  ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/perftest-written.so" transport-ucx/perftest-written.c -ldl
   w=$(wheel)
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' RETURN
   mkdir "$tmp/whl" "$tmp/ucx"
@@ -153,9 +160,12 @@ run() {
   done
 
   local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
+  local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
   IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
-  ours() {  # ROW SIZE MEM -> Gbit/s, or one-way us for lat
-    local row=$1 size=$2 mem=$3 b n args
+  [ "${PERFTEST_BUF:-written}" = untouched ] || [ -f "$written" ] ||
+    { log "no $written: ci/gpu-host.sh pack (or PERFTEST_BUF=untouched)"; return 1; }
+  ours() {  # ROW SIZE MEM [RDMA-BENCH FLAGS] -> Gbit/s, or one-way us for lat
+    local row=$1 size=$2 mem=$3 b n args more=(${4:-})
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in
@@ -164,11 +174,11 @@ run() {
       lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
     esac
     timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port "${common[@]}" \
-      --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
+      "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
     local spid=$! i
     for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
     if ! timeout 120 "${pin_cli[@]}" "$rb" client --connect 127.0.0.1:$port "${common[@]}" \
-        --mem "$mem" "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
+        "${more[@]}" --mem "$mem" "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
       log "rdma-bench-ucx $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
@@ -180,16 +190,17 @@ run() {
       jq -r '.seconds * 1e6 / .ops / 2' "$out/ours.clean"
     else jq -r '.gbps' "$out/ours.clean"; fi
   }
-  theirs() {  # ROW SIZE MEM
-    local row=$1 size=$2 mem=$3 b n t iters
+  theirs() {  # ROW SIZE MEM [PERFTEST FLAGS [written|untouched]]
+    local row=$1 size=$2 mem=$3 b n t iters buf=${5:-${PERFTEST_BUF:-written}}
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in put) t=ucp_put_bw; iters=$n ;; tag) t=tag_bw; iters=$n ;; lat) t=tag_lat; iters=$lat_iters ;; esac
-    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f ${UCX_PERFTEST_OPTS:-})
+    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f ${UCX_PERFTEST_OPTS:-} ${4:-})
     # Host buffers from the heap, as ours: perftest's default host buffers are UCX's own
     # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
     # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").
     local alloc=(); [ "$mem" = host ] && alloc=(UCX_ALLOC_PRIO=heap)
+    [ "$mem" = host ] && [ "$buf" = written ] && alloc+=(LD_PRELOAD="$written")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
     local spid=$!
     sleep 0.5
@@ -198,6 +209,9 @@ run() {
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
     wait $spid 2>/dev/null || true
+    if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -q '^perftest-written:' "$out/tcli"; then
+      log "ucx_perftest $t $size: perftest-written.so did not write its buffers"; echo 0; return
+    fi
     # The final line: iterations, p50, average, overall (latency or overhead, us), bandwidth
     # average, overall (MB/s, 2^20 bytes), message rate average, overall.
     if [ "$row" = lat ]; then
@@ -211,28 +225,42 @@ run() {
       if (a == 0) {print b; exit} if (b == 0) {print a; exit}
       if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
   }
-  local row size r o t bo bt fail
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3
   for mem in "${memv[@]}"; do
     echo
-    echo "== $mem memory, UCX $("$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem"
+    echo "== $mem memory, UCX $("$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
     printf '%-4s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
+      ab=; [ -n "${UCX_AB:-}" ] && [ "$row" != put ] && ab=1
       for size in "${sizes[@]}"; do
-        bo=0 bt=0
+        if [ $((SECONDS - t0)) -ge "$budget" ]; then
+          printf '%-4s %5s SKIPPED (budget: %ss of UCX_STEP_BUDGET=%s spent)\n' "$row" "$size" $((SECONDS - t0)) "$budget"
+          status=1; continue
+        fi
+        bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=-
         for r in $(seq 1 "$rounds"); do
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
           else t=$(theirs $row "$size" "$mem"); o=$(ours $row "$size" "$mem"); fi
-          log "$mem $row $size round $r: ours $o, theirs $t"
+          if [ -n "$ab" ]; then
+            o2=$(ours $row "$size" "$mem" "--nic-opt memh=off"); t2=$(theirs $row "$size" "$mem" -z)
+            bo2=$(best $row "$bo2" "$o2"); bt2=$(best $row "$bt2" "$t2")
+            if [ "$mem" = host ]; then t3=$(theirs $row "$size" "$mem" "" untouched); bt3=$(best $row "$bt3" "$t3"); fi
+          fi
+          log "$mem $row $size round $r: ours $o, theirs $t${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}"
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
-        printf '%-4s %5s %10.2f %10.2f %7s%s\n' "$row" "$size" "$bo" "$bt" \
+        printf '%-4s %5s %10.2f %10.2f %7s%s' "$row" "$size" "$bo" "$bt" \
           "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')" "$fail"
+        [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s' "$bo2" "$bt2" \
+          "$([ "$mem" = host ] && printf %.2f "$bt3" || echo -)"
+        echo
       done
       echo "     per iteration: $(note $row "$mem")"
     done
   done
+  log "tables took $((SECONDS - t0)) s"
   rm -rf "$out"
   return $status
 }

@@ -2,7 +2,10 @@
 # ucx_perftest's tag_bw and tag_lat beside rdma-bench's SEND rows over the ucx backend, like
 # for like (compare.sh does put): two processes on 127.0.0.1, the same transports (UCX_TLS),
 # message sizes and iterations, heap buffers on both sides (perftest: UCX_ALLOC_PRIO=heap, as
-# ci/gpu-host-ucx.sh runs it), no peer error handling on either (perftest's default, ours
+# ci/gpu-host-ucx.sh runs it), written before the run on both sides (ours fills its send
+# buffer; perftest never writes its own, so it sends the kernel's zero page: the LD_PRELOAD
+# shim perftest-written.c writes each buffer ucp_mem_map allocates; PERFTEST_BUF=untouched
+# runs perftest as it comes), no peer error handling on either (perftest's default, ours
 # --nic-opt peer_errors=off), no verification in either.
 #
 #   transport-ucx/compare-tag.sh [RDMA_BENCH] [TLS...]   (default: target/release/rdma-bench, sm tcp)
@@ -35,6 +38,13 @@ ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824} LAT_ITERS=${LAT_ITERS:-20000}
 LAT_BYTES=${LAT_BYTES:-4294967296}
 PORT=${PORT:-$((21000 + RANDOM % 20000))}
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
+PERFTEST_BUF=${PERFTEST_BUF:-written}
+case $PERFTEST_BUF in
+  written) ${CC:-cc} -O2 -shared -fPIC -o "$OUT/written.so" "$(dirname "$0")/perftest-written.c" -ldl
+    PRELOAD=(LD_PRELOAD="$OUT/written.so") ;;
+  untouched) PRELOAD=() ;;
+  *) echo "compare-tag: PERFTEST_BUF is written or untouched, not $PERFTEST_BUF" >&2; exit 2 ;;
+esac
 iters() { # ROW SIZE
   local n
   if [ "$1" = lat ]; then n=$((LAT_BYTES / $2)); [ $n -lt "$LAT_ITERS" ] || n=$LAT_ITERS; echo $n; return; fi
@@ -44,7 +54,7 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   local row=$1 tls=$2 size=$3 n t; n=$(iters "$row" "$size")
   [ "$row" = lat ] && t=tag_lat || t=tag_bw
   PORT=$((PORT + 1))
-  local env=(UCX_TLS="$tls" UCX_NET_DEVICES=lo UCX_ALLOC_PRIO=heap)
+  local env=(UCX_TLS="$tls" UCX_NET_DEVICES=lo UCX_ALLOC_PRIO=heap "${PRELOAD[@]}")
   env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
     > "$OUT/tsrv" 2>&1 &
   local srv=$!
@@ -53,6 +63,10 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
     127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
+  if [ "$PERFTEST_BUF" = written ] && ! grep -q '^perftest-written:' "$OUT/tcli" "$OUT/tsrv"; then
+    echo "compare-tag: ucx_perftest ran without perftest-written.so writing its buffers" >&2
+    echo "0 -"; return
+  fi
   if [ "$row" = lat ]; then
     awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4; m = $2} END {printf "%.3f %.3f\n", v, m}' "$OUT/tcli"
   else
@@ -86,6 +100,7 @@ best() { # ROW: best of the first column (and of the second) of stdin
       if ($2 != "-" && (m == "" || $2 < m)) m = $2 }
     END { if (n == 0) print "0 -"; else printf "%s %s\n", a, (m == "" ? "-" : m) }'
 }
+echo "ucx_perftest buffers: heap, $PERFTEST_BUF; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %-4s %8s %10s %10s %7s   %s\n' tls row size ours theirs ratio \
   "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
 for tls in "${TLS_LIST[@]}"; do
@@ -107,3 +122,4 @@ for tls in "${TLS_LIST[@]}"; do
     done
   done
 done
+echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
