@@ -907,9 +907,9 @@ pub fn verify_messages<M: MemoryRegion>(
 /// A provider's CUDA copies into `GpuBuffer` memory have run before the operation completes
 /// (the buffers carry `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`); on memory without the attribute
 /// libfabric's shm completed a WRITE between processes while its device-to-device copy was
-/// still queued (measured on an H100: 256 MiB regions "moved" at 95 Tbit/s). This wait, at the
-/// end of every phase ([`crate::workload::delivery::land`]), keeps any such copy inside the
-/// clock.
+/// still queued (measured on an H100: 256 MiB regions "moved" at 95 Tbit/s). This wait, which
+/// the workloads' delivery step makes at the end of every phase, keeps any such copy inside
+/// the clock.
 pub fn gpu_drain_all<'a>(mems: impl IntoIterator<Item = &'a Memory>) -> Result<()> {
     #[cfg(feature = "cuda")]
     for m in mems {

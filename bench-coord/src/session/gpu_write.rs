@@ -1,6 +1,7 @@
 //! `--workload gpu-write` over the session protocol: the client runs the producer and its
 //! proxy, the server its proxy and the echo (`bench_core::workload::gpu_write`), on NIC 0 of
-//! each side. Loopback runs the same two halves in one process ([`gpu_write_loopback`]).
+//! each side. Loopback runs the same two halves in one process
+//! ([`super::loopback::gpu_write_loopback`]).
 
 use std::net::TcpStream;
 use std::time::Duration;
@@ -14,22 +15,8 @@ use bench_core::side::{Side, SideCfg};
 use bench_core::workload::gpu_write::{self, End, GpuWriteCfg, GpuWriteReport, Producer};
 
 use super::client::greet;
-use super::loopback::with_server;
-use super::server::ServerCfg;
+use super::layout::ServerCfg;
 use super::timeouts::{peer_gone_cause, WATCHDOG_GRACE};
-
-/// Both sides in this process: a one-session server in a thread, the gpu-write client in
-/// this one, over a TCP connection on 127.0.0.1 (as loopback runs every workload).
-pub fn gpu_write_loopback<T: Transport>(
-    client: &SideCfg,
-    server: &ServerCfg,
-    cfg: &GpuWriteCfg,
-    producer: &dyn Producer,
-) -> Result<GpuWriteReport> {
-    with_server::<T, _>(server, |st| {
-        gpu_write_client::<T>(client, st, cfg, producer)
-    })
-}
 
 /// The client of a gpu-write session over `stream`.
 pub fn gpu_write_client<T: Transport>(

@@ -10,9 +10,12 @@ use transport_core::Transport;
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::plan::Plan;
 use bench_core::side::SideCfg;
+use bench_core::workload::gpu_write::{GpuWriteCfg, GpuWriteReport, Producer};
 
 use super::client::{client, connect, ClientOut};
-use super::server::{session, ServerCfg};
+use super::gpu_write::gpu_write_client;
+use super::layout::ServerCfg;
+use super::server::session;
 use super::timeouts::PREPARE_TIMEOUT;
 
 /// Both sides in this process: a one-session server in a thread, the client in this one.
@@ -23,6 +26,19 @@ pub fn loopback<T: Transport>(
     json: bool,
 ) -> Result<ClientOut> {
     with_server::<T, _>(server_cfg, |st| client::<T>(client_cfg, plan, st, json))
+}
+
+/// Both sides in this process: a one-session server in a thread, the gpu-write client in
+/// this one, over a TCP connection on 127.0.0.1 (as loopback runs every workload).
+pub fn gpu_write_loopback<T: Transport>(
+    client: &SideCfg,
+    server: &ServerCfg,
+    cfg: &GpuWriteCfg,
+    producer: &dyn Producer,
+) -> Result<GpuWriteReport> {
+    with_server::<T, _>(server, |st| {
+        gpu_write_client::<T>(client, st, cfg, producer)
+    })
 }
 
 /// A one-session server in a thread, and `client` in this one over a connection to it.

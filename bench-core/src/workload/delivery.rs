@@ -116,7 +116,8 @@ pub enum Drain {
 }
 
 /// The bytes that completed operations put into `regions` (polled on `ep`) are in place:
-/// [`Transport::make_gpu_visible`] on each, then, with [`Drain::Yes`], the GPU idle.
+/// [`Transport::make_gpu_visible`] on each, then, with [`Drain::Yes`], the GPU idle
+/// ([`buffers::gpu_drain_all`] says why a completion alone is not enough there).
 #[inline]
 pub fn land<T: Transport>(ep: &mut T, regions: &[&T::Mr], drain: Drain) -> Result<Delivered> {
     make_visible(ep, regions)?;
