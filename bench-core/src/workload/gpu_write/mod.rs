@@ -1,0 +1,399 @@
+//! `--workload gpu-write`: WRITEs issued through a proxy ring (`transport-proxy`) beside the
+//! same WRITEs posted by the host, in one run, on the same endpoints, between a client and a
+//! server (two processes, or both in one: loopback runs the same code over the same protocol).
+//!
+//! A [`Producer`] writes commands into the client's ring (a CPU thread, or GPU threads); the
+//! client's proxy posts them; the server's proxy counts their immediates into its ring's
+//! `arrivals` and the server's echo (a CPU thread) answers through its own ring; the client's
+//! proxy counts the answers into the client ring's `arrivals`, which the producer waits on.
+//! The host-initiated figure beside each one posts the same WRITEs from a client thread, and
+//! a server thread answers them the same way. Both halves of every region are fixed: the
+//! client WRITEs from its lower half into the server's lower half, the server answers from its
+//! upper half into the client's upper half.
+//!
+//! Figures: commands per second of the ring alone (the client's proxy consuming into nothing);
+//! latency as half the round trip of a ping-pong (perftest's definition: WRITE+imm, answered
+//! by a WRITE+imm of the same size once its immediate is counted; the mean over the timed
+//! rounds, as the GPU's clock gives a total); bandwidth to delivery (N WRITEs+imm, the clock
+//! stops at the server's one answer after it counted the N-th: it includes one return). The
+//! server compares every landed byte with the client's pattern after each step and says how
+//! many it checked; the client checks the answers' bytes.
+//!
+//! Here: the producers, the configuration, the ring alone and where proxy threads run;
+//! `client.rs` the client's half (the steps in order, their figures), `server.rs` the server's
+//! half of a step, `steps.rs` what both halves share, `report.rs` the report and its tables.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use transport_core::{
+    Completion, CompletionKind, LocalSlice, MemoryRegion, PeerId, Post, RemoteRegion, Transport,
+    WriteOp,
+};
+use transport_proxy::{
+    drain_to_nothing, immediate, pack, Command, Proxy, ProxyPeer, Ring, RingLayout, RingMemory,
+};
+
+use crate::buffers::fill_at;
+use crate::ctrl::{Ctrl, Liveness};
+use crate::error::{Error, Result, TransportContext};
+use crate::proto::{GpuStep, GpuStepDone, GpuStepKind, Msg};
+use crate::topo_glue::Hints;
+
+mod client;
+mod report;
+mod server;
+mod steps;
+
+pub use client::client;
+pub use report::{GpuWriteReport, Row};
+pub use server::serve_step;
+pub use steps::End;
+use steps::*;
+
+/// Who writes commands into the ring: the seam a GPU kernel plugs into.
+pub trait Producer: Sync {
+    /// For reports: `cpu`, `cuda`, ...
+    fn name(&self) -> &'static str;
+    /// Write `cmds` into `ring` (in any order; each with its ready word last, as the ring's
+    /// protocol says) and return once all are in. The caller waits for their effect on the
+    /// ring's counters.
+    fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()>;
+    /// Latency rounds: `rounds` times, publish `cmd` into `ring` (its immediate's low 16 bits
+    /// replaced by `(first + round) as u16`) and wait until `ring`'s `arrivals[slot]` reaches
+    /// `base + round + 1` (the peer's answer, counted by this ring's proxy); the total time.
+    /// The producer is the ring's only one while this runs. It fails when the ring's error
+    /// word is set (the proxy stopped, or the caller's watcher saw the peer go).
+    #[allow(clippy::too_many_arguments)]
+    fn pingpong(
+        &self,
+        ring: Ring<'_>,
+        slot: u32,
+        cmd: &Command,
+        first: u64,
+        base: u64,
+        rounds: u64,
+        idle: Duration,
+    ) -> Result<Duration>;
+    /// Memory for a ring this producer writes or waits on, laid out ([`Ring::init`]). The
+    /// default is host memory ([`RingMemory`]); a GPU producer returns memory its kernels can
+    /// reach (`cuMemHostAlloc` with `DEVICEMAP`, or this memory after `cuMemHostRegister`).
+    fn ring_memory(&self, layout: RingLayout) -> Result<Box<dyn RingHome>> {
+        Ok(Box::new(RingMemory::new(layout)))
+    }
+}
+
+/// Where a ring lives: it stays laid out and valid while the box lives.
+pub trait RingHome: Send + Sync {
+    fn ring(&self) -> Ring<'_>;
+}
+
+impl RingHome for RingMemory {
+    fn ring(&self) -> Ring<'_> {
+        RingMemory::ring(self)
+    }
+}
+
+/// A CPU thread writing the commands ([`Ring::push`]).
+pub struct CpuProducer;
+
+impl Producer for CpuProducer {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()> {
+        for c in cmds {
+            ring.push(c).map_err(ring_err)?;
+        }
+        Ok(())
+    }
+    fn pingpong(
+        &self,
+        ring: Ring<'_>,
+        slot: u32,
+        cmd: &Command,
+        first: u64,
+        base: u64,
+        rounds: u64,
+        idle: Duration,
+    ) -> Result<Duration> {
+        let arrivals = ring
+            .arrivals(slot)
+            .ok_or_else(|| Error::Protocol(format!("gpu-write: the ring has no slot {slot}")))?;
+        let t0 = Instant::now();
+        for r in 0..rounds {
+            let mut c = *cmd;
+            c.imm = (cmd.imm & !0xffff) | ((first + r) & 0xffff) as u32;
+            ring.push(&c).map_err(ring_err)?;
+            spin_until(
+                &ring,
+                arrivals,
+                base + r + 1,
+                idle,
+                "the answer to a proxied WRITE",
+            )?;
+        }
+        Ok(t0.elapsed())
+    }
+}
+
+/// Spin until `c >= target`, failing when `ring`'s error word is set or after `idle` without
+/// progress (neither the counter nor the ring's `done` moved: a bandwidth step's millions of
+/// WRITEs may take longer than `idle` in all).
+fn spin_until(
+    ring: &Ring<'_>,
+    c: &AtomicU64,
+    target: u64,
+    idle: Duration,
+    what: &str,
+) -> Result<()> {
+    let mut t = Instant::now();
+    let mut spins = 0u32;
+    // Progress: the counter, or the ring's local completions (a sender's WRITEs going out).
+    let moved = || c.load(Ordering::Acquire) + ring.done().load(Ordering::Acquire);
+    let mut last = moved();
+    while c.load(Ordering::Acquire) < target {
+        spins = spins.wrapping_add(1);
+        if spins & 63 == 0 {
+            let now = moved();
+            if now != last {
+                (last, t) = (now, Instant::now());
+            }
+            let e = ring.error();
+            if e != 0 && c.load(Ordering::Acquire) < target {
+                return Err(Error::Protocol(format!(
+                    "gpu-write: waiting for {what}: the proxy stopped ({})",
+                    transport_proxy::ring::error_name(e)
+                )));
+            }
+            if t.elapsed() > idle {
+                return Err(timeout(what, idle));
+            }
+        }
+        // Several spinning threads (two proxies, a producer, an echo) on as few as two cores:
+        // give the core away after a while.
+        if spins > 4096 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}
+
+fn ring_err(e: transport_proxy::RingError) -> Error {
+    Error::Protocol(e.to_string())
+}
+
+/// The most WRITEs one bandwidth size takes (small sizes: `bw_bytes / size` would be
+/// tens of millions). 256 Ki: about 0.1 s of 8 B WRITEs over shm in host memory, and 2-4 s in
+/// GPU memory, where shm's host copies cost 7-15 us a WRITE (H200: 1 Mi of them took 8 s from
+/// the host and 14-35 s through the proxy, past the run's bound).
+pub const MAX_BW_WRITES: u64 = 1 << 18;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct GpuWriteCfg {
+    /// Latency sizes.
+    pub lat_sizes: Vec<usize>,
+    /// Timed round trips per latency size.
+    pub lat_iters: u64,
+    /// Untimed round trips before them.
+    pub lat_warm: u64,
+    /// Bandwidth sizes.
+    pub bw_sizes: Vec<usize>,
+    /// Bytes per bandwidth size (the WRITEs cycle over the region's half).
+    pub bw_bytes: u64,
+    // (Each size's WRITE count is also capped at [`MAX_BW_WRITES`].)
+    /// Commands for the ring-alone rate.
+    pub ring_cmds: u64,
+    /// Ring capacity (commands).
+    pub capacity: u32,
+    /// Host-initiated WRITEs per `post_writes`.
+    pub batch: usize,
+    pub verify: bool,
+    pub seed: u64,
+    pub idle: Duration,
+    /// Pin the proxy threads (and the host path's) near the GPU where the topology says.
+    pub pin: bool,
+    /// Say on stderr when each step starts and ends (`-v`): where a slow or stuck run is.
+    pub verbose: bool,
+}
+
+impl Default for GpuWriteCfg {
+    fn default() -> Self {
+        Self {
+            lat_sizes: vec![8, 64, 512, 4096, 65536],
+            lat_iters: 1000,
+            lat_warm: 100,
+            bw_sizes: vec![4096, 65536, 1 << 20],
+            bw_bytes: 1000 << 18,
+            ring_cmds: 2_000_000,
+            capacity: 4096,
+            batch: 16,
+            verify: true,
+            seed: 1,
+            idle: Duration::from_secs(30),
+            pin: false,
+            verbose: false,
+        }
+    }
+}
+
+/// Bytes of the server's answer to a bandwidth step.
+const ANSWER: usize = 8;
+/// The pattern's "GPU" of the server's answers (the client's WRITEs use 0).
+const SERVER_SIDE: u64 = 1;
+
+impl GpuWriteCfg {
+    /// Bytes of each half of a side's region: at least 16 MiB and the largest size.
+    pub fn half(&self) -> usize {
+        let biggest = self
+            .bw_sizes
+            .iter()
+            .chain(&self.lat_sizes)
+            .copied()
+            .max()
+            .unwrap_or(4096);
+        (16 << 20).max(biggest)
+    }
+
+    /// Bytes each side's data region needs: two halves.
+    pub fn region_len(&self) -> usize {
+        2 * self.half()
+    }
+}
+
+/// The core the proxy thread of a side whose GPU is `gpu` runs on, and the words saying so:
+/// with `pin`, core `side` of those the topology places near the GPU (the client takes the
+/// first, the server the second: both on one host, as over shm, their busy-polling proxies
+/// must not share a core); else unpinned, and why.
+pub fn proxy_core(
+    pin: bool,
+    hints: Option<&Hints>,
+    gpu: usize,
+    side: usize,
+) -> (Option<usize>, String) {
+    if !pin {
+        return (None, "unpinned (--pin not given)".into());
+    }
+    // Without GPUs a topology's entry 0 holds every core: none of them is near a GPU.
+    let near = hints
+        .filter(|h| gpu < h.gpus)
+        .and_then(|h| h.cores.get(gpu))
+        .filter(|c| !c.is_empty())
+        .map(|c| &c[side % c.len()]);
+    match near {
+        Some(&c) => (Some(c), format!("pinned to core {c} (near GPU {gpu})")),
+        None => (
+            None,
+            format!("unpinned (no topology says which cores are near GPU {gpu})"),
+        ),
+    }
+}
+
+/// Run `f` on a thread of its own pinned to `core` (where given and the OS agrees), with the
+/// CUDA context this thread has (if any) current there too: the proxy posts and polls GPU
+/// memory from that thread (`buffers::enter_gpu` says why it needs one).
+fn on_core<'s, 'e, R: Send + 's>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    core: Option<usize>,
+    f: impl FnOnce() -> R + Send + 's,
+) -> std::thread::ScopedJoinHandle<'s, R> {
+    let gpu = crate::buffers::thread_gpu();
+    s.spawn(move || {
+        if let Some(Err(e)) = gpu.map(crate::buffers::enter_gpu) {
+            eprintln!("rdma-bench: gpu-write: {e}; the proxy's GPU-memory copies may go through host memory");
+        }
+        if let Some(c) = core {
+            if !crate::pin::pin_current(c) {
+                eprintln!(
+                    "rdma-bench: gpu-write: the OS refused to pin a proxy thread to core {c}"
+                );
+            }
+        }
+        f()
+    })
+}
+
+/// The ring alone: `cfg.ring_cmds` commands from `producer` into a ring whose proxy posts
+/// nothing; millions of commands per second to the last one consumed.
+pub fn ring_rate(producer: &dyn Producer, cfg: &GpuWriteCfg, core: Option<usize>) -> Result<f64> {
+    let mem = producer.ring_memory(RingLayout::new(cfg.capacity, 1).map_err(ring_err)?)?;
+    let ring = mem.ring();
+    let chunk: Vec<Command> = (0..4096u64)
+        .map(|i| Command::write(0, pack(0, i * 64), pack(0, i * 64), 64, Some(1)))
+        .collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let h = on_core(s, core, || drain_to_nothing(ring, &stop, 64));
+        let t0 = Instant::now();
+        let mut left = cfg.ring_cmds;
+        let mut out = Ok(());
+        while left > 0 && out.is_ok() {
+            let k = left.min(chunk.len() as u64) as usize;
+            out = producer.issue(ring, &chunk[..k]);
+            left -= k as u64;
+        }
+        let waited = out.and_then(|()| ring.wait_done(cfg.ring_cmds, cfg.idle).map_err(ring_err));
+        let secs = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let n = h
+            .join()
+            .map_err(|_| Error::Protocol("the drain thread panicked".into()))?;
+        waited?;
+        if n != cfg.ring_cmds {
+            return Err(Error::Protocol(format!(
+                "the ring consumed {n} commands of {}",
+                cfg.ring_cmds
+            )));
+        }
+        Ok(cfg.ring_cmds as f64 / secs / 1e6)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_cycle_within_the_half() {
+        assert_eq!(offset(0, 4096, 8192), 0);
+        assert_eq!(offset(1, 4096, 8192), 4096);
+        assert_eq!(offset(2, 4096, 8192), 0);
+        assert_eq!(touched(4096, 5, 8192), 8192);
+        assert_eq!(touched(8, 3, 8192), 24);
+    }
+
+    #[test]
+    fn the_ring_alone_consumes_every_command() {
+        let cfg = GpuWriteCfg {
+            ring_cmds: 100_000,
+            capacity: 256,
+            ..GpuWriteCfg::default()
+        };
+        assert!(ring_rate(&CpuProducer, &cfg, None).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn pinning_needs_the_flag_and_a_topology() {
+        assert_eq!(proxy_core(false, None, 0, 0).0, None);
+        let (c, why) = proxy_core(true, None, 0, 0);
+        assert_eq!(c, None);
+        assert!(why.contains("no topology"), "{why}");
+        let none = Hints {
+            gpus: 0,
+            nic_groups: Vec::new(),
+            cores: vec![vec![0, 1]],
+        };
+        assert_eq!(proxy_core(true, Some(&none), 0, 0).0, None);
+        let h = Hints {
+            gpus: 2,
+            nic_groups: vec![Vec::new(); 2],
+            cores: vec![vec![0, 1], vec![8, 9]],
+        };
+        assert_eq!(proxy_core(true, Some(&h), 1, 0).0, Some(8));
+        // The server: the next core near its GPU.
+        assert_eq!(proxy_core(true, Some(&h), 1, 1).0, Some(9));
+    }
+}
