@@ -171,7 +171,7 @@ run() {
     case $row in
       put) args=(--workload write --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify) ;;
       tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
-      lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
+      lat) args=(--workload lat --op send -s "$size" -n "$lat_iters" --warmup $((lat_iters / 10))) ;;
     esac
     timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port "${common[@]}" \
       "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &

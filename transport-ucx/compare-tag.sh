@@ -80,7 +80,7 @@ ours() { # ROW TLS SIZE
   local common=(--backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off)
   case $row in
     tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
-    lat) args=(--workload lat --op send -s "$size" -n "$n") ;;
+    lat) args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
   esac
   timeout 120 "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!
