@@ -170,7 +170,10 @@ run() {
     port=$((port + 3))
     case $row in
       put) args=(--workload write --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify) ;;
-      tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
+      # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
+      # depth, 256 messages.
+      tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify
+            --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
       lat) args=(--workload lat --op send -s "$size" -n "$lat_iters" --warmup $((lat_iters / 10))) ;;
     esac
     timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port "${common[@]}" \
