@@ -270,6 +270,9 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends and receives name their region's memh and memory type (option `memh`).
     name_memory: bool,
+    /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
+    /// asks on every round trip).
+    landing: Landing,
 }
 
 // SAFETY: the worker is created UCS_THREAD_MODE_SERIALIZED (any thread, one at a time), and
@@ -433,6 +436,14 @@ impl Endpoint {
             caps: Caps::default(),
             grave: Arc::new(Mutex::new(Vec::new())),
             tls: nic.provider.clone().unwrap_or_else(|| "all".into()),
+            // The transports this backend opens move GPU memory with CUDA copies (cuda_copy,
+            // cuda_ipc); a UCX with GPUDirect RDMA (rc with CUDA) would need the NIC's flush.
+            landing: if crate::nic_driver(Some(nic.provider.as_deref().unwrap_or("all"))).is_some()
+            {
+                Landing::NicDma
+            } else {
+                Landing::ProviderCopy
+            },
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
             peer_errors,
@@ -1250,14 +1261,7 @@ impl Transport for Endpoint {
     }
 
     fn make_gpu_visible(&mut self, mr: &UcxMr) -> Result<()> {
-        // The transports this backend opens move GPU memory with CUDA copies (cuda_copy,
-        // cuda_ipc); a UCX with GPUDirect RDMA (rc with CUDA) would need the NIC's flush.
-        let landing = if crate::nic_driver(Some(&self.tls)).is_some() {
-            Landing::NicDma
-        } else {
-            Landing::ProviderCopy
-        };
-        transport_core::make_gpu_visible(mr.memory(), landing)
+        transport_core::make_gpu_visible(mr.memory(), self.landing)
     }
 
     fn details(&self) -> String {
