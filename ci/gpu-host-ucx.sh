@@ -120,10 +120,10 @@ run() {
   local lib=$ucx/libucx/lib
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local info=$ucx/libucx/bin/ucx_info perf=$ucx/libucx/bin/ucx_perftest
-  "$info" -v >&2
+  timeout 30 "$info" -v >&2
   log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
   log "ucx_info -d: transports (memory domain: transports)"
-  "$info" -d 2>/dev/null | awk '/# Memory domain:/ {md = $4} /# *Transport:/ {t[md] = t[md] " " $3}
+  timeout 60 "$info" -d 2>/dev/null | awk '/# Memory domain:/ {md = $4} /# *Transport:/ {t[md] = t[md] " " $3}
     END {for (m in t) printf "  %-10s%s\n", m ":", t[m]}' | sort >&2
   local mems=${MEM:-cuda,host} mem
   IFS=, read -r -a memv <<< "$mems"
@@ -231,7 +231,7 @@ run() {
   local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3
   for mem in "${memv[@]}"; do
     echo
-    echo "== $mem memory, UCX $("$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
+    echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
     printf '%-4s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
