@@ -104,7 +104,7 @@ note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
     put) echo "ours: ucp_put_nbx from one SIZE buffer into one; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate), up to 4 such groups in flight; the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window (-O), clock stops after ucp_worker_flush" ;;
-    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
+    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64: an 8-byte WRITE with immediate, one active message), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
     lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
 }
@@ -120,10 +120,10 @@ run() {
   local lib=$ucx/libucx/lib
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local info=$ucx/libucx/bin/ucx_info perf=$ucx/libucx/bin/ucx_perftest
-  "$info" -v >&2
+  timeout 30 "$info" -v >&2
   log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
   log "ucx_info -d: transports (memory domain: transports)"
-  "$info" -d 2>/dev/null | awk '/# Memory domain:/ {md = $4} /# *Transport:/ {t[md] = t[md] " " $3}
+  timeout 60 "$info" -d 2>/dev/null | awk '/# Memory domain:/ {md = $4} /# *Transport:/ {t[md] = t[md] " " $3}
     END {for (m in t) printf "  %-10s%s\n", m ":", t[m]}' | sort >&2
   local mems=${MEM:-cuda,host} mem
   IFS=, read -r -a memv <<< "$mems"
@@ -170,8 +170,11 @@ run() {
     port=$((port + 3))
     case $row in
       put) args=(--workload write --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify) ;;
-      tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
-      lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
+      # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
+      # depth, 256 messages.
+      tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify
+            --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
+      lat) args=(--workload lat --op send -s "$size" -n "$lat_iters" --warmup $((lat_iters / 10))) ;;
     esac
     timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port "${common[@]}" \
       "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
@@ -228,7 +231,7 @@ run() {
   local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3
   for mem in "${memv[@]}"; do
     echo
-    echo "== $mem memory, UCX $("$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
+    echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
     printf '%-4s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do

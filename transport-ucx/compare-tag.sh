@@ -79,8 +79,11 @@ ours() { # ROW TLS SIZE
   [ "$tls" = tcp ] && dev=(--devices lo)
   local common=(--backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off)
   case $row in
-    tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
-    lat) args=(--workload lat --op send -s "$size" -n "$n") ;;
+    # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
+    # depth, 256 messages.
+    tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify
+          --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
+    lat) args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
   esac
   timeout 120 "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!

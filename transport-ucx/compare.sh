@@ -20,6 +20,9 @@
 # the target's progress copies it out (ucp_put_handler) and acknowledges it; that, not
 # cma, is what ours and perftest-heap measure. (UCX_MEM_ALLOC_METHOD, used here before,
 # is no UCX variable: UCX ignored it and that column was the shared-segment case again.)
+# The heap column's buffers are written before the run, as ours (perftest-written.c, an
+# LD_PRELOAD shim: perftest never writes its send buffer, which then reads as the kernel's
+# zero page; PERFTEST_BUF=untouched runs it as it comes).
 # Each figure is the best of ROUNDS runs (default 3), the tools interleaved.
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
 # whose libraries LD_LIBRARY_PATH picks for both).
@@ -31,6 +34,12 @@ SIZES=(${SIZES:-4096:1048576 65536:262144 1048576:16384})
 ROUNDS=${ROUNDS:-3}
 best() { awk 'BEGIN {m = 0} $1 + 0 > m {m = $1 + 0} END {printf "%.2f\n", m}'; }
 PORT=${PORT:-13400}
+HEAP=(UCX_ALLOC_PRIO=heap)
+if [ "${PERFTEST_BUF:-written}" = written ]; then
+  SO=$(mktemp --suffix=.so); trap 'rm -f "$SO"' EXIT
+  ${CC:-cc} -O2 -shared -fPIC -o "$SO" "$(dirname "$0")/perftest-written.c" -ldl
+  HEAP+=(LD_PRELOAD="$SO")
+fi
 perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3; shift 3
   PORT=$((PORT + 1))
@@ -57,6 +66,7 @@ ours() { # TLS SIZE N
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
+echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s\n' tls size "ours Gbit/s" "perftest" "perftest-heap" ratio
 for tls in "${TLS_LIST[@]}"; do
   for sn in "${SIZES[@]}"; do
@@ -65,7 +75,7 @@ for tls in "${TLS_LIST[@]}"; do
     for _ in $(seq "$ROUNDS"); do
       os+=("$(ours "$tls" "$size" "$n")")
       ps+=("$(perftest "$tls" "$size" "$n")")
-      [ "$tls" = tcp ] || hs+=("$(perftest "$tls" "$size" "$n" UCX_ALLOC_PRIO=heap)")
+      [ "$tls" = tcp ] || hs+=("$(perftest "$tls" "$size" "$n" "${HEAP[@]}")")
     done
     o=$(printf '%s\n' "${os[@]}" | best)
     p=$(printf '%s\n' "${ps[@]}" | best)

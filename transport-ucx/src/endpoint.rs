@@ -20,6 +20,17 @@ use crate::frame::{self, Kind};
 
 /// The active message id of an immediate.
 const AM_IMM: u32 = 0x1d;
+/// The active message id of a small WRITE with immediate carried whole: the header is the
+/// immediate and the target address, the data the bytes ([`INLINE_MAX`] at most).
+const AM_WRITE_IMM: u32 = 0x1e;
+/// Largest WRITE with immediate sent as one active message (host memory on both sides, no
+/// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
+/// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
+const INLINE_MAX: usize = 64;
+/// Header of an `AM_WRITE_IMM`: immediate (4) and target address (8), little endian.
+const INLINE_HDR: usize = 12;
+/// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
+const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 /// The tag of every SEND (received with a full mask).
 const SEND_TAG: u64 = 0x7263_6d61_5f73_6e64;
 const DEFAULT_TX: usize = 1024;
@@ -171,6 +182,8 @@ struct Imported {
     addr: u64,
     len: u64,
     rkey: sys::ucp_rkey_h,
+    /// The peer registered the region as host memory (the key's first byte says so).
+    host: bool,
 }
 
 /// A peer: its `ucp_ep` and the status its error handler reported (`UCS_OK` while healthy).
@@ -178,6 +191,10 @@ struct Imported {
 struct Peer {
     ep: sys::ucp_ep_h,
     failed: Cell<sys::ucs_status_t>,
+    /// Puts posted to this peer, and how many of the first ones a completed flush covers:
+    /// equal, every put is at the target and a WRITE with immediate may skip its own flush.
+    puts: Cell<u64>,
+    flushed: Cell<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +221,10 @@ struct Slot {
     peer: Cell<u32>,
     /// The active message's header: the immediate (valid until that send completes).
     imm: Cell<u32>,
+    /// A flush's count of the peer's puts before it (`Peer::puts`).
+    seq: Cell<u64>,
+    /// An `AM_WRITE_IMM`'s header (valid until that send completes).
+    hdr: Cell<[u8; INLINE_HDR]>,
     /// The request UCX returned, freed when the slot's completion is handled.
     req: Cell<*mut c_void>,
     status: Cell<sys::ucs_status_t>,
@@ -220,6 +241,9 @@ struct Shared {
     done: RefCell<VecDeque<u32>>,
     /// Immediates that arrived.
     imms: RefCell<VecDeque<u32>>,
+    /// Host regions this endpoint registered (start, length): where an `AM_WRITE_IMM` may
+    /// write. Changed only by register and deregister (`&mut self`, no progress running).
+    host_regions: RefCell<Vec<(usize, usize)>>,
 }
 
 /// One endpoint: a UCP context and worker.
@@ -246,6 +270,9 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends and receives name their region's memh and memory type (option `memh`).
     name_memory: bool,
+    /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
+    /// asks on every round trip).
+    landing: Landing,
 }
 
 // SAFETY: the worker is created UCS_THREAD_MODE_SERIALIZED (any thread, one at a time), and
@@ -378,6 +405,8 @@ impl Endpoint {
                 ctx: Cell::new(0),
                 peer: Cell::new(0),
                 imm: Cell::new(0),
+                seq: Cell::new(0),
+                hdr: Cell::new([0; INLINE_HDR]),
                 req: Cell::new(ptr::null_mut()),
                 status: Cell::new(sys::UCS_OK),
                 info: UnsafeCell::new(sys::ucp_tag_recv_info_t::default()),
@@ -387,6 +416,7 @@ impl Endpoint {
             slots,
             done: RefCell::new(VecDeque::with_capacity(tx + rx)),
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
+            host_regions: RefCell::new(Vec::new()),
         });
         let sp: *const Shared = &*shared;
         for s in shared.slots.iter() {
@@ -406,6 +436,14 @@ impl Endpoint {
             caps: Caps::default(),
             grave: Arc::new(Mutex::new(Vec::new())),
             tls: nic.provider.clone().unwrap_or_else(|| "all".into()),
+            // The transports this backend opens move GPU memory with CUDA copies (cuda_copy,
+            // cuda_ipc); a UCX with GPUDirect RDMA (rc with CUDA) would need the NIC's flush.
+            landing: if crate::nic_driver(Some(nic.provider.as_deref().unwrap_or("all"))).is_some()
+            {
+                Landing::NicDma
+            } else {
+                Landing::ProviderCopy
+            },
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
             peer_errors,
@@ -426,6 +464,15 @@ impl Endpoint {
         };
         // SAFETY: worker is live; arg points at the boxed Shared, which lives as long as the
         // worker (the worker is destroyed first in Drop), and on_imm only reads it shared.
+        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
+        check("ucp_worker_set_am_recv_handler", st, "")?;
+        let hparams = sys::ucp_am_handler_param_t {
+            id: AM_WRITE_IMM,
+            cb: Some(on_write_imm),
+            ..hparams
+        };
+        // SAFETY: as above; on_write_imm reads Shared shared and writes only into host
+        // regions this endpoint registered (checked against `host_regions`).
         let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
         check("ucp_worker_set_am_recv_handler", st, "")?;
 
@@ -691,6 +738,57 @@ unsafe extern "C" fn on_imm(
     sys::UCS_OK
 }
 
+/// A small WRITE with immediate carried whole (`AM_WRITE_IMM`): copy the bytes to the
+/// address its header names, then queue the immediate, so the immediate is never seen before
+/// the bytes. An address outside every host region this endpoint registered, a header of
+/// another size, more than `INLINE_MAX` bytes or a rendezvous are dropped (an honest peer
+/// checked the range against the key it imported before sending).
+unsafe extern "C" fn on_write_imm(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_len: usize,
+    data: *mut c_void,
+    len: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    if header_len != INLINE_HDR || header.is_null() || len > INLINE_MAX {
+        return sys::UCS_OK;
+    }
+    if len > 0 && data.is_null() {
+        return sys::UCS_OK;
+    }
+    // SAFETY: UCX passes a valid param for the call's duration where it passes one.
+    if !param.is_null() && unsafe { (*param).recv_attr } & AM_RECV_ATTR_FLAG_RNDV != 0 {
+        return sys::UCS_OK;
+    }
+    let mut h = [0u8; INLINE_HDR];
+    // SAFETY: UCX passes header_len (INLINE_HDR, checked) readable bytes at header.
+    unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), INLINE_HDR) };
+    let imm = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&h[4..]);
+    let addr = u64::from_le_bytes(a) as usize;
+    // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker);
+    // no borrow of its RefCells is held while progress runs.
+    let shared = unsafe { &*(arg as *const Shared) };
+    let fits =
+        shared.host_regions.borrow().iter().any(|&(base, n)| {
+            addr >= base && addr.checked_add(len).is_some_and(|end| end <= base + n)
+        });
+    if !fits {
+        return sys::UCS_OK;
+    }
+    if len > 0 {
+        // SAFETY: [addr, addr + len) lies in a host region this endpoint registered (checked
+        // above), whose memory stays allocated while it is in the table (deregister removes
+        // it; a dropped region's memory waits in the graveyard until the endpoint goes); the
+        // data are len readable bytes UCX passes for the call (not a rendezvous, checked).
+        unsafe { ptr::copy_nonoverlapping(data as *const u8, addr as *mut u8, len) };
+    }
+    shared.imms.borrow_mut().push_back(imm);
+    sys::UCS_OK
+}
+
 /// A peer's endpoint failed: remember UCX's status; later posts to it are refused.
 unsafe extern "C" fn on_peer_error(
     arg: *mut c_void,
@@ -728,6 +826,8 @@ impl Transport for Endpoint {
         let peer = Box::new(Peer {
             ep: ptr::null_mut(),
             failed: Cell::new(sys::UCS_OK),
+            puts: Cell::new(0),
+            flushed: Cell::new(0),
         });
         let params = sys::ucp_ep_params_t {
             field_mask: u64::from(
@@ -820,13 +920,26 @@ impl Transport for Endpoint {
         let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
         // SAFETY: buf came from ucp_rkey_pack; released once.
         unsafe { sys::ucp_rkey_buffer_release(buf) };
-        let key = KeyBytes::new(frame::wrap(Kind::Rkey, &packed)).map_err(|_| {
+        // The key's first byte says whether the region is host memory (a peer then may
+        // carry a small WRITE with immediate into it as one active message).
+        let host = mtype == sys::UCS_MEMORY_TYPE_HOST;
+        let key = KeyBytes::new(frame::wrap(
+            Kind::Rkey,
+            &[&[u8::from(host)], &packed[..]].concat(),
+        ))
+        .map_err(|_| {
             Error::Unsupported(format!(
                 "UCX packed a {size}-byte remote key, more than a key may carry ({} bytes with \
                  its frame): name fewer transports (--provider)",
                 KeyBytes::MAX_LEN
             ))
         })?;
+        if host {
+            self.shared
+                .host_regions
+                .borrow_mut()
+                .push((base, mem.len()));
+        }
         Ok(UcxMr {
             remote: RemoteMr {
                 addr: base as u64,
@@ -850,12 +963,28 @@ impl Transport for Endpoint {
     fn deregister(&mut self, mr: UcxMr) -> Result<Memory> {
         let mut mr = mr;
         check("ucp_mem_unmap", mr.map.unmap(), "")?;
+        // A region dropped instead stays in the table: its memory stays allocated (the
+        // graveyard) until the endpoint goes.
+        let mut regions = self.shared.host_regions.borrow_mut();
+        if let Some(k) = regions.iter().position(|&r| r == (mr.base, mr.len)) {
+            regions.swap_remove(k);
+        }
+        drop(regions);
         Ok(mr.mem.take().expect(TAKEN))
     }
 
     fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<UcxKey>> {
         let ep = self.peer(peer)?.ep;
-        let packed = frame::unwrap(Kind::Rkey, mr.key.as_bytes(), "remote key")?;
+        let framed = frame::unwrap(Kind::Rkey, mr.key.as_bytes(), "remote key")?;
+        // The first byte: host memory (1) or not (0); UCX's packed key follows.
+        let (host, packed) = match framed.split_first() {
+            Some((&h, rest)) if h <= 1 && !rest.is_empty() => (h == 1, rest),
+            _ => {
+                return Err(bad_key(
+                    "the remote key has no memory-type byte before UCX's packed key".into(),
+                ))
+            }
+        };
         let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
         // SAFETY: ep is live; the packed bytes passed the frame check (their length and hash
         // are those ucp_rkey_pack gave the peer) and outlive the call; rkey a valid out ptr.
@@ -882,6 +1011,7 @@ impl Transport for Endpoint {
                     addr: mr.addr,
                     len: mr.len,
                     rkey,
+                    host,
                 });
                 Ok(r)
             }
@@ -970,6 +1100,15 @@ impl Transport for Endpoint {
             )));
         }
         let rkey = imp.rkey;
+        // A small WRITE with immediate between host memories, with every earlier put to this
+        // peer known at the target (a flush covering it completed), goes as one active
+        // message: the target's handler copies the bytes, then queues the immediate.
+        let pr = &self.peers[peer.0 as usize];
+        let inline = imm.is_some()
+            && imp.host
+            && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
+            && buf.len <= INLINE_MAX
+            && pr.puts.get() == pr.flushed.get();
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -977,6 +1116,31 @@ impl Transport for Endpoint {
         s.peer.set(peer.0);
         let i = s.index;
         match imm {
+            Some(v) if inline => {
+                s.state.set(State::Notify);
+                let mut h = [0u8; INLINE_HDR];
+                h[..4].copy_from_slice(&v.to_le_bytes());
+                h[4..].copy_from_slice(&remote.addr.to_le_bytes());
+                s.hdr.set(h);
+                let mut p = Self::params(s);
+                p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+                // SAFETY: ep is live; the header is the slot's `hdr`, unchanged until the send
+                // completes (the slot is busy until then); the data is the local range, in a
+                // region of this endpoint (checked) kept alive until the completion.
+                let r = unsafe {
+                    sys::ucp_am_send_nbx(
+                        ep,
+                        AM_WRITE_IMM,
+                        s.hdr.as_ptr() as *const c_void,
+                        INLINE_HDR,
+                        addr,
+                        buf.len,
+                        &p,
+                    )
+                };
+                self.started(i, "ucp_am_send_nbx", r)
+            }
             None => {
                 s.state.set(State::Put);
                 let p = Self::params(s);
@@ -984,6 +1148,8 @@ impl Transport for Endpoint {
                 // destroyed only with the endpoint); the local range lies in a region of this
                 // endpoint; the remote range lies in the imported region (checked above).
                 let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &p) };
+                let pr = &self.peers[peer.0 as usize];
+                pr.puts.set(pr.puts.get() + 1);
                 self.started(i, "ucp_put_nbx", r)
             }
             Some(v) => {
@@ -1002,7 +1168,10 @@ impl Transport for Endpoint {
                         return Err(provider_error("ucp_put_nbx", st, "the peer may be gone"));
                     }
                 }
+                let pr = &self.peers[peer.0 as usize];
+                pr.puts.set(pr.puts.get() + 1);
                 let s = &self.shared.slots[i as usize];
+                s.seq.set(pr.puts.get());
                 let p = Self::params(s);
                 // SAFETY: ep is live; the slot outlives the flush.
                 let r = unsafe { sys::ucp_ep_flush_nbx(ep, &p) };
@@ -1037,6 +1206,11 @@ impl Transport for Endpoint {
                 unsafe { sys::ucp_request_free(req) };
             }
             let (st, ctx, state) = (s.status.get(), s.ctx.get(), s.state.get());
+            if state == State::Flush && st == sys::UCS_OK {
+                // Every put posted before this flush is at the target.
+                let pr = &self.peers[s.peer.get() as usize];
+                pr.flushed.set(pr.flushed.get().max(s.seq.get()));
+            }
             let c = match state {
                 State::Flush if st == sys::UCS_OK => match self.notify(i) {
                     Ok(false) => continue,
@@ -1087,14 +1261,7 @@ impl Transport for Endpoint {
     }
 
     fn make_gpu_visible(&mut self, mr: &UcxMr) -> Result<()> {
-        // The transports this backend opens move GPU memory with CUDA copies (cuda_copy,
-        // cuda_ipc); a UCX with GPUDirect RDMA (rc with CUDA) would need the NIC's flush.
-        let landing = if crate::nic_driver(Some(&self.tls)).is_some() {
-            Landing::NicDma
-        } else {
-            Landing::ProviderCopy
-        };
-        transport_core::make_gpu_visible(mr.memory(), landing)
+        transport_core::make_gpu_visible(mr.memory(), self.landing)
     }
 
     fn details(&self) -> String {

@@ -6,8 +6,9 @@
 //!
 //! - Registration: `ucp_mem_map` (host memory; CUDA memory with `UCS_MEMORY_TYPE_CUDA` where
 //!   the loaded UCX has it, else [`Error::Unsupported`](transport_core::Error::Unsupported)).
-//!   A region's remote key is its `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX parses
-//!   a packed key without knowing its length; [`import`](transport_core::Transport::import)
+//!   A region's remote key is a byte saying whether it is host memory, then its
+//!   `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX parses a packed key without knowing
+//!   its length; [`import`](transport_core::Transport::import)
 //!   checks the frame and unpacks it once for the peer (`ucp_ep_rkey_unpack`). The endpoint
 //!   owns the unpacked keys ([`UcxKey`] is a token into its table) and destroys them before
 //!   its `ucp_ep`s.
@@ -16,7 +17,12 @@
 //!   earlier operation to that peer is complete at the target, so the bytes are there), an
 //!   active message whose 4-byte header is the immediate (`ucp_am_send_nbx`). The target's
 //!   handler turns it into the `RemoteWrite`: it is never delivered before the bytes. The
-//!   initiator's `Write` completion comes when the active message has been sent.
+//!   initiator's `Write` completion comes when the active message has been sent. A WRITE
+//!   with an immediate of at most 64 bytes from host memory into host memory, with every
+//!   earlier put to that peer covered by a completed flush, is one active message carrying
+//!   the immediate, the target address and the bytes: the target's handler copies them into
+//!   a host region it registered, then queues the immediate (UCX 1.22 runs every put into heap
+//!   memory over cma, one `process_vm_writev` each).
 //! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer), each
 //!   naming its region's `ucp_mem_map` handle and memory type (option `memh`).
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress`. Every
