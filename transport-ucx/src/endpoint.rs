@@ -27,8 +27,9 @@ const AM_WRITE_IMM: u32 = 0x1e;
 /// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
 /// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
 const INLINE_MAX: usize = 64;
-/// Header of an `AM_WRITE_IMM`: immediate (4) and target address (8), little endian.
-const INLINE_HDR: usize = 12;
+/// Header of an `AM_WRITE_IMM`: immediate (4), target address (8) and the target region's
+/// token (8, from its key), little endian.
+const INLINE_HDR: usize = 20;
 /// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
 const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 /// The tag of every SEND (received with a full mask).
@@ -182,8 +183,9 @@ struct Imported {
     addr: u64,
     len: u64,
     rkey: sys::ucp_rkey_h,
-    /// The peer registered the region as host memory (the key's first byte says so).
-    host: bool,
+    /// The peer registered the region as host memory (the key's first byte says so): its
+    /// token, which a WRITE carried as an active message must name.
+    host: Option<u64>,
 }
 
 /// A peer: its `ucp_ep` and the status its error handler reported (`UCS_OK` while healthy).
@@ -243,7 +245,27 @@ struct Shared {
     imms: RefCell<VecDeque<u32>>,
     /// Host regions this endpoint registered (start, length): where an `AM_WRITE_IMM` may
     /// write. Changed only by register and deregister (`&mut self`, no progress running).
-    host_regions: RefCell<Vec<(usize, usize)>>,
+    host_regions: RefCell<Vec<HostRegion>>,
+}
+
+/// A host region this endpoint registered, as an `AM_WRITE_IMM` may write into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HostRegion {
+    base: usize,
+    len: usize,
+    /// Travels in the region's key; a WRITE carried as an active message must name it. UCX
+    /// checks a put's rkey; the handler, which writes by address, checks this instead, so a
+    /// stale or foreign key does not write here (a guard against mistakes, not an attacker).
+    token: u64,
+}
+
+/// A token for a region: unpredictable across regions and processes (`RandomState` draws its
+/// keys from the OS once per thread and steps them per call).
+fn region_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_usize(0x7563_785f);
+    h.finish()
 }
 
 /// One endpoint: a UCP context and worker.
@@ -740,9 +762,10 @@ unsafe extern "C" fn on_imm(
 
 /// A small WRITE with immediate carried whole (`AM_WRITE_IMM`): copy the bytes to the
 /// address its header names, then queue the immediate, so the immediate is never seen before
-/// the bytes. An address outside every host region this endpoint registered, a header of
-/// another size, more than `INLINE_MAX` bytes or a rendezvous are dropped (an honest peer
-/// checked the range against the key it imported before sending).
+/// the bytes. A range outside the host region whose token the header names (or a token of no
+/// region here: a stale or foreign key), a header of another size, more than `INLINE_MAX`
+/// bytes or a rendezvous are dropped (an honest peer checked the range against the key it
+/// imported before sending).
 unsafe extern "C" fn on_write_imm(
     arg: *mut c_void,
     header: *const c_void,
@@ -766,15 +789,20 @@ unsafe extern "C" fn on_write_imm(
     unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), INLINE_HDR) };
     let imm = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
     let mut a = [0u8; 8];
-    a.copy_from_slice(&h[4..]);
+    a.copy_from_slice(&h[4..12]);
     let addr = u64::from_le_bytes(a) as usize;
+    a.copy_from_slice(&h[12..20]);
+    let token = u64::from_le_bytes(a);
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker);
     // no borrow of its RefCells is held while progress runs.
     let shared = unsafe { &*(arg as *const Shared) };
-    let fits =
-        shared.host_regions.borrow().iter().any(|&(base, n)| {
-            addr >= base && addr.checked_add(len).is_some_and(|end| end <= base + n)
-        });
+    let fits = shared.host_regions.borrow().iter().any(|r| {
+        r.token == token
+            && addr >= r.base
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= r.base + r.len)
+    });
     if !fits {
         return sys::UCS_OK;
     }
@@ -920,25 +948,28 @@ impl Transport for Endpoint {
         let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
         // SAFETY: buf came from ucp_rkey_pack; released once.
         unsafe { sys::ucp_rkey_buffer_release(buf) };
-        // The key's first byte says whether the region is host memory (a peer then may
-        // carry a small WRITE with immediate into it as one active message).
-        let host = mtype == sys::UCS_MEMORY_TYPE_HOST;
-        let key = KeyBytes::new(frame::wrap(
-            Kind::Rkey,
-            &[&[u8::from(host)], &packed[..]].concat(),
-        ))
-        .map_err(|_| {
-            Error::Unsupported(format!(
+        // The key's first byte says whether the region is host memory; a host region's
+        // token follows it (a peer then may carry a small WRITE with immediate into it as one
+        // active message, naming the token); UCX's packed key comes last.
+        let host = (mtype == sys::UCS_MEMORY_TYPE_HOST).then(region_token);
+        let head: Vec<u8> = match host {
+            Some(t) => [&[1u8][..], &t.to_le_bytes()].concat(),
+            None => vec![0],
+        };
+        let key = KeyBytes::new(frame::wrap(Kind::Rkey, &[&head[..], &packed[..]].concat()))
+            .map_err(|_| {
+                Error::Unsupported(format!(
                 "UCX packed a {size}-byte remote key, more than a key may carry ({} bytes with \
                  its frame): name fewer transports (--provider)",
                 KeyBytes::MAX_LEN
             ))
-        })?;
-        if host {
-            self.shared
-                .host_regions
-                .borrow_mut()
-                .push((base, mem.len()));
+            })?;
+        if let Some(token) = host {
+            self.shared.host_regions.borrow_mut().push(HostRegion {
+                base,
+                len: mem.len(),
+                token,
+            });
         }
         Ok(UcxMr {
             remote: RemoteMr {
@@ -966,7 +997,10 @@ impl Transport for Endpoint {
         // A region dropped instead stays in the table: its memory stays allocated (the
         // graveyard) until the endpoint goes.
         let mut regions = self.shared.host_regions.borrow_mut();
-        if let Some(k) = regions.iter().position(|&r| r == (mr.base, mr.len)) {
+        if let Some(k) = regions
+            .iter()
+            .position(|r| (r.base, r.len) == (mr.base, mr.len))
+        {
             regions.swap_remove(k);
         }
         drop(regions);
@@ -976,12 +1010,20 @@ impl Transport for Endpoint {
     fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<UcxKey>> {
         let ep = self.peer(peer)?.ep;
         let framed = frame::unwrap(Kind::Rkey, mr.key.as_bytes(), "remote key")?;
-        // The first byte: host memory (1) or not (0); UCX's packed key follows.
+        // The first byte: host memory (1, its token's 8 bytes next) or not (0); UCX's packed
+        // key follows.
         let (host, packed) = match framed.split_first() {
-            Some((&h, rest)) if h <= 1 && !rest.is_empty() => (h == 1, rest),
+            Some((&0, rest)) if !rest.is_empty() => (None, rest),
+            Some((&1, rest)) if rest.len() > 8 => {
+                let mut t = [0u8; 8];
+                t.copy_from_slice(&rest[..8]);
+                (Some(u64::from_le_bytes(t)), &rest[8..])
+            }
             _ => {
                 return Err(bad_key(
-                    "the remote key has no memory-type byte before UCX's packed key".into(),
+                    "the remote key has no memory-type byte (and host token) before UCX's \
+                     packed key"
+                        .into(),
                 ))
             }
         };
@@ -1104,8 +1146,9 @@ impl Transport for Endpoint {
         // peer known at the target (a flush covering it completed), goes as one active
         // message: the target's handler copies the bytes, then queues the immediate.
         let pr = &self.peers[peer.0 as usize];
+        let token = imp.host;
         let inline = imm.is_some()
-            && imp.host
+            && token.is_some()
             && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
             && buf.len <= INLINE_MAX
             && pr.puts.get() == pr.flushed.get();
@@ -1120,7 +1163,8 @@ impl Transport for Endpoint {
                 s.state.set(State::Notify);
                 let mut h = [0u8; INLINE_HDR];
                 h[..4].copy_from_slice(&v.to_le_bytes());
-                h[4..].copy_from_slice(&remote.addr.to_le_bytes());
+                h[4..12].copy_from_slice(&remote.addr.to_le_bytes());
+                h[12..].copy_from_slice(&token.unwrap_or(0).to_le_bytes());
                 s.hdr.set(h);
                 let mut p = Self::params(s);
                 p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;

@@ -6,8 +6,8 @@
 //!
 //! - Registration: `ucp_mem_map` (host memory; CUDA memory with `UCS_MEMORY_TYPE_CUDA` where
 //!   the loaded UCX has it, else [`Error::Unsupported`](transport_core::Error::Unsupported)).
-//!   A region's remote key is a byte saying whether it is host memory, then its
-//!   `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX parses a packed key without knowing
+//!   A region's remote key is a byte saying whether it is host memory (then the host
+//!   region's random 8-byte token), then its `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX parses a packed key without knowing
 //!   its length; [`import`](transport_core::Transport::import)
 //!   checks the frame and unpacks it once for the peer (`ucp_ep_rkey_unpack`). The endpoint
 //!   owns the unpacked keys ([`UcxKey`] is a token into its table) and destroys them before
@@ -20,9 +20,12 @@
 //!   initiator's `Write` completion comes when the active message has been sent. A WRITE
 //!   with an immediate of at most 64 bytes from host memory into host memory, with every
 //!   earlier put to that peer covered by a completed flush, is one active message carrying
-//!   the immediate, the target address and the bytes: the target's handler copies them into
-//!   a host region it registered, then queues the immediate (UCX 1.22 runs every put into heap
-//!   memory over cma, one `process_vm_writev` each).
+//!   the immediate, the target address, the region's token (from its key) and the bytes: the
+//!   target's handler copies them into the host region it registered under that token, then
+//!   queues the immediate (UCX 1.22 runs every put into heap memory over cma, one
+//!   `process_vm_writev` each). UCX checks a put's rkey; the token is the handler's check
+//!   instead, so a stale or foreign key writes nothing there (the target drops the message and
+//!   sees no immediate; the initiator is told of success).
 //! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer), each
 //!   naming its region's `ucp_mem_map` handle and memory type (option `memh`).
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress`. Every

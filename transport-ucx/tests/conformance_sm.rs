@@ -55,3 +55,77 @@ fn memh_option() {
         Ok(_) => panic!("memh=maybe was taken"),
     }
 }
+
+/// A small WRITE with immediate between host memories travels as one active message that the
+/// target's handler writes by address (no rkey check by UCX): the region's token, carried in
+/// its key, is what keeps a stale or foreign key from writing. Here a's key bytes belong to
+/// region `other` while its address and length are region `dst`'s: nothing lands in `dst`,
+/// no immediate arrives, and a WRITE with `dst`'s own key afterwards lands.
+#[test]
+fn a_foreign_key_writes_nothing_by_active_message() {
+    use transport_core::{HostBuffer, Memory, MemoryRegion, RemoteMr};
+    let mut p = transport_conformance::connect(&open)
+        .unwrap()
+        .expect("sm always opens");
+    let dst = p.b.register(Memory::Host(HostBuffer::new(64))).unwrap();
+    let other = p.b.register(Memory::Host(HostBuffer::new(64))).unwrap();
+    let src =
+        p.a.register(Memory::Host(HostBuffer::from_slice(&[0x5a; 32])))
+            .unwrap();
+    let forged = RemoteMr {
+        key: other.remote().key,
+        ..dst.remote()
+    };
+    let wrong = p.a.import(p.a_to_b, &forged).unwrap().slice(0, 32).unwrap();
+    let right = p.import_on_a(&dst).unwrap().slice(0, 32).unwrap();
+    let (w, imms) = write_imm(&mut p, &src, wrong, 7);
+    assert_eq!(w, 1, "the initiator is told of the WRITE");
+    assert!(
+        imms.is_empty(),
+        "a foreign key's immediate arrived: {imms:?}"
+    );
+    assert_eq!(
+        &dst.memory().host().unwrap().as_slice()[..32],
+        &[0u8; 32][..],
+        "a foreign key's WRITE landed in the region"
+    );
+    let (w, imms) = write_imm(&mut p, &src, right, 8);
+    assert_eq!((w, imms), (1, vec![8]), "the region's own key");
+    assert_eq!(
+        &dst.memory().host().unwrap().as_slice()[..32],
+        &[0x5a; 32][..],
+        "the region's own key: the bytes"
+    );
+}
+
+/// Post one WRITE of all of `src` with immediate `imm` from a to b, then poll both for half a
+/// second: a's `Write` completions and the immediates b saw.
+fn write_imm(
+    p: &mut transport_conformance::Pair<Endpoint>,
+    src: &<Endpoint as Transport>::Mr,
+    remote: transport_core::RemoteSlice<<Endpoint as Transport>::RemoteKey>,
+    imm: u32,
+) -> (u32, Vec<u32>) {
+    use std::time::{Duration, Instant};
+    use transport_core::{CompletionKind, LocalSlice, Post};
+    let to = p.a_to_b;
+    let r =
+        p.a.post_write(to, LocalSlice::all(src), remote, Some(imm), u64::from(imm))
+            .unwrap();
+    assert_ne!(r, Post::QueueFull);
+    let (mut writes, mut imms) = (0, Vec::new());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        transport_conformance::poll_both(p, |side, c| {
+            c.check()?;
+            match (side, &c.kind) {
+                (0, CompletionKind::Write) => writes += 1,
+                (1, CompletionKind::RemoteWrite { imm }) => imms.push(*imm),
+                _ => {}
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    (writes, imms)
+}
