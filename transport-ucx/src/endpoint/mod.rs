@@ -1,0 +1,567 @@
+//! The endpoint: a UCP context and worker, its peers, its regions, the keys it imported, and
+//! the request slab its operations run in. `open.rs` opens it, `transport.rs` is the trait
+//! (registration, keys, posting, polling), `handlers.rs` UCX's callbacks into the slab.
+
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::{c_void, CStr, CString};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use transport_core::{
+    check_options, mapped_library, BackendInfo, Caps, Completion, CompletionError, CompletionKind,
+    EndpointAddr, Error, KeyBytes, Landing, LocalSlice, Memory, MemoryMut, MemoryRegion, NicDesc,
+    Op, PeerId, Post, RemoteMr, RemoteRegion, RemoteSlice, Result, Runtime, Transport,
+};
+use ucx_sys as sys;
+
+use crate::frame::{self, Kind};
+
+mod handlers;
+mod open;
+mod transport;
+
+use handlers::*;
+
+/// The active message id of an immediate.
+const AM_IMM: u32 = 0x1d;
+/// The active message id of a small WRITE with immediate carried whole: the header is the
+/// immediate and the target address, the data the bytes ([`INLINE_MAX`] at most).
+const AM_WRITE_IMM: u32 = 0x1e;
+/// Largest WRITE with immediate sent as one active message (host memory on both sides, no
+/// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
+/// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
+const INLINE_MAX: usize = 64;
+/// Header of an `AM_WRITE_IMM`: immediate (4), target address (8) and the target region's
+/// token (8, from its key), little endian.
+const INLINE_HDR: usize = 20;
+/// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
+const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
+/// The tag of every SEND (received with a full mask).
+const SEND_TAG: u64 = 0x7263_6d61_5f73_6e64;
+const DEFAULT_TX: usize = 1024;
+const DEFAULT_RX: usize = 1024;
+/// Immediates kept before `poll` hands them out; more only where the application does not
+/// poll (the queue then grows, off the normal path).
+const IMM_QUEUE: usize = 1 << 16;
+
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+/// UCX's own text for `status`.
+pub(crate) fn status_text(status: sys::ucs_status_t) -> String {
+    // SAFETY: ucs_status_string takes any status value and returns a pointer to a static,
+    // NUL-terminated string (an "unknown" one for values it does not know).
+    let p = unsafe { sys::ucs_status_string(status) };
+    if p.is_null() {
+        return format!("UCX status {status}");
+    }
+    // SAFETY: p is non-null and points to a static NUL-terminated string (above).
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn provider_error(call: &'static str, status: sys::ucs_status_t, hint: &str) -> Error {
+    Error::Provider {
+        call,
+        code: i32::from(status),
+        msg: status_text(status),
+        hint: hint.to_string(),
+    }
+}
+
+fn check(call: &'static str, status: sys::ucs_status_t, hint: &str) -> Result<()> {
+    if status == sys::UCS_OK {
+        Ok(())
+    } else {
+        Err(provider_error(call, status, hint))
+    }
+}
+
+/// The UCP context; shared by the endpoint and its regions so that a region outliving its
+/// endpoint still unmaps into a live context.
+struct Context {
+    ctx: sys::ucp_context_h,
+    cuda: bool,
+}
+
+// SAFETY: the context is created with `mt_workers_shared`, which makes its calls
+// (ucp_mem_map, ucp_mem_unmap, ucp_rkey_pack, ucp_cleanup) safe from any thread; the handle
+// itself is an opaque pointer that UCX owns.
+unsafe impl Send for Context {}
+// SAFETY: as above; every call taking `&Context` is thread-safe on such a context.
+unsafe impl Sync for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: ctx came from ucp_init_version and is cleaned up once, here, after every
+        // worker (the endpoint's, destroyed in its Drop) and every mapping (each region holds
+        // an Arc of this) is gone.
+        unsafe { sys::ucp_cleanup(self.ctx) };
+    }
+}
+
+/// Memory of regions dropped while their endpoint lives: a peer's put over tcp or cma writes
+/// at the address it was given without the target checking any registration, so a put still
+/// on its way when a region is dropped must find the memory there. The endpoint frees it once
+/// its worker is destroyed (nothing arrives any more).
+type Graveyard = Mutex<Vec<Memory>>;
+
+/// A registered region.
+pub struct UcxMr {
+    /// `None` only while the region is being taken apart (deregister, drop).
+    mem: Option<Memory>,
+    len: usize,
+    grave: Weak<Graveyard>,
+    map: Mapping,
+    /// The endpoint that registered it.
+    owner: u32,
+    /// Start address of the memory (host or device pointer).
+    base: usize,
+    /// What `ucp_mem_map` was told the memory is: sends and receives name it (with the
+    /// mapping) so that UCX does not detect it per call.
+    mtype: sys::ucs_memory_type_t,
+    remote: RemoteMr,
+}
+
+/// A `ucp_mem_map` handle and the context it belongs to; unmapped when dropped.
+struct Mapping {
+    memh: sys::ucp_mem_h,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: the memh is only used in ucp_mem_unmap on its (thread-safe, see Context) context.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    fn unmap(&mut self) -> sys::ucs_status_t {
+        if self.memh.is_null() {
+            return sys::UCS_OK;
+        }
+        // SAFETY: memh was returned by ucp_mem_map on ctx, which is alive (we hold an Arc),
+        // and is unmapped once: it is nulled right after.
+        let st = unsafe { sys::ucp_mem_unmap(self.ctx.ctx, self.memh) };
+        self.memh = ptr::null_mut();
+        st
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let _ = self.unmap();
+    }
+}
+
+impl Drop for UcxMr {
+    fn drop(&mut self) {
+        let _ = self.map.unmap();
+        if let (Some(mem), Some(grave)) = (self.mem.take(), self.grave.upgrade()) {
+            if let Ok(mut g) = grave.lock() {
+                g.push(mem);
+            }
+        }
+    }
+}
+
+const TAKEN: &str = "a region's memory is only taken when the region is consumed";
+
+impl MemoryRegion for UcxMr {
+    fn memory(&self) -> &Memory {
+        self.mem.as_ref().expect(TAKEN)
+    }
+    fn memory_mut(&mut self) -> MemoryMut<'_> {
+        MemoryMut::new(self.mem.as_mut().expect(TAKEN))
+    }
+    fn remote(&self) -> RemoteMr {
+        self.remote.clone()
+    }
+}
+
+/// A key imported with `import`: a token into the endpoint's table of unpacked rkeys, checked
+/// by every post (a key of another endpoint or another peer is a refused post).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UcxKey {
+    endpoint: u32,
+    index: u32,
+}
+
+struct Imported {
+    peer: u32,
+    addr: u64,
+    len: u64,
+    rkey: sys::ucp_rkey_h,
+    /// The peer registered the region as host memory (the key's first byte says so): its
+    /// token, which a WRITE carried as an active message must name.
+    host: Option<u64>,
+}
+
+/// A peer: its `ucp_ep` and the status its error handler reported (`UCS_OK` while healthy).
+/// Boxed: the error handler's argument points at `failed`.
+struct Peer {
+    ep: sys::ucp_ep_h,
+    failed: Cell<sys::ucs_status_t>,
+    /// Puts posted to this peer, and how many of the first ones a completed flush covers:
+    /// equal, every put is at the target and a WRITE with immediate may skip its own flush.
+    puts: Cell<u64>,
+    flushed: Cell<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Free,
+    Send,
+    Recv,
+    /// A put without immediate, waiting for its own completion.
+    Put,
+    /// A put with immediate, waiting for the flush that makes it visible.
+    Flush,
+    /// The flush completed; the active message carrying the immediate is on its way.
+    Notify,
+}
+
+/// One slot of the request slab. Its address is stable (a boxed slice, made at open), so it is
+/// the `user_data` of the operation that runs in it; UCX's callbacks reach the slab's shared
+/// queues through `shared`.
+struct Slot {
+    shared: Cell<*const Shared>,
+    index: u32,
+    state: Cell<State>,
+    ctx: Cell<u64>,
+    peer: Cell<u32>,
+    /// The active message's header: the immediate (valid until that send completes).
+    imm: Cell<u32>,
+    /// A flush's count of the peer's puts before it (`Peer::puts`).
+    seq: Cell<u64>,
+    /// An `AM_WRITE_IMM`'s header (valid until that send completes).
+    hdr: Cell<[u8; INLINE_HDR]>,
+    /// The request UCX returned, freed when the slot's completion is handled.
+    req: Cell<*mut c_void>,
+    status: Cell<sys::ucs_status_t>,
+    /// For receives: where UCX writes the tag and length of an immediate completion.
+    info: UnsafeCell<sys::ucp_tag_recv_info_t>,
+}
+
+/// What UCX's callbacks write, all behind shared references (`Cell`, `RefCell`): the callbacks
+/// run inside `ucp_worker_progress`, called from `poll` and `Drop` while the endpoint holds no
+/// borrow of these.
+struct Shared {
+    slots: Box<[Slot]>,
+    /// Slots whose operation (or step of one) completed, in order.
+    done: RefCell<VecDeque<u32>>,
+    /// Immediates that arrived.
+    imms: RefCell<VecDeque<u32>>,
+    /// Host regions this endpoint registered (start, length): where an `AM_WRITE_IMM` may
+    /// write. Changed only by register and deregister (`&mut self`, no progress running).
+    host_regions: RefCell<Vec<HostRegion>>,
+}
+
+/// A host region this endpoint registered, as an `AM_WRITE_IMM` may write into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HostRegion {
+    base: usize,
+    len: usize,
+    /// Travels in the region's key; a WRITE carried as an active message must name it. UCX
+    /// checks a put's rkey; the handler, which writes by address, checks this instead, so a
+    /// stale or foreign key does not write here (a guard against mistakes, not an attacker).
+    token: u64,
+}
+
+/// A token for a region: unpredictable across regions and processes (`RandomState` draws its
+/// keys from the OS once per thread and steps them per call).
+fn region_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_usize(0x7563_785f);
+    h.finish()
+}
+
+/// One endpoint: a UCP context and worker.
+pub struct Endpoint {
+    id: u32,
+    ctx: Arc<Context>,
+    worker: sys::ucp_worker_h,
+    address: Vec<u8>,
+    /// Boxed: each peer's error handler holds its address, which must not move as the
+    /// vector grows.
+    #[allow(clippy::vec_box)]
+    peers: Vec<Box<Peer>>,
+    imported: Vec<Imported>,
+    shared: Box<Shared>,
+    /// Free slots: `[0, tx)` for sends and writes, `[tx, tx + rx)` for receives.
+    free_tx: Vec<u32>,
+    free_rx: Vec<u32>,
+    caps: Caps,
+    grave: Arc<Graveyard>,
+    tls: String,
+    devices: String,
+    version: String,
+    /// UCP_ERR_HANDLING_MODE_PEER (option `peer_errors`, default on).
+    peer_errors: bool,
+    /// Sends and receives name their region's memh and memory type (option `memh`).
+    name_memory: bool,
+    /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
+    /// asks on every round trip).
+    landing: Landing,
+}
+
+// SAFETY: the worker is created UCS_THREAD_MODE_SERIALIZED (any thread, one at a time), and
+// every use of it and of the slab goes through `&mut self` (or Drop); the context is
+// thread-safe (see Context). Nothing here is tied to the thread that made it.
+unsafe impl Send for Endpoint {}
+
+fn cstring(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::InvalidArgument(format!("{what} `{s}` has a NUL byte")))
+}
+
+impl Endpoint {
+    fn peer(&self, peer: PeerId) -> Result<&Peer> {
+        let p = self
+            .peers
+            .get(peer.0 as usize)
+            .ok_or_else(|| unknown_peer(peer))?;
+        let failed = p.failed.get();
+        if failed != sys::UCS_OK {
+            return Err(peer_failed(peer, failed));
+        }
+        Ok(p)
+    }
+
+    #[inline]
+    fn local(&self, buf: &LocalSlice<'_, UcxMr>) -> Result<*mut c_void> {
+        if buf.mr.owner != self.id {
+            return Err(foreign_region());
+        }
+        match buf.offset.checked_add(buf.len) {
+            Some(end) if end <= buf.mr.len => {}
+            _ => return Err(local_range(buf.offset, buf.len, buf.mr.len)),
+        }
+        Ok((buf.mr.base + buf.offset) as *mut c_void)
+    }
+
+    fn take_slot(&mut self, rx: bool) -> Option<&Slot> {
+        let i = if rx {
+            self.free_rx.pop()?
+        } else {
+            self.free_tx.pop()?
+        };
+        Some(&self.shared.slots[i as usize])
+    }
+
+    fn give_back(&mut self, i: u32) {
+        let s = &self.shared.slots[i as usize];
+        s.state.set(State::Free);
+        if (i as usize) < self.caps.tx_depth {
+            self.free_tx.push(i);
+        } else {
+            self.free_rx.push(i);
+        }
+    }
+
+    /// Handle what a post call returned for the operation in slot `i`: in flight (keep the
+    /// request), done at once (queue the slot as done), or failed (give the slot back and
+    /// return the error).
+    #[inline]
+    fn started(&mut self, i: u32, call: &'static str, r: sys::ucs_status_ptr_t) -> Result<Post> {
+        let s = &self.shared.slots[i as usize];
+        match sys::ptr_status(r) {
+            Ok(Some(req)) => {
+                s.req.set(req);
+                Ok(Post::Posted)
+            }
+            Ok(None) => {
+                s.status.set(sys::UCS_OK);
+                self.shared.done.borrow_mut().push_back(i);
+                Ok(Post::Posted)
+            }
+            Err(st) => {
+                self.give_back(i);
+                Err(provider_error(call, st, "the peer may be gone"))
+            }
+        }
+    }
+
+    fn params(s: &Slot) -> sys::ucp_request_param_t {
+        let mut p = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
+            user_data: s as *const Slot as *mut c_void,
+            ..Default::default()
+        };
+        p.cb.send = Some(on_send);
+        p
+    }
+
+    /// Name the memory of a send or receive: its type and its `ucp_mem_map` handle (the
+    /// buffer lies inside the mapping: `local` checked it), as `ucx_perftest -z` does. Without
+    /// them UCX detects the memory type per call (UCX 1.22's CUDA build: a memtype-cache
+    /// lookup, and `cuPointerGetAttributes` where the cache has no device for the range) and
+    /// looks a zero-copy send's registration up in its cache.
+    #[inline]
+    fn set_memory(p: &mut sys::ucp_request_param_t, mr: &UcxMr) {
+        p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
+        p.memory_type = mr.mtype;
+        p.memh = mr.map.memh;
+    }
+
+    /// Send the immediate of the WRITE in slot `i` (its flush completed).
+    fn notify(&mut self, i: u32) -> std::result::Result<bool, sys::ucs_status_t> {
+        let s = &self.shared.slots[i as usize];
+        let ep = self.peers[s.peer.get() as usize].ep;
+        let mut p = Self::params(s);
+        p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        s.state.set(State::Notify);
+        // SAFETY: ep is a live endpoint of this worker; the header is the slot's `imm`, which
+        // stays valid and unchanged until the send completes (the slot is busy until then);
+        // no data; the callback's user_data is the slot, alive as long as the endpoint.
+        let r = unsafe {
+            sys::ucp_am_send_nbx(
+                ep,
+                AM_IMM,
+                s.imm.as_ptr() as *const c_void,
+                4,
+                ptr::null(),
+                0,
+                &p,
+            )
+        };
+        match sys::ptr_status(r) {
+            Ok(Some(req)) => {
+                s.req.set(req);
+                Ok(false)
+            }
+            Ok(None) => Ok(true),
+            Err(st) => Err(st),
+        }
+    }
+
+    fn completion_error(op: Op, ctx: u64, status: sys::ucs_status_t, what: &str) -> Completion {
+        Completion {
+            ctx,
+            kind: CompletionKind::Error(Box::new(CompletionError {
+                op,
+                ctx,
+                code: i32::from(status),
+                prov_errno: 0,
+                msg: format!("{} ({what})", status_text(status)),
+            })),
+        }
+    }
+
+    /// Progress until `req` is done or `limit` passes; frees it.
+    fn wait_request(&mut self, req: *mut c_void, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            // SAFETY: req is a live request of this worker (not yet freed).
+            let st = unsafe { sys::ucp_request_check_status(req) };
+            if st != sys::UCS_INPROGRESS || start.elapsed() > limit {
+                break;
+            }
+            // SAFETY: the worker is live; callbacks only touch the slab through shared refs.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+        }
+        // SAFETY: req is released once; an unfinished one is released by UCX when it ends.
+        unsafe { sys::ucp_request_free(req) };
+    }
+}
+
+#[cold]
+fn unknown_peer(peer: PeerId) -> Error {
+    Error::InvalidArgument(format!("unknown peer {}", peer.0))
+}
+
+#[cold]
+fn peer_failed(peer: PeerId, st: sys::ucs_status_t) -> Error {
+    provider_error(
+        "ucp_ep (error handler)",
+        st,
+        &format!("peer {} failed or went away: reconnect to it", peer.0),
+    )
+}
+
+#[cold]
+fn foreign_region() -> Error {
+    Error::InvalidArgument("the local region was registered on another endpoint".into())
+}
+
+#[cold]
+fn local_range(offset: usize, len: usize, total: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "local range {offset}+{len} does not fit the {total}-byte region"
+    ))
+}
+
+#[cold]
+fn bad_key(what: String) -> Error {
+    Error::InvalidArgument(what)
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // Receives still posted: cancel them (their callbacks queue the slots) and let the
+        // cancellations run.
+        for s in self.shared.slots.iter() {
+            let req = s.req.get();
+            if s.state.get() == State::Recv && !req.is_null() {
+                // SAFETY: a live request of this worker.
+                unsafe { sys::ucp_request_cancel(self.worker, req) };
+            }
+        }
+        for _ in 0..64 {
+            // SAFETY: the worker is live.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+        }
+        for s in self.shared.slots.iter() {
+            let req = s.req.replace(ptr::null_mut());
+            if !req.is_null() {
+                // SAFETY: released once; UCX frees an unfinished one when it ends (and the
+                // worker's destruction ends it).
+                unsafe { sys::ucp_request_free(req) };
+            }
+        }
+        // No flush of operations still queued in UCX: a flush waits for the peer to progress
+        // (a peer in the same thread, both ends of a loopback, does not while this one drops),
+        // and UCX 1.13 aborts ("Fatal: unexpected error: Endpoint timeout", ucp_request.inl)
+        // where a queued send fails while the flush progresses it. The forced close below
+        // purges them instead; UCX may warn that they were not flushed.
+        for imp in self.imported.drain(..) {
+            // SAFETY: unpacked on a peer ep that is still open; destroyed once.
+            unsafe { sys::ucp_rkey_destroy(imp.rkey) };
+        }
+        let peers = std::mem::take(&mut self.peers);
+        for p in &peers {
+            let mut params = sys::ucp_request_param_t {
+                op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+                flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
+                ..Default::default()
+            };
+            params.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+            // SAFETY: p.ep is live and closed once.
+            let r = unsafe { sys::ucp_ep_close_nbx(p.ep, &params) };
+            if let Ok(Some(req)) = sys::ptr_status(r) {
+                self.wait_request(req, Duration::from_secs(2));
+            }
+        }
+        drop(peers);
+        if !self.worker.is_null() {
+            // SAFETY: every ep, rkey and request of the worker is closed or released above;
+            // destroyed once. The AM handler's arg (Shared) is still alive here.
+            unsafe { sys::ucp_worker_destroy(self.worker) };
+            self.worker = ptr::null_mut();
+        }
+        // Nothing can arrive any more: the memory of regions dropped before us can go.
+        if let Ok(mut g) = self.grave.lock() {
+            g.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_text_is_ucx_own() {
+        assert_eq!(status_text(sys::UCS_OK), "Success");
+        assert!(status_text(sys::UCS_ERR_NO_DEVICE).contains("No such device"));
+    }
+}

@@ -1,0 +1,225 @@
+//! Opening an endpoint: UCP's configuration from the NIC's description and options, the
+//! context, the worker, its active-message handlers, and the slab.
+
+use super::*;
+
+impl Endpoint {
+    /// UCX's version as the loaded library reports it, e.g. `1.13.1`.
+    pub fn ucx_version() -> String {
+        // SAFETY: returns a pointer to a static NUL-terminated string.
+        let p = unsafe { sys::ucp_get_version_string() };
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-null, static, NUL-terminated (above).
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    pub(super) fn open_ucx(nic: &NicDesc) -> Result<Self> {
+        check_options(&crate::INFO, &nic.options)?;
+        let peer_errors = match nic.options.get("peer_errors").map(String::as_str) {
+            None | Some("auto") => !crate::shared_memory_only(nic.provider.as_deref()),
+            Some("on") => true,
+            Some("off") => false,
+            Some(v) => return Err(crate::INFO.unknown_option("peer_errors", v)),
+        };
+        let name_memory = match nic.options.get("memh").map(String::as_str) {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
+        };
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
+        // out pointer.
+        let st = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
+        check(
+            "ucp_config_read",
+            st,
+            "check the UCX_* environment variables",
+        )?;
+        let modify = |name: &str, value: &str| -> Result<()> {
+            let (n, v) = (cstring("UCX setting", name)?, cstring("UCX value", value)?);
+            // SAFETY: config is the live config read above; both strings are NUL-terminated
+            // and outlive the call (UCX copies the value).
+            let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
+            check(
+                "ucp_config_modify",
+                st,
+                &format!("UCX refused {name}={value}: see `ucx_info -d` for what this host has"),
+            )
+        };
+        let mut r = Ok(());
+        if let Some(p) = nic.provider.as_deref() {
+            r = r.and_then(|_| modify("TLS", p));
+        }
+        if let Some(d) = nic.device.as_deref() {
+            r = r.and_then(|_| modify("NET_DEVICES", d));
+        }
+        let ctx = r.and_then(|_| {
+            let params = sys::ucp_params_t {
+                field_mask: u64::from(
+                    sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                ),
+                features: u64::from(
+                    sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_AM,
+                ),
+                mt_workers_shared: 1,
+                ..Default::default()
+            };
+            let mut ctx: sys::ucp_context_h = ptr::null_mut();
+            // SAFETY: params and config are valid for the call; ctx is a valid out pointer.
+            // ucp_init is this static inline call with the header's API version.
+            let st = unsafe {
+                sys::ucp_init_version(
+                    sys::UCP_API_MAJOR,
+                    sys::UCP_API_MINOR,
+                    &params,
+                    config,
+                    &mut ctx,
+                )
+            };
+            match st {
+                sys::UCS_OK => Ok(ctx),
+                sys::UCS_ERR_NO_DEVICE | sys::UCS_ERR_NO_ELEM | sys::UCS_ERR_UNSUPPORTED => {
+                    Err(Error::NoDevice(format!(
+                        "UCX opened no transport for TLS={} NET_DEVICES={}: {} (see `ucx_info -d`)",
+                        nic.provider.as_deref().unwrap_or("(default)"),
+                        nic.device.as_deref().unwrap_or("(default)"),
+                        status_text(st)
+                    )))
+                }
+                _ => Err(provider_error("ucp_init", st, "see `ucx_info -d`")),
+            }
+        });
+        // SAFETY: config came from ucp_config_read and is released once; UCX copied what it
+        // needed into the context.
+        unsafe { sys::ucp_config_release(config) };
+        let ctx = ctx?;
+        let mut attr = sys::ucp_context_attr_t {
+            field_mask: u64::from(sys::UCP_ATTR_FIELD_MEMORY_TYPES),
+            ..Default::default()
+        };
+        // SAFETY: ctx is live; attr is a valid in/out struct.
+        let st = unsafe { sys::ucp_context_query(ctx, &mut attr) };
+        let cuda = st == sys::UCS_OK && attr.memory_types & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0;
+        let ctx = Arc::new(Context { ctx, cuda });
+
+        let wparams = sys::ucp_worker_params_t {
+            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
+            thread_mode: sys::UCS_THREAD_MODE_SERIALIZED,
+            ..Default::default()
+        };
+        let mut worker: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: ctx is live; wparams valid; worker a valid out pointer.
+        let st = unsafe { sys::ucp_worker_create(ctx.ctx, &wparams, &mut worker) };
+        check("ucp_worker_create", st, "see `ucx_info -d`")?;
+
+        let tx = nic.tx_depth.unwrap_or(DEFAULT_TX).clamp(1, 1 << 16);
+        let rx = nic.rx_depth.unwrap_or(DEFAULT_RX).clamp(1, 1 << 16);
+        let slots: Box<[Slot]> = (0..tx + rx)
+            .map(|i| Slot {
+                shared: Cell::new(ptr::null()),
+                index: i as u32,
+                state: Cell::new(State::Free),
+                ctx: Cell::new(0),
+                peer: Cell::new(0),
+                imm: Cell::new(0),
+                seq: Cell::new(0),
+                hdr: Cell::new([0; INLINE_HDR]),
+                req: Cell::new(ptr::null_mut()),
+                status: Cell::new(sys::UCS_OK),
+                info: UnsafeCell::new(sys::ucp_tag_recv_info_t::default()),
+            })
+            .collect();
+        let shared = Box::new(Shared {
+            slots,
+            done: RefCell::new(VecDeque::with_capacity(tx + rx)),
+            imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
+            host_regions: RefCell::new(Vec::new()),
+        });
+        let sp: *const Shared = &*shared;
+        for s in shared.slots.iter() {
+            s.shared.set(sp);
+        }
+        // Built now so that Drop cleans the worker up if anything below fails.
+        let mut ep = Endpoint {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ctx,
+            worker,
+            address: Vec::new(),
+            peers: Vec::new(),
+            imported: Vec::new(),
+            shared,
+            free_tx: (0..tx as u32).rev().collect(),
+            free_rx: (tx as u32..(tx + rx) as u32).rev().collect(),
+            caps: Caps::default(),
+            grave: Arc::new(Mutex::new(Vec::new())),
+            tls: nic.provider.clone().unwrap_or_else(|| "all".into()),
+            // The transports this backend opens move GPU memory with CUDA copies (cuda_copy,
+            // cuda_ipc); a UCX with GPUDirect RDMA (rc with CUDA) would need the NIC's flush.
+            landing: if crate::nic_driver(Some(nic.provider.as_deref().unwrap_or("all"))).is_some()
+            {
+                Landing::NicDma
+            } else {
+                Landing::ProviderCopy
+            },
+            devices: nic.device.clone().unwrap_or_else(|| "all".into()),
+            version: Self::ucx_version(),
+            peer_errors,
+            name_memory,
+        };
+
+        let hparams = sys::ucp_am_handler_param_t {
+            field_mask: u64::from(
+                sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                    | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS
+                    | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                    | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            ),
+            id: AM_IMM,
+            flags: sys::UCP_AM_FLAG_WHOLE_MSG,
+            cb: Some(on_imm),
+            arg: sp as *mut c_void,
+        };
+        // SAFETY: worker is live; arg points at the boxed Shared, which lives as long as the
+        // worker (the worker is destroyed first in Drop), and on_imm only reads it shared.
+        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
+        check("ucp_worker_set_am_recv_handler", st, "")?;
+        let hparams = sys::ucp_am_handler_param_t {
+            id: AM_WRITE_IMM,
+            cb: Some(on_write_imm),
+            ..hparams
+        };
+        // SAFETY: as above; on_write_imm reads Shared shared and writes only into host
+        // regions this endpoint registered (checked against `host_regions`).
+        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
+        check("ucp_worker_set_am_recv_handler", st, "")?;
+
+        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: worker is live; out pointers valid.
+        let st = unsafe { sys::ucp_worker_get_address(ep.worker, &mut addr, &mut len) };
+        check("ucp_worker_get_address", st, "")?;
+        // SAFETY: UCX returned `len` readable bytes at addr, released right after the copy.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+        // SAFETY: addr came from ucp_worker_get_address on this worker; released once.
+        unsafe { sys::ucp_worker_release_address(ep.worker, addr) };
+        ep.address = frame::wrap(Kind::Address, &bytes);
+
+        ep.caps = Caps {
+            max_msg_size: 1 << 30,
+            max_write_size: 1 << 30,
+            tx_depth: tx,
+            rx_depth: rx,
+            inject_size: 0,
+            cq_data_size: 4,
+            gpu_memory: ep.ctx.cuda,
+            link_gbps: None,
+            // Out-of-range WRITEs and keys that are no keys are refused here, at post and
+            // import; a key of the right form naming no region of the peer is not refused by
+            // every UCX transport at the target (tcp and cma write where they are told).
+            remote_write_errors: false,
+        };
+        Ok(ep)
+    }
+}

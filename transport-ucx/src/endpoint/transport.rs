@@ -1,0 +1,521 @@
+//! The trait: registration and keys, peers, posting and polling.
+
+use super::*;
+
+impl Transport for Endpoint {
+    type Mr = UcxMr;
+    type RemoteKey = UcxKey;
+    const INFO: &'static BackendInfo = &crate::INFO;
+
+    fn open(nic: &NicDesc) -> Result<Self> {
+        Self::open_ucx(nic)
+    }
+
+    fn provider(&self) -> &str {
+        &self.tls
+    }
+
+    fn nic_name(&self) -> &str {
+        &self.devices
+    }
+
+    fn address(&self) -> EndpointAddr {
+        EndpointAddr(self.address.clone())
+    }
+
+    fn add_peer(&mut self, addr: &EndpointAddr) -> Result<PeerId> {
+        let worker_addr = frame::unwrap(Kind::Address, &addr.0, "worker address")?;
+        let peer = Box::new(Peer {
+            ep: ptr::null_mut(),
+            failed: Cell::new(sys::UCS_OK),
+            puts: Cell::new(0),
+            flushed: Cell::new(0),
+        });
+        let params = sys::ucp_ep_params_t {
+            field_mask: u64::from(
+                sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            ),
+            address: worker_addr.as_ptr() as *const sys::ucp_address_t,
+            err_mode: if self.peer_errors {
+                sys::UCP_ERR_HANDLING_MODE_PEER
+            } else {
+                sys::UCP_ERR_HANDLING_MODE_NONE
+            },
+            err_handler: sys::ucp_err_handler_t {
+                cb: Some(on_peer_error),
+                arg: &*peer as *const Peer as *mut c_void,
+            },
+            ..Default::default()
+        };
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: the worker is live; the address bytes passed the frame check (length and
+        // hash of what a peer's ucp_worker_get_address gave) and outlive the call; the error
+        // handler's arg is the boxed Peer, kept (boxed, never moved) until its ep is closed.
+        let st = unsafe { sys::ucp_ep_create(self.worker, &params, &mut ep) };
+        let hint = if crate::rc_without_wireup(&self.tls) {
+            "no auxiliary wire-up transport: UCX connects rc_verbs (rc_mlx5) endpoints over \
+             another transport that reaches the peer's worker address first (UCX's `no \
+             auxiliary transport ... Unsupported operation`); add one to the transports, e.g. \
+             --provider rc_verbs,tcp or rc_verbs,ud_verbs"
+        } else if st == sys::UCS_ERR_UNREACHABLE && self.peer_errors {
+            "no transport of TLS reaches the peer with peer error handling: UCX 1.13's \
+             shared-memory transports (posix, sysv) have no peer failure handler; add tcp to \
+             the transports or pass the option peer_errors=off or auto (a dead peer then \
+             hangs operations instead of failing them)"
+        } else {
+            "is the peer's address from a live UCX endpoint, reachable over TLS?"
+        };
+        check("ucp_ep_create", st, hint)?;
+        let mut peer = peer;
+        peer.ep = ep;
+        self.peers.push(peer);
+        Ok(PeerId(self.peers.len() as u32 - 1))
+    }
+
+    fn register(&mut self, mut mem: Memory) -> Result<UcxMr> {
+        if mem.is_empty() {
+            return Err(Error::InvalidArgument("cannot register 0 bytes".into()));
+        }
+        let (base, mtype) = match &mut mem {
+            Memory::Host(h) => (h.as_mut_ptr() as usize, sys::UCS_MEMORY_TYPE_HOST),
+            Memory::Gpu(g) => {
+                if !self.ctx.cuda {
+                    return Err(Error::Unsupported(format!(
+                        "this UCX ({} at {}) has no CUDA memory support (ucp_context_query \
+                         lists no UCS_MEMORY_TYPE_CUDA): use a UCX built with CUDA, e.g. the \
+                         libucx-cu12 wheel's, through LD_LIBRARY_PATH",
+                        self.version,
+                        mapped_library("libucp").unwrap_or_else(|| "libucp".into())
+                    )));
+                }
+                (g.device_ptr() as usize, sys::UCS_MEMORY_TYPE_CUDA)
+            }
+        };
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: u64::from(
+                sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                    | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                    | sys::UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+            ),
+            address: base as *mut c_void,
+            length: mem.len(),
+            memory_type: mtype,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = ptr::null_mut();
+        // SAFETY: [base, base + len) is memory `mem` owns (host buffer or CUDA allocation),
+        // which the region keeps, at the same address, until it is unmapped.
+        let st = unsafe { sys::ucp_mem_map(self.ctx.ctx, &params, &mut memh) };
+        check("ucp_mem_map", st, "")?;
+        let map = Mapping {
+            memh,
+            ctx: self.ctx.clone(),
+        };
+        let mut buf: *mut c_void = ptr::null_mut();
+        let mut size = 0usize;
+        // SAFETY: memh is the live mapping above; out pointers valid.
+        let st = unsafe { sys::ucp_rkey_pack(self.ctx.ctx, memh, &mut buf, &mut size) };
+        check("ucp_rkey_pack", st, "")?;
+        // SAFETY: UCX returned `size` readable bytes at buf, released right after the copy.
+        let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
+        // SAFETY: buf came from ucp_rkey_pack; released once.
+        unsafe { sys::ucp_rkey_buffer_release(buf) };
+        // The key's first byte says whether the region is host memory; a host region's
+        // token follows it (a peer then may carry a small WRITE with immediate into it as one
+        // active message, naming the token); UCX's packed key comes last.
+        let host = (mtype == sys::UCS_MEMORY_TYPE_HOST).then(region_token);
+        let head: Vec<u8> = match host {
+            Some(t) => [&[1u8][..], &t.to_le_bytes()].concat(),
+            None => vec![0],
+        };
+        let key = KeyBytes::new(frame::wrap(Kind::Rkey, &[&head[..], &packed[..]].concat()))
+            .map_err(|_| {
+                Error::Unsupported(format!(
+                "UCX packed a {size}-byte remote key, more than a key may carry ({} bytes with \
+                 its frame): name fewer transports (--provider)",
+                KeyBytes::MAX_LEN
+            ))
+            })?;
+        if let Some(token) = host {
+            self.shared.host_regions.borrow_mut().push(HostRegion {
+                base,
+                len: mem.len(),
+                token,
+            });
+        }
+        Ok(UcxMr {
+            remote: RemoteMr {
+                addr: base as u64,
+                len: mem.len() as u64,
+                key,
+            },
+            len: mem.len(),
+            mem: Some(mem),
+            grave: Arc::downgrade(&self.grave),
+            map,
+            owner: self.id,
+            base,
+            mtype,
+        })
+    }
+
+    /// The memory comes back at once. Over tcp and cma, UCX's target side checks no
+    /// registration: a peer's put still on its way lands in it anyway. Deregister a region
+    /// peers write into only after their last WRITE's immediate (as the trait asks); a
+    /// region that is dropped instead stays allocated until the endpoint goes.
+    fn deregister(&mut self, mr: UcxMr) -> Result<Memory> {
+        let mut mr = mr;
+        check("ucp_mem_unmap", mr.map.unmap(), "")?;
+        // A region dropped instead stays in the table: its memory stays allocated (the
+        // graveyard) until the endpoint goes.
+        let mut regions = self.shared.host_regions.borrow_mut();
+        if let Some(k) = regions
+            .iter()
+            .position(|r| (r.base, r.len) == (mr.base, mr.len))
+        {
+            regions.swap_remove(k);
+        }
+        drop(regions);
+        Ok(mr.mem.take().expect(TAKEN))
+    }
+
+    fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<UcxKey>> {
+        let ep = self.peer(peer)?.ep;
+        let framed = frame::unwrap(Kind::Rkey, mr.key.as_bytes(), "remote key")?;
+        // The first byte: host memory (1, its token's 8 bytes next) or not (0); UCX's packed
+        // key follows.
+        let (host, packed) = match framed.split_first() {
+            Some((&0, rest)) if !rest.is_empty() => (None, rest),
+            Some((&1, rest)) if rest.len() > 8 => {
+                let mut t = [0u8; 8];
+                t.copy_from_slice(&rest[..8]);
+                (Some(u64::from_le_bytes(t)), &rest[8..])
+            }
+            _ => {
+                return Err(bad_key(
+                    "the remote key has no memory-type byte (and host token) before UCX's \
+                     packed key"
+                        .into(),
+                ))
+            }
+        };
+        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: ep is live; the packed bytes passed the frame check (their length and hash
+        // are those ucp_rkey_pack gave the peer) and outlive the call; rkey a valid out ptr.
+        let st =
+            unsafe { sys::ucp_ep_rkey_unpack(ep, packed.as_ptr() as *const c_void, &mut rkey) };
+        if st != sys::UCS_OK {
+            return Err(bad_key(format!(
+                "ucp_ep_rkey_unpack refused the remote key: {} (is the region still registered?)",
+                status_text(st)
+            )));
+        }
+        let index = self.imported.len() as u32;
+        let region = RemoteRegion::new(
+            mr,
+            UcxKey {
+                endpoint: self.id,
+                index,
+            },
+        );
+        match region {
+            Ok(r) => {
+                self.imported.push(Imported {
+                    peer: peer.0,
+                    addr: mr.addr,
+                    len: mr.len,
+                    rkey,
+                    host,
+                });
+                Ok(r)
+            }
+            Err(e) => {
+                // SAFETY: rkey was just unpacked and is destroyed once, here.
+                unsafe { sys::ucp_rkey_destroy(rkey) };
+                Err(e)
+            }
+        }
+    }
+
+    fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
+        let ep = self.peer(peer)?.ep;
+        let addr = self.local(&buf)?;
+        let Some(s) = self.take_slot(false) else {
+            return Ok(Post::QueueFull);
+        };
+        s.state.set(State::Send);
+        s.ctx.set(ctx);
+        let i = s.index;
+        let mut p = Self::params(s);
+        if self.name_memory {
+            Self::set_memory(&mut p, buf.mr);
+        }
+        // SAFETY: ep is live; [addr, addr + len) lies in a region this endpoint registered
+        // (checked), which the caller keeps alive until the completion, and so its mapping
+        // (the memh named in p); the slot outlives the operation.
+        let r = unsafe { sys::ucp_tag_send_nbx(ep, addr, buf.len, SEND_TAG, &p) };
+        self.started(i, "ucp_tag_send_nbx", r)
+    }
+
+    fn post_recv(&mut self, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
+        let addr = self.local(&buf)?;
+        let Some(s) = self.take_slot(true) else {
+            return Ok(Post::QueueFull);
+        };
+        s.state.set(State::Recv);
+        s.ctx.set(ctx);
+        let i = s.index;
+        let mut p = Self::params(s);
+        p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
+        p.cb.recv = Some(on_recv);
+        p.recv_info.tag_info = s.info.get();
+        if self.name_memory {
+            Self::set_memory(&mut p, buf.mr);
+        }
+        // SAFETY: the worker is live; the buffer lies in a region of this endpoint (checked)
+        // kept alive until the completion, and so its mapping (the memh named in p);
+        // recv_info points at the slot's `info`, which lives with the endpoint.
+        let r =
+            unsafe { sys::ucp_tag_recv_nbx(self.worker, addr, buf.len, SEND_TAG, u64::MAX, &p) };
+        self.started(i, "ucp_tag_recv_nbx", r)
+    }
+
+    fn post_write(
+        &mut self,
+        peer: PeerId,
+        buf: LocalSlice<'_, UcxMr>,
+        remote: RemoteSlice<UcxKey>,
+        imm: Option<u32>,
+        ctx: u64,
+    ) -> Result<Post> {
+        let ep = self.peer(peer)?.ep;
+        let addr = self.local(&buf)?;
+        let k = remote.key;
+        let imp = match self.imported.get(k.index as usize) {
+            Some(imp) if k.endpoint == self.id && imp.peer == peer.0 => imp,
+            _ => {
+                return Err(bad_key(format!(
+                    "remote key {k:?} was not imported for peer {} on this endpoint",
+                    peer.0
+                )))
+            }
+        };
+        let fits = remote.addr >= imp.addr
+            && remote
+                .addr
+                .checked_add(remote.len)
+                .is_some_and(|end| end <= imp.addr + imp.len)
+            && remote.len == buf.len as u64;
+        if !fits {
+            return Err(bad_key(format!(
+                "remote range {:#x}+{} is outside the imported region {:#x}+{} (or its length \
+                 differs from the local {} bytes)",
+                remote.addr, remote.len, imp.addr, imp.len, buf.len
+            )));
+        }
+        let rkey = imp.rkey;
+        // A small WRITE with immediate between host memories, with every earlier put to this
+        // peer known at the target (a flush covering it completed), goes as one active
+        // message: the target's handler copies the bytes, then queues the immediate.
+        let pr = &self.peers[peer.0 as usize];
+        let token = imp.host;
+        let inline = imm.is_some()
+            && token.is_some()
+            && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
+            && buf.len <= INLINE_MAX
+            && pr.puts.get() == pr.flushed.get();
+        let Some(s) = self.take_slot(false) else {
+            return Ok(Post::QueueFull);
+        };
+        s.ctx.set(ctx);
+        s.peer.set(peer.0);
+        let i = s.index;
+        match imm {
+            Some(v) if inline => {
+                s.state.set(State::Notify);
+                let mut h = [0u8; INLINE_HDR];
+                h[..4].copy_from_slice(&v.to_le_bytes());
+                h[4..12].copy_from_slice(&remote.addr.to_le_bytes());
+                h[12..].copy_from_slice(&token.unwrap_or(0).to_le_bytes());
+                s.hdr.set(h);
+                let mut p = Self::params(s);
+                p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+                // SAFETY: ep is live; the header is the slot's `hdr`, unchanged until the send
+                // completes (the slot is busy until then); the data is the local range, in a
+                // region of this endpoint (checked) kept alive until the completion.
+                let r = unsafe {
+                    sys::ucp_am_send_nbx(
+                        ep,
+                        AM_WRITE_IMM,
+                        s.hdr.as_ptr() as *const c_void,
+                        INLINE_HDR,
+                        addr,
+                        buf.len,
+                        &p,
+                    )
+                };
+                self.started(i, "ucp_am_send_nbx", r)
+            }
+            None => {
+                s.state.set(State::Put);
+                let p = Self::params(s);
+                // SAFETY: ep and rkey are live (the rkey was unpacked for this ep and is
+                // destroyed only with the endpoint); the local range lies in a region of this
+                // endpoint; the remote range lies in the imported region (checked above).
+                let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &p) };
+                let pr = &self.peers[peer.0 as usize];
+                pr.puts.set(pr.puts.get() + 1);
+                self.started(i, "ucp_put_nbx", r)
+            }
+            Some(v) => {
+                s.state.set(State::Flush);
+                s.imm.set(v.to_le());
+                let none = sys::ucp_request_param_t::default();
+                // SAFETY: as for the put above; no callback: the request (if any) is freed at
+                // once and UCX releases it when it completes; the flush below reports it.
+                let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &none) };
+                match sys::ptr_status(r) {
+                    // SAFETY: a request without callback, released once; UCX frees it when done.
+                    Ok(Some(req)) => unsafe { sys::ucp_request_free(req) },
+                    Ok(None) => {}
+                    Err(st) => {
+                        self.give_back(i);
+                        return Err(provider_error("ucp_put_nbx", st, "the peer may be gone"));
+                    }
+                }
+                let pr = &self.peers[peer.0 as usize];
+                pr.puts.set(pr.puts.get() + 1);
+                let s = &self.shared.slots[i as usize];
+                s.seq.set(pr.puts.get());
+                let p = Self::params(s);
+                // SAFETY: ep is live; the slot outlives the flush.
+                let r = unsafe { sys::ucp_ep_flush_nbx(ep, &p) };
+                self.started(i, "ucp_ep_flush_nbx", r)
+            }
+        }
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        // SAFETY: the worker is live; callbacks run inside and only touch the slab through
+        // shared references; no borrow of its RefCells is held across the call.
+        unsafe { sys::ucp_worker_progress(self.worker) };
+        let mut n = 0;
+        while n < out.len() {
+            let Some(imm) = self.shared.imms.borrow_mut().pop_front() else {
+                break;
+            };
+            out[n] = Completion {
+                ctx: 0,
+                kind: CompletionKind::RemoteWrite { imm },
+            };
+            n += 1;
+        }
+        while n < out.len() {
+            let Some(i) = self.shared.done.borrow_mut().pop_front() else {
+                break;
+            };
+            let s = &self.shared.slots[i as usize];
+            let req = s.req.replace(ptr::null_mut());
+            if !req.is_null() {
+                // SAFETY: the request's callback ran (that queued the slot); released once.
+                unsafe { sys::ucp_request_free(req) };
+            }
+            let (st, ctx, state) = (s.status.get(), s.ctx.get(), s.state.get());
+            if state == State::Flush && st == sys::UCS_OK {
+                // Every put posted before this flush is at the target.
+                let pr = &self.peers[s.peer.get() as usize];
+                pr.flushed.set(pr.flushed.get().max(s.seq.get()));
+            }
+            let c = match state {
+                State::Flush if st == sys::UCS_OK => match self.notify(i) {
+                    Ok(false) => continue,
+                    Ok(true) => Completion {
+                        ctx,
+                        kind: CompletionKind::Write,
+                    },
+                    Err(e) => Self::completion_error(Op::Write, ctx, e, "sending the immediate"),
+                },
+                State::Flush => Self::completion_error(Op::Write, ctx, st, "put and flush"),
+                _ if st != sys::UCS_OK => {
+                    let (op, what) = match state {
+                        State::Send => (Op::Send, "tagged send"),
+                        State::Recv => (Op::Recv, "tagged receive"),
+                        State::Notify => (Op::Write, "sending the immediate"),
+                        _ => (Op::Write, "put"),
+                    };
+                    Self::completion_error(op, ctx, st, what)
+                }
+                State::Send => Completion {
+                    ctx,
+                    kind: CompletionKind::Send,
+                },
+                State::Recv => {
+                    // SAFETY: written by UCX (or on_recv) before the slot was queued; no
+                    // progress runs while it is read.
+                    let len = unsafe { (*s.info.get()).length };
+                    Completion {
+                        ctx,
+                        kind: CompletionKind::Recv { len, imm: None },
+                    }
+                }
+                State::Put | State::Notify => Completion {
+                    ctx,
+                    kind: CompletionKind::Write,
+                },
+                State::Free => continue,
+            };
+            self.give_back(i);
+            out[n] = c;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn make_gpu_visible(&mut self, mr: &UcxMr) -> Result<()> {
+        transport_core::make_gpu_visible(mr.memory(), self.landing)
+    }
+
+    fn details(&self) -> String {
+        format!(
+            "ucx {} TLS={} NET_DEVICES={} immediates: put, ep flush, active message",
+            self.version, self.tls, self.devices
+        )
+    }
+
+    fn runtime(&self) -> Runtime {
+        let mut settings = BTreeMap::new();
+        settings.insert("tls".into(), self.tls.clone());
+        settings.insert("net_devices".into(), self.devices.clone());
+        settings.insert(
+            "immediate".into(),
+            "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx".into(),
+        );
+        settings.insert("cuda_memory".into(), self.ctx.cuda.to_string());
+        settings.insert(
+            "memh".into(),
+            if self.name_memory { "on" } else { "off" }.into(),
+        );
+        settings.insert(
+            "err_mode".into(),
+            if self.peer_errors { "peer" } else { "none" }.into(),
+        );
+        Runtime {
+            backend: Self::BACKEND.into(),
+            library: "ucx".into(),
+            version: Some(self.version.clone()),
+            path: mapped_library("libucp"),
+            provider: Some(self.tls.clone()),
+            fabric: None,
+            device: self.devices.clone(),
+            firmware: None,
+            settings,
+        }
+    }
+}
