@@ -1,0 +1,396 @@
+//! The kernels, compiled once per context with NVRTC, and their launches.
+
+use super::*;
+
+/// What [`Kernels::produce`] publishes: commands `first..first + count`. Command `i` WRITEs
+/// `len` bytes from `local_off + (i % pages) * stride` of local region `local_region` to
+/// `remote_off + (i % pages) * stride` of `peer`'s region `remote_region`; with
+/// [`OP_WRITE_IMM`](crate::ring::OP_WRITE_IMM) its immediate is
+/// [`immediate`](crate::ring::immediate)`(imm_slot, i as u16)`.
+#[derive(Clone, Debug)]
+pub struct Produce {
+    pub first: u64,
+    pub count: u64,
+    pub peer: u16,
+    pub local_region: u16,
+    pub local_off: u64,
+    pub remote_region: u16,
+    pub remote_off: u64,
+    pub len: u32,
+    pub stride: u64,
+    pub pages: u64,
+    /// [`OP_WRITE`](crate::ring::OP_WRITE) or [`OP_WRITE_IMM`](crate::ring::OP_WRITE_IMM).
+    pub op: u8,
+    pub imm_slot: u16,
+    /// The u64 (device address) warps claim positions from: `None` for the ring's head;
+    /// `Some` for a counter in GPU memory that holds the ring's next position (the only
+    /// producer of the ring then).
+    pub claim: Option<u64>,
+    /// `Some((device address of the local region, salt))`: each thread first fills its
+    /// command's payload with [`payload_byte`], ordered before the command by the fence.
+    pub fill: Option<(u64, u32)>,
+    /// Blocks and threads per block of the launch.
+    pub blocks: u32,
+    pub threads: u32,
+}
+
+impl Produce {
+    /// `cmd` alone, as command `first` of one warp (what [`Kernels::pingpong`] publishes each
+    /// round: its immediate's low 16 bits become the round's position).
+    pub fn single(cmd: &crate::Command, first: u64) -> Self {
+        let (local_region, local_off) = crate::ring::unpack(cmd.local);
+        let (remote_region, remote_off) = crate::ring::unpack(cmd.remote);
+        Self {
+            first,
+            count: 1,
+            peer: cmd.peer,
+            local_region,
+            local_off,
+            remote_region,
+            remote_off,
+            len: cmd.len,
+            stride: 0,
+            pages: 1,
+            op: cmd.op,
+            imm_slot: (cmd.imm >> crate::ring::ARRIVAL_SHIFT) as u16,
+            claim: None,
+            fill: None,
+            blocks: 1,
+            threads: 32,
+        }
+    }
+}
+
+/// One warp: the launch of the kernels one GPU thread runs (wait, ping-pongs).
+const ONE_WARP: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (32, 1, 1),
+    shared_mem_bytes: 0,
+};
+
+/// The compiled kernels, on one stream of one context.
+pub struct Kernels {
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
+    produce: CudaFunction,
+    wait: CudaFunction,
+    pingpong: CudaFunction,
+    /// The producer's kernel (`producer.rs` launches it).
+    pub(super) issue: CudaFunction,
+    flag_pingpong: CudaFunction,
+    /// Status and result words the kernels write (host-mapped: readable after a sync).
+    pub(super) scratch: MappedHost,
+}
+
+/// How long a kernel waits for the proxy before it gives up and says so.
+pub const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
+
+/// The kernels' source as NVRTC compiles it: ring.rs's CUDA header, then the kernels.
+pub fn kernel_source() -> String {
+    format!("{}\n{}", crate::ring::CUDA_HEADER, PRODUCER_SRC)
+}
+
+/// A kernel's failure word (1: timed out; 0x100 | code: the ring's error word) in words.
+fn failure(word: u64, what: &str) -> GpuError {
+    if word & 0x100 != 0 {
+        let code = (word & 0xff) as u32;
+        GpuError::Timeout(format!(
+            "{what}: the proxy is gone ({}: {})",
+            code,
+            crate::ring::error_name(code)
+        ))
+    } else {
+        GpuError::Timeout(format!(
+            "{what}: waited {} s for the proxy and gave up",
+            KERNEL_TIMEOUT_NS / 1_000_000_000
+        ))
+    }
+}
+
+impl Kernels {
+    /// Compile the kernels for `ctx`'s GPU and load them. On a compile failure the error
+    /// carries NVRTC's log.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        if !nvrtc_present() {
+            return Err(GpuError::NoNvrtc);
+        }
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| cuda("cuDeviceGetAttribute(COMPUTE_CAPABILITY)", e))?;
+        if major < 7 {
+            return Err(GpuError::Invalid(format!(
+                "GPU of compute capability {major}.{minor}: the kernels need 7.0 or later \
+                 (ld.acquire.sys, st.relaxed.sys, independent thread scheduling)"
+            )));
+        }
+        let options = vec![
+            format!("--gpu-architecture=compute_{major}{minor}"),
+            "--std=c++17".to_string(),
+        ];
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: options.clone(),
+            name: Some("producer.cu".into()),
+            ..Default::default()
+        };
+        let compile_error = |code: String, log: String| GpuError::Compile {
+            name: "producer.cu".into(),
+            options: options.clone(),
+            code,
+            log,
+        };
+        let ptx =
+            cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), opts).map_err(|e| match e {
+                cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+                    compile_error(format!("{nvrtc:?}"), log.to_string_lossy().into_owned())
+                }
+                other => compile_error(format!("{other:?}"), String::new()),
+            })?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| cuda("cuModuleLoadData (the PTX NVRTC made)", e))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| cuda(&format!("cuModuleGetFunction({name})"), e))
+        };
+        let stream = ctx.new_stream().map_err(|e| cuda("cuStreamCreate", e))?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            stream,
+            produce: f("proxy_produce")?,
+            wait: f("proxy_wait")?,
+            pingpong: f("proxy_pingpong")?,
+            issue: f("proxy_issue")?,
+            flag_pingpong: f("proxy_flag_pingpong")?,
+            scratch: MappedHost::alloc(ctx, 4096)?,
+        })
+    }
+
+    /// The context the kernels run in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The same kernels (no second compile) on a stream and scratch of their own: one per
+    /// ring, so that producers of several rings run at once.
+    pub fn fork(&self) -> Result<Self, GpuError> {
+        Ok(Self {
+            ctx: self.ctx.clone(),
+            stream: self
+                .ctx
+                .new_stream()
+                .map_err(|e| cuda("cuStreamCreate", e))?,
+            produce: self.produce.clone(),
+            wait: self.wait.clone(),
+            pingpong: self.pingpong.clone(),
+            issue: self.issue.clone(),
+            flag_pingpong: self.flag_pingpong.clone(),
+            scratch: MappedHost::alloc(&self.ctx, 4096)?,
+        })
+    }
+
+    /// The GPU's streaming multiprocessors (for sizing launches).
+    pub fn multiprocessors(&self) -> u32 {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|n| n.max(1) as u32)
+            .unwrap_or(1)
+    }
+
+    /// Launch the producer on the ring block at device address `ring` (asynchronous:
+    /// [`Kernels::sync`] waits for it, and reports a producer that gave up).
+    pub fn produce(&self, ring: u64, p: &Produce) -> Result<(), GpuError> {
+        if p.count == 0 {
+            return Ok(());
+        }
+        if p.blocks == 0 || p.threads == 0 || !p.threads.is_multiple_of(32) || p.threads > 1024 {
+            return Err(GpuError::Invalid(format!(
+                "launch of {} blocks of {} threads: threads must be a multiple of 32, at most 1024",
+                p.blocks, p.threads
+            )));
+        }
+        self.scratch.zero(0, 8);
+        let status = self.scratch.device_ptr();
+        let claim = p.claim.unwrap_or(ring + crate::ring::OFF_HEAD as u64);
+        let (src, fill, salt) = match p.fill {
+            Some((src, salt)) => (src, 1u32, salt),
+            None => (0u64, 0u32, 0u32),
+        };
+        let len = p.len as u64;
+        let (peer, lreg, rreg, op, slot) = (
+            p.peer as u32,
+            p.local_region as u32,
+            p.remote_region as u32,
+            p.op as u32,
+            p.imm_slot as u32,
+        );
+        let timeout = KERNEL_TIMEOUT_NS;
+        let cfg = LaunchConfig {
+            grid_dim: (p.blocks, 1, 1),
+            block_dim: (p.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.produce);
+        b.arg(&ring)
+            .arg(&claim)
+            .arg(&p.first)
+            .arg(&p.count)
+            .arg(&peer)
+            .arg(&lreg)
+            .arg(&p.local_off)
+            .arg(&rreg)
+            .arg(&p.remote_off)
+            .arg(&len)
+            .arg(&p.stride)
+            .arg(&p.pages)
+            .arg(&op)
+            .arg(&slot)
+            .arg(&src)
+            .arg(&fill)
+            .arg(&salt)
+            .arg(&timeout)
+            .arg(&status);
+        // SAFETY: the arguments match proxy_produce's parameters in number, order and size
+        // (pointers as u64 device addresses, u32 for unsigned int, u64 for unsigned long
+        // long); ring is a mapped block Ring::init laid out, claim a u64 the kernel may add
+        // to, src (when fill is set) a device address with room for every page's payload,
+        // and status is scratch, which self owns and sync() waits on before reading.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_produce)", e))?;
+        Ok(())
+    }
+
+    /// Wait for this stream's work.
+    fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda("cuStreamSynchronize", e))
+    }
+
+    /// Wait for everything launched so far; an error if a producer gave up.
+    pub fn sync(&self) -> Result<(), GpuError> {
+        self.synchronize()?;
+        let st = self.scratch.read_u64(0) & 0xffff_ffff;
+        if st != 0 {
+            return Err(failure(
+                st,
+                "a producer thread waiting for room in the ring",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Run `proxy_wait` until the u64 at device address `counter` reaches `target`, and
+    /// wait for it: the GPU's ns from the kernel's start until it saw the target.
+    pub fn wait(&self, ring: u64, counter: u64, target: u64) -> Result<u64, GpuError> {
+        self.scratch.zero(64, 32);
+        let out = self.scratch.device_ptr() + 64;
+        let timeout = KERNEL_TIMEOUT_NS;
+        let cfg = ONE_WARP;
+        let mut b = self.stream.launch_builder(&self.wait);
+        b.arg(&ring)
+            .arg(&counter)
+            .arg(&target)
+            .arg(&timeout)
+            .arg(&out);
+        // SAFETY: arguments match proxy_wait's (u64 device addresses and u64s); ring and
+        // counter are in the caller's mapped block, alive across this synchronous call; out
+        // is scratch, owned by self.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_wait)", e))?;
+        self.synchronize()?;
+        let [seen, done, start, err] = [64, 72, 80, 88].map(|o| self.scratch.read_u64(o));
+        if done == 0 {
+            let word = if err != 0 { 0x100 | err } else { 1 };
+            return Err(failure(
+                word,
+                &format!(
+                    "the kernel waiting for a counter to reach {target} (it stayed at {seen})"
+                ),
+            ));
+        }
+        Ok(done.saturating_sub(start))
+    }
+
+    /// Latency: `iters` rounds of one command (one GPU thread, claimed from the ring's head)
+    /// and a spin until the u64 at `counter` passes `base_count + round + 1`; the GPU's
+    /// total ns.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pingpong(
+        &self,
+        ring: u64,
+        counter: u64,
+        base_count: u64,
+        iters: u64,
+        p: &Produce,
+    ) -> Result<u64, GpuError> {
+        self.scratch.zero(128, 24);
+        let out = self.scratch.device_ptr() + 128;
+        let timeout = KERNEL_TIMEOUT_NS;
+        let len = p.len as u64;
+        let (peer, lreg, rreg, op, slot) = (
+            p.peer as u32,
+            p.local_region as u32,
+            p.remote_region as u32,
+            p.op as u32,
+            p.imm_slot as u32,
+        );
+        let cfg = ONE_WARP;
+        let mut b = self.stream.launch_builder(&self.pingpong);
+        b.arg(&ring)
+            .arg(&counter)
+            .arg(&base_count)
+            .arg(&iters)
+            .arg(&p.first)
+            .arg(&peer)
+            .arg(&lreg)
+            .arg(&p.local_off)
+            .arg(&rreg)
+            .arg(&p.remote_off)
+            .arg(&len)
+            .arg(&op)
+            .arg(&slot)
+            .arg(&timeout)
+            .arg(&out);
+        // SAFETY: arguments match proxy_pingpong's in number, order and size; ring and
+        // counter are in the caller's mapped block, alive across this synchronous call; out
+        // is scratch, owned by self.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_pingpong)", e))?;
+        self.synchronize()?;
+        let [done, ns, failed] = [128, 136, 144].map(|o| self.scratch.read_u64(o));
+        if failed != 0 || done != iters {
+            return Err(failure(
+                failed.max(1),
+                &format!("the latency kernel after {done} of {iters} rounds"),
+            ));
+        }
+        Ok(ns)
+    }
+}
+
+impl Kernels {
+    /// The PCIe floor: `iters` rounds of one GPU thread storing `r + 1` to the u64 at device
+    /// address `flags` and spinning until the u64 128 bytes on (`flags + 128`) reads `r + 1`,
+    /// which a CPU thread must echo (see `proxy_flag_pingpong`); the GPU's total ns. `flags`
+    /// must be mapped host memory (a [`MappedHost`]'s device address).
+    pub fn flag_pingpong(&self, flags: u64, iters: u64) -> Result<u64, GpuError> {
+        self.scratch.zero(192, 24);
+        let out = self.scratch.device_ptr() + 192;
+        let timeout = KERNEL_TIMEOUT_NS;
+        let cfg = ONE_WARP;
+        let mut b = self.stream.launch_builder(&self.flag_pingpong);
+        b.arg(&flags).arg(&iters).arg(&timeout).arg(&out);
+        // SAFETY: arguments match proxy_flag_pingpong's (u64 device addresses and u64s);
+        // flags is the caller's mapped memory with 136 bytes from it, alive across this
+        // synchronous call; out is scratch, owned by self.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_flag_pingpong)", e))?;
+        self.synchronize()?;
+        let [done, ns, failed] = [192, 200, 208].map(|o| self.scratch.read_u64(o));
+        if failed != 0 || done != iters {
+            return Err(GpuError::Timeout(format!(
+                "the flag ping-pong kernel after {done} of {iters} rounds: the CPU stopped \
+                 echoing for {} s",
+                KERNEL_TIMEOUT_NS / 1_000_000_000
+            )));
+        }
+        Ok(ns)
+    }
+}
