@@ -19,6 +19,12 @@ use bench_core::workload::gpu_write::{CpuProducer, GpuWriteCfg, Producer};
 use bench_report::gate::GateResult;
 use bench_report::outputs::{self, Done, OutputSpec};
 
+mod compare;
+mod gpu_write;
+
+use compare::compare;
+use gpu_write::{gpu_write, gpu_write_client};
+
 use crate::cli::{
     Cli, ClientArgs, Command, Common, CompareArgs, LoopbackArgs, RunArgs, ServerArgs, TopoArgs,
 };
@@ -287,117 +293,6 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
     )
 }
 
-/// `loopback --workload gpu-write`: the flags as its config; the CPU producer.
-fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCfg> {
-    let mut cfg = GpuWriteCfg {
-        verbose: verbose > 0,
-        verify: !w.no_verify,
-        seed: w.seed,
-        batch: w.batch.max(1) as usize,
-        pin: w.pin,
-        ..GpuWriteCfg::default()
-    };
-    if let Some(warm) = w.warmup {
-        cfg.lat_warm = u64::from(warm);
-    }
-    let sizes: Vec<usize> = w
-        .sizes
-        .iter()
-        .copied()
-        .chain(w.size)
-        .map(|s| s.0 as usize)
-        .collect();
-    if sizes.iter().any(|&s| s == 0 || s > u32::MAX as usize) {
-        return Err(Error::Usage(
-            "--size/--sizes: gpu-write sizes are 1 byte to 4 GiB - 1".into(),
-        ));
-    }
-    if !sizes.is_empty() {
-        cfg.lat_sizes = sizes.iter().copied().filter(|&s| s <= 64 << 10).collect();
-        cfg.bw_sizes = sizes;
-    }
-    // -n N: N latency round trips per size, N x 256 KiB per bandwidth size, N x 2000 commands
-    // through the ring alone (the default 1000: 250 MiB a size, 2 M commands).
-    if let Some(n) = w.iters {
-        let n = n.clamp(1, 1 << 20);
-        cfg.lat_iters = n;
-        cfg.bw_bytes = n << 18;
-        cfg.ring_cmds = n * 2000;
-    }
-    if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() {
-        return Err(Error::Usage(
-            "gpu-write takes --size/--sizes, -n (latency round trips), --warmup (untimed round \
-             trips), --batch, --seed, --pin and --no-verify; not --ladder, --rounds, \
-             --single-buffer or --pages"
-                .into(),
-        ));
-    }
-    Ok(cfg)
-}
-
-/// `--producer`: a host thread, or GPU threads on the side's first GPU (a usage error naming
-/// what is missing where this build or machine has no CUDA).
-fn gpu_write_producer(name: &str, side: &SideCfg) -> Result<Box<dyn Producer>> {
-    let _gpu = side.gpus.first().copied().unwrap_or(0);
-    match name {
-        "cpu" => Ok(Box::new(CpuProducer)),
-        #[cfg(feature = "cuda")]
-        "cuda" => Ok(Box::new(
-            bench_core::workload::gpu_write_cuda::CudaProducer::new(_gpu)?,
-        )),
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => Err(Error::Usage(
-            "--producer cuda: this rdma-bench was built without the cuda feature".into(),
-        )),
-        other => Err(Error::Usage(format!("--producer {other}: cpu or cuda"))),
-    }
-}
-
-fn gpu_write(a: &LoopbackArgs) -> Result<()> {
-    let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
-    let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
-    let producer = gpu_write_producer(&a.work.producer, &client)?;
-    let out = a
-        .common
-        .backend
-        .gpu_write(&client, &server, &cfg, producer.as_ref())?;
-    print_gpu_write(&out, a.common.json)
-}
-
-/// `client --workload gpu-write`: the producer and its proxy here, the server's proxy and
-/// echo there.
-fn gpu_write_client(a: &ClientArgs) -> Result<()> {
-    let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
-    let side = side_cfg(
-        &a.common,
-        a.common.provider.clone(),
-        a.common.devices.clone(),
-    )?;
-    a.common.backend.check_built()?;
-    let producer = gpu_write_producer(&a.work.producer, &side)?;
-    let stream = session::connect(&a.connect, Duration::from_secs_f64(a.connect_timeout))?;
-    let out = a
-        .common
-        .backend
-        .gpu_write_client(&side, stream, &cfg, producer.as_ref())?;
-    print_gpu_write(&out, a.common.json)
-}
-
-fn print_gpu_write(
-    out: &bench_core::workload::gpu_write::GpuWriteReport,
-    json: bool,
-) -> Result<()> {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string(&out).map_err(|e| Error::Protocol(e.to_string()))?
-        );
-    } else {
-        print!("{}", out.render());
-    }
-    Ok(())
-}
-
 fn server(a: ServerArgs) -> Result<()> {
     if !(a.session_timeout.is_finite() && a.session_timeout > 0.0 && a.session_timeout < 1e6) {
         return Err(Error::Usage(
@@ -468,134 +363,6 @@ fn client(a: ClientArgs) -> Result<()> {
         gate.as_ref(),
         a.common.json,
     )
-}
-
-#[derive(Serialize)]
-struct CompareRow<'a> {
-    pair: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    run: Option<&'a RunReport>,
-}
-
-#[derive(Serialize)]
-struct CompareOut<'a> {
-    workload: String,
-    pairs: Vec<CompareRow<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    gate: Option<&'a GateResult>,
-    record: &'a Record,
-}
-
-fn compare(a: CompareArgs) -> Result<()> {
-    if a.work.ladder {
-        return Err(Error::Usage(
-            "compare runs one workload per pair at one size (-s) or a few (--sizes), not --ladder"
-                .into(),
-        ));
-    }
-    let plan = Plan::new(&(&a.work).into(), true)?;
-    if plan.rounds > 1 {
-        return Err(Error::Usage(
-            "--rounds: loopback and client repeat a plan in rounds; compare runs it once per pair"
-                .into(),
-        ));
-    }
-    let out_spec = OutputSpec::from(&a.out);
-    let gate = out_spec.prepare(plan.workload.name())?;
-    let mut rows: Vec<(String, std::result::Result<RunReport, String>)> = Vec::new();
-    let mut record = Record::now(facts(&a.common));
-    for p in &a.pairs {
-        let mut common = a.common.clone();
-        common.backend = p.backend;
-        common.devices = p.devices.clone();
-        let r = loopback_cfgs(&common, p.provider.clone())
-            .and_then(|(client, server)| p.backend.loopback(&client, &server, &plan, true));
-        if let Ok(out) = &r {
-            if let (Some(b), Some(Some(peer))) = (
-                out.facts.backend.clone(),
-                out.peer.as_ref().map(|f| f.backend.clone()),
-            ) {
-                record.pairs.push(PairRecord {
-                    pair: p.to_string(),
-                    backend: b,
-                    peer,
-                });
-            }
-        }
-        let r = match r {
-            Ok(out) if out.reports.is_empty() => Err("no result".to_string()),
-            Ok(out) => Ok(out.reports),
-            Err(e) => Err(e.to_string()),
-        };
-        if a.common.verbose > 0 {
-            eprintln!(
-                "rdma-bench: compare {p}: {}",
-                if r.is_ok() { "ok" } else { "failed" }
-            );
-        }
-        // One row per size.
-        match r {
-            Ok(reports) => rows.extend(reports.into_iter().map(|r| (p.to_string(), Ok(r)))),
-            Err(e) => rows.push((p.to_string(), Err(e))),
-        }
-    }
-    let done = Done {
-        runs: rows
-            .iter()
-            .filter_map(|(p, r)| r.as_ref().ok().map(|r| (p.clone(), r)))
-            .collect(),
-        failures: rows
-            .iter()
-            .filter_map(|(p, r)| r.as_ref().err().map(|e| (p.clone(), e.clone())))
-            .collect(),
-        ladder: false,
-        workload: plan.workload.to_string(),
-        record: Some(&record),
-    };
-    let verdict = outputs::judge(gate.as_ref(), &done);
-    if a.common.json {
-        let out = CompareOut {
-            workload: plan.workload.to_string(),
-            pairs: rows
-                .iter()
-                .map(|(pair, r)| CompareRow {
-                    pair: pair.clone(),
-                    error: r.as_ref().err().map(|s| s.as_str()),
-                    run: r.as_ref().ok(),
-                })
-                .collect(),
-            gate: verdict.as_ref(),
-            record: &record,
-        };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-        );
-    } else {
-        print!("{}", report::render_compare(&rows));
-    }
-    let finished = outputs::finish(
-        &out_spec,
-        gate.as_ref(),
-        &done,
-        verdict.as_ref(),
-        a.common.json,
-    );
-    let failed: Vec<&str> = rows
-        .iter()
-        .filter(|(_, r)| r.is_err())
-        .map(|(p, _)| p.as_str())
-        .collect();
-    if failed.is_empty() {
-        finished
-    } else {
-        Err(Error::Protocol(format!(
-            "pair(s) failed: {}",
-            failed.join(", ")
-        )))
-    }
 }
 
 /// `rdma-bench run`: this rank's side and the job's plan, then the rank; rank 0 prints the
