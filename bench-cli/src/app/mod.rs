@@ -264,16 +264,22 @@ fn print_runs(
     }
 }
 
-fn loopback(a: LoopbackArgs) -> Result<()> {
-    if a.work.workload == bench_core::config::Workload::GpuWrite {
-        return gpu_write(&a);
-    }
-    if a.work.producer != "cpu" {
+/// `--producer` only means something to gpu-write (who fills the proxy's ring).
+fn producer_needs_gpu_write(w: &crate::cli::WorkloadArgs) -> Result<()> {
+    if w.producer != "cpu" {
         return Err(Error::Usage(
             "--producer is gpu-write's (who fills the proxy's ring): add --workload gpu-write"
                 .into(),
         ));
     }
+    Ok(())
+}
+
+fn loopback(a: LoopbackArgs) -> Result<()> {
+    if a.work.workload == bench_core::config::Workload::GpuWrite {
+        return gpu_write(&a);
+    }
+    producer_needs_gpu_write(&a.work)?;
     let plan = Plan::new(&(&a.work).into(), true)?;
     let out_spec = a.out.spec(&a.common, default_provider(&a.common));
     let gate = out_spec.prepare(plan.workload.name())?;
@@ -332,12 +338,7 @@ fn client(a: ClientArgs) -> Result<()> {
     if a.work.workload == bench_core::config::Workload::GpuWrite {
         return gpu_write_client(&a);
     }
-    if a.work.producer != "cpu" {
-        return Err(Error::Usage(
-            "--producer is gpu-write's (who fills the proxy's ring): add --workload gpu-write"
-                .into(),
-        ));
-    }
+    producer_needs_gpu_write(&a.work)?;
     // Verified by default, as loopback and run are (`--no-verify` for a pure speed run).
     let plan = Plan::new(&(&a.work).into(), true)?;
     let out_spec = a.out.spec(&a.common, a.common.provider.clone());

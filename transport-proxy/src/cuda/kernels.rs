@@ -35,6 +35,18 @@ pub struct Produce {
 }
 
 impl Produce {
+    /// Peer, local region, remote region, op and immediate slot, widened to the kernels' `u32`
+    /// arguments.
+    fn ids(&self) -> (u32, u32, u32, u32, u32) {
+        (
+            u32::from(self.peer),
+            u32::from(self.local_region),
+            u32::from(self.remote_region),
+            u32::from(self.op),
+            u32::from(self.imm_slot),
+        )
+    }
+
     /// `cmd` alone, as command `first` of one warp (what [`Kernels::pingpong`] publishes each
     /// round: its immediate's low 16 bits become the round's position).
     pub fn single(cmd: &crate::Command, first: u64) -> Self {
@@ -217,13 +229,7 @@ impl Kernels {
             None => (0u64, 0u32, 0u32),
         };
         let len = p.len as u64;
-        let (peer, lreg, rreg, op, slot) = (
-            p.peer as u32,
-            p.local_region as u32,
-            p.remote_region as u32,
-            p.op as u32,
-            p.imm_slot as u32,
-        );
+        let (peer, lreg, rreg, op, slot) = p.ids();
         let timeout = KERNEL_TIMEOUT_NS;
         let cfg = LaunchConfig {
             grid_dim: (p.blocks, 1, 1),
@@ -326,13 +332,7 @@ impl Kernels {
         let out = self.scratch.device_ptr() + 128;
         let timeout = KERNEL_TIMEOUT_NS;
         let len = p.len as u64;
-        let (peer, lreg, rreg, op, slot) = (
-            p.peer as u32,
-            p.local_region as u32,
-            p.remote_region as u32,
-            p.op as u32,
-            p.imm_slot as u32,
-        );
+        let (peer, lreg, rreg, op, slot) = p.ids();
         let cfg = ONE_WARP;
         let mut b = self.stream.launch_builder(&self.pingpong);
         b.arg(&ring)
