@@ -11,6 +11,8 @@ __device__ int __any_sync(unsigned, int);
 __device__ unsigned long long __shfl_sync(unsigned, unsigned long long, int, int = 32);
 __device__ int __ffs(int);
 __device__ int __popc(unsigned);
+__device__ int __clz(int);
+__device__ unsigned atomicAdd(unsigned *, unsigned);
 __device__ unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);
 __device__ unsigned atomicCAS(unsigned *, unsigned, unsigned);
 __device__ void __threadfence_system();

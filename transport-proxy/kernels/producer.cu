@@ -98,6 +98,25 @@ static __device__ __forceinline__ u32 wait_room(const u8 *ring, u32 cap, u64 pos
     }
 }
 
+// Step 2 for the lanes of mask (a warp's claim: consecutive positions, the highest on the
+// highest lane), asked by that lane alone: its room is every lane's. Bulk producers park
+// whole warps at a full ring, and one poll per lane was 32 PCIe reads where one does: reads
+// that crowd the proxy's own traffic and the copies of GPU memory it starts. The verdict
+// and the tail seen go to every lane; the Acquire of the poller's load orders the other
+// lanes' stores too, through the shuffle's warp-synchronous exchange (the lanes' stores are
+// after __shfl_sync in program order, and the proxy's Release store of tail happened before
+// the load that saw it).
+static __device__ __forceinline__ u32 wait_room_warp(const u8 *ring, u32 cap, u64 pos,
+                                                     u64 *cached_tail, u64 timeout_ns, u32 mask,
+                                                     u32 lane) {
+    const u32 hi = 31u - __clz(mask);
+    const u64 last = __shfl_sync(mask, pos, hi);
+    u32 failed = 0;
+    if (lane == hi) failed = wait_room(ring, cap, last, cached_tail, timeout_ns, true);
+    *cached_tail = __shfl_sync(mask, *cached_tail, hi);
+    return __shfl_sync(mask, failed, hi);
+}
+
 // The byte the payload of command i holds at offset j (cuda.rs's payload_byte is the same).
 static __device__ __forceinline__ u8 payload_byte(u64 i, u64 j, u32 salt) {
     return (u8)((i * 131u + j * 7u + (j >> 8) + salt) & 0xff);
@@ -148,7 +167,7 @@ extern "C" __global__ void proxy_produce(u8 *ring, u64 *claim, u64 first, u64 co
         base = __shfl_sync(mask, base, leader);
         const u64 pos = base + rank;
         // 2. room.
-        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, true);
+        failed = wait_room_warp(ring, cap, pos, &cached_tail, timeout_ns, mask, lane);
         if (failed) {
             atomicCAS(status, 0u, failed);
             continue;
@@ -203,7 +222,8 @@ extern "C" __global__ void proxy_wait(const u8 *ring, const u64 *counter, u64 ta
 extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base_count, u64 iters,
                                           u64 first, u32 peer, u32 local_region, u64 local_off,
                                           u32 remote_region, u64 remote_off, u64 len, u32 op,
-                                          u32 imm_slot, u64 timeout_ns, u64 *out) {
+                                          u32 imm_slot, u64 timeout_ns, u32 sleep_ns,
+                                          u64 *out) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const u32 cap = *(const volatile u32 *)(ring + 8);
     const u32 slots = *(const volatile u32 *)(ring + 12);
@@ -226,6 +246,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
         // One PCIe read per poll: the error word and the clock only every 64th (reading the
         // error word on every poll doubled the time between two looks at the counter).
         for (u32 spin = 1; ld_acquire_sys_u64(counter) < base_count + r + 1; ++spin) {
+            if (sleep_ns) asm volatile("nanosleep.u32 %0;" ::"r"(sleep_ns) : "memory");
             if ((spin & 63u) != 0) continue;
             const u32 e = ring_error(ring);
             if (e) { failed = 0x100u | e; break; }
@@ -271,7 +292,7 @@ extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 ti
         if (lane == leader) base = atomicAdd_system(head, (u64)__popc(mask));
         base = __shfl_sync(mask, base, leader);
         const u64 pos = base + rank;
-        failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, true);
+        failed = wait_room_warp(ring, cap, pos, &cached_tail, timeout_ns, mask, lane);
         if (failed) {
             atomicCAS(status, 0u, failed);
             continue;
@@ -306,4 +327,22 @@ extern "C" __global__ void proxy_flag_pingpong(u64 *flags, u64 iters, u64 timeou
     }
     out[0] = r;
     out[1] = globaltimer_ns() - start;
+}
+
+// Load for the copy figures (tests/gpu_proxy.rs, figures_copies_beside_kernels): every
+// stride-th thread of the launch polls the u64 at counter (mapped host or GPU memory) with
+// ld.acquire.sys until it reaches target, pausing sleep_ns between polls (0: none), as the
+// kernels above wait on the proxy. status[0] counts the threads that gave up at timeout_ns.
+extern "C" __global__ void proxy_spin(const u64 *counter, u64 target, u32 stride, u32 sleep_ns,
+                                      u64 timeout_ns, u32 *status) {
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (stride == 0 || tid % stride != 0) return;
+    const u64 t0 = globaltimer_ns();
+    for (u32 spin = 1; ld_acquire_sys_u64(counter) < target; ++spin) {
+        if (sleep_ns) asm volatile("nanosleep.u32 %0;" ::"r"(sleep_ns) : "memory");
+        if ((spin & 63u) == 0 && timeout_ns && globaltimer_ns() - t0 > timeout_ns) {
+            atomicAdd(status, 1u);
+            break;
+        }
+    }
 }

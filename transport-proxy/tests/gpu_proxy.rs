@@ -987,6 +987,126 @@ fn pcie_floor_us(k: &Kernels, iters: u64) -> f64 {
     run(iters) as f64 / iters as f64 / 1e3
 }
 
+/// What running kernels do to the CUDA copies a proxy's transport makes of GPU memory
+/// (libfabric's shm copies GPU memory with `cudaMemcpy` between the buffer and its
+/// registered bounce buffers): the mean of one synchronous copy (`cuMemcpyDtoH` and
+/// `cuMemcpyHtoD`, 8 B and 4 KiB, between `cuMemAlloc` memory and pinned host memory, from
+/// this thread on the legacy stream) with the GPU idle, then beside kernels that poll as
+/// ours wait on the proxy: one thread polling mapped host memory (the latency kernel), the
+/// same with a 100 and a 500 ns pause, one thread polling GPU memory, every lane of
+/// 2 x SMs blocks of 256 polling mapped host memory with 256 ns pauses (bulk producers at a
+/// full ring before `wait_room_warp`), and one lane per warp of those (now). Prints
+/// `copies:` lines; fails only when a copy or a kernel does (speed is read, not asserted).
+#[test]
+fn figures_copies_beside_kernels() {
+    use cudarc::driver::sys;
+    use std::sync::atomic::AtomicU64;
+    let Some(k) = kernels() else { return };
+    let iters = env_u64("PROXY_COPY_ITERS", 20000);
+    let ctx = k.context().clone();
+    let spinner = k.fork().expect("a second stream");
+    let dev = GpuBuffer::alloc(0, 4096).expect("cuMemAlloc");
+    let dev_flag = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
+    let host = MappedHost::alloc(&ctx, 8192).expect("cuMemHostAlloc");
+    host.zero(0, 8192);
+    // SAFETY: the block is 8192 bytes, page-aligned, alive to the end of this function (every
+    // kernel that polls it is synchronised before); offset 4096 is u64-aligned and only
+    // touched atomically here and by the kernels' system-scope loads.
+    let host_flag = unsafe { &*(host.host_ptr().add(4096) as *const AtomicU64) };
+    let set_dev_flag = |v: u64| {
+        // SAFETY: dev_flag holds 8 bytes of device memory; the source is 8 bytes on this
+        // stack; the copy is synchronous.
+        let r =
+            unsafe { sys::cuMemcpyHtoD_v2(dev_flag.device_ptr(), (&v as *const u64).cast(), 8) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpyHtoD(the flag)");
+    };
+    let copy_us = |n: usize, d2h: bool| -> f64 {
+        ctx.bind_to_thread().expect("cuCtxSetCurrent");
+        let t = Instant::now();
+        for _ in 0..iters {
+            // SAFETY: dev and host each hold at least n <= 4096 bytes, alive across the call;
+            // the copies are synchronous and nothing else touches these bytes.
+            let r = unsafe {
+                if d2h {
+                    sys::cuMemcpyDtoH_v2(host.host_ptr().cast(), dev.device_ptr(), n)
+                } else {
+                    sys::cuMemcpyHtoD_v2(dev.device_ptr(), host.host_ptr().cast(), n)
+                }
+            };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpy of {n} bytes");
+        }
+        t.elapsed().as_secs_f64() * 1e6 / iters as f64
+    };
+    let measure = |label: &str| {
+        let f: Vec<String> = [(8usize, "8 B"), (4096, "4 KiB")]
+            .iter()
+            .map(|&(n, name)| {
+                let (d, h) = (copy_us(n, true), copy_us(n, false));
+                format!("{name} DtoH {d:.2} HtoD {h:.2}")
+            })
+            .collect();
+        println!("copies: {label}: us per copy: {}", f.join(", "));
+    };
+    measure("GPU idle");
+    let sms = k.multiprocessors();
+    let loads: [(&str, bool, u32, u32, u32, u32); 6] = [
+        ("1 thread polls mapped host memory", true, 1, 32, 32, 0),
+        (
+            "1 thread polls mapped host memory, 100 ns pauses",
+            true,
+            1,
+            32,
+            32,
+            100,
+        ),
+        (
+            "1 thread polls mapped host memory, 500 ns pauses",
+            true,
+            1,
+            32,
+            32,
+            500,
+        ),
+        ("1 thread polls GPU memory", false, 1, 32, 32, 0),
+        (
+            "every lane of 2xSM blocks polls mapped host memory, 256 ns pauses",
+            true,
+            2 * sms,
+            256,
+            1,
+            256,
+        ),
+        (
+            "one lane per warp of 2xSM blocks polls mapped host memory, 256 ns pauses",
+            true,
+            2 * sms,
+            256,
+            32,
+            256,
+        ),
+    ];
+    for (label, on_host, blocks, threads, stride, sleep) in loads {
+        let counter = if on_host {
+            host_flag.store(0, Ordering::Release);
+            host.device_ptr() + 4096
+        } else {
+            set_dev_flag(0);
+            dev_flag.device_ptr()
+        };
+        spinner
+            .spin(counter, 1, blocks, threads, stride, sleep)
+            .expect("launch proxy_spin");
+        std::thread::sleep(Duration::from_millis(20));
+        measure(label);
+        if on_host {
+            host_flag.store(1, Ordering::Release);
+        } else {
+            set_dev_flag(1);
+        }
+        spinner.sync_spin().expect("the pollers");
+    }
+}
+
 /// Issue 27's latency goal: kernel-initiated "issue to remote immediate" against
 /// host-initiated on the same endpoints. Kernel: one GPU thread publishes a WRITE with
 /// immediate and spins on `arrivals[0]` of b's ring until b's proxy counted it (the

@@ -90,6 +90,9 @@ pub struct Kernels {
     /// The producer's kernel (`producer.rs` launches it).
     pub(super) issue: CudaFunction,
     flag_pingpong: CudaFunction,
+    spin: CudaFunction,
+    /// The latency kernel's pause between two polls of its counter, ns (0: none).
+    poll_sleep_ns: u32,
     /// Status and result words the kernels write (host-mapped: readable after a sync).
     pub(super) scratch: MappedHost,
 }
@@ -174,6 +177,8 @@ impl Kernels {
             pingpong: f("proxy_pingpong")?,
             issue: f("proxy_issue")?,
             flag_pingpong: f("proxy_flag_pingpong")?,
+            spin: f("proxy_spin")?,
+            poll_sleep_ns: 0,
             scratch: MappedHost::alloc(ctx, 4096)?,
         })
     }
@@ -197,6 +202,8 @@ impl Kernels {
             pingpong: self.pingpong.clone(),
             issue: self.issue.clone(),
             flag_pingpong: self.flag_pingpong.clone(),
+            spin: self.spin.clone(),
+            poll_sleep_ns: self.poll_sleep_ns,
             scratch: MappedHost::alloc(&self.ctx, 4096)?,
         })
     }
@@ -316,6 +323,12 @@ impl Kernels {
         Ok(done.saturating_sub(start))
     }
 
+    /// Pause `ns` (`nanosleep`, at most about 1 ms) between two polls of the latency kernel's
+    /// counter ([`Kernels::pingpong`]); 0, the default, spins. Each poll is a PCIe read.
+    pub fn set_poll_sleep(&mut self, ns: u32) {
+        self.poll_sleep_ns = ns;
+    }
+
     /// Latency: `iters` rounds of one command (one GPU thread, claimed from the ring's head)
     /// and a spin until the u64 at `counter` passes `base_count + round + 1`; the GPU's
     /// total ns.
@@ -349,6 +362,7 @@ impl Kernels {
             .arg(&op)
             .arg(&slot)
             .arg(&timeout)
+            .arg(&self.poll_sleep_ns)
             .arg(&out);
         // SAFETY: arguments match proxy_pingpong's in number, order and size; ring and
         // counter are in the caller's mapped block, alive across this synchronous call; out
@@ -392,5 +406,60 @@ impl Kernels {
             )));
         }
         Ok(ns)
+    }
+}
+
+impl Kernels {
+    /// Load, for measurements: launch `proxy_spin` (asynchronous; [`Kernels::sync_spin`]
+    /// waits): every `stride`-th thread of `blocks` x `threads` polls the u64 at device address
+    /// `counter` (mapped host or GPU memory) until it reaches `target`, pausing `sleep_ns`
+    /// between polls. The pollers give up after [`KERNEL_TIMEOUT_NS`].
+    pub fn spin(
+        &self,
+        counter: u64,
+        target: u64,
+        blocks: u32,
+        threads: u32,
+        stride: u32,
+        sleep_ns: u32,
+    ) -> Result<(), GpuError> {
+        if blocks == 0 || threads == 0 || threads > 1024 || stride == 0 {
+            return Err(GpuError::Invalid(format!(
+                "spin: {blocks} blocks of {threads} threads, every {stride}th polling"
+            )));
+        }
+        self.scratch.zero(256, 8);
+        let status = self.scratch.device_ptr() + 256;
+        let timeout = KERNEL_TIMEOUT_NS;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.spin);
+        b.arg(&counter)
+            .arg(&target)
+            .arg(&stride)
+            .arg(&sleep_ns)
+            .arg(&timeout)
+            .arg(&status);
+        // SAFETY: the arguments match proxy_spin's (u64 device addresses, u64s, u32s); the
+        // caller keeps counter's memory alive until sync_spin returns; status is scratch,
+        // owned by self.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_spin)", e))?;
+        Ok(())
+    }
+
+    /// Wait for [`Kernels::spin`]'s launch: an error if any poller gave up.
+    pub fn sync_spin(&self) -> Result<(), GpuError> {
+        self.synchronize()?;
+        let gave_up = self.scratch.read_u64(256) & 0xffff_ffff;
+        if gave_up != 0 {
+            return Err(GpuError::Timeout(format!(
+                "{gave_up} pollers of proxy_spin waited {} s and gave up",
+                KERNEL_TIMEOUT_NS / 1_000_000_000
+            )));
+        }
+        Ok(())
     }
 }
