@@ -202,6 +202,11 @@ pub struct WorkloadArgs {
     /// `cuda` (GPU threads, one kernel per batch; needs a CUDA driver and NVRTC).
     #[arg(long, value_parser = ["cpu", "cuda"], default_value = "cpu")]
     pub producer: String,
+    /// gpu-write with `--producer cuda`: the latency kernel pauses NS (nanosleep, up to
+    /// about 1 ms) between two polls of its arrival counter, each a read across PCIe; 0
+    /// spins.
+    #[arg(long, value_name = "NS", default_value_t = 0)]
+    pub kernel_poll_sleep: u32,
     /// Pin each thread to a core near its GPU.
     #[arg(long)]
     pub pin: bool,

@@ -234,5 +234,27 @@ fn gpu_write_with_the_cuda_producer_runs_or_says_why_not() {
         &["loopback", "--workload", "write", "--producer", "cuda"],
         T,
     );
-    let _ = o.expect_err("--producer is gpu-write's");
+    let _ = o.expect_err("are gpu-write's");
+    let o = run(
+        &[
+            "loopback",
+            "--workload",
+            "write",
+            "--kernel-poll-sleep",
+            "100",
+        ],
+        T,
+    );
+    let _ = o.expect_err("are gpu-write's");
+    let o = run(
+        &[
+            "loopback",
+            "--workload",
+            "gpu-write",
+            "--kernel-poll-sleep",
+            "100",
+        ],
+        T,
+    );
+    let _ = o.expect_err("only the cuda producer's kernel polls");
 }

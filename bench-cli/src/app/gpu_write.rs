@@ -52,13 +52,18 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
 
 /// `--producer`: a host thread, or GPU threads on the side's first GPU (a usage error naming
 /// what is missing where this build or machine has no CUDA).
-fn gpu_write_producer(name: &str, side: &SideCfg) -> Result<Box<dyn Producer>> {
+fn gpu_write_producer(w: &crate::cli::WorkloadArgs, side: &SideCfg) -> Result<Box<dyn Producer>> {
     let _gpu = side.gpus.first().copied().unwrap_or(0);
-    match name {
+    if w.kernel_poll_sleep != 0 && w.producer != "cuda" {
+        return Err(Error::Usage(
+            "--kernel-poll-sleep: only the cuda producer's kernel polls".into(),
+        ));
+    }
+    match w.producer.as_str() {
         "cpu" => Ok(Box::new(CpuProducer)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(
-            bench_core::workload::gpu_write_cuda::CudaProducer::new(_gpu)?,
+            bench_core::workload::gpu_write_cuda::CudaProducer::new(_gpu, w.kernel_poll_sleep)?,
         )),
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(Error::Usage(
@@ -71,7 +76,7 @@ fn gpu_write_producer(name: &str, side: &SideCfg) -> Result<Box<dyn Producer>> {
 pub(super) fn gpu_write(a: &LoopbackArgs) -> Result<()> {
     let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
     let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
-    let producer = gpu_write_producer(&a.work.producer, &client)?;
+    let producer = gpu_write_producer(&a.work, &client)?;
     let out = a
         .common
         .backend
@@ -89,7 +94,7 @@ pub(super) fn gpu_write_client(a: &ClientArgs) -> Result<()> {
         a.common.devices.clone(),
     )?;
     a.common.backend.check_built()?;
-    let producer = gpu_write_producer(&a.work.producer, &side)?;
+    let producer = gpu_write_producer(&a.work, &side)?;
     let stream = session::connect(&a.connect, Duration::from_secs_f64(a.connect_timeout))?;
     let out = a
         .common

@@ -264,11 +264,13 @@ fn print_runs(
     }
 }
 
-/// `--producer` only means something to gpu-write (who fills the proxy's ring).
+/// `--producer` and `--kernel-poll-sleep` only mean something to gpu-write (who fills the
+/// proxy's ring).
 fn producer_needs_gpu_write(w: &crate::cli::WorkloadArgs) -> Result<()> {
-    if w.producer != "cpu" {
+    if w.producer != "cpu" || w.kernel_poll_sleep != 0 {
         return Err(Error::Usage(
-            "--producer is gpu-write's (who fills the proxy's ring): add --workload gpu-write"
+            "--producer and --kernel-poll-sleep are gpu-write's (who fills the proxy's ring): \
+             add --workload gpu-write"
                 .into(),
         ));
     }

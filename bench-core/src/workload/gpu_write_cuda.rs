@@ -3,7 +3,8 @@
 //!
 //! Its rings live in `cuMemHostAlloc(DEVICEMAP | PORTABLE)` memory ([`Producer::ring_memory`]);
 //! each `issue` stages the commands, launches one kernel that publishes them and waits for it
-//! (the bandwidth steps: one launch per 1024 commands). Latency runs in one persistent kernel
+//! (the bandwidth steps: one launch per 1024 commands); the ring alone (`generate`) is one
+//! launch whose threads make their commands. Latency runs in one persistent kernel
 //! (`proxy_pingpong`, [`Producer::pingpong`]): one GPU thread publishes a command, spins on
 //! its own ring's arrival counter in mapped memory until the peer's answer is counted, and
 //! repeats; the time is the GPU's globaltimer over all rounds, no launch inside it.
@@ -21,14 +22,17 @@ pub struct CudaProducer(Inner);
 
 impl CudaProducer {
     /// Compile the kernels on GPU `ordinal` (NVRTC); a usage error where this machine has
-    /// no CUDA driver, GPU or NVRTC.
-    pub fn new(ordinal: usize) -> Result<Self> {
-        Inner::new(ordinal).map(Self).map_err(|e| match e {
+    /// no CUDA driver, GPU or NVRTC. `poll_sleep_ns`: the latency kernel's pause between two
+    /// polls of its arrival counter (0: it spins).
+    pub fn new(ordinal: usize, poll_sleep_ns: u32) -> Result<Self> {
+        let mut inner = Inner::new(ordinal).map_err(|e| match e {
             GpuError::NoDriver | GpuError::NoDevice | GpuError::NoNvrtc => {
                 Error::Usage(format!("gpu-write with the CUDA producer: {e}"))
             }
             e => Error::Protocol(format!("gpu-write: the CUDA producer: {e}")),
-        })
+        })?;
+        inner.set_poll_sleep(poll_sleep_ns);
+        Ok(Self(inner))
     }
 }
 
@@ -40,6 +44,12 @@ impl Producer for CudaProducer {
     fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()> {
         self.0
             .issue(ring, cmds)
+            .map_err(|e| Error::Protocol(format!("gpu-write: the CUDA producer: {e}")))
+    }
+
+    fn generate(&self, ring: Ring<'_>, cmd: &Command, count: u64) -> Result<()> {
+        self.0
+            .generate(ring, cmd, count)
             .map_err(|e| Error::Protocol(format!("gpu-write: the CUDA producer: {e}")))
     }
 
@@ -88,7 +98,7 @@ mod tests {
         if transport_proxy::cuda::availability().is_ok() {
             return;
         }
-        match CudaProducer::new(0) {
+        match CudaProducer::new(0, 0) {
             Err(Error::Usage(m)) => assert!(m.contains("CUDA") || m.contains("NVRTC"), "{m}"),
             Err(e) => panic!("expected a usage error, got {e}"),
             Ok(_) => panic!("a CUDA producer without CUDA"),

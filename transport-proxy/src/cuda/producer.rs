@@ -59,6 +59,12 @@ impl CudaProducer {
         })
     }
 
+    /// Pause `ns` between two polls of the latency kernel's counter ([`CudaProducer::pingpong`];
+    /// 0, the default, spins): see [`Kernels::set_poll_sleep`].
+    pub fn set_poll_sleep(&mut self, ns: u32) {
+        self.kernels.set_poll_sleep(ns);
+    }
+
     /// A ring its kernels reach without a registration per call: [`CudaRing`].
     pub fn ring_memory(&self, layout: crate::RingLayout) -> Result<CudaRing, GpuError> {
         CudaRing::new(&self.kernels.ctx, layout)
@@ -112,6 +118,48 @@ impl CudaProducer {
             return Err(cuda("cuMemHostUnregister(the ring)", u));
         }
         Ok(())
+    }
+
+    /// Publish `count` copies of `cmd` (immediate's low 16 bits: each one's index) into
+    /// `ring` from commands the GPU makes itself, as a kernel that computes its transfers does:
+    /// one `proxy_produce` launch of 2 blocks per multiprocessor, 256 threads each (warp
+    /// claims on the ring's head, a warp waits for room with one lane), nothing staged from
+    /// the host; returns once every one is in the ring (the proxy consumes meanwhile).
+    /// `ring` must be in memory the GPU reaches without a registration ([`CudaRing`]).
+    pub fn generate(
+        &self,
+        ring: crate::Ring<'_>,
+        cmd: &crate::Command,
+        count: u64,
+    ) -> Result<(), GpuError> {
+        if count == 0 {
+            return Ok(());
+        }
+        let _one = self
+            .staging
+            .lock()
+            .map_err(|_| GpuError::Invalid("a CudaProducer call panicked earlier".into()))?;
+        self.kernels
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| cuda("cuCtxSetCurrent", e))?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: a query: it writes the device alias of the ring's block into dev where the
+        // block lies in memory CUDA mapped, and fails, writing nothing we use, elsewhere.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ring.as_ptr().cast(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(GpuError::Invalid(
+                "generate needs a ring in mapped memory (CudaProducer::ring_memory)".into(),
+            ));
+        }
+        let p = Produce {
+            count,
+            blocks: 2 * self.kernels.multiprocessors(),
+            threads: 256,
+            ..Produce::single(cmd, 0)
+        };
+        self.kernels.produce(dev, &p)?;
+        self.kernels.sync()
     }
 
     /// Latency rounds on the GPU (the persistent `proxy_pingpong` kernel, one thread):

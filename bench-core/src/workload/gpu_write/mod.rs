@@ -75,6 +75,17 @@ pub trait Producer: Sync {
         rounds: u64,
         idle: Duration,
     ) -> Result<Duration>;
+    /// The ring alone: publish `count` copies of `cmd` (immediate's low 16 bits: each one's
+    /// index) into `ring`, made where the producer runs, as a producer that computes its
+    /// commands does (no list handed over); return once all are in.
+    fn generate(&self, ring: Ring<'_>, cmd: &Command, count: u64) -> Result<()> {
+        for i in 0..count {
+            let mut c = *cmd;
+            c.imm = (cmd.imm & !0xffff) | (i & 0xffff) as u32;
+            ring.push(&c).map_err(ring_err)?;
+        }
+        Ok(())
+    }
     /// Memory for a ring this producer writes or waits on, laid out ([`Ring::init`]). The
     /// default is host memory ([`RingMemory`]); a GPU producer returns memory its kernels can
     /// reach (`cuMemHostAlloc` with `DEVICEMAP`, or this memory after `cuMemHostRegister`).
@@ -316,25 +327,22 @@ fn on_core<'s, 'e, R: Send + 's>(
     })
 }
 
-/// The ring alone: `cfg.ring_cmds` commands from `producer` into a ring whose proxy posts
-/// nothing; millions of commands per second to the last one consumed.
+/// Slots of the ring-alone step's ring (2 MiB of commands).
+pub const RING_ALONE_CAPACITY: u32 = 1 << 16;
+
+/// The ring alone: `cfg.ring_cmds` 4 KiB WRITE commands that `producer` makes itself
+/// ([`Producer::generate`]) into a ring of [`RING_ALONE_CAPACITY`] whose one proxy thread
+/// posts nothing; millions of commands per second to the last one consumed.
 pub fn ring_rate(producer: &dyn Producer, cfg: &GpuWriteCfg, core: Option<usize>) -> Result<f64> {
-    let mem = producer.ring_memory(RingLayout::new(cfg.capacity, 1).map_err(ring_err)?)?;
+    let layout = RingLayout::new(RING_ALONE_CAPACITY, 1).map_err(ring_err)?;
+    let mem = producer.ring_memory(layout)?;
     let ring = mem.ring();
-    let chunk: Vec<Command> = (0..4096u64)
-        .map(|i| Command::write(0, pack(0, i * 64), pack(0, i * 64), 64, Some(1)))
-        .collect();
+    let cmd = Command::write(0, pack(0, 0), pack(0, 0), 4096, Some(1));
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let h = on_core(s, core, || drain_to_nothing(ring, &stop, 64));
         let t0 = Instant::now();
-        let mut left = cfg.ring_cmds;
-        let mut out = Ok(());
-        while left > 0 && out.is_ok() {
-            let k = left.min(chunk.len() as u64) as usize;
-            out = producer.issue(ring, &chunk[..k]);
-            left -= k as u64;
-        }
+        let out = producer.generate(ring, &cmd, cfg.ring_cmds);
         let waited = out.and_then(|()| ring.wait_done(cfg.ring_cmds, cfg.idle).map_err(ring_err));
         let secs = t0.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);

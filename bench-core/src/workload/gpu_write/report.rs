@@ -54,7 +54,7 @@ impl GpuWriteReport {
     /// The table, for people.
     pub fn render(&self) -> String {
         let mut s = format!(
-            "gpu-write (producer {}): ring alone {:.2} M commands/s (the proxy consuming into nothing)\n",
+            "gpu-write (producer {}): ring alone {:.2} M commands/s (commands the producer makes; one proxy thread consuming into nothing)\n",
             self.producer, self.ring_mcmds
         );
         table(
