@@ -63,7 +63,7 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
     127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
-  if [ "$PERFTEST_BUF" = written ] && ! grep -q '^perftest-written:' "$OUT/tcli" "$OUT/tsrv"; then
+  if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at' "$OUT/tcli" "$OUT/tsrv"; then
     echo "compare-tag: ucx_perftest ran without perftest-written.so writing its buffers" >&2
     echo "0 -"; return
   fi
