@@ -1020,10 +1020,13 @@ fn figures_copies_beside_kernels() {
             unsafe { sys::cuMemcpyHtoD_v2(dev_flag.device_ptr(), (&v as *const u64).cast(), 8) };
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpyHtoD(the flag)");
     };
+    // At most `iters` copies and about 1 s: beside some loads a copy takes 0.5 ms.
     let copy_us = |n: usize, d2h: bool| -> f64 {
         ctx.bind_to_thread().expect("cuCtxSetCurrent");
         let t = Instant::now();
-        for _ in 0..iters {
+        let mut done = 0u64;
+        while done < iters && (!done.is_multiple_of(64) || t.elapsed() < Duration::from_secs(1)) {
+            done += 1;
             // SAFETY: dev and host each hold at least n <= 4096 bytes, alive across the call;
             // the copies are synchronous and nothing else touches these bytes.
             let r = unsafe {
@@ -1035,8 +1038,10 @@ fn figures_copies_beside_kernels() {
             };
             assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpy of {n} bytes");
         }
-        t.elapsed().as_secs_f64() * 1e6 / iters as f64
+        t.elapsed().as_secs_f64() * 1e6 / done as f64
     };
+    // (libtest's "test NAME ... " line has no newline of its own under --nocapture.)
+    println!();
     let measure = |label: &str| {
         let f: Vec<String> = [(8usize, "8 B"), (4096, "4 KiB")]
             .iter()
@@ -1049,43 +1054,27 @@ fn figures_copies_beside_kernels() {
     };
     measure("GPU idle");
     let sms = k.multiprocessors();
-    let loads: [(&str, bool, u32, u32, u32, u32); 6] = [
-        ("1 thread polls mapped host memory", true, 1, 32, 32, 0),
-        (
-            "1 thread polls mapped host memory, 100 ns pauses",
-            true,
-            1,
-            32,
-            32,
-            100,
-        ),
-        (
-            "1 thread polls mapped host memory, 500 ns pauses",
-            true,
-            1,
-            32,
-            32,
-            500,
-        ),
-        ("1 thread polls GPU memory", false, 1, 32, 32, 0),
-        (
-            "every lane of 2xSM blocks polls mapped host memory, 256 ns pauses",
-            true,
-            2 * sms,
-            256,
-            1,
-            256,
-        ),
-        (
-            "one lane per warp of 2xSM blocks polls mapped host memory, 256 ns pauses",
-            true,
-            2 * sms,
-            256,
-            32,
-            256,
-        ),
+    // ((who polls what, blocks, threads, every stride-th thread polls, pause ns), whether
+    // the counter is in mapped host memory)
+    let one = |what: &str, sleep: u32| (format!("1 thread polls {what}"), 1, 32, 32, sleep);
+    let many = |who: &str, blocks: u32, stride: u32, sleep: u32| {
+        let what = format!("{who} of {blocks} blocks of 256 polls mapped host memory");
+        (what, blocks, 256, stride, sleep)
+    };
+    let loads = [
+        (one("mapped host memory", 0), true),
+        (one("mapped host memory", 100), true),
+        (one("mapped host memory", 500), true),
+        (one("GPU memory", 0), false),
+        (many("every lane", 2 * sms, 1, 256), true),
+        (many("one lane per warp", 2 * sms, 32, 256), true),
+        (many("one lane per warp", 2 * sms, 32, 2048), true),
+        (many("one lane per block", 2 * sms, 256, 256), true),
+        (many("every lane", 4, 1, 256), true),
+        (many("one lane per warp", 4, 32, 256), true),
     ];
-    for (label, on_host, blocks, threads, stride, sleep) in loads {
+    for ((what, blocks, threads, stride, sleep), on_host) in loads {
+        let label = format!("{what}, {sleep} ns pauses");
         let counter = if on_host {
             host_flag.store(0, Ordering::Release);
             host.device_ptr() + 4096
@@ -1097,7 +1086,7 @@ fn figures_copies_beside_kernels() {
             .spin(counter, 1, blocks, threads, stride, sleep)
             .expect("launch proxy_spin");
         std::thread::sleep(Duration::from_millis(20));
-        measure(label);
+        measure(&label);
         if on_host {
             host_flag.store(1, Ordering::Release);
         } else {
