@@ -272,11 +272,20 @@ impl Kernels {
         Ok(())
     }
 
-    /// Wait for this stream's work.
+    /// Wait for this stream's work, asking the driver every 20 us and sleeping between:
+    /// `cuStreamSynchronize` spins in the driver for as long as the kernel runs (the latency
+    /// kernel runs a whole step), beside the proxy thread's CUDA copies of the same context.
     fn synchronize(&self) -> Result<(), GpuError> {
-        self.stream
-            .synchronize()
-            .map_err(|e| cuda("cuStreamSynchronize", e))
+        loop {
+            // SAFETY: a query of a stream self owns (alive as long as self).
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    std::thread::sleep(std::time::Duration::from_micros(20))
+                }
+                e => return Err(cuda("cuStreamQuery", e)),
+            }
+        }
     }
 
     /// Wait for everything launched so far; an error if a producer gave up.
