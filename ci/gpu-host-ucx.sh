@@ -44,6 +44,8 @@
 #   (UCX_ALLOC_PRIO=heap, as ours) for the host one, written before the run as ours
 #   (bin/perftest-written.so, LD_PRELOAD: perftest never writes its send buffer, which then
 #   reads as the kernel's zero page; PERFTEST_BUF=untouched runs it as it comes).
+#   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
+#   both tools chose).
 #   UCX_AB=1: the tag and lat rows also run ours with --nic-opt memh=off and perftest with
 #   -z, and on host memory perftest with untouched buffers, interleaved in the same rounds
 #   (one line per size: "ab" columns). UCX_STEP_BUDGET (seconds, default 420): rows not
@@ -164,6 +166,15 @@ run() {
   IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
   [ "${PERFTEST_BUF:-written}" = untouched ] || [ -f "$written" ] ||
     { log "no $written: ci/gpu-host.sh pack (or PERFTEST_BUF=untouched)"; return 1; }
+  # UCX_STEP_LOGS: UCX logs (UCX_PROTO_INFO's tables too) into files of their own, not into
+  # the stdout the figures are read from (its writes interleave with ours mid-line there).
+  [ -z "${UCX_STEP_LOGS:-}" ] || export UCX_LOG_FILE=$out/ucxlog.%p
+  proto_logs() {  # WHO: UCX's tables of tag protocols from GPU memory in the last run's logs
+    awk -v who="$1" '{sub(/^\[[^]]*\] \[[^]]*\] */, "")} /\+--/ {next} / cfg#[0-9]+ *\|/ {t = $0; keep = 0; next}
+      /tagged message.*(cuda|GPU)/ {keep = 1; print "  " who ": " t}
+      keep {print "  " who ": " $0}' "$out"/ucxlog.* 2>/dev/null | cut -c1-200 | head -60 >&2 || true
+    rm -f "$out"/ucxlog.*
+  }
   ours() {  # ROW SIZE MEM [RDMA-BENCH FLAGS] -> Gbit/s, or one-way us for lat
     local row=$1 size=$2 mem=$3 b n args more=(${4:-})
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
@@ -186,6 +197,8 @@ run() {
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
     wait $spid 2>/dev/null || true
+    # UCX_STEP_LOGS=1: what UCX printed (with UCX_PROTO_INFO=y: the protocols it chose).
+    [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "ours $row $size"
     # UCX logs to stdout ("[TIME] [HOST:PID:THREAD] file:line UCX WARN ..."): not JSON.
     grep -v '^\[[0-9]' "$out/ours.json" > "$out/ours.clean" || true
     if [ "$row" = lat ]; then
@@ -212,7 +225,8 @@ run() {
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
     wait $spid 2>/dev/null || true
-    if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -q '^perftest-written:' "$out/tcli"; then
+    [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "theirs $row $size"
+    if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at' "$out/tcli"; then
       log "ucx_perftest $t $size: perftest-written.so did not write its buffers"; echo 0; return
     fi
     # The final line: iterations, p50, average, overall (latency or overhead, us), bandwidth
