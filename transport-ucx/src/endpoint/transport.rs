@@ -242,6 +242,13 @@ impl Transport for Endpoint {
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
         let ep = self.peer(peer)?.ep;
         let addr = self.local(&buf)?;
+        // Another operation of this endpoint in flight: the send is one of a stream, and UCX
+        // may choose for bandwidth (UCP_OP_ATTR_FLAG_MULTI_SEND, as ucx_perftest's tag_bw
+        // sends; a ping-pong's lone send keeps the latency protocols). UCX 1.22 on an H200,
+        // 4 KiB from GPU memory: a rendezvous staged through host fragments with cuda_copy
+        // under the flag, a cuda_ipc zero-copy rendezvous per message without it
+        // (UCX_PROTO_INFO=y, run U6).
+        let stream = self.free_tx.len() < self.caps.tx_depth;
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -249,6 +256,9 @@ impl Transport for Endpoint {
         s.ctx.set(ctx);
         let i = s.index;
         let mut p = Self::params(s);
+        if stream {
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
+        }
         if self.name_memory {
             Self::set_memory(&mut p, buf.mr);
         }
