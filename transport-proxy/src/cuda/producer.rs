@@ -155,23 +155,7 @@ impl CudaProducer {
         if count == 0 {
             return Ok(());
         }
-        let _one = self
-            .staging
-            .lock()
-            .map_err(|_| GpuError::Invalid("a CudaProducer call panicked earlier".into()))?;
-        self.kernels
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| cuda("cuCtxSetCurrent", e))?;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: a query: it writes the device alias of the ring's block into dev where the
-        // block lies in memory CUDA mapped, and fails, writing nothing we use, elsewhere.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ring.as_ptr().cast(), 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(GpuError::Invalid(
-                "generate needs a ring in mapped memory (CudaProducer::ring_memory)".into(),
-            ));
-        }
+        let (_one, dev) = self.mapped(&ring, "generate")?;
         let p = Produce {
             count,
             blocks: 2 * self.kernels.multiprocessors(),
@@ -206,8 +190,21 @@ impl CudaProducer {
         if rounds == 0 {
             return Ok(0);
         }
-        // One latency kernel at a time on this producer's stream and scratch.
-        let _one = self
+        let (_one, dev) = self.mapped(&ring, "the latency kernel")?;
+        let p = Produce::single(cmd, first);
+        let counter = dev + (crate::ring::OFF_ARRIVALS + crate::ring::LINE * slot as usize) as u64;
+        self.kernels.pingpong(dev, counter, base, rounds, &p)
+    }
+
+    /// For a kernel on `ring`: this producer's stream and scratch for the call (the guard),
+    /// its context current on this thread, and the ring's device address; `who` needs a ring
+    /// in mapped memory, an error elsewhere.
+    fn mapped(
+        &self,
+        ring: &crate::Ring<'_>,
+        who: &str,
+    ) -> Result<(std::sync::MutexGuard<'_, MappedHost>, u64), GpuError> {
+        let one = self
             .staging
             .lock()
             .map_err(|_| GpuError::Invalid("a CudaProducer call panicked earlier".into()))?;
@@ -220,14 +217,11 @@ impl CudaProducer {
         // block lies in memory CUDA mapped, and fails, writing nothing we use, elsewhere.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ring.as_ptr().cast(), 0) };
         if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(GpuError::Invalid(
-                "the latency kernel needs a ring in mapped memory (CudaProducer::ring_memory)"
-                    .into(),
-            ));
+            return Err(GpuError::Invalid(format!(
+                "{who} needs a ring in mapped memory (CudaProducer::ring_memory)"
+            )));
         }
-        let p = Produce::single(cmd, first);
-        let counter = dev + (crate::ring::OFF_ARRIVALS + crate::ring::LINE * slot as usize) as u64;
-        self.kernels.pingpong(dev, counter, base, rounds, &p)
+        Ok((one, dev))
     }
 
     fn launch_issue(&self, base: *mut u8, n: u64, staged: u64) -> Result<(), GpuError> {
