@@ -290,6 +290,10 @@ pub struct Endpoint {
     /// Free slots: `[0, tx)` for sends and writes, `[tx, tx + rx)` for receives.
     free_tx: Vec<u32>,
     free_rx: Vec<u32>,
+    /// Requests of operations `poll` reported, released at the start of the next `poll`
+    /// (before its progress), not between a completion and the caller's next post: a
+    /// ping-pong answers in between (capacity: one per slot, so no growth).
+    spent: Vec<*mut c_void>,
     caps: Caps,
     grave: Arc<Graveyard>,
     tls: String,
@@ -447,6 +451,16 @@ impl Endpoint {
         }
     }
 
+    /// Release the requests `poll` reported last time (see `spent`).
+    #[inline]
+    fn release_spent(&mut self) {
+        for req in self.spent.drain(..) {
+            // SAFETY: each is a request of this worker whose callback ran (its completion was
+            // reported), taken out of its slot when reported, and released once, here.
+            unsafe { sys::ucp_request_free(req) };
+        }
+    }
+
     /// Progress until `req` is done or `limit` passes; frees it.
     fn wait_request(&mut self, req: *mut c_void, limit: Duration) {
         let start = Instant::now();
@@ -510,6 +524,7 @@ impl Drop for Endpoint {
             // SAFETY: the worker is live.
             unsafe { sys::ucp_worker_progress(self.worker) };
         }
+        self.release_spent();
         for s in self.shared.slots.iter() {
             let req = s.req.replace(ptr::null_mut());
             if !req.is_null() {
