@@ -342,6 +342,7 @@ impl Endpoint {
         Ok((buf.mr.base + buf.offset) as *mut c_void)
     }
 
+    #[inline]
     fn take_slot(&mut self, rx: bool) -> Option<&Slot> {
         let i = if rx {
             self.free_rx.pop()?
@@ -351,6 +352,7 @@ impl Endpoint {
         Some(&self.shared.slots[i as usize])
     }
 
+    #[inline]
     fn give_back(&mut self, i: u32) {
         let s = &self.shared.slots[i as usize];
         s.state.set(State::Free);
@@ -363,8 +365,8 @@ impl Endpoint {
 
     /// Handle what a post call returned for the operation in slot `i`: in flight (keep the
     /// request), done at once (queue the slot as done), or failed (give the slot back and
-    /// return the error).
-    #[inline]
+    /// return the error). Inline, its error path out of line: every post ends here.
+    #[inline(always)]
     fn started(&mut self, i: u32, call: &'static str, r: sys::ucs_status_ptr_t) -> Result<Post> {
         let s = &self.shared.slots[i as usize];
         match sys::ptr_status(r) {
@@ -377,13 +379,18 @@ impl Endpoint {
                 self.shared.done.borrow_mut().push_back(i);
                 Ok(Post::Posted)
             }
-            Err(st) => {
-                self.give_back(i);
-                Err(provider_error(call, st, "the peer may be gone"))
-            }
+            Err(st) => self.post_failed(i, call, st),
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&mut self, i: u32, call: &'static str, st: sys::ucs_status_t) -> Result<Post> {
+        self.give_back(i);
+        Err(provider_error(call, st, "the peer may be gone"))
+    }
+
+    #[inline]
     fn params(s: &Slot) -> sys::ucp_request_param_t {
         let mut p = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
