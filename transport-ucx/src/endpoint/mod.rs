@@ -290,6 +290,10 @@ pub struct Endpoint {
     /// Free slots: `[0, tx)` for sends and writes, `[tx, tx + rx)` for receives.
     free_tx: Vec<u32>,
     free_rx: Vec<u32>,
+    /// Requests of operations `poll` reported, released at the start of the next `poll`
+    /// (before its progress), not between a completion and the caller's next post: a
+    /// ping-pong answers in between (capacity: one per slot, so no growth).
+    spent: Vec<*mut c_void>,
     caps: Caps,
     grave: Arc<Graveyard>,
     tls: String,
@@ -338,6 +342,7 @@ impl Endpoint {
         Ok((buf.mr.base + buf.offset) as *mut c_void)
     }
 
+    #[inline]
     fn take_slot(&mut self, rx: bool) -> Option<&Slot> {
         let i = if rx {
             self.free_rx.pop()?
@@ -347,6 +352,7 @@ impl Endpoint {
         Some(&self.shared.slots[i as usize])
     }
 
+    #[inline]
     fn give_back(&mut self, i: u32) {
         let s = &self.shared.slots[i as usize];
         s.state.set(State::Free);
@@ -359,8 +365,8 @@ impl Endpoint {
 
     /// Handle what a post call returned for the operation in slot `i`: in flight (keep the
     /// request), done at once (queue the slot as done), or failed (give the slot back and
-    /// return the error).
-    #[inline]
+    /// return the error). Inline, its error path out of line: every post ends here.
+    #[inline(always)]
     fn started(&mut self, i: u32, call: &'static str, r: sys::ucs_status_ptr_t) -> Result<Post> {
         let s = &self.shared.slots[i as usize];
         match sys::ptr_status(r) {
@@ -373,13 +379,18 @@ impl Endpoint {
                 self.shared.done.borrow_mut().push_back(i);
                 Ok(Post::Posted)
             }
-            Err(st) => {
-                self.give_back(i);
-                Err(provider_error(call, st, "the peer may be gone"))
-            }
+            Err(st) => self.post_failed(i, call, st),
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&mut self, i: u32, call: &'static str, st: sys::ucs_status_t) -> Result<Post> {
+        self.give_back(i);
+        Err(provider_error(call, st, "the peer may be gone"))
+    }
+
+    #[inline]
     fn params(s: &Slot) -> sys::ucp_request_param_t {
         let mut p = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
@@ -447,6 +458,16 @@ impl Endpoint {
         }
     }
 
+    /// Release the requests `poll` reported last time (see `spent`).
+    #[inline]
+    fn release_spent(&mut self) {
+        for req in self.spent.drain(..) {
+            // SAFETY: each is a request of this worker whose callback ran (its completion was
+            // reported), taken out of its slot when reported, and released once, here.
+            unsafe { sys::ucp_request_free(req) };
+        }
+    }
+
     /// Progress until `req` is done or `limit` passes; frees it.
     fn wait_request(&mut self, req: *mut c_void, limit: Duration) {
         let start = Instant::now();
@@ -510,6 +531,7 @@ impl Drop for Endpoint {
             // SAFETY: the worker is live.
             unsafe { sys::ucp_worker_progress(self.worker) };
         }
+        self.release_spent();
         for s in self.shared.slots.iter() {
             let req = s.req.replace(ptr::null_mut());
             if !req.is_null() {

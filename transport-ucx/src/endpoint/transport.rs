@@ -409,6 +409,9 @@ impl Transport for Endpoint {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        if !self.spent.is_empty() {
+            self.release_spent();
+        }
         // SAFETY: the worker is live; callbacks run inside and only touch the slab through
         // shared references; no borrow of its RefCells is held across the call.
         unsafe { sys::ucp_worker_progress(self.worker) };
@@ -430,8 +433,8 @@ impl Transport for Endpoint {
             let s = &self.shared.slots[i as usize];
             let req = s.req.replace(ptr::null_mut());
             if !req.is_null() {
-                // SAFETY: the request's callback ran (that queued the slot); released once.
-                unsafe { sys::ucp_request_free(req) };
+                // Its callback ran (that queued the slot): released by the next poll.
+                self.spent.push(req);
             }
             let (st, ctx, state) = (s.status.get(), s.ctx.get(), s.state.get());
             if state == State::Flush && st == sys::UCS_OK {
@@ -488,7 +491,13 @@ impl Transport for Endpoint {
         &self.caps
     }
 
+    /// Inline, and nothing to do for host memory: the ping-pong calls it between a message's
+    /// arrival and the answer.
+    #[inline]
     fn make_gpu_visible(&mut self, mr: &UcxMr) -> Result<()> {
+        if mr.mtype == sys::UCS_MEMORY_TYPE_HOST {
+            return Ok(());
+        }
         transport_core::make_gpu_visible(mr.memory(), self.landing)
     }
 
