@@ -190,6 +190,13 @@ impl Acks {
         self.next < 2 && count >= self.at[self.next]
     }
 
+    /// Whether [`step`](Self::step) after `count` arrivals has anything to do (it does
+    /// nothing otherwise): a phase to land and acknowledge, or an acknowledgement to re-post.
+    #[inline]
+    pub fn wants_step(&self, count: u64) -> bool {
+        self.pending || self.due(count)
+    }
+
     /// After arrivals up to `count`: land and acknowledge the phase they end, or post an
     /// acknowledgement that met a full queue.
     #[allow(clippy::too_many_arguments)]
@@ -230,6 +237,9 @@ mod tests {
         let a = Acks::new(3, 10);
         assert!(!a.due(2));
         assert!(a.due(3));
+        // The receive loop skips step() unless it has work: a phase's end is work.
+        assert!(!a.wants_step(2));
+        assert!(a.wants_step(3));
         let a = Acks::new(0, 10);
         assert!(!a.due(9));
         assert!(a.due(10));
