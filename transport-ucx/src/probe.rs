@@ -368,27 +368,7 @@ fn open_quiet(named_tls: Option<&str>, named_devices: Option<&str>) -> Result<Op
         }
     }
     let ctx = r.and_then(|_| {
-        let params = sys::ucp_params_t {
-            field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
-            features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_AM),
-            ..Default::default()
-        };
-        let mut ctx: sys::ucp_context_h = ptr::null_mut();
-        // SAFETY: params and config valid for the call; ctx a valid out pointer.
-        let st = unsafe {
-            sys::ucp_init_version(
-                sys::UCP_API_MAJOR,
-                sys::UCP_API_MINOR,
-                &params,
-                config,
-                &mut ctx,
-            )
-        };
-        if st == sys::UCS_OK {
-            Ok(ctx)
-        } else {
-            Err(crate::endpoint::status_text(st))
-        }
+        crate::endpoint::init_context(config, false).map_err(crate::endpoint::status_text)
     });
     // SAFETY: config came from ucp_config_read and is released once.
     unsafe { sys::ucp_config_release(config) };

@@ -21,6 +21,7 @@ use crate::frame::{self, Kind};
 
 mod handlers;
 mod open;
+pub(crate) use open::init_context;
 mod transport;
 
 use handlers::*;

@@ -55,41 +55,17 @@ impl Endpoint {
         if let Some(d) = nic.device.as_deref() {
             r = r.and_then(|_| modify("NET_DEVICES", d));
         }
-        let ctx = r.and_then(|_| {
-            let params = sys::ucp_params_t {
-                field_mask: u64::from(
-                    sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-                ),
-                features: u64::from(
-                    sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_AM,
-                ),
-                mt_workers_shared: 1,
-                ..Default::default()
-            };
-            let mut ctx: sys::ucp_context_h = ptr::null_mut();
-            // SAFETY: params and config are valid for the call; ctx is a valid out pointer.
-            // ucp_init is this static inline call with the header's API version.
-            let st = unsafe {
-                sys::ucp_init_version(
-                    sys::UCP_API_MAJOR,
-                    sys::UCP_API_MINOR,
-                    &params,
-                    config,
-                    &mut ctx,
-                )
-            };
-            match st {
-                sys::UCS_OK => Ok(ctx),
-                sys::UCS_ERR_NO_DEVICE | sys::UCS_ERR_NO_ELEM | sys::UCS_ERR_UNSUPPORTED => {
-                    Err(Error::NoDevice(format!(
-                        "UCX opened no transport for TLS={} NET_DEVICES={}: {} (see `ucx_info -d`)",
-                        nic.provider.as_deref().unwrap_or("(default)"),
-                        nic.device.as_deref().unwrap_or("(default)"),
-                        status_text(st)
-                    )))
-                }
-                _ => Err(provider_error("ucp_init", st, "see `ucx_info -d`")),
-            }
+        let ctx = r.and_then(|_| match init_context(config, true) {
+            Ok(ctx) => Ok(ctx),
+            Err(
+                st @ (sys::UCS_ERR_NO_DEVICE | sys::UCS_ERR_NO_ELEM | sys::UCS_ERR_UNSUPPORTED),
+            ) => Err(Error::NoDevice(format!(
+                "UCX opened no transport for TLS={} NET_DEVICES={}: {} (see `ucx_info -d`)",
+                nic.provider.as_deref().unwrap_or("(default)"),
+                nic.device.as_deref().unwrap_or("(default)"),
+                status_text(st)
+            ))),
+            Err(st) => Err(provider_error("ucp_init", st, "see `ucx_info -d`")),
         });
         // SAFETY: config came from ucp_config_read and is released once; UCX copied what it
         // needed into the context.
@@ -222,5 +198,40 @@ impl Endpoint {
             remote_write_errors: false,
         };
         Ok(ep)
+    }
+}
+
+/// `ucp_init` with RMA, TAG and AM, on `config` (the caller releases it), for workers of
+/// several threads where `shared_workers`; the context, or UCX's status.
+pub(crate) fn init_context(
+    config: *const sys::ucp_config_t,
+    shared_workers: bool,
+) -> Result<sys::ucp_context_h, sys::ucs_status_t> {
+    let mut field_mask = u64::from(sys::UCP_PARAM_FIELD_FEATURES);
+    if shared_workers {
+        field_mask |= u64::from(sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED);
+    }
+    let params = sys::ucp_params_t {
+        field_mask,
+        features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_AM),
+        mt_workers_shared: i32::from(shared_workers),
+        ..Default::default()
+    };
+    let mut ctx: sys::ucp_context_h = ptr::null_mut();
+    // SAFETY: params and config are valid for the call; ctx is a valid out pointer. ucp_init
+    // is this static inline call with the header's API version.
+    let st = unsafe {
+        sys::ucp_init_version(
+            sys::UCP_API_MAJOR,
+            sys::UCP_API_MINOR,
+            &params,
+            config,
+            &mut ctx,
+        )
+    };
+    if st == sys::UCS_OK {
+        Ok(ctx)
+    } else {
+        Err(st)
     }
 }
