@@ -79,6 +79,7 @@ pub(super) fn client_proxy<T: Transport>(
     region: T::Mr,
     step: &GpuStep,
     producer: &dyn Producer,
+    verbose: bool,
 ) -> Result<(Duration, T::Mr)> {
     let (size, half) = (step.size as usize, step.half as usize);
     let mem = producer.ring_memory(RingLayout::new(step.capacity, 1).map_err(ring_err)?)?;
@@ -95,8 +96,20 @@ pub(super) fn client_proxy<T: Transport>(
                 Some(immediate(0, 0)),
             );
             producer.pingpong(ring, 0, &cmd, 0, 0, step.warm, idle)?;
+            let t0 = Instant::now();
             let d = producer.pingpong(ring, 0, &cmd, step.warm, step.warm, step.n, idle)?;
+            let outside = t0.elapsed();
             ring.wait_done(step.warm + step.n, idle).map_err(ring_err)?;
+            if verbose {
+                // The producer's own clock (a kernel's: the GPU's globaltimer) against the
+                // host's around the whole call (a kernel's launch and the wait included).
+                let us = |d: Duration| d.as_secs_f64() * 1e6 / step.n as f64 / 2.0;
+                eprintln!(
+                    "rdma-bench: gpu-write: {size} B proxy latency {:.3} us by the producer's clock, {:.3} us by the host's around the call",
+                    us(d),
+                    us(outside)
+                );
+            }
             return Ok(d);
         }
         let n = step.n;
@@ -307,7 +320,9 @@ pub(super) fn client_step<T: Transport>(
             .map_err(|_| Error::Protocol("the host path's thread panicked".into()))?;
             (d?, region)
         }
-        GpuStepKind::ProxyLat | GpuStepKind::ProxyBw => client_proxy(e, region, step, producer)?,
+        GpuStepKind::ProxyLat | GpuStepKind::ProxyBw => {
+            client_proxy(e, region, step, producer, cfg.verbose)?
+        }
     };
     let done = match ctrl.recv(wait, "the server's end of a gpu-write step")? {
         Msg::GpuStepDone(d) if d.id == step.id => d,
