@@ -46,6 +46,39 @@ static __device__ __forceinline__ void st_relaxed_sys_u32(u32 *p, u32 v) {
     asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// How the latency kernels (proxy_pingpong, proxy_flag_pingpong) order their one thread's
+// publish and poll (Kernels::set_sync; 0 is the protocol above, steps 4-5 and the counters):
+//   SYNC_RELEASE_STORE  the ready word is st.release.sys (a release at system scope: the
+//                       fields before it, fence.acq_rel.sys semantics) in place of
+//                       __threadfence_system() (fence.sc.sys) + st.relaxed.sys;
+//   SYNC_RELAXED_POLL   the counter is polled with ld.relaxed.sys and, once it passed,
+//                       fence.acq_rel.sys (a relaxed load that observed the proxy's Release
+//                       store, then an acquire fence: the acquire pattern of the PTX model),
+//                       in place of ld.acquire.sys on every poll;
+//   SYNC_NO_FENCE       the floor's flag only: st.relaxed.sys, no fence (a flag that carries no
+//                       data needs none: the fence's own share of the floor);
+//   bits 8-11           the floor only: that many extra warps poll the echo (staggered over a
+//                       microsecond, a PCIe read's time) and tell the publishing thread
+//                       through shared memory; 0: the publisher polls.
+#define SYNC_RELEASE_STORE 1u
+#define SYNC_RELAXED_POLL 2u
+#define SYNC_NO_FENCE 4u
+
+static __device__ __forceinline__ u64 poll_sys_u64(const u64 *p, u32 sync) {
+    return (sync & SYNC_RELAXED_POLL) ? ld_relaxed_sys_u64(p) : ld_acquire_sys_u64(p);
+}
+
+// After a poll that saw the count: the acquire fence SYNC_RELAXED_POLL owes.
+static __device__ __forceinline__ void polled(u32 sync) {
+    if (sync & SYNC_RELAXED_POLL) asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
 static __device__ __forceinline__ u64 globaltimer_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -74,6 +107,26 @@ static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u3
     v->remote = remote;
     __threadfence_system(); // step 4: fields (and payload) before the ready word
     st_relaxed_sys_u32(&c->seq, (u32)(pos + 1)); // step 5: the ready word, last
+}
+
+// publish for the latency kernel: the ready word as `sync` says (SYNC_RELEASE_STORE).
+static __device__ __forceinline__ void publish_sync(proxy_cmd *c, u64 pos, u32 op, u32 peer,
+                                                    u32 len, u32 imm, u64 local, u64 remote,
+                                                    u32 sync) {
+    if (!(sync & SYNC_RELEASE_STORE)) {
+        publish(c, pos, op, peer, len, imm, local, remote);
+        return;
+    }
+    volatile proxy_cmd *v = c;
+    v->op = (u8)op;
+    v->flags = 0;
+    v->peer = (u16)peer;
+    v->len = len;
+    v->imm = imm;
+    v->local = local;
+    v->remote = remote;
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&c->seq), "r"((u32)(pos + 1))
+                 : "memory");
 }
 
 // Step 2. Returns 0 when there is room, else 1 on timeout or 0x100 | the error word.
@@ -223,7 +276,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
                                           u64 first, u32 peer, u32 local_region, u64 local_off,
                                           u32 remote_region, u64 remote_off, u64 len, u32 op,
                                           u32 imm_slot, u64 timeout_ns, u32 sleep_ns,
-                                          u64 *out) {
+                                          u32 sync, u64 *out) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const u32 cap = *(const volatile u32 *)(ring + 8);
     const u32 slots = *(const volatile u32 *)(ring + 12);
@@ -240,12 +293,13 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
         failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, false);
         if (failed) break;
         const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
-        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
-                proxy_pack((u16)local_region, local_off), proxy_pack((u16)remote_region, remote_off));
+        publish_sync(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
+                     proxy_pack((u16)local_region, local_off),
+                     proxy_pack((u16)remote_region, remote_off), sync);
         const u64 t0 = globaltimer_ns();
         // One PCIe read per poll: the error word and the clock only every 64th (reading the
         // error word on every poll doubled the time between two looks at the counter).
-        for (u32 spin = 1; ld_acquire_sys_u64(counter) < base_count + r + 1; ++spin) {
+        for (u32 spin = 1; poll_sys_u64(counter, sync) < base_count + r + 1; ++spin) {
             if (sleep_ns) asm volatile("nanosleep.u32 %0;" ::"r"(sleep_ns) : "memory");
             if ((spin & 63u) != 0) continue;
             const u32 e = ring_error(ring);
@@ -253,6 +307,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
             if (timeout_ns && globaltimer_ns() - t0 > timeout_ns) { failed = 1; break; }
         }
         if (failed) break;
+        polled(sync);
     }
     // Positions pos0 .. pos0 + r were claimed (the last maybe unpublished after a failure).
     *head = pos0 + r + (failed ? 1 : 0);
@@ -302,29 +357,60 @@ extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 ti
 }
 
 // The floor of a kernel <-> CPU round trip over the same mapped memory as the ring (what
-// PCIe costs alone, no proxy, no transport), one thread: iters rounds of "store r + 1 to
-// flags[0] (st.relaxed.sys after __threadfence_system, as publish stores the ready word),
-// then spin until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1 with
-// ld.acquire.sys". out[0] = rounds done, out[1] = ns of all rounds (globaltimer), out[2] = 0
-// or 1 on timeout (the CPU stopped echoing).
-extern "C" __global__ void proxy_flag_pingpong(u64 *flags, u64 iters, u64 timeout_ns, u64 *out) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+// PCIe costs alone, no proxy, no transport): iters rounds of "store r + 1 to flags[0]
+// (st.relaxed.sys after __threadfence_system, as publish stores the ready word; or as sync
+// says), then wait until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1"
+// (ld.acquire.sys, or as sync says). Thread 0 publishes; with extra polling warps (sync's bits
+// 8-11, launched as 32 threads each after the first warp) their lane 0 polls and raises
+// `seen` in shared memory, which thread 0 spins on. out[0] = rounds done, out[1] = ns of all
+// rounds (globaltimer), out[2] = 0 or 1 on timeout (the CPU stopped echoing).
+extern "C" __global__ void proxy_flag_pingpong(u64 *flags, u64 iters, u64 timeout_ns, u32 sync,
+                                               u64 *out) {
+    __shared__ unsigned long long seen;
+    __shared__ volatile u32 quit;
+    if (threadIdx.x == 0) {
+        seen = 0;
+        quit = 0;
+    }
+    __syncthreads();
+    const u32 warp = threadIdx.x / 32u, pollers = (sync >> 8) & 15u;
+    if ((threadIdx.x & 31u) != 0 || blockIdx.x != 0 || warp > pollers) return;
+    if (warp > 0) {
+        const u32 stagger = 1000u / pollers * (warp - 1u);
+        if (stagger) asm volatile("nanosleep.u32 %0;" ::"r"(stagger) : "memory");
+        while (!quit) {
+            const u64 v = poll_sys_u64(flags + 16, sync);
+            if (v > *(volatile unsigned long long *)&seen) {
+                polled(sync);
+                atomicMax(&seen, (unsigned long long)v);
+            }
+        }
+        return;
+    }
     out[2] = 0;
     const u64 start = globaltimer_ns();
     u64 r = 0;
     for (; r < iters; ++r) {
-        __threadfence_system();
-        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
+        if (sync & SYNC_RELEASE_STORE) {
+            asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
+        } else {
+            if (!(sync & SYNC_NO_FENCE)) __threadfence_system();
+            asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
+        }
         const u64 t0 = globaltimer_ns();
         bool late = false;
-        for (u32 spin = 1; ld_acquire_sys_u64(flags + 16) < r + 1; ++spin) {
+        for (u32 spin = 1;; ++spin) {
+            const u64 v = pollers ? *(volatile unsigned long long *)&seen : poll_sys_u64(flags + 16, sync);
+            if (v >= r + 1) break;
             if ((spin & 63u) == 0 && timeout_ns && globaltimer_ns() - t0 > timeout_ns) {
                 late = true;
                 break;
             }
         }
         if (late) { out[2] = 1; break; }
+        if (!pollers) polled(sync);
     }
+    quit = 1;
     out[0] = r;
     out[1] = globaltimer_ns() - start;
 }

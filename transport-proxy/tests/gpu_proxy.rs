@@ -41,7 +41,8 @@ use transport_core::{
 };
 use transport_efa::Endpoint;
 use transport_proxy::cuda::{
-    self, payload_byte, CudaProducer, GpuError, Kernels, MappedHost, Produce,
+    self, payload_byte, CudaProducer, GpuError, Kernels, MappedHost, Produce, SYNC_NO_FENCE,
+    SYNC_RELAXED_POLL, SYNC_RELEASE_STORE,
 };
 use transport_proxy::ring::{immediate, pack, Ring, RingLayout, OP_WRITE_IMM};
 use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
@@ -1382,92 +1383,8 @@ fn figures_latency_half_round_trip() {
             let host1 = host_pingpong(&mut p, size, back, iters) / 2.0;
             host_pingpong_two_threads(&mut p, size, back, warm);
             let host = host_pingpong_two_threads(&mut p, size, back, iters) / 2.0;
-            // The answers land in a's src at `back`: clear them, so the check below sees this
-            // size's answers and not the host phase's.
-            let zeros = vec![0u8; size];
-            p.src
-                .memory_mut()
-                .write_at(back, &zeros)
-                .expect("clear the answers");
-            let total = warm + iters;
-            let (kernel, q, writes, arrivals) = with_proxies(&k, p, 64, |ra, rb| {
-                let prod = Produce::single(
-                    &Command::write(
-                        0,
-                        pack(0, 0),
-                        pack(0, 0),
-                        size as u32,
-                        Some(immediate(0, 0)),
-                    ),
-                    0,
-                );
-                let echo_stop = AtomicBool::new(false);
-                std::thread::scope(|s| {
-                    let _stop = StopOnDrop(&echo_stop);
-                    let echo = s.spawn(|| -> Result<u64, String> {
-                        let ring = rb.ring();
-                        let arr = ring.arrivals(0).expect("arrival slot 0");
-                        let mut answered = 0u64;
-                        while answered < total {
-                            let e = ring.error();
-                            ensure!(
-                                e == 0,
-                                "echo: b's proxy stopped ({e}) after {answered} answers"
-                            );
-                            if arr.load(Ordering::Acquire) > answered {
-                                let cmd = Command::write(
-                                    0,
-                                    pack(0, 0),
-                                    pack(0, back as u64),
-                                    size as u32,
-                                    Some(immediate(0, answered as u16)),
-                                );
-                                ring.push(&cmd).map_err(|e| format!("echo: {e}"))?;
-                                answered += 1;
-                            } else if echo_stop.load(Ordering::Relaxed) {
-                                break;
-                            } else {
-                                std::hint::spin_loop();
-                            }
-                        }
-                        Ok(answered)
-                    });
-                    let arrivals_a = ra.dev_at(transport_proxy::ring::OFF_ARRIVALS);
-                    let mut prod = prod;
-                    k.pingpong(ra.dev(), arrivals_a, 0, warm, &prod)
-                        .expect("warm-up rounds");
-                    prod.first = warm;
-                    let ns = k
-                        .pingpong(ra.dev(), arrivals_a, warm, iters, &prod)
-                        .expect("ping-pong rounds");
-                    // Every local completion on both sides before the proxies stop.
-                    k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), total)
-                        .expect("local completions at a");
-                    k.wait(rb.dev(), rb.dev_at(transport_proxy::ring::OFF_DONE), total)
-                        .expect("local completions at b");
-                    echo_stop.store(true, Ordering::Relaxed);
-                    let answered = echo.join().expect("echo thread").expect("echo");
-                    assert_eq!(answered, total, "echo answers");
-                    ns as f64 / iters as f64 / 2.0
-                })
-            });
+            let (kernel, q) = kernel_half_round_trip(&k, p, mem, size, back, warm, iters, salt);
             p = q;
-            assert_eq!((writes, arrivals), (total, total));
-            let want: Vec<u8> = (0..size as u64).map(|j| payload_byte(0, j, salt)).collect();
-            let mut got = vec![0u8; size];
-            p.dst.memory().read_at(0, &mut got).expect("read b's dst");
-            assert!(
-                got == want,
-                "half round trip {mem} {size}: b's bytes differ"
-            );
-            p.src
-                .memory()
-                .read_at(back, &mut got)
-                .expect("read a's answers");
-            assert!(
-                got == want,
-                "half round trip {mem} {size}: the answers' bytes differ"
-            );
             let (k_us, h_us, h1_us) = (kernel / 1e3, host / 1e3, host1 / 1e3);
             println!(
                 "latency half round trip {mem} memory {size} B: kernel {k_us:.2} us, host {h_us:.2} us \
@@ -1484,6 +1401,168 @@ fn figures_latency_half_round_trip() {
                 if k_us - h_us <= 2.0 { "MET" } else { "NOT MET" },
                 k_us - h_us
             );
+        }
+    }
+}
+
+/// The kernel's half round trip (ns): `warm` then `iters` rounds of `proxy_pingpong` from a's
+/// ring, each WRITE of `size` bytes counted at b, answered by a CPU echo through b's ring into
+/// a's `src` at `back`, counted into the word the kernel polls; both directions' bytes checked.
+/// `p.src` must hold the salted pattern in its first `size` bytes.
+#[allow(clippy::too_many_arguments)]
+fn kernel_half_round_trip(
+    k: &Kernels,
+    p: Pair,
+    mem: &str,
+    size: usize,
+    back: usize,
+    warm: u64,
+    iters: u64,
+    salt: u32,
+) -> (f64, Pair) {
+    // The answers land in a's src at `back`: clear them, so the check below sees these
+    // rounds' answers and not an earlier phase's.
+    let mut p = p;
+    p.src
+        .memory_mut()
+        .write_at(back, &vec![0u8; size])
+        .expect("clear the answers");
+    let total = warm + iters;
+    let (kernel, q, writes, arrivals) = with_proxies(k, p, 64, |ra, rb| {
+        let prod = Produce::single(
+            &Command::write(
+                0,
+                pack(0, 0),
+                pack(0, 0),
+                size as u32,
+                Some(immediate(0, 0)),
+            ),
+            0,
+        );
+        let echo_stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let _stop = StopOnDrop(&echo_stop);
+            let echo = s.spawn(|| -> Result<u64, String> {
+                let ring = rb.ring();
+                let arr = ring.arrivals(0).expect("arrival slot 0");
+                let mut answered = 0u64;
+                while answered < total {
+                    let e = ring.error();
+                    ensure!(
+                        e == 0,
+                        "echo: b's proxy stopped ({e}) after {answered} answers"
+                    );
+                    if arr.load(Ordering::Acquire) > answered {
+                        let cmd = Command::write(
+                            0,
+                            pack(0, 0),
+                            pack(0, back as u64),
+                            size as u32,
+                            Some(immediate(0, answered as u16)),
+                        );
+                        ring.push(&cmd).map_err(|e| format!("echo: {e}"))?;
+                        answered += 1;
+                    } else if echo_stop.load(Ordering::Relaxed) {
+                        break;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Ok(answered)
+            });
+            let arrivals_a = ra.dev_at(transport_proxy::ring::OFF_ARRIVALS);
+            let mut prod = prod;
+            k.pingpong(ra.dev(), arrivals_a, 0, warm, &prod)
+                .expect("warm-up rounds");
+            prod.first = warm;
+            let ns = k
+                .pingpong(ra.dev(), arrivals_a, warm, iters, &prod)
+                .expect("ping-pong rounds");
+            // Every local completion on both sides before the proxies stop.
+            k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), total)
+                .expect("local completions at a");
+            k.wait(rb.dev(), rb.dev_at(transport_proxy::ring::OFF_DONE), total)
+                .expect("local completions at b");
+            echo_stop.store(true, Ordering::Relaxed);
+            let answered = echo.join().expect("echo thread").expect("echo");
+            assert_eq!(answered, total, "echo answers");
+            ns as f64 / iters as f64 / 2.0
+        })
+    });
+    let p = q;
+    assert_eq!((writes, arrivals), (total, total));
+    let want: Vec<u8> = (0..size as u64).map(|j| payload_byte(0, j, salt)).collect();
+    let mut got = vec![0u8; size];
+    p.dst.memory().read_at(0, &mut got).expect("read b's dst");
+    assert!(
+        got == want,
+        "half round trip {mem} {size}: b's bytes differ"
+    );
+    p.src
+        .memory()
+        .read_at(back, &mut got)
+        .expect("read a's answers");
+    assert!(
+        got == want,
+        "half round trip {mem} {size}: the answers' bytes differ"
+    );
+    (kernel, p)
+}
+
+/// What the latency kernels' ordering costs ([`Kernels::set_sync`]): the PCIe floor (a flag's
+/// round trip) with each way to publish and poll, with extra polling warps, then the kernel's
+/// half round trip (as `figures_latency_half_round_trip`, 8 B and 4 KiB, host and GPU
+/// memory) with each way the ring's protocol allows, the modes interleaved over two rounds.
+/// Prints `sync` lines; speed is read, not asserted (the bytes are).
+#[test]
+fn figures_latency_sync() {
+    let Some(mut k) = kernels() else { return };
+    let iters = env_u64("PROXY_LAT_ITERS", 2000);
+    let modes = [
+        ("fence.sc + st.relaxed, ld.acquire polls (default)", 0),
+        ("st.release", SYNC_RELEASE_STORE),
+        ("relaxed polls, one fence after", SYNC_RELAXED_POLL),
+        (
+            "st.release + relaxed polls",
+            SYNC_RELEASE_STORE | SYNC_RELAXED_POLL,
+        ),
+    ];
+    let floor_only = [
+        ("no fence before the flag", SYNC_NO_FENCE),
+        ("1 polling warp", 1 << 8),
+        ("2 polling warps", 2 << 8),
+        ("4 polling warps", 4 << 8),
+    ];
+    for round in 0..2 {
+        for (name, sync) in modes.iter().chain(&floor_only) {
+            k.set_sync(*sync);
+            let f = pcie_floor_us(&k, iters);
+            println!("sync floor round {round} {name}: {f:.2} us");
+        }
+    }
+    for gpu in [false, true] {
+        let mem = if gpu { "GPU" } else { "host" };
+        let (max, salt) = (4096, 0x36);
+        let Some(mut p) = pair(gpu, 2 * max) else {
+            return;
+        };
+        fill_first(&mut p.src, max, salt);
+        for size in [8usize, 4096] {
+            for round in 0..2 {
+                host_pingpong_two_threads(&mut p, size, max, 100);
+                let host = host_pingpong_two_threads(&mut p, size, max, iters) / 2.0 / 1e3;
+                for (name, sync) in modes {
+                    k.set_sync(sync);
+                    let (kernel, q) =
+                        kernel_half_round_trip(&k, p, mem, size, max, 100, iters, salt);
+                    p = q;
+                    let kernel = kernel / 1e3;
+                    println!(
+                        "sync half round trip round {round} {mem} {size} B {name}: kernel {kernel:.2} us, host {host:.2} us ({:+.2} us)",
+                        kernel - host
+                    );
+                }
+            }
         }
     }
 }

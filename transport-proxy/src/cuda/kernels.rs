@@ -73,6 +73,15 @@ impl Produce {
     }
 }
 
+/// [`Kernels::set_sync`]: the ready word with `st.release.sys` (fence.acq_rel semantics) in
+/// place of `__threadfence_system` (fence.sc) and a relaxed store.
+pub const SYNC_RELEASE_STORE: u32 = 1;
+/// [`Kernels::set_sync`]: poll with `ld.relaxed.sys` and fence once (`fence.acq_rel.sys`) after
+/// the count passed, in place of `ld.acquire.sys` on every poll.
+pub const SYNC_RELAXED_POLL: u32 = 2;
+/// [`Kernels::set_sync`], the floor only: the flag's store without a fence.
+pub const SYNC_NO_FENCE: u32 = 4;
+
 /// One warp: the launch of the kernels one GPU thread runs (wait, ping-pongs).
 const ONE_WARP: LaunchConfig = LaunchConfig {
     grid_dim: (1, 1, 1),
@@ -93,6 +102,8 @@ pub struct Kernels {
     spin: CudaFunction,
     /// The latency kernel's pause between two polls of its counter, ns (0: none).
     poll_sleep_ns: u32,
+    /// How the latency kernels publish and poll ([`Kernels::set_sync`]).
+    sync: u32,
     /// Status and result words the kernels write (host-mapped: readable after a sync).
     pub(super) scratch: MappedHost,
 }
@@ -179,6 +190,7 @@ impl Kernels {
             flag_pingpong: f("proxy_flag_pingpong")?,
             spin: f("proxy_spin")?,
             poll_sleep_ns: 0,
+            sync: 0,
             scratch: MappedHost::alloc(ctx, 4096)?,
         })
     }
@@ -204,6 +216,7 @@ impl Kernels {
             flag_pingpong: self.flag_pingpong.clone(),
             spin: self.spin.clone(),
             poll_sleep_ns: self.poll_sleep_ns,
+            sync: self.sync,
             scratch: MappedHost::alloc(&self.ctx, 4096)?,
         })
     }
@@ -338,6 +351,15 @@ impl Kernels {
         self.poll_sleep_ns = ns;
     }
 
+    /// How the latency kernels order their publish and poll (`producer.cu`'s `SYNC_*`; 0, the
+    /// default, is the ring's protocol: `__threadfence_system` before the ready word, every
+    /// poll `ld.acquire.sys`): [`SYNC_RELEASE_STORE`], [`SYNC_RELAXED_POLL`], and for
+    /// [`Kernels::flag_pingpong`] only [`SYNC_NO_FENCE`] and `pollers << 8` (extra polling
+    /// warps, at most 15).
+    pub fn set_sync(&mut self, sync: u32) {
+        self.sync = sync;
+    }
+
     /// Latency: `iters` rounds of one command (one GPU thread, claimed from the ring's head)
     /// and a spin until the u64 at `counter` passes `base_count + round + 1`; the GPU's
     /// total ns.
@@ -372,6 +394,7 @@ impl Kernels {
             .arg(&slot)
             .arg(&timeout)
             .arg(&self.poll_sleep_ns)
+            .arg(&self.sync)
             .arg(&out);
         // SAFETY: arguments match proxy_pingpong's in number, order and size; ring and
         // counter are in the caller's mapped block, alive across this synchronous call; out
@@ -398,9 +421,17 @@ impl Kernels {
         self.scratch.zero(192, 24);
         let out = self.scratch.device_ptr() + 192;
         let timeout = KERNEL_TIMEOUT_NS;
-        let cfg = ONE_WARP;
+        let pollers = (self.sync >> 8) & 15;
+        let cfg = LaunchConfig {
+            block_dim: (32 * (1 + pollers), 1, 1),
+            ..ONE_WARP
+        };
         let mut b = self.stream.launch_builder(&self.flag_pingpong);
-        b.arg(&flags).arg(&iters).arg(&timeout).arg(&out);
+        b.arg(&flags)
+            .arg(&iters)
+            .arg(&timeout)
+            .arg(&self.sync)
+            .arg(&out);
         // SAFETY: arguments match proxy_flag_pingpong's (u64 device addresses and u64s);
         // flags is the caller's mapped memory with 136 bytes from it, alive across this
         // synchronous call; out is scratch, owned by self.
