@@ -297,7 +297,7 @@ run() {
         status=1
       fi
     fi
-    grep -E '^(ring-only|copies|latency|bandwidth|CudaProducer|[0-9]+ kernel commands|.*every byte verified)' "$out" >&2 || true
+    grep -E '^(ring-only|copies|latency|sync|bandwidth|CudaProducer|[0-9]+ kernel commands|.*every byte verified)' "$out" >&2 || true
     # Whether libfabric's CUDA copy synchronised the whole device (what hung run 1's
     # GPU-memory bandwidth with a kernel waiting on the proxy): its one-time warning.
     grep -m2 -E 'cudaDeviceSynchronize|cudaHostRegister|register shm with iface' "$out" >&2 ||
