@@ -20,11 +20,14 @@
 //              stores below cannot be seen by them. Each spin also reads the error word
 //              (volatile): a proxy that stopped or failed ends the wait.
 //   3. fields: plain (volatile) stores of op, flags, peer, len, imm, local, remote.
-//   4. fence:  __threadfence_system() (fence.sc.sys): orders this thread's earlier stores, the
-//              payload it filled (when asked to) and the fields of step 3, before its later
-//              stores, for every observer in the system, the CPU proxy and the NIC included.
-//   5. ready:  st.relaxed.sys of seq = (pos + 1) as u32; after the fence of step 4 this is a
-//              release store. The proxy loads seq with Acquire and only then the fields.
+//   4-5. ready: st.release.sys of seq = (pos + 1) as u32: a release at system scope orders
+//              this thread's earlier stores, the payload it filled (when asked to) and the
+//              fields of step 3, before the ready word, for every observer in the system, the
+//              CPU proxy and the NIC included. The proxy loads seq with Acquire and only then
+//              the fields. (Until 2026-11-28 this was __threadfence_system(), fence.sc.sys,
+//              then st.relaxed.sys: the same order, and on the H200 the same floor, but with
+//              CUDA copies of GPU memory running beside it the latency kernel's half round
+//              trip read 1.1-3.1 us more: figures_latency_sync, SYNC_SC_FENCE.)
 // Counters: the proxy stores done / arrivals[i] with Release after the events they count;
 // the kernels here load them with ld.acquire.sys, so a kernel that sees count >= N also sees
 // what the proxy (and, for arrivals into GPU memory, make_gpu_visible) made visible before.
@@ -53,10 +56,11 @@ static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
 }
 
 // How the latency kernels (proxy_pingpong, proxy_flag_pingpong) order their one thread's
-// publish and poll (Kernels::set_sync; 0 is the protocol above, steps 4-5 and the counters):
-//   SYNC_RELEASE_STORE  the ready word is st.release.sys (a release at system scope: the
-//                       fields before it, fence.acq_rel.sys semantics) in place of
-//                       __threadfence_system() (fence.sc.sys) + st.relaxed.sys;
+// publish and poll (Kernels::set_sync; 0 is the protocol above, steps 4-5 and the counters),
+// for figures_latency_sync:
+//   SYNC_SC_FENCE       the ready word after __threadfence_system() (fence.sc.sys) with
+//                       st.relaxed.sys, in place of st.release.sys (the protocol until
+//                       2026-11-28);
 //   SYNC_RELAXED_POLL   the counter is polled with ld.relaxed.sys and, once it passed,
 //                       fence.acq_rel.sys (a relaxed load that observed the proxy's Release
 //                       store, then an acquire fence: the acquire pattern of the PTX model),
@@ -66,7 +70,7 @@ static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
 //   bits 8-11           the floor only: that many extra warps poll the echo (staggered over a
 //                       microsecond, a PCIe read's time) and tell the publishing thread
 //                       through shared memory; 0: the publisher polls.
-#define SYNC_RELEASE_STORE 1u
+#define SYNC_SC_FENCE 1u
 #define SYNC_RELAXED_POLL 2u
 #define SYNC_NO_FENCE 4u
 
@@ -105,15 +109,17 @@ static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u3
     v->imm = imm;
     v->local = local;
     v->remote = remote;
-    __threadfence_system(); // step 4: fields (and payload) before the ready word
-    st_relaxed_sys_u32(&c->seq, (u32)(pos + 1)); // step 5: the ready word, last
+    // Steps 4-5: the fields (and payload) before the ready word, last.
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&c->seq), "r"((u32)(pos + 1))
+                 : "memory");
 }
 
-// publish for the latency kernel: the ready word as `sync` says (SYNC_RELEASE_STORE).
+// publish for the latency kernel: the ready word as `sync` says (SYNC_SC_FENCE: the fence and
+// a relaxed store, as before 2026-11-28).
 static __device__ __forceinline__ void publish_sync(proxy_cmd *c, u64 pos, u32 op, u32 peer,
                                                     u32 len, u32 imm, u64 local, u64 remote,
                                                     u32 sync) {
-    if (!(sync & SYNC_RELEASE_STORE)) {
+    if (!(sync & SYNC_SC_FENCE)) {
         publish(c, pos, op, peer, len, imm, local, remote);
         return;
     }
@@ -125,8 +131,8 @@ static __device__ __forceinline__ void publish_sync(proxy_cmd *c, u64 pos, u32 o
     v->imm = imm;
     v->local = local;
     v->remote = remote;
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&c->seq), "r"((u32)(pos + 1))
-                 : "memory");
+    __threadfence_system();
+    st_relaxed_sys_u32(&c->seq, (u32)(pos + 1));
 }
 
 // Step 2. Returns 0 when there is room, else 1 on timeout or 0x100 | the error word.
@@ -358,8 +364,7 @@ extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 ti
 
 // The floor of a kernel <-> CPU round trip over the same mapped memory as the ring (what
 // PCIe costs alone, no proxy, no transport): iters rounds of "store r + 1 to flags[0]
-// (st.relaxed.sys after __threadfence_system, as publish stores the ready word; or as sync
-// says), then wait until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1"
+// (st.release.sys, as publish stores the ready word; or as sync says), then wait until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1"
 // (ld.acquire.sys, or as sync says). Thread 0 publishes; with extra polling warps (sync's bits
 // 8-11, launched as 32 threads each after the first warp) their lane 0 polls and raises
 // `seen` in shared memory, which thread 0 spins on. out[0] = rounds done, out[1] = ns of all
@@ -391,11 +396,11 @@ extern "C" __global__ void proxy_flag_pingpong(u64 *flags, u64 iters, u64 timeou
     const u64 start = globaltimer_ns();
     u64 r = 0;
     for (; r < iters; ++r) {
-        if (sync & SYNC_RELEASE_STORE) {
-            asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
-        } else {
+        if (sync & (SYNC_SC_FENCE | SYNC_NO_FENCE)) {
             if (!(sync & SYNC_NO_FENCE)) __threadfence_system();
             asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
+        } else {
+            asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
         }
         const u64 t0 = globaltimer_ns();
         bool late = false;

@@ -51,11 +51,12 @@
 //!    volatile or `ld.acquire.sys` load), and give up when the error word is non-zero
 //!    (the proxy is gone or failed: nothing more will be consumed).
 //! 3. Write `op, flags, peer, len, imm, local, remote` with plain stores.
-//! 4. **Fence**: system scope. GPU: `__threadfence_system()` (or make step 5 an
-//!    `st.release.sys`); CPU: the Release ordering of step 5. It orders the field stores of 3
-//!    (and every store the kernel made to the source buffer before it, which the NIC is about
-//!    to read) before the ready word.
-//! 5. Store the ready word `seq = (p + 1) as u32` (GPU: volatile store after the fence).
+//! 4. **Release**, system scope: GPU: step 5 is an `st.release.sys` (or `__threadfence_system()`
+//!    then a volatile store: the same order, measured slower beside CUDA copies, see
+//!    `figures_latency_sync`); CPU: the Release ordering of step 5. It orders the field
+//!    stores of 3 (and every store the kernel made to the source buffer before it, which the
+//!    NIC is about to read) before the ready word.
+//! 5. Store the ready word `seq = (p + 1) as u32`.
 //!
 //! **Proxy** (one thread per ring, [`crate::Proxy`]), at its position `t` (= tail):
 //! 1. Load slot `t`'s ready word with **Acquire**; a command is ready when it equals
@@ -179,8 +180,8 @@ __device__ __forceinline__ unsigned int proxy_push(unsigned char *ring, const pr
     proxy_cmd *slot = (proxy_cmd *)(ring + PROXY_OFF_ARRIVALS + PROXY_LINE * slots) + (pos & (cap - 1));
     slot->op = c->op; slot->flags = 0; slot->peer = c->peer; slot->len = c->len;
     slot->imm = c->imm; slot->local = c->local; slot->remote = c->remote;
-    __threadfence_system(); /* fields (and the source bytes) before the ready word */
-    *(volatile unsigned int *)&slot->seq = (unsigned int)(pos + 1);
+    /* release at system scope: the fields (and the source bytes) before the ready word */
+    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(&slot->seq), "r"((unsigned int)(pos + 1)) : "memory");
     return 0;
 }
 "#;

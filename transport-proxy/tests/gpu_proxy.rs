@@ -42,7 +42,7 @@ use transport_core::{
 use transport_efa::Endpoint;
 use transport_proxy::cuda::{
     self, payload_byte, CudaProducer, GpuError, Kernels, MappedHost, Produce, SYNC_NO_FENCE,
-    SYNC_RELAXED_POLL, SYNC_RELEASE_STORE,
+    SYNC_RELAXED_POLL, SYNC_SC_FENCE,
 };
 use transport_proxy::ring::{immediate, pack, Ring, RingLayout, OP_WRITE_IMM};
 use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
@@ -1519,12 +1519,12 @@ fn figures_latency_sync() {
     let Some(mut k) = kernels() else { return };
     let iters = env_u64("PROXY_LAT_ITERS", 2000);
     let modes = [
-        ("fence.sc + st.relaxed, ld.acquire polls (default)", 0),
-        ("st.release", SYNC_RELEASE_STORE),
+        ("st.release, ld.acquire polls (default)", 0),
+        ("fence.sc + st.relaxed (before 2026-11-28)", SYNC_SC_FENCE),
         ("relaxed polls, one fence after", SYNC_RELAXED_POLL),
         (
-            "st.release + relaxed polls",
-            SYNC_RELEASE_STORE | SYNC_RELAXED_POLL,
+            "fence.sc + st.relaxed, relaxed polls",
+            SYNC_SC_FENCE | SYNC_RELAXED_POLL,
         ),
     ];
     let floor_only = [

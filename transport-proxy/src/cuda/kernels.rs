@@ -73,9 +73,9 @@ impl Produce {
     }
 }
 
-/// [`Kernels::set_sync`]: the ready word with `st.release.sys` (fence.acq_rel semantics) in
-/// place of `__threadfence_system` (fence.sc) and a relaxed store.
-pub const SYNC_RELEASE_STORE: u32 = 1;
+/// [`Kernels::set_sync`]: the ready word after `__threadfence_system` (fence.sc.sys) with a
+/// relaxed store, in place of `st.release.sys` (the protocol before 2026-11-28).
+pub const SYNC_SC_FENCE: u32 = 1;
 /// [`Kernels::set_sync`]: poll with `ld.relaxed.sys` and fence once (`fence.acq_rel.sys`) after
 /// the count passed, in place of `ld.acquire.sys` on every poll.
 pub const SYNC_RELAXED_POLL: u32 = 2;
@@ -352,8 +352,8 @@ impl Kernels {
     }
 
     /// How the latency kernels order their publish and poll (`producer.cu`'s `SYNC_*`; 0, the
-    /// default, is the ring's protocol: `__threadfence_system` before the ready word, every
-    /// poll `ld.acquire.sys`): [`SYNC_RELEASE_STORE`], [`SYNC_RELAXED_POLL`], and for
+    /// default, is the ring's protocol: the ready word `st.release.sys`, every poll
+    /// `ld.acquire.sys`): [`SYNC_SC_FENCE`], [`SYNC_RELAXED_POLL`], and for
     /// [`Kernels::flag_pingpong`] only [`SYNC_NO_FENCE`] and `pollers << 8` (extra polling
     /// warps, at most 15).
     pub fn set_sync(&mut self, sync: u32) {

@@ -353,7 +353,7 @@ mod tests {
         }
         // The protocol's loads and stores made it into the code.
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
-        assert!(ptx.contains("st.relaxed.sys.global.u32"));
+        assert!(ptx.contains("st.release.sys.global.u32"));
     }
 
     #[test]
