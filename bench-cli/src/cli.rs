@@ -207,6 +207,16 @@ pub struct WorkloadArgs {
     /// spins.
     #[arg(long, value_name = "NS", default_value_t = 0)]
     pub kernel_poll_sleep: u32,
+    /// gpu-write with `--producer cuda`: the latency kernel polls late: after each publish it
+    /// sleeps until NS before its fastest round trip so far would end (the GPU's clock), then
+    /// polls; 0 polls from the publish on. Its polls cross PCIe and slow CUDA copies.
+    #[arg(long, value_name = "NS", default_value_t = 0)]
+    pub kernel_poll_margin: u32,
+    /// gpu-write with `--producer cuda`: how the latency kernel orders a command before its
+    /// ready word: `release` (st.release.sys) or `fence` (__threadfence_system, then a relaxed
+    /// store). The same order; their cost is what this compares.
+    #[arg(long, value_parser = ["release", "fence"], default_value = "release")]
+    pub kernel_publish: String,
     /// Pin each thread to a core near its GPU.
     #[arg(long)]
     pub pin: bool,

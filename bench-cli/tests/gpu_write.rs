@@ -257,4 +257,26 @@ fn gpu_write_with_the_cuda_producer_runs_or_says_why_not() {
         T,
     );
     let _ = o.expect_err("only the cuda producer's kernel polls");
+    let o = run(
+        &[
+            "loopback",
+            "--workload",
+            "gpu-write",
+            "--kernel-poll-margin",
+            "2000",
+        ],
+        T,
+    );
+    let _ = o.expect_err("only the cuda producer's kernel polls");
+    let o = run(
+        &[
+            "loopback",
+            "--workload",
+            "write",
+            "--kernel-publish",
+            "fence",
+        ],
+        T,
+    );
+    let _ = o.expect_err("are gpu-write's");
 }

@@ -282,7 +282,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
                                           u64 first, u32 peer, u32 local_region, u64 local_off,
                                           u32 remote_region, u64 remote_off, u64 len, u32 op,
                                           u32 imm_slot, u64 timeout_ns, u32 sleep_ns,
-                                          u32 sync, u64 *out) {
+                                          u32 sync, u32 margin_ns, u64 *out) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const u32 cap = *(const volatile u32 *)(ring + 8);
     const u32 slots = *(const volatile u32 *)(ring + 12);
@@ -292,6 +292,9 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
     u32 failed = 0;
     out[2] = 0;
     const u64 start = globaltimer_ns();
+    // The shortest round trip so far, publish to answer seen (ns): with margin_ns, each
+    // round sleeps until margin_ns before it and only then polls (Kernels::set_poll_margin).
+    u64 fastest = ~0ull;
     u64 r = 0;
     for (; r < iters; ++r) {
         const u64 i = first + r;
@@ -303,6 +306,16 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
                      proxy_pack((u16)local_region, local_off),
                      proxy_pack((u16)remote_region, remote_off), sync);
         const u64 t0 = globaltimer_ns();
+        if (margin_ns && fastest != ~0ull && fastest > margin_ns) {
+            // Poll late: the answer has never come sooner than `fastest`; until margin_ns
+            // before that this thread sleeps (the GPU's clock is no PCIe read), keeping its
+            // reads of mapped memory off the link while the proxy's copies cross it.
+            const u64 until = t0 + fastest - margin_ns;
+            for (u64 now = t0; now < until; now = globaltimer_ns()) {
+                const u64 left = until - now;
+                asm volatile("nanosleep.u32 %0;" ::"r"((u32)(left < 1000u ? left : 1000u)) : "memory");
+            }
+        }
         // One PCIe read per poll: the error word and the clock only every 64th (reading the
         // error word on every poll doubled the time between two looks at the counter).
         for (u32 spin = 1; poll_sys_u64(counter, sync) < base_count + r + 1; ++spin) {
@@ -314,6 +327,8 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
         }
         if (failed) break;
         polled(sync);
+        const u64 rt = globaltimer_ns() - t0;
+        if (rt < fastest) fastest = rt;
     }
     // Positions pos0 .. pos0 + r were claimed (the last maybe unpublished after a failure).
     *head = pos0 + r + (failed ? 1 : 0);

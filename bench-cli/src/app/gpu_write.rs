@@ -54,16 +54,27 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
 /// what is missing where this build or machine has no CUDA).
 fn gpu_write_producer(w: &crate::cli::WorkloadArgs, side: &SideCfg) -> Result<Box<dyn Producer>> {
     let _gpu = side.gpus.first().copied().unwrap_or(0);
-    if w.kernel_poll_sleep != 0 && w.producer != "cuda" {
+    if (w.kernel_poll_sleep != 0 || w.kernel_poll_margin != 0 || w.kernel_publish != "release")
+        && w.producer != "cuda"
+    {
         return Err(Error::Usage(
-            "--kernel-poll-sleep: only the cuda producer's kernel polls".into(),
+            "--kernel-poll-sleep, --kernel-poll-margin, --kernel-publish: only the cuda \
+             producer's kernel polls"
+                .into(),
         ));
     }
     match w.producer.as_str() {
         "cpu" => Ok(Box::new(CpuProducer)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(
-            bench_core::workload::gpu_write_cuda::CudaProducer::new(_gpu, w.kernel_poll_sleep)?,
+            bench_core::workload::gpu_write_cuda::CudaProducer::new(
+                _gpu,
+                bench_core::workload::gpu_write_cuda::KernelWait {
+                    poll_sleep_ns: w.kernel_poll_sleep,
+                    poll_margin_ns: w.kernel_poll_margin,
+                    fence: w.kernel_publish == "fence",
+                },
+            )?,
         )),
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(Error::Usage(

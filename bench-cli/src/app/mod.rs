@@ -264,12 +264,16 @@ fn print_runs(
     }
 }
 
-/// `--producer` and `--kernel-poll-sleep` only mean something to gpu-write (who fills the
+/// `--producer` and `--kernel-*` only mean something to gpu-write (who fills the
 /// proxy's ring).
 fn producer_needs_gpu_write(w: &crate::cli::WorkloadArgs) -> Result<()> {
-    if w.producer != "cpu" || w.kernel_poll_sleep != 0 {
+    if w.producer != "cpu"
+        || w.kernel_poll_sleep != 0
+        || w.kernel_poll_margin != 0
+        || w.kernel_publish != "release"
+    {
         return Err(Error::Usage(
-            "--producer and --kernel-poll-sleep are gpu-write's (who fills the proxy's ring): \
+            "--producer and --kernel-* are gpu-write's (who fills the proxy's ring): \
              add --workload gpu-write"
                 .into(),
         ));

@@ -20,18 +20,37 @@ use crate::error::{Error, Result};
 /// GPU threads as [`Producer`].
 pub struct CudaProducer(Inner);
 
+/// How the latency kernel publishes and waits (the defaults: a release store, polls from the
+/// publish on, no pause).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelWait {
+    /// Pause between two polls of the arrival counter, ns (0: it spins).
+    pub poll_sleep_ns: u32,
+    /// Poll late: start polling this long before the fastest round trip so far would end
+    /// (0: from the publish on).
+    pub poll_margin_ns: u32,
+    /// Order the command before its ready word with `__threadfence_system` and a relaxed
+    /// store instead of `st.release.sys`.
+    pub fence: bool,
+}
+
 impl CudaProducer {
     /// Compile the kernels on GPU `ordinal` (NVRTC); a usage error where this machine has
-    /// no CUDA driver, GPU or NVRTC. `poll_sleep_ns`: the latency kernel's pause between two
-    /// polls of its arrival counter (0: it spins).
-    pub fn new(ordinal: usize, poll_sleep_ns: u32) -> Result<Self> {
+    /// no CUDA driver, GPU or NVRTC. `wait`: how the latency kernel publishes and polls.
+    pub fn new(ordinal: usize, wait: KernelWait) -> Result<Self> {
         let mut inner = Inner::new(ordinal).map_err(|e| match e {
             GpuError::NoDriver | GpuError::NoDevice | GpuError::NoNvrtc => {
                 Error::Usage(format!("gpu-write with the CUDA producer: {e}"))
             }
             e => Error::Protocol(format!("gpu-write: the CUDA producer: {e}")),
         })?;
-        inner.set_poll_sleep(poll_sleep_ns);
+        inner.set_poll_sleep(wait.poll_sleep_ns);
+        inner.set_poll_margin(wait.poll_margin_ns);
+        inner.set_sync(if wait.fence {
+            transport_proxy::cuda::SYNC_SC_FENCE
+        } else {
+            0
+        });
         Ok(Self(inner))
     }
 }
@@ -98,7 +117,7 @@ mod tests {
         if transport_proxy::cuda::availability().is_ok() {
             return;
         }
-        match CudaProducer::new(0, 0) {
+        match CudaProducer::new(0, KernelWait::default()) {
             Err(Error::Usage(m)) => assert!(m.contains("CUDA") || m.contains("NVRTC"), "{m}"),
             Err(e) => panic!("expected a usage error, got {e}"),
             Ok(_) => panic!("a CUDA producer without CUDA"),

@@ -104,6 +104,9 @@ pub struct Kernels {
     poll_sleep_ns: u32,
     /// How the latency kernels publish and poll ([`Kernels::set_sync`]).
     sync: u32,
+    /// The latency kernel starts polling this long before its fastest round trip so far
+    /// would end, ns (0: from the publish on; [`Kernels::set_poll_margin`]).
+    poll_margin_ns: u32,
     /// Status and result words the kernels write (host-mapped: readable after a sync).
     pub(super) scratch: MappedHost,
 }
@@ -191,6 +194,7 @@ impl Kernels {
             spin: f("proxy_spin")?,
             poll_sleep_ns: 0,
             sync: 0,
+            poll_margin_ns: 0,
             scratch: MappedHost::alloc(ctx, 4096)?,
         })
     }
@@ -217,6 +221,7 @@ impl Kernels {
             spin: self.spin.clone(),
             poll_sleep_ns: self.poll_sleep_ns,
             sync: self.sync,
+            poll_margin_ns: self.poll_margin_ns,
             scratch: MappedHost::alloc(&self.ctx, 4096)?,
         })
     }
@@ -351,6 +356,15 @@ impl Kernels {
         self.poll_sleep_ns = ns;
     }
 
+    /// Poll late: after each publish the latency kernel ([`Kernels::pingpong`]) sleeps until
+    /// `ns` before its fastest round trip so far would end, then polls (0, the default: it
+    /// polls from the publish on). Its polls are PCIe reads of mapped memory, which slow the
+    /// CUDA copies a transport makes of GPU memory (`figures_copies_beside_kernels`); a round
+    /// trip that ends sooner than the fastest minus `ns` is seen late by that much.
+    pub fn set_poll_margin(&mut self, ns: u32) {
+        self.poll_margin_ns = ns;
+    }
+
     /// How the latency kernels order their publish and poll (`producer.cu`'s `SYNC_*`; 0, the
     /// default, is the ring's protocol: the ready word `st.release.sys`, every poll
     /// `ld.acquire.sys`): [`SYNC_SC_FENCE`], [`SYNC_RELAXED_POLL`], and for
@@ -395,6 +409,7 @@ impl Kernels {
             .arg(&timeout)
             .arg(&self.poll_sleep_ns)
             .arg(&self.sync)
+            .arg(&self.poll_margin_ns)
             .arg(&out);
         // SAFETY: arguments match proxy_pingpong's in number, order and size; ring and
         // counter are in the caller's mapped block, alive across this synchronous call; out

@@ -65,6 +65,16 @@ impl CudaProducer {
         self.kernels.set_poll_sleep(ns);
     }
 
+    /// Poll late ([`Kernels::set_poll_margin`]).
+    pub fn set_poll_margin(&mut self, ns: u32) {
+        self.kernels.set_poll_margin(ns);
+    }
+
+    /// How the latency kernel orders its publish and poll ([`Kernels::set_sync`]).
+    pub fn set_sync(&mut self, sync: u32) {
+        self.kernels.set_sync(sync);
+    }
+
     /// A ring its kernels reach without a registration per call: [`CudaRing`].
     pub fn ring_memory(&self, layout: crate::RingLayout) -> Result<CudaRing, GpuError> {
         CudaRing::new(&self.kernels.ctx, layout)
