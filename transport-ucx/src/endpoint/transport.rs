@@ -271,6 +271,12 @@ impl Transport for Endpoint {
 
     fn post_recv(&mut self, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
         let addr = self.local(&buf)?;
+        // Receives kept posted by the handful (two or more others in flight: a stream's, not
+        // a ping-pong's pair) ask for UCX's bandwidth protocols too, as ucx_perftest's
+        // tag_bw receives do (its fill_common_params sets UCP_OP_ATTR_FLAG_MULTI_SEND on both
+        // sides): the flag is part of UCX's protocol selection, the receive side of a
+        // rendezvous included.
+        let stream = self.caps.rx_depth - self.free_rx.len() >= 2;
         let Some(s) = self.take_slot(true) else {
             return Ok(Post::QueueFull);
         };
@@ -279,6 +285,9 @@ impl Transport for Endpoint {
         let i = s.index;
         let mut p = Self::params(s);
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
+        if stream {
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
+        }
         p.cb.recv = Some(on_recv);
         p.recv_info.tag_info = s.info.get();
         if self.name_memory {
