@@ -17,6 +17,10 @@ pub(super) unsafe extern "C" fn on_send(
     s.status.set(status);
     // SAFETY: `shared` points at the Box<Shared> that holds this slot.
     let shared = unsafe { &*s.shared.get() };
+    if s.state.get() == State::Send {
+        let n = &shared.sends_unfinished;
+        n.set(n.get().saturating_sub(1));
+    }
     shared.done.borrow_mut().push_back(s.index);
 }
 

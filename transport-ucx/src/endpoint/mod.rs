@@ -254,6 +254,11 @@ struct Shared {
     /// Host regions this endpoint registered (start, length): where an `AM_WRITE_IMM` may
     /// write. Changed only by register and deregister (`&mut self`, no progress running).
     host_regions: RefCell<Vec<HostRegion>>,
+    /// Tagged sends UCX has not finished (posted in progress, their callback not yet run):
+    /// a send posted while another is unfinished is one of a stream (`post_send`). Not the
+    /// slots `poll` has yet to report: a ping-pong's previous send may be finished at UCX
+    /// and still wait there.
+    sends_unfinished: Cell<u32>,
 }
 
 /// A host region this endpoint registered, as an `AM_WRITE_IMM` may write into it.

@@ -112,6 +112,7 @@ impl Endpoint {
             done: RefCell::new(VecDeque::with_capacity(tx + rx)),
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
             host_regions: RefCell::new(Vec::new()),
+            sends_unfinished: Cell::new(0),
         });
         let sp: *const Shared = &*shared;
         for s in shared.slots.iter() {

@@ -242,13 +242,16 @@ impl Transport for Endpoint {
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
         let ep = self.peer(peer)?.ep;
         let addr = self.local(&buf)?;
-        // Another operation of this endpoint in flight: the send is one of a stream, and UCX
-        // may choose for bandwidth (UCP_OP_ATTR_FLAG_MULTI_SEND, as ucx_perftest's tag_bw
-        // sends; a ping-pong's lone send keeps the latency protocols). UCX 1.22 on an H200,
-        // 4 KiB from GPU memory: a rendezvous staged through host fragments with cuda_copy
-        // under the flag, a cuda_ipc zero-copy rendezvous per message without it
-        // (UCX_PROTO_INFO=y, run U6).
-        let stream = self.free_tx.len() < self.caps.tx_depth;
+        // Another send of this endpoint unfinished at UCX: the send is one of a stream, and
+        // UCX may choose for bandwidth (UCP_OP_ATTR_FLAG_MULTI_SEND, as ucx_perftest's tag_bw
+        // sends; a ping-pong's lone send keeps the latency protocols, as tag_lat's). UCX 1.22
+        // on an H200, 4 KiB from GPU memory: a rendezvous staged through host fragments with
+        // cuda_copy under the flag, a cuda_ipc zero-copy rendezvous per message without it
+        // (UCX_PROTO_INFO=y, run U6). Counted at UCX (`sends_unfinished`), not by the slots
+        // `poll` has yet to report: a ping-pong that posts its next send before its poll
+        // reported the last one's end took the flag (run U12: 17 us a 4 KiB round trip's half
+        // from GPU memory, against tag_lat's 150 without it).
+        let stream = self.shared.sends_unfinished.get() > 0;
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -266,6 +269,11 @@ impl Transport for Endpoint {
         // (checked), which the caller keeps alive until the completion, and so its mapping
         // (the memh named in p); the slot outlives the operation.
         let r = unsafe { sys::ucp_tag_send_nbx(ep, addr, buf.len, SEND_TAG, &p) };
+        if matches!(sys::ptr_status(r), Ok(Some(_))) {
+            // In progress: its callback (on_send) counts it finished.
+            let n = &self.shared.sends_unfinished;
+            n.set(n.get() + 1);
+        }
         self.started(i, "ucp_tag_send_nbx", r)
     }
 
