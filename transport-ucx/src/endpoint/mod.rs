@@ -42,6 +42,13 @@ const INLINE_HDR: usize = 20;
 const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 /// The tag of every SEND (received with a full mask).
 const SEND_TAG: u64 = 0x7263_6d61_5f73_6e64;
+/// Receives in flight from which the next one is posted as one of a stream
+/// (`UCP_OP_ATTR_FLAG_MULTI_SEND`, `post_recv`). The latency ping-pong keeps two posted ahead
+/// and posts its third beside them (bench-core's `lat`, `AHEAD`): with a threshold of two its
+/// receives took the flag, and on the H200 a 4 KiB round trip's half from GPU memory read
+/// 17 us through UCX's staged rendezvous against `tag_lat`'s 150 through cuda_ipc (run U12),
+/// not like for like. The send workload keeps up to 256.
+const STREAM_RECVS: usize = 4;
 const DEFAULT_TX: usize = 1024;
 const DEFAULT_RX: usize = 1024;
 /// Immediates kept before `poll` hands them out; more only where the application does not
@@ -586,6 +593,68 @@ impl Drop for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use transport_core::{HostBuffer, LocalSlice, Memory, Post, Transport};
+
+    fn post(r: Result<Post>) {
+        assert_eq!(r.expect("post"), Post::Posted);
+    }
+
+    /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND): a
+    /// ping-pong's never (ucx_perftest's tag_lat sets it on neither side), a stream's yes
+    /// (tag_bw sets it on both). Over shared memory: two endpoints of this process.
+    #[test]
+    fn only_a_stream_asks_for_bandwidth_protocols() {
+        let nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+        let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
+        };
+        let to_b = a.add_peer(&b.address()).expect("a's peer");
+        b.add_peer(&a.address()).expect("b's peer");
+        // Above sm's eager sizes: a send stays unfinished at UCX until b takes it.
+        let len = 4 << 20;
+        let src = a
+            .register(Memory::Host(HostBuffer::new(len)))
+            .expect("a's region");
+        let dst = b
+            .register(Memory::Host(HostBuffer::new(8 * len)))
+            .expect("b's region");
+        let at = |mr, i: usize| LocalSlice::new(mr, i * len, len).expect("slice");
+        // The latency ping-pong posts its third receive beside two (bench-core's lat, AHEAD).
+        post(b.post_recv(at(&dst, 0), 0));
+        post(b.post_recv(at(&dst, 1), 1));
+        assert!(
+            b.caps.rx_depth - b.free_rx.len() < STREAM_RECVS,
+            "a ping-pong's receive would ask for bandwidth protocols"
+        );
+        // A stream's window of receives does.
+        post(b.post_recv(at(&dst, 2), 2));
+        post(b.post_recv(at(&dst, 3), 3));
+        assert!(b.caps.rx_depth - b.free_rx.len() >= STREAM_RECVS);
+        // A lone send: nothing of a's unfinished before it; unfinished after it until b took
+        // it, and a send posted then is one of a stream.
+        assert_eq!(a.shared.sends_unfinished.get(), 0);
+        post(a.post_send(to_b, at(&src, 0), 10));
+        assert_eq!(
+            a.shared.sends_unfinished.get(),
+            1,
+            "a rendezvous send in flight"
+        );
+        let mut out = vec![Completion::default(); 8];
+        let t0 = Instant::now();
+        while a.shared.sends_unfinished.get() > 0 {
+            a.poll(&mut out).expect("a's poll");
+            b.poll(&mut out).expect("b's poll");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the send never finished"
+            );
+        }
+        // Finished at UCX, though a's poll may not have reported it yet: a ping-pong's next
+        // send is no stream's.
+        assert_eq!(a.shared.sends_unfinished.get(), 0);
+    }
 
     #[test]
     fn status_text_is_ucx_own() {

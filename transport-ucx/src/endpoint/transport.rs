@@ -279,12 +279,12 @@ impl Transport for Endpoint {
 
     fn post_recv(&mut self, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
         let addr = self.local(&buf)?;
-        // Receives kept posted by the handful (two or more others in flight: a stream's, not
-        // a ping-pong's pair) ask for UCX's bandwidth protocols too, as ucx_perftest's
-        // tag_bw receives do (its fill_common_params sets UCP_OP_ATTR_FLAG_MULTI_SEND on both
-        // sides): the flag is part of UCX's protocol selection, the receive side of a
-        // rendezvous included.
-        let stream = self.caps.rx_depth - self.free_rx.len() >= 2;
+        // Receives kept posted by the handful (STREAM_RECVS or more others in flight: a
+        // stream's window, not a ping-pong's) ask for UCX's bandwidth protocols too, as
+        // ucx_perftest's tag_bw receives do (its fill_common_params sets
+        // UCP_OP_ATTR_FLAG_MULTI_SEND on both sides; tag_lat on neither): the flag is part of
+        // UCX's protocol selection, the receive side of a rendezvous included.
+        let stream = self.caps.rx_depth - self.free_rx.len() >= STREAM_RECVS;
         let Some(s) = self.take_slot(true) else {
             return Ok(Post::QueueFull);
         };
