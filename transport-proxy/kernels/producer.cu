@@ -98,9 +98,9 @@ static __device__ __forceinline__ proxy_cmd *ring_slot(u8 *ring, u32 cap, u32 sl
     return (proxy_cmd *)(ring + PROXY_OFF_ARRIVALS + (u64)PROXY_LINE * slots) + (pos & (cap - 1));
 }
 
-// Steps 3 to 5 for a position whose slot is free.
-static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u32 peer, u32 len,
-                                               u32 imm, u64 local, u64 remote) {
+// Step 3: the fields, plain (volatile) stores.
+static __device__ __forceinline__ void write_fields(proxy_cmd *c, u32 op, u32 peer, u32 len,
+                                                    u32 imm, u64 local, u64 remote) {
     volatile proxy_cmd *v = c;
     v->op = (u8)op;
     v->flags = 0;
@@ -109,6 +109,12 @@ static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u3
     v->imm = imm;
     v->local = local;
     v->remote = remote;
+}
+
+// Steps 3 to 5 for a position whose slot is free.
+static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u32 peer, u32 len,
+                                               u32 imm, u64 local, u64 remote) {
+    write_fields(c, op, peer, len, imm, local, remote);
     // Steps 4-5: the fields (and payload) before the ready word, last.
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&c->seq), "r"((u32)(pos + 1))
                  : "memory");
@@ -123,14 +129,7 @@ static __device__ __forceinline__ void publish_sync(proxy_cmd *c, u64 pos, u32 o
         publish(c, pos, op, peer, len, imm, local, remote);
         return;
     }
-    volatile proxy_cmd *v = c;
-    v->op = (u8)op;
-    v->flags = 0;
-    v->peer = (u16)peer;
-    v->len = len;
-    v->imm = imm;
-    v->local = local;
-    v->remote = remote;
+    write_fields(c, op, peer, len, imm, local, remote);
     __threadfence_system();
     st_relaxed_sys_u32(&c->seq, (u32)(pos + 1));
 }
