@@ -385,6 +385,11 @@ impl Endpoint {
         match sys::ptr_status(r) {
             Ok(Some(req)) => {
                 s.req.set(req);
+                if s.state.get() == State::Send {
+                    // A send in progress at UCX: on_send uncounts it.
+                    let n = &self.shared.sends_unfinished;
+                    n.set(n.get() + 1);
+                }
                 Ok(Post::Posted)
             }
             Ok(None) => {

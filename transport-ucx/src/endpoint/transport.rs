@@ -269,11 +269,6 @@ impl Transport for Endpoint {
         // (checked), which the caller keeps alive until the completion, and so its mapping
         // (the memh named in p); the slot outlives the operation.
         let r = unsafe { sys::ucp_tag_send_nbx(ep, addr, buf.len, SEND_TAG, &p) };
-        if matches!(sys::ptr_status(r), Ok(Some(_))) {
-            // In progress: its callback (on_send) counts it finished.
-            let n = &self.shared.sends_unfinished;
-            n.set(n.get() + 1);
-        }
         self.started(i, "ucp_tag_send_nbx", r)
     }
 
