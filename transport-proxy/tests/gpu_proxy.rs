@@ -906,6 +906,24 @@ fn drain(ep: &mut Endpoint, comps: &mut [Completion], want: impl Fn(u32) -> bool
 
 /// Host-initiated: `iters` rounds of one WRITE with immediate of `size` bytes from a, this
 /// thread polling b until the immediate came; mean ns per round.
+/// The kernel's ping-pong on `ring`, waiting on `counter`: `warm` untimed rounds, then
+/// `iters` timed ones; their nanoseconds.
+fn timed_pingpong(
+    k: &Kernels,
+    ring: u64,
+    counter: u64,
+    prod: &mut Produce,
+    warm: u64,
+    iters: u64,
+) -> u64 {
+    prod.first = 0;
+    k.pingpong(ring, counter, 0, warm, prod)
+        .expect("warm-up rounds");
+    prod.first = warm;
+    k.pingpong(ring, counter, warm, iters, prod)
+        .expect("timed rounds")
+}
+
 fn host_latency(p: &mut Pair, size: usize, iters: u64) -> f64 {
     let mut comps = vec![Completion::default(); 16];
     let mut done_a = 0;
@@ -1136,12 +1154,7 @@ fn figures_latency() {
                     0,
                 );
                 let arrivals = rb.dev_at(transport_proxy::ring::OFF_ARRIVALS);
-                k.pingpong(ra.dev(), arrivals, 0, warm, &prod)
-                    .expect("warm-up rounds");
-                prod.first = warm;
-                let ns = k
-                    .pingpong(ra.dev(), arrivals, warm, iters, &prod)
-                    .expect("latency rounds");
+                let ns = timed_pingpong(&k, ra.dev(), arrivals, &mut prod, warm, iters);
                 // Every local completion came before the proxies stop.
                 k.wait(
                     ra.dev(),
@@ -1472,12 +1485,7 @@ fn kernel_half_round_trip(
             });
             let arrivals_a = ra.dev_at(transport_proxy::ring::OFF_ARRIVALS);
             let mut prod = prod;
-            k.pingpong(ra.dev(), arrivals_a, 0, warm, &prod)
-                .expect("warm-up rounds");
-            prod.first = warm;
-            let ns = k
-                .pingpong(ra.dev(), arrivals_a, warm, iters, &prod)
-                .expect("ping-pong rounds");
+            let ns = timed_pingpong(k, ra.dev(), arrivals_a, &mut prod, warm, iters);
             // Every local completion on both sides before the proxies stop.
             k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), total)
                 .expect("local completions at a");
