@@ -217,6 +217,12 @@ pub struct WorkloadArgs {
     /// store). The same order; their cost is what this compares.
     #[arg(long, value_parser = ["release", "fence"], default_value = "release")]
     pub kernel_publish: String,
+    /// gpu-write: how the server answers the proxy path's WRITEs. `host` (the default): as it
+    /// answers the host path's, a thread polling its endpoint, so the two figures differ in
+    /// the client's initiator alone; `ring`: through its own ring and proxy (its proxy counts
+    /// the immediates, a CPU echo pushes the answers), as a GPU consumer's kernel would.
+    #[arg(long, value_parser = ["host", "ring"], default_value = "host")]
+    pub server_echo: String,
     /// Pin each thread to a core near its GPU.
     #[arg(long)]
     pub pin: bool,

@@ -86,6 +86,7 @@ fn two_processes(prov: &str) {
     let mut srv = Server::start(&["--provider", prov]);
     let v = run(&client_args(&srv, prov), LONG).expect_ok().json();
     check(&v);
+    assert_eq!(v["server_echo"], "host", "{v}");
     // The server compared what landed: every WRITE of every step, latency and bandwidth.
     assert!(
         v["server_checked"].as_u64().unwrap() >= (1 << 20) * 5,
@@ -111,6 +112,33 @@ fn two_processes(prov: &str) {
 #[test]
 fn gpu_write_server_and_client_over_shm_verified() {
     two_processes("shm");
+}
+
+/// `--server-echo ring`: the server answers the proxy steps through its own ring and proxy
+/// (the client checks that it did), every byte verified.
+#[test]
+fn gpu_write_server_echo_through_its_ring_verified() {
+    let srv = Server::start(&["--provider", "shm"]);
+    let mut a = client_args(&srv, "shm");
+    a.extend_from_slice(&["--server-echo", "ring"]);
+    let v = run(&a, LONG).expect_ok().json();
+    check(&v);
+    assert_eq!(v["server_echo"], "ring", "{v}");
+    assert!(
+        v["server_checked"].as_u64().unwrap() >= (1 << 20) * 5,
+        "{v}"
+    );
+    a.pop();
+    a.pop();
+    a.pop(); // --json
+    a.extend_from_slice(&["--server-echo", "ring"]);
+    let o = run(&a, LONG).expect_ok();
+    assert!(
+        o.stdout
+            .contains("the server answers the proxy path through its ring and proxy"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
         seed: w.seed,
         batch: w.batch.max(1) as usize,
         pin: w.pin,
+        echo_ring: w.server_echo == "ring",
         ..GpuWriteCfg::default()
     };
     if let Some(warm) = w.warmup {

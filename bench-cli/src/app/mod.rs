@@ -264,17 +264,18 @@ fn print_runs(
     }
 }
 
-/// `--producer` and `--kernel-*` only mean something to gpu-write (who fills the
-/// proxy's ring).
+/// `--producer`, `--kernel-*` and `--server-echo` only mean something to gpu-write (who
+/// fills the proxy's ring, who answers its WRITEs).
 fn producer_needs_gpu_write(w: &crate::cli::WorkloadArgs) -> Result<()> {
     if w.producer != "cpu"
         || w.kernel_poll_sleep != 0
         || w.kernel_poll_margin != 0
         || w.kernel_publish != "release"
+        || w.server_echo != "host"
     {
         return Err(Error::Usage(
-            "--producer and --kernel-* are gpu-write's (who fills the proxy's ring): \
-             add --workload gpu-write"
+            "--producer, --kernel-* and --server-echo are gpu-write's (who fills the proxy's \
+             ring, who answers): add --workload gpu-write"
                 .into(),
         ));
     }

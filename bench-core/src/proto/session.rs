@@ -143,6 +143,11 @@ pub struct GpuStep {
     pub verify: bool,
     /// Pin the server's proxy (or host-path) thread near its GPU where its topology says.
     pub pin: bool,
+    /// Proxy steps: the server answers through its own ring and proxy (a CPU echo pushing
+    /// commands, as a GPU consumer's kernel would), not as in the host steps (a thread polling
+    /// its endpoint and posting the answers itself).
+    #[serde(default)]
+    pub echo_ring: bool,
 }
 
 /// The server's side of a gpu-write step.
@@ -156,4 +161,7 @@ pub struct GpuStepDone {
     pub checked: u64,
     /// The core its proxy or host-path thread was pinned to.
     pub core: Option<u32>,
+    /// It answered through its ring and proxy (the step's `echo_ring`, on a proxy step).
+    #[serde(default)]
+    pub by_ring: bool,
 }

@@ -214,6 +214,7 @@ pub fn client<T: Transport>(
             seed: cfg.seed,
             verify: cfg.verify,
             pin: cfg.pin,
+            echo_ring: cfg.echo_ring,
         };
         let r = region.take().expect("the region between steps");
         if cfg.verbose {
@@ -271,6 +272,7 @@ pub fn client<T: Transport>(
             ring_mcmds,
             lat_us: lat,
             lat_rounds: cfg.lat_iters.max(1),
+            server_echo: if cfg.echo_ring { "ring" } else { "host" },
             bw_gbps: bw,
             verified: cfg.verify,
             server_checked,
@@ -334,6 +336,27 @@ pub(super) fn client_step<T: Transport>(
             )))
         }
     };
+    let by_ring =
+        step.echo_ring && matches!(step.kind, GpuStepKind::ProxyLat | GpuStepKind::ProxyBw);
+    if done.by_ring != by_ring {
+        // A server that does not know `echo_ring` answers from a thread: its figures would
+        // not be the ones asked for.
+        return Err(Error::Protocol(format!(
+            "gpu-write step {}: the server answered {}, asked {} (--server-echo; update the \
+             server's rdma-bench)",
+            step.id,
+            if done.by_ring {
+                "through its ring"
+            } else {
+                "from a thread"
+            },
+            if by_ring {
+                "through its ring"
+            } else {
+                "from a thread"
+            },
+        )));
+    }
     if step.verify {
         let what = format!("{} (the server's answers)", step_name(step.kind));
         verify(&region, step.seed, SERVER_SIDE, at, len, len, &what)?;

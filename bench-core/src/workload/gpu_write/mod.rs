@@ -3,11 +3,14 @@
 //! server (two processes, or both in one: loopback runs the same code over the same protocol).
 //!
 //! A [`Producer`] writes commands into the client's ring (a CPU thread, or GPU threads); the
-//! client's proxy posts them; the server's proxy counts their immediates into its ring's
-//! `arrivals` and the server's echo (a CPU thread) answers through its own ring; the client's
-//! proxy counts the answers into the client ring's `arrivals`, which the producer waits on.
-//! The host-initiated figure beside each one posts the same WRITEs from a client thread, and
-//! a server thread answers them the same way. Both halves of every region are fixed: the
+//! client's proxy posts them; the server answers; the client's proxy counts the answers into
+//! the client ring's `arrivals`, which the producer waits on. The host-initiated figure
+//! beside each one posts the same WRITEs from a client thread. The server answers both the
+//! same way: a thread polls its endpoint and posts each answer once the immediate is counted,
+//! so the difference between the two figures is the client's initiator alone. With
+//! `echo_ring` (`--server-echo ring`) it answers the proxy steps as a GPU consumer would:
+//! its proxy counts the immediates into its ring's `arrivals` and a CPU echo pushes the
+//! answers through that ring (two more hand-offs a round trip). Both halves of every region are fixed: the
 //! client WRITEs from its lower half into the server's lower half, the server answers from its
 //! upper half into the client's upper half.
 //!
@@ -227,6 +230,9 @@ pub struct GpuWriteCfg {
     pub idle: Duration,
     /// Pin the proxy threads (and the host path's) near the GPU where the topology says.
     pub pin: bool,
+    /// In the proxy steps the server answers through its own ring and proxy
+    /// (`--server-echo ring`), not the way it answers the host steps (the default).
+    pub echo_ring: bool,
     /// Say on stderr when each step starts and ends (`-v`): where a slow or stuck run is.
     pub verbose: bool,
 }
@@ -246,6 +252,7 @@ impl Default for GpuWriteCfg {
             seed: 1,
             idle: Duration::from_secs(30),
             pin: false,
+            echo_ring: false,
             verbose: false,
         }
     }

@@ -18,6 +18,9 @@ pub struct GpuWriteReport {
     pub lat_us: Vec<Row>,
     /// Timed round trips per latency row.
     pub lat_rounds: u64,
+    /// Who answered the proxy path's WRITEs at the server: `host` (a thread on its endpoint,
+    /// as for the host path) or `ring` (its proxy and a CPU echo through its ring).
+    pub server_echo: &'static str,
     /// Bandwidth, Gbit/s, to the server's answer after its last counted immediate.
     pub bw_gbps: Vec<Row>,
     pub verified: bool,
@@ -61,8 +64,13 @@ impl GpuWriteReport {
             &mut s,
             &format!(
                 "latency, half the round trip (WRITE+imm answered by one of the same size once \
-                 counted; mean of {} rounds, us):",
-                self.lat_rounds
+                 counted; mean of {} rounds, us; the server answers {}):",
+                self.lat_rounds,
+                if self.server_echo == "ring" {
+                    "the proxy path through its ring and proxy, the host path from a thread"
+                } else {
+                    "both paths from a thread on its endpoint"
+                }
             ),
             "diff",
             &self.lat_us,

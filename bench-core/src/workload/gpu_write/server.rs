@@ -3,14 +3,15 @@
 
 use super::*;
 
-/// The server's host path: answer every WRITE+imm (latency) or the last one (bandwidth).
+/// The server's host path: answer every WRITE+imm (latency) or the last one (bandwidth). It
+/// answers the host steps, and the proxy steps unless `echo_ring`.
 pub(super) fn server_host<T: Transport>(
     e: &mut End<'_, T>,
     src: &T::Mr,
     step: &GpuStep,
 ) -> Result<u64> {
     let (size, half) = (step.size as usize, step.half as usize);
-    let lat = step.kind == GpuStepKind::HostLat;
+    let lat = matches!(step.kind, GpuStepKind::HostLat | GpuStepKind::ProxyLat);
     let mut buf = vec![Completion::default(); 64];
     let (mut done, mut imms) = (0u64, 0u64);
     let mut w = Watch::new(e.idle);
@@ -46,8 +47,8 @@ pub(super) fn server_host<T: Transport>(
     Ok(imms)
 }
 
-/// The server's proxy path: its echo (this thread) answers each arrival (latency) or the
-/// last (bandwidth) through its ring.
+/// The server's ring path (`echo_ring`): its echo (this thread) answers each arrival
+/// (latency) or the last (bandwidth) through its ring.
 pub(super) fn server_proxy<T: Transport>(
     e: &mut End<'_, T>,
     region: T::Mr,
@@ -112,17 +113,18 @@ pub fn serve_step<T: Transport>(
         .write_at(half, &src)
         .ctx(|| "filling the answers' source")?;
     ready()?;
-    let (arrivals, region) = match step.kind {
-        GpuStepKind::HostLat | GpuStepKind::HostBw => {
-            let core = e.core;
-            let e2 = &mut *e;
-            let (r, region) = std::thread::scope(|s| {
-                on_core(s, core, move || (server_host(e2, &region, step), region)).join()
-            })
-            .map_err(|_| Error::Protocol("the host path's thread panicked".into()))?;
-            (r?, region)
-        }
-        GpuStepKind::ProxyLat | GpuStepKind::ProxyBw => server_proxy(e, region, step)?,
+    let by_ring =
+        step.echo_ring && matches!(step.kind, GpuStepKind::ProxyLat | GpuStepKind::ProxyBw);
+    let (arrivals, region) = if by_ring {
+        server_proxy(e, region, step)?
+    } else {
+        let core = e.core;
+        let e2 = &mut *e;
+        let (r, region) = std::thread::scope(|s| {
+            on_core(s, core, move || (server_host(e2, &region, step), region)).join()
+        })
+        .map_err(|_| Error::Protocol("the host path's thread panicked".into()))?;
+        (r?, region)
     };
     let what = step_name(step.kind);
     let checked = if step.verify {
@@ -136,6 +138,7 @@ pub fn serve_step<T: Transport>(
             arrivals,
             checked,
             core: e.core.map(|c| c as u32),
+            by_ring,
         },
         region,
     ))
