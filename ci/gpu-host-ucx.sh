@@ -169,9 +169,10 @@ run() {
   # UCX_STEP_LOGS: UCX logs (UCX_PROTO_INFO's tables too) into files of their own, not into
   # the stdout the figures are read from (its writes interleave with ours mid-line there).
   [ -z "${UCX_STEP_LOGS:-}" ] || export UCX_LOG_FILE=$out/ucxlog.%p
-  proto_logs() {  # WHO: UCX's tables of tag protocols from GPU memory in the last run's logs
-    awk -v who="$1" '{sub(/^\[[^]]*\] \[[^]]*\] */, "")} /\+--/ {next} / cfg#[0-9]+ *\|/ {t = $0; keep = 0; next}
-      /tagged message.*(cuda|GPU)/ {keep = 1; print "  " who ": " t}
+  proto_logs() {  # WHO MEM: UCX's tables of tag protocols from MEM (cuda, host) in the last run's logs
+    local m='(cuda|GPU)'; [ "${2:-cuda}" = host ] && m='host'
+    awk -v who="$1" -v m="$m" '{sub(/^\[[^]]*\] \[[^]]*\] */, "")} /\+--/ {next} / cfg#[0-9]+ *\|/ {t = $0; keep = 0; next}
+      $0 ~ ("tagged message.*" m) {keep = 1; print "  " who ": " t}
       keep {print "  " who ": " $0}' "$out"/ucxlog.* 2>/dev/null | cut -c1-200 | head -60 >&2 || true
     rm -f "$out"/ucxlog.*
   }
@@ -198,7 +199,7 @@ run() {
     fi
     wait $spid 2>/dev/null || true
     # UCX_STEP_LOGS=1: what UCX printed (with UCX_PROTO_INFO=y: the protocols it chose).
-    [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "ours $row $size"
+    [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "ours $row $size" "$mem"
     # UCX logs to stdout ("[TIME] [HOST:PID:THREAD] file:line UCX WARN ..."): not JSON.
     grep -v '^\[[0-9]' "$out/ours.json" > "$out/ours.clean" || true
     if [ "$row" = lat ]; then
@@ -225,7 +226,7 @@ run() {
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
     wait $spid 2>/dev/null || true
-    [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "theirs $row $size"
+    [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "theirs $row $size" "$mem"
     if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at' "$out/tcli"; then
       log "ucx_perftest $t $size: perftest-written.so did not write its buffers"; echo 0; return
     fi
