@@ -54,6 +54,34 @@ fn gpu_write_over_tcp_verified() {
     check(&run(&a, LONG).expect_ok().json());
 }
 
+/// The client's proxy posts at most `--batch` WRITEs a call, as the host path does: with
+/// `--batch 1` every call that was not refused for a full queue posted one WRITE.
+#[test]
+fn gpu_write_proxy_posts_batch_writes_a_call() {
+    let mut a = ARGS[..ARGS.len() - 1].to_vec();
+    a.extend_from_slice(&["--batch", "1", "-v"]);
+    let o = run(&a, LONG).expect_ok();
+    let mut lines = 0;
+    for l in o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("the client's proxy posted"))
+    {
+        let nums: Vec<u64> = l
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // size, WRITEs, calls, batch, full
+        let [_, writes, calls, batch, full] = nums[..] else {
+            panic!("{l}")
+        };
+        assert_eq!(batch, 1, "{l}");
+        assert_eq!(calls - full, writes, "{l}");
+        lines += 1;
+    }
+    assert_eq!(lines, 5, "2 latency and 3 bandwidth steps:\n{}", o.stderr);
+}
+
 #[test]
 fn gpu_write_prints_both_columns() {
     let o = run(&ARGS[..ARGS.len() - 1], LONG).expect_ok();

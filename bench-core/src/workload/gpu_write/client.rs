@@ -79,6 +79,7 @@ pub(super) fn client_proxy<T: Transport>(
     region: T::Mr,
     step: &GpuStep,
     producer: &dyn Producer,
+    batch: usize,
     verbose: bool,
 ) -> Result<(Duration, T::Mr)> {
     let (size, half) = (step.size as usize, step.half as usize);
@@ -86,7 +87,7 @@ pub(super) fn client_proxy<T: Transport>(
     let ring = mem.ring();
     let idle = e.idle;
     let live = e.live.clone();
-    with_proxy(e, ring, region, || {
+    let (d, region, stats) = with_proxy(e, ring, region, batch, || {
         if step.kind == GpuStepKind::ProxyLat {
             let cmd = Command::write(
                 0,
@@ -146,7 +147,18 @@ pub(super) fn client_proxy<T: Transport>(
         let d = t0.elapsed();
         ring.wait_done(n, idle).map_err(ring_err)?;
         Ok(d)
-    })
+    })?;
+    if verbose {
+        eprintln!(
+            "rdma-bench: gpu-write: {}, {size} B: the client's proxy posted {} WRITEs in {} \
+             post_writes calls (at most {batch} a call; {} found the queue full)",
+            step_name(step.kind),
+            stats.writes,
+            stats.batches,
+            stats.queue_full
+        );
+    }
+    Ok((d, region))
 }
 
 /// The client: the ring alone, then per size the host-initiated step and the proxy's, each
@@ -323,7 +335,7 @@ pub(super) fn client_step<T: Transport>(
             (d?, region)
         }
         GpuStepKind::ProxyLat | GpuStepKind::ProxyBw => {
-            client_proxy(e, region, step, producer, cfg.verbose)?
+            client_proxy(e, region, step, producer, cfg.batch.max(1), cfg.verbose)?
         }
     };
     let done = match ctrl.recv(wait, "the server's end of a gpu-write step")? {

@@ -34,7 +34,8 @@ use transport_core::{
     WriteOp,
 };
 use transport_proxy::{
-    drain_to_nothing, immediate, pack, Command, Proxy, ProxyPeer, Ring, RingLayout, RingMemory,
+    drain_to_nothing, immediate, pack, Command, Proxy, ProxyPeer, ProxyStats, Ring, RingLayout,
+    RingMemory,
 };
 
 use crate::buffers::fill_at;
@@ -223,7 +224,7 @@ pub struct GpuWriteCfg {
     pub ring_cmds: u64,
     /// Ring capacity (commands).
     pub capacity: u32,
-    /// Host-initiated WRITEs per `post_writes`.
+    /// WRITEs per `post_writes`, the host path's and the client proxy's alike (`--batch`).
     pub batch: usize,
     pub verify: bool,
     pub seed: u64,

@@ -65,7 +65,8 @@ pub(super) fn server_proxy<T: Transport>(
         (step.n, 1)
     };
     let len = if lat { size } else { ANSWER };
-    with_proxy(e, ring, region, || {
+    // Its answers are one command at a time: the batch does not matter here.
+    let (got, region, _) = with_proxy(e, ring, region, transport_proxy::DEFAULT_BATCH, || {
         let arrivals = ring.arrivals(0).expect("slot 0");
         for k in 0..answers {
             let target = if lat { k + 1 } else { expect };
@@ -88,7 +89,8 @@ pub(super) fn server_proxy<T: Transport>(
             )));
         }
         Ok(got)
-    })
+    })?;
+    Ok((got, region))
 }
 
 /// The server's part of one step: clear the landing range, fill the answers' source, tell the

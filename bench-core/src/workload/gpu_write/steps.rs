@@ -188,6 +188,7 @@ pub(super) fn proxy_of<'r, T: Transport>(
     ring: Ring<'r>,
     e: &End<'_, T>,
     region: T::Mr,
+    batch: usize,
 ) -> Proxy<'r, T> {
     Proxy::<T>::new(
         ring,
@@ -198,19 +199,22 @@ pub(super) fn proxy_of<'r, T: Transport>(
         }],
     )
     .landing(vec![0])
+    .max_batch(batch)
 }
 
 /// Run `work` beside this side's proxy on `ring` (its own thread, on `e.core`), with a
 /// watcher that sets the ring's error word when the peer leaves (so a producer spinning on
-/// the ring, a GPU kernel too, gives up); stop the proxy after `work`. Returns `work`'s
-/// result and the region back.
+/// the ring, a GPU kernel too, gives up); stop the proxy after `work`. The proxy posts at
+/// most `batch` WRITEs a call, as the host path does (`--batch`). Returns `work`'s result,
+/// the region back and what the proxy did.
 pub(super) fn with_proxy<T: Transport, R>(
     e: &mut End<'_, T>,
     ring: Ring<'_>,
     region: T::Mr,
+    batch: usize,
     work: impl FnOnce() -> Result<R>,
-) -> Result<(R, T::Mr)> {
-    let p = proxy_of(ring, e, region);
+) -> Result<(R, T::Mr, ProxyStats)> {
+    let p = proxy_of(ring, e, region, batch);
     let (stop, finished) = (&AtomicBool::new(false), &AtomicBool::new(false));
     let live = e.live.clone();
     let ep = &mut *e.ep;
@@ -233,9 +237,9 @@ pub(super) fn with_proxy<T: Transport, R>(
             .join()
             .map_err(|_| Error::Protocol("a proxy thread panicked".into()))?;
         let v = out?;
-        r.map_err(|e| Error::Protocol(e.to_string()))?;
+        let stats = r.map_err(|e| Error::Protocol(e.to_string()))?;
         let region = p.into_regions().pop().expect("the proxy's one region");
-        Ok((v, region))
+        Ok((v, region, stats))
     })
 }
 
