@@ -348,8 +348,7 @@ pub(super) fn client_step<T: Transport>(
             )))
         }
     };
-    let by_ring =
-        step.echo_ring && matches!(step.kind, GpuStepKind::ProxyLat | GpuStepKind::ProxyBw);
+    let by_ring = answered_by_ring(step);
     if done.by_ring != by_ring {
         // A server that does not know `echo_ring` answers from a thread: its figures would
         // not be the ones asked for.

@@ -10,9 +10,9 @@
 //! so the difference between the two figures is the client's initiator alone. With
 //! `echo_ring` (`--server-echo ring`) it answers the proxy steps as a GPU consumer would:
 //! its proxy counts the immediates into its ring's `arrivals` and a CPU echo pushes the
-//! answers through that ring (two more hand-offs a round trip). Both halves of every region are fixed: the
-//! client WRITEs from its lower half into the server's lower half, the server answers from its
-//! upper half into the client's upper half.
+//! answers through that ring (two more hand-offs a round trip). Both halves of every region
+//! are fixed: the client WRITEs from its lower half into the server's lower half, the server
+//! answers from its upper half into the client's upper half.
 //!
 //! Figures: commands per second of the ring alone (the client's proxy consuming into nothing);
 //! latency as half the round trip of a ping-pong (perftest's definition: WRITE+imm, answered

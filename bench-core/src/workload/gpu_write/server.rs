@@ -24,6 +24,7 @@ pub(super) fn server_host<T: Transport>(
     let len = if lat { size } else { ANSWER };
     let op = write_op(e, src, half as u64, half as u64, len, 0)?;
     let mut sent = 0u64;
+    let waiting_for = format!("the client's WRITEs ({})", step_name(step.kind));
     while sent < answers || done < answers {
         let before = imms;
         let k = poll_once(e.ep, &mut buf, &mut done, &mut imms, "server")?;
@@ -42,7 +43,7 @@ pub(super) fn server_host<T: Transport>(
         if k > 0 || imms != before {
             w.reset();
         }
-        w.check(&live, "the client's host-initiated WRITEs")?;
+        w.check(&live, &waiting_for)?;
     }
     Ok(imms)
 }
@@ -115,8 +116,7 @@ pub fn serve_step<T: Transport>(
         .write_at(half, &src)
         .ctx(|| "filling the answers' source")?;
     ready()?;
-    let by_ring =
-        step.echo_ring && matches!(step.kind, GpuStepKind::ProxyLat | GpuStepKind::ProxyBw);
+    let by_ring = answered_by_ring(step);
     let (arrivals, region) = if by_ring {
         server_proxy(e, region, step)?
     } else {

@@ -243,6 +243,11 @@ pub(super) fn with_proxy<T: Transport, R>(
     })
 }
 
+/// The server answers `step` through its ring and proxy: a proxy step with `echo_ring`.
+pub(super) fn answered_by_ring(step: &GpuStep) -> bool {
+    step.echo_ring && matches!(step.kind, GpuStepKind::ProxyLat | GpuStepKind::ProxyBw)
+}
+
 pub(super) fn step_name(k: GpuStepKind) -> &'static str {
     match k {
         GpuStepKind::HostLat => "host-initiated latency",
