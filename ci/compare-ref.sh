@@ -53,6 +53,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source ci/suspect.sh
 
 ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs
 SIZES=4K,64K,1M
@@ -329,7 +330,8 @@ else
   printf '%-13s %5s %-7s %9s %9s %7s  %s\n' row size mode "ours" "ref" "ratio" "reference (Gbit/s, best of $ROUNDS)"
   while IFS=$'\t' read -r row size mode o t co ct; do
     ratio=$(awk -v a="$o" -v b="$t" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
-    printf '%-13s %5s %-7s %9.2f %9.2f %7s  %s\n' "$row" "$size" "$mode" "$o" "$t" "$ratio" "$(ref_name "$row")"
+    printf '%-13s %5s %-7s %9.2f %9.2f %7s  %s%s\n' "$row" "$size" "$mode" "$o" "$t" "$ratio" \
+      "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
   done < "$RESULTS"
   if [ $SHOW = 1 ]; then
     echo; echo "commands (last round of each row):"

@@ -54,6 +54,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source ci/suspect.sh
 log() { echo "gpu-host ucx: $*" >&2; }
 WHEEL_VER=1.22.0
 
@@ -243,7 +244,7 @@ run() {
       if (a == 0) {print b; exit} if (b == 0) {print a; exit}
       if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
@@ -269,8 +270,9 @@ run() {
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
-        printf '%-4s %5s %10.2f %10.2f %7s%s' "$row" "$size" "$bo" "$bt" \
-          "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')" "$fail"
+        ratio=$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
+        printf '%-4s %5s %10.2f %10.2f %7s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" "$fail" \
+          "$(suspect "$row" "$ratio")"
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s' "$bo2" "$bt2" \
           "$([ "$mem" = host ] && printf %.2f "$bt3" || echo -)"
         echo

@@ -56,6 +56,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source ci/suspect.sh
 CARRY=$ROOT/gpu-carry
 MODE=${1:-}
 log() { echo "gpu-host: $*" >&2; }
@@ -459,8 +460,10 @@ run() {
             log "$mem $row $size round $r: ours $o, theirs $t"
             bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
           done
-          printf '%-6s %5s %10.2f %10.2f %7s\n' "$row" "$size" "$bo" "$bt" \
-            "$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')"
+          local ratio
+          ratio=$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
+          printf '%-6s %5s %10.2f %10.2f %7s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
+            "$(suspect "$row" "$ratio")"
         done
         echo "       per iteration: $(note $row "$mem")"
       done

@@ -28,6 +28,7 @@
 # ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
 # at most LAT_BYTES / SIZE: 4 GiB, so 4096 round trips at 1 MiB).
 set -euo pipefail
+source "$(dirname "$0")/../ci/suspect.sh"
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
@@ -119,9 +120,9 @@ for tls in "${TLS_LIST[@]}"; do
       ratio=$(awk -v a="$o" -v b="$t" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "-"}')
       extra=
       [ "$row" = lat ] && extra="   median $om/$tm"
-      printf '%-4s %-4s %8s %10s %10s %7s%s   rounds: ours %s theirs %s\n' "$tls" "$row" "$size" \
-        "$o" "$t" "$ratio" "$extra" "$(cut -d' ' -f1 "$OUT/o" | paste -sd/)" \
-        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)"
+      printf '%-4s %-4s %8s %10s %10s %7s%s   rounds: ours %s theirs %s%s\n' "$tls" "$row" \
+        "$size" "$o" "$t" "$ratio" "$extra" "$(cut -d' ' -f1 "$OUT/o" | paste -sd/)" \
+        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)" "$(suspect "$row" "$ratio")"
     done
   done
 done

@@ -27,6 +27,7 @@
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
 # whose libraries LD_LIBRARY_PATH picks for both).
 set -euo pipefail
+source "$(dirname "$0")/../ci/suspect.sh"
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
@@ -91,6 +92,6 @@ for tls in "${TLS_LIST[@]}"; do
     [ "$tls" = tcp ] || h=$(printf '%s\n' "${hs[@]}" | best)
     ref=$p; [ "$h" != - ] && ref=$h
     r=$(awk -v o="$o" -v p="$ref" 'BEGIN { if (p > 0) printf "%.2f", o / p; else print "-" }')
-    printf '%-4s %8s %12s %14s %14s %8s\n' "$tls" "$size" "$o" "$p" "$h" "$r"
+    printf '%-4s %8s %12s %14s %14s %8s%s\n' "$tls" "$size" "$o" "$p" "$h" "$r" "$(suspect put "$r")"
   done
 done
