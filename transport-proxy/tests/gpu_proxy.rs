@@ -904,8 +904,6 @@ fn drain(ep: &mut Endpoint, comps: &mut [Completion], want: impl Fn(u32) -> bool
     (w, r)
 }
 
-/// Host-initiated: `iters` rounds of one WRITE with immediate of `size` bytes from a, this
-/// thread polling b until the immediate came; mean ns per round.
 /// The kernel's ping-pong on `ring`, waiting on `counter`: `warm` untimed rounds, then
 /// `iters` timed ones; their nanoseconds.
 fn timed_pingpong(
@@ -924,6 +922,8 @@ fn timed_pingpong(
         .expect("timed rounds")
 }
 
+/// Host-initiated: `iters` rounds of one WRITE with immediate of `size` bytes from a, this
+/// thread polling b until the immediate came; mean ns per round.
 fn host_latency(p: &mut Pair, size: usize, iters: u64) -> f64 {
     let mut comps = vec![Completion::default(); 16];
     let mut done_a = 0;
