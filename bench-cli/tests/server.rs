@@ -159,6 +159,24 @@ fn clients_come_and_go() {
     assert!(srv.alive(), "server exited:\n{}", srv.log());
 }
 
+/// The ping-pong sends from buffers it wrote (fresh memory left unwritten maps the kernel's
+/// zero page, which a peer's copy reads faster than real bytes) and each side checks that the
+/// peer's last message landed whole: SEND and WRITE with immediate, eager and larger sizes.
+#[test]
+fn lat_sends_written_buffers_and_checks_the_last_message() {
+    let mut srv = Server::start(&["--provider", "shm"]);
+    for op in ["send", "write-imm"] {
+        for size in ["8", "64K", "1M"] {
+            let lat = ["--workload", "lat", "--op", op, "-s", size, "-n", "20"];
+            let mut args = client_args(&srv, &lat);
+            args.push("--json");
+            let v = run(&args, T).expect_ok().json();
+            assert_eq!(v["ops"], 20, "{op} {size}: {v}");
+        }
+    }
+    assert!(srv.alive(), "server exited:\n{}", srv.log());
+}
+
 #[test]
 fn killed_client_leaves_server_and_others_serving() {
     let mut srv = Server::start(&["--provider", "shm"]);

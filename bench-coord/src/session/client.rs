@@ -489,6 +489,8 @@ fn run_one<T: Transport>(
         }
         Workload::Lat => {
             let warm = u64::from(p.knobs.warmup);
+            // Ping from [0, size), the answer lands in [size, 2 size) (the server's mirror).
+            buffers::fill_lat(&mut side.data[0], plan.seed, size, 0, size)?;
             let rtts = {
                 let data = &side.data[0];
                 let mut pp = PingPong {
@@ -506,6 +508,7 @@ fn run_one<T: Transport>(
                 wait_ready(ctrl, id)?;
                 pp.ping(warm, p.iters, &ctrl.liveness(), cfg.idle, &mut progress)?
             };
+            buffers::verify_lat(&side.data[0], plan.seed, size, size)?;
             let done = wait_done_polling(&mut side.eps, ctrl, cfg.idle)?;
             lat = Some(rtts);
             (done, false)

@@ -422,6 +422,7 @@ fn serve_request<T: Transport>(
                     r.size
                 )));
             }
+            buffers::fill_lat(&mut side.data[0], r.seed, size, size, 0)?;
             let data = &side.data[0];
             let mut pp = PingPong {
                 ep: &mut side.eps[0],
@@ -436,6 +437,7 @@ fn serve_request<T: Transport>(
             pp.prepare(warm + r.iters)?;
             ctrl.send(&Msg::Ready { id: r.id })?;
             pp.pong(warm + r.iters, &live, idle)?;
+            buffers::verify_lat(&side.data[0], r.seed, size, 0)?;
             Default::default()
         }
     };

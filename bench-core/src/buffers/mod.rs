@@ -296,6 +296,50 @@ pub fn fill_messages<M: MemoryRegion>(
     Ok(())
 }
 
+/// The latency ping-pong's two buffers in `mr`, `len` bytes each, written before the run: the
+/// one this side sends from (at `src`) with the message pattern, the one the peer's messages
+/// land in (at `dst`) with zeros, which [`verify_lat`] checks after the run. Unwritten, fresh
+/// host memory maps the kernel's zero page: a peer's copy out of it (cma's
+/// `process_vm_readv`, a socket's send) reads one hot 4 KiB page over and over, which made a
+/// 1 MiB half round trip over UCX's cma rendezvous 1.2-2x faster than the same work from
+/// written memory (docs/measurements.md, "The host latency suspect at 1 MiB, explained").
+pub fn fill_lat<M: MemoryRegion>(
+    mr: &mut M,
+    seed: u64,
+    len: usize,
+    src: usize,
+    dst: usize,
+) -> Result<()> {
+    let mut one = vec![0u8; len];
+    fill_pattern(seed, u64::MAX, 0, &mut one);
+    mr.memory_mut()
+        .write_at(src, &one)
+        .ctx(|| "filling the ping-pong's send buffer")?;
+    one.fill(0);
+    mr.memory_mut()
+        .write_at(dst, &one)
+        .ctx(|| "clearing the ping-pong's receive buffer")
+}
+
+/// After a ping-pong: the buffer at `dst` holds the peer's last message, the pattern its
+/// [`fill_lat`] wrote (the same seed on both sides).
+pub fn verify_lat<M: MemoryRegion>(mr: &M, seed: u64, len: usize, dst: usize) -> Result<()> {
+    let mut want = vec![0u8; len];
+    fill_pattern(seed, u64::MAX, 0, &mut want);
+    let mut got = vec![0u8; len];
+    mr.memory()
+        .read_at(dst, &mut got)
+        .ctx(|| "reading the ping-pong's receive buffer back")?;
+    match got.iter().zip(&want).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(at) => Err(Error::Verify(format!(
+            "the peer's last ping-pong message, byte {at} of {len}: got {:#04x}, expected \
+             {:#04x}",
+            got[at], want[at]
+        ))),
+    }
+}
+
 /// Check that the first `slots` message slots of `mr` hold the message pattern.
 pub fn verify_messages<M: MemoryRegion>(
     mr: &M,
