@@ -1,6 +1,6 @@
 // The GPU producer of the proxy ring. Compiled at run time by NVRTC (src/cuda.rs) with
-// ring.rs's CUDA_HEADER in front of it: the ring's offsets, ops and `struct proxy_cmd` come
-// from there (checked against the Rust constants by ring.rs's tests), and the capacity and
+// ring/layout.rs's CUDA_HEADER in front of it: the ring's offsets, ops and `struct proxy_cmd` come
+// from there (checked against the Rust constants by ring/mod.rs's tests), and the capacity and
 // arrival-slot count are read from the block's header at run time, so one compile serves
 // every ring. No header file is included (NVRTC has none without the toolkit's include
 // directory, and none is needed).
@@ -9,11 +9,11 @@
 // through its cuMemHostGetDevicePointer alias; every access to it crosses PCIe (or C2C).
 // Payload buffers may be GPU or host memory.
 //
-// Ordering (ring.rs's protocol, producer side, for the command at position pos):
+// Ordering (ring/mod.rs's protocol, producer side, for the command at position pos):
 //   1. claim:  the warp's leader adds the number of active lanes to the claim counter with
 //              atomicAdd_system (relaxed: the claim orders nothing; it only hands out each
 //              position once). The counter is the ring's head, or a u64 in GPU memory
-//              (ring.rs allows any counter the producers share; the proxy never reads head).
+//              (ring/mod.rs allows any counter the producers share; the proxy never reads head).
 //   2. room:   spin while pos - tail >= capacity, reading tail with ld.acquire.sys. The proxy
 //              stores tail with Release after it has read the slot's previous command, so
 //              once this load sees the room, the proxy's reads happened before, and the
@@ -37,7 +37,7 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
-static_assert(sizeof(proxy_cmd) == 32, "ring.rs's command is 32 bytes");
+static_assert(sizeof(proxy_cmd) == 32, "ring/layout.rs's command is 32 bytes");
 
 static __device__ __forceinline__ u64 ld_acquire_sys_u64(const u64 *p) {
     u64 v;
@@ -272,7 +272,7 @@ extern "C" __global__ void proxy_wait(const u8 *ring, const u64 *counter, u64 ta
 // Latency, one thread: iters rounds of "publish one command, then spin until
 // *counter >= base_count + round + 1". The thread is the ring's only producer while it runs,
 // so it claims positions from a register (starting at head, which it stores back at the
-// end) instead of an atomic on head: a round trip over PCIe less per round (ring.rs allows
+// end) instead of an atomic on head: a round trip over PCIe less per round (ring/mod.rs allows
 // any claim that hands out each position once; the proxy never reads head). counter is the ring's done (local
 // completion: delivered, the trait's promise) or an arrivals word of this side's ring
 // (the peer's answer landed). out[0] = rounds done, out[1] = ns of all rounds (globaltimer),

@@ -1,4 +1,4 @@
-/* The proxy ring's layout and producer protocol as CUDA C (transport-proxy/src/ring.rs
+/* The proxy ring's layout and producer protocol as CUDA C (transport-proxy/src/ring/
    documents both; its unit test checks every offset here against the Rust constants).
    Prepend it to a kernel compiled with NVRTC, or #include it from nvcc. */
 #ifndef PROXY_RING_CUH

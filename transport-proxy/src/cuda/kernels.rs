@@ -114,7 +114,7 @@ pub struct Kernels {
 /// How long a kernel waits for the proxy before it gives up and says so.
 pub const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
-/// The kernels' source as NVRTC compiles it: ring.rs's CUDA header, then the kernels.
+/// The kernels' source as NVRTC compiles it: ring/layout.rs's CUDA header, then the kernels.
 pub fn kernel_source() -> String {
     format!("{}\n{}", crate::ring::CUDA_HEADER, PRODUCER_SRC)
 }

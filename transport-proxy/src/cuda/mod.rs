@@ -6,7 +6,7 @@
 //! and every entry point checks that they are there first ([`availability`]), so a machine
 //! without them gets [`GpuError::NoDriver`] or [`GpuError::NoNvrtc`], never a panic.
 //!
-//! The kernels (`kernels/producer.cu`) follow the protocol of `ring.rs` and are compiled with
+//! The kernels (`kernels/producer.cu`) follow the protocol of `ring/mod.rs` and are compiled with
 //! its `CUDA_HEADER` in front (the offsets and the command struct, checked against the Rust
 //! constants there), so the kernel and the proxy cannot disagree on an offset. The source
 //! file says which fence orders what.
