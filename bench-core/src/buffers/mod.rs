@@ -324,19 +324,50 @@ pub fn fill_lat<M: MemoryRegion>(
 /// After a ping-pong: the buffer at `dst` holds the peer's last message, the pattern its
 /// [`fill_lat`] wrote (the same seed on both sides).
 pub fn verify_lat<M: MemoryRegion>(mr: &M, seed: u64, len: usize, dst: usize) -> Result<()> {
-    let mut want = vec![0u8; len];
-    fill_pattern(seed, u64::MAX, 0, &mut want);
-    let mut got = vec![0u8; len];
-    mr.memory()
-        .read_at(dst, &mut got)
-        .ctx(|| "reading the ping-pong's receive buffer back")?;
-    match got.iter().zip(&want).position(|(a, b)| a != b) {
+    match Pattern::new(seed, len).mismatch(mr, dst)? {
         None => Ok(()),
-        Some(at) => Err(Error::Verify(format!(
-            "the peer's last ping-pong message, byte {at} of {len}: got {:#04x}, expected \
-             {:#04x}",
-            got[at], want[at]
+        Some((at, got, want)) => Err(Error::Verify(format!(
+            "the peer's last ping-pong message, byte {at} of {len}: got {got:#04x}, expected \
+             {want:#04x}"
         ))),
+    }
+}
+
+/// One message's pattern, and a buffer to read a message back into.
+struct Pattern {
+    want: Vec<u8>,
+    got: Vec<u8>,
+}
+
+impl Pattern {
+    fn new(seed: u64, len: usize) -> Self {
+        let mut want = vec![0u8; len];
+        fill_pattern(seed, u64::MAX, 0, &mut want);
+        Self {
+            got: vec![0u8; len],
+            want,
+        }
+    }
+
+    /// The first byte of the message at `offset` of `mr` that is not the pattern's:
+    /// (index, found, expected).
+    fn mismatch<M: MemoryRegion>(
+        &mut self,
+        mr: &M,
+        offset: usize,
+    ) -> Result<Option<(usize, u8, u8)>> {
+        mr.memory()
+            .read_at(offset, &mut self.got)
+            .ctx(|| "reading a receive buffer back")?;
+        if self.got == self.want {
+            return Ok(None);
+        }
+        Ok(self
+            .got
+            .iter()
+            .zip(&self.want)
+            .position(|(a, b)| a != b)
+            .map(|at| (at, self.got[at], self.want[at])))
     }
 }
 
@@ -348,18 +379,11 @@ pub fn verify_messages<M: MemoryRegion>(
     slots: usize,
     nic: usize,
 ) -> Result<()> {
-    let mut want = vec![0u8; len];
-    fill_pattern(seed, u64::MAX, 0, &mut want);
-    let mut got = vec![0u8; len];
+    let mut p = Pattern::new(seed, len);
     for s in 0..slots {
-        mr.memory()
-            .read_at(s * len, &mut got)
-            .ctx(|| "reading a receive buffer back")?;
-        if got != want {
-            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+        if let Some((at, got, want)) = p.mismatch(mr, s * len)? {
             return Err(Error::Verify(format!(
-                "NIC {nic}: receive slot {s}, byte {at}: got {:#04x}, expected {:#04x}",
-                got[at], want[at]
+                "NIC {nic}: receive slot {s}, byte {at}: got {got:#04x}, expected {want:#04x}"
             )));
         }
     }

@@ -85,6 +85,19 @@ fn fill_verify_round(kind: MemKind) {
     fill_messages(&mut mr, 3, 100, 5).unwrap();
     verify_messages(&mr, 3, 100, 5, 0).unwrap();
     assert!(verify_messages(&mr, 4, 100, 5, 0).is_err());
+    // The ping-pong: the send buffer holds the pattern, the receive buffer zeros until the
+    // peer's message (here: the send buffer's bytes) lands in it.
+    fill_lat(&mut mr, 9, 100, 0, 100).unwrap();
+    let e = verify_lat(&mr, 9, 100, 100).unwrap_err().to_string();
+    assert!(e.contains("byte 0 of 100: got 0x00"), "{e}");
+    verify_lat(&mr, 9, 100, 0).unwrap();
+    let mut msg = vec![0u8; 100];
+    mr.0.read_at(0, &mut msg).unwrap();
+    mr.0.write_at(100, &msg).unwrap();
+    verify_lat(&mr, 9, 100, 100).unwrap();
+    mr.0.write_at(199, &[msg[99] ^ 1]).unwrap();
+    let e = verify_lat(&mr, 9, 100, 100).unwrap_err().to_string();
+    assert!(e.contains("byte 99 of 100"), "{e}");
 }
 
 #[test]
