@@ -329,7 +329,7 @@ if [ $JSON = 1 ]; then
 else
   printf '%-13s %5s %-7s %9s %9s %7s  %s\n' row size mode "ours" "ref" "ratio" "reference (Gbit/s, best of $ROUNDS)"
   while IFS=$'\t' read -r row size mode o t co ct; do
-    ratio=$(awk -v a="$o" -v b="$t" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
+    ratio=$(ratio "$o" "$t")
     printf '%-13s %5s %-7s %9.2f %9.2f %7s  %s%s\n' "$row" "$size" "$mode" "$o" "$t" "$ratio" \
       "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
   done < "$RESULTS"

@@ -270,7 +270,7 @@ run() {
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
-        ratio=$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
+        ratio=$(ratio "$bo" "$bt")
         printf '%-4s %5s %10.2f %10.2f %7s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" "$fail" \
           "$(suspect "$row" "$ratio")"
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s' "$bo2" "$bt2" \

@@ -461,7 +461,7 @@ run() {
             bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
           done
           local ratio
-          ratio=$(awk -v a="$bo" -v b="$bt" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')
+          ratio=$(ratio "$bo" "$bt")
           printf '%-6s %5s %10.2f %10.2f %7s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
             "$(suspect "$row" "$ratio")"
         done

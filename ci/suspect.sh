@@ -1,6 +1,12 @@
 # Sourced by the scripts that put our figures beside another tool's (ci/gpu-host.sh,
 # ci/gpu-host-ucx.sh, ci/compare-ref.sh, transport-ucx/compare.sh, compare-tag.sh).
 #
+# ratio OURS THEIRS: ours / theirs with two decimals, "-" where either is not a positive number
+# (a run that failed reads 0).
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-"}'
+}
+
 # suspect ROW RATIO: prints "  SUSPECT: ..." where ours beats the other tool by more than 1.5x,
 # nothing otherwise. RATIO is ours / theirs; a ROW whose name contains "lat" is a latency
 # (lower is better), any other a rate (higher is better). Such a figure is a suspect until a
@@ -25,6 +31,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   check tag 1.51 flag; check tag 1.50 none; check put 1.2 none; check tag 0.5 none
   check lat 0.66 flag; check lat 0.67 none; check lat 1.8 none; check write 2 flag
   check tag - none; check lat 0 none
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases"
+  [ "$(ratio 3 2)/$(ratio 0 2)/$(ratio 2 0)/$(ratio x 2)" = "1.50/-/-/-" ] ||
+    { echo "ratio: $(ratio 3 2)/$(ratio 0 2)/$(ratio 2 0)/$(ratio x 2), want 1.50/-/-/-" >&2; bad=1; }
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4"
   exit $bad
 fi

@@ -117,7 +117,7 @@ for tls in "${TLS_LIST[@]}"; do
       done
       read -r o om < <(best $row < "$OUT/o")
       read -r t tm < <(best $row < "$OUT/t")
-      ratio=$(awk -v a="$o" -v b="$t" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "-"}')
+      ratio=$(ratio "$o" "$t")
       extra=
       [ "$row" = lat ] && extra="   median $om/$tm"
       printf '%-4s %-4s %8s %10s %10s %7s%s   rounds: ours %s theirs %s%s\n' "$tls" "$row" \

@@ -91,7 +91,7 @@ for tls in "${TLS_LIST[@]}"; do
     h=-
     [ "$tls" = tcp ] || h=$(printf '%s\n' "${hs[@]}" | best)
     ref=$p; [ "$h" != - ] && ref=$h
-    r=$(awk -v o="$o" -v p="$ref" 'BEGIN { if (p > 0) printf "%.2f", o / p; else print "-" }')
+    r=$(ratio "$o" "$ref")
     printf '%-4s %8s %12s %14s %14s %8s%s\n' "$tls" "$size" "$o" "$p" "$h" "$r" "$(suspect put "$r")"
   done
 done
