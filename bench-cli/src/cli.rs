@@ -235,6 +235,11 @@ pub struct WorkloadArgs {
     /// ladder's baseline posts one.
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub batch: u32,
+    /// Operations each NIC keeps in flight at most (send and write: posted and not yet
+    /// reported complete); by default the endpoint's send queue depth. For a comparison with
+    /// a tool that has a window: ucx_perftest -O, the fabtests' -W, perftest's -t.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub window: u32,
     /// Drain every NIC's completions, then post queued work, --batch at a time per NIC in
     /// turn, until every queue is full.
     #[arg(long)]
@@ -343,6 +348,7 @@ impl From<&WorkloadArgs> for WorkloadSpec {
             sharded: w.sharded,
             batch: w.batch,
             lazy: w.lazy,
+            window: w.window,
             warmup: w.warmup,
             no_nic_groups: w.no_nic_groups,
             ladder: w.ladder,

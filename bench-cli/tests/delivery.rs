@@ -6,6 +6,9 @@
 //! figure must include that wait. Before, its clock stopped at its own last completion
 //! (when the bytes had left, not when they had landed), and a GPU target's late copies were
 //! outside every figure but one.
+//!
+//! The same pair checks the window (`--window`, [`Knobs::window`]): what a NIC keeps in flight,
+//! posted and not yet reported complete, never passes it.
 #![cfg(feature = "efa")]
 
 use std::time::{Duration, Instant};
@@ -94,6 +97,55 @@ impl<W: NicWork> NicWork for SlowTarget<'_, W> {
     }
 }
 
+/// Counts what `inner` keeps in flight (posted, not yet reported complete) and the most it
+/// kept at once.
+struct Peak<W> {
+    inner: W,
+    posted: u64,
+    done: u64,
+    most: u64,
+}
+
+impl<W> Peak<W> {
+    fn new(inner: W) -> Self {
+        Peak {
+            inner,
+            posted: 0,
+            done: 0,
+            most: 0,
+        }
+    }
+}
+
+impl<W: NicWork> NicWork for Peak<W> {
+    fn start_phase(&mut self, iters: u64) {
+        self.inner.start_phase(iters);
+    }
+    fn post(&mut self, max: usize) -> bench_core::error::Result<usize> {
+        let k = self.inner.post(max)?;
+        self.posted += k as u64;
+        self.most = self.most.max(self.posted - self.done);
+        Ok(k)
+    }
+    fn poll(&mut self, buf: &mut [Completion]) -> bench_core::error::Result<Polled> {
+        let p = self.inner.poll(buf)?;
+        self.done += p.ops;
+        Ok(p)
+    }
+    fn finished(&self) -> bool {
+        self.inner.finished()
+    }
+    fn delivered(&self) -> Option<Delivered> {
+        self.inner.delivered()
+    }
+    fn nic(&self) -> usize {
+        self.inner.nic()
+    }
+    fn stats(&self, clock: Clock) -> NicStats {
+        self.inner.stats(clock)
+    }
+}
+
 struct Setup {
     a: Endpoint,
     b: Endpoint,
@@ -115,20 +167,29 @@ fn setup() -> Setup {
     }
 }
 
-/// One phase of `iters` on `w`; the NIC's figure and how long the phase took here.
-fn one_phase<W: NicWork>(w: &mut W, iters: u64, per_iter: u64) -> (NicStats, Duration) {
+/// The knobs of the clock tests: one thread's own counters, one operation a turn.
+fn sharded() -> Knobs {
+    Knobs {
+        sharded: true,
+        ..Knobs::baseline()
+    }
+}
+
+/// One phase of `iters` on `w` with `knobs`; the NIC's figure and how long the phase took here.
+fn one_phase<W: NicWork>(
+    w: &mut W,
+    knobs: &Knobs,
+    iters: u64,
+    per_iter: u64,
+) -> (NicStats, Duration) {
     let live = Liveness::default();
     let ctx = RunCtx::new(&live, Duration::from_secs(20), 1);
     let mut buf = vec![Completion::default(); 64];
     let shared = Shared::default();
     let clock = Clock::start();
-    let knobs = Knobs {
-        sharded: true,
-        ..Knobs::baseline()
-    };
     drive(
         std::slice::from_mut(w),
-        &knobs,
+        knobs,
         iters,
         &ctx,
         &shared,
@@ -141,8 +202,9 @@ fn one_phase<W: NicWork>(w: &mut W, iters: u64, per_iter: u64) -> (NicStats, Dur
     (w.stats(clock), took)
 }
 
-#[test]
-fn the_write_clock_stops_at_the_targets_acknowledgement() {
+/// A write phase of 20 passes over 16 pages from a to b with `knobs`: the NIC's figure, how
+/// long the phase took and the most WRITEs a kept in flight.
+fn write_phase(knobs: &Knobs) -> (NicStats, Duration, u64) {
     let Setup {
         mut a,
         mut b,
@@ -170,10 +232,10 @@ fn the_write_clock_stops_at_the_targets_acknowledgement() {
         slots: (0..PAGES as u32).collect(),
         ver: bench_core::buffers::Versions::none(PS),
         page_size: PS,
-        max_inflight: tx,
-        batch: 1,
+        max_inflight: knobs.in_flight(tx),
+        batch: knobs.batch as usize,
     };
-    let mut w = SlowTarget {
+    let mut w = Peak::new(SlowTarget {
         inner: WriteActive::new(parts),
         target: &mut b,
         dst: &dst,
@@ -183,13 +245,19 @@ fn the_write_clock_stops_at_the_targets_acknowledgement() {
         tbuf: vec![Completion::default(); 64],
         arrived: 0,
         last_arrival: None,
-    };
-    let (st, took) = one_phase(&mut w, 20, PAGES as u64);
+    });
+    let (st, took) = one_phase(&mut w, knobs, 20, PAGES as u64);
     eprintln!(
-        "write: {} ops in {:.3} s (phase {took:?})",
-        st.ops, st.seconds
+        "write: {} ops in {:.3} s (phase {took:?}), at most {} in flight",
+        st.ops, st.seconds, w.most
     );
     assert_eq!(st.ops, 20 * PAGES as u64);
+    (st, took, w.most)
+}
+
+#[test]
+fn the_write_clock_stops_at_the_targets_acknowledgement() {
+    let (st, took, _) = write_phase(&sharded());
     assert!(
         st.seconds >= HOLD.as_secs_f64(),
         "the WRITE clock stopped at {:.3} s, before the target acknowledged ({HOLD:?} after \
@@ -199,8 +267,9 @@ fn the_write_clock_stops_at_the_targets_acknowledgement() {
     assert!(st.seconds <= took.as_secs_f64());
 }
 
-#[test]
-fn the_send_clock_stops_at_the_receivers_acknowledgement() {
+/// A send phase of 64 messages from a to b with `knobs`: the NIC's figure, how long the phase
+/// took and the most SENDs a kept in flight.
+fn send_phase(knobs: &Knobs) -> (NicStats, Duration, u64) {
     let Setup {
         mut a,
         mut b,
@@ -230,9 +299,9 @@ fn the_send_clock_stops_at_the_receivers_acknowledgement() {
         size: LEN,
         initial_credits: N,
         total: N,
-        max_inflight: tx,
+        max_inflight: knobs.in_flight(tx),
     };
-    let mut w = SlowTarget {
+    let mut w = Peak::new(SlowTarget {
         inner: SendActive::new(parts),
         target: &mut b,
         dst: &dst,
@@ -242,13 +311,19 @@ fn the_send_clock_stops_at_the_receivers_acknowledgement() {
         tbuf: vec![Completion::default(); 64],
         arrived: 0,
         last_arrival: None,
-    };
-    let (st, took) = one_phase(&mut w, N, 1);
+    });
+    let (st, took) = one_phase(&mut w, knobs, N, 1);
     eprintln!(
-        "send: {} ops in {:.3} s (phase {took:?})",
-        st.ops, st.seconds
+        "send: {} ops in {:.3} s (phase {took:?}), at most {} in flight",
+        st.ops, st.seconds, w.most
     );
     assert_eq!(st.ops, N);
+    (st, took, w.most)
+}
+
+#[test]
+fn the_send_clock_stops_at_the_receivers_acknowledgement() {
+    let (st, took, _) = send_phase(&sharded());
     assert!(
         st.seconds >= HOLD.as_secs_f64(),
         "the SEND clock stopped at {:.3} s, before the receiver acknowledged ({HOLD:?} after \
@@ -256,4 +331,19 @@ fn the_send_clock_stops_at_the_receivers_acknowledgement() {
         st.seconds
     );
     assert!(st.seconds <= took.as_secs_f64());
+}
+
+/// `--window 3` with 64 operations posted a turn: a NIC keeps exactly 3 in flight, WRITE and
+/// SEND alike (without the window it keeps up to its send queue's depth).
+#[test]
+fn the_window_caps_what_a_nic_keeps_in_flight() {
+    let knobs = Knobs {
+        batch: 64,
+        window: 3,
+        ..sharded()
+    };
+    let (_, _, most) = write_phase(&knobs);
+    assert_eq!(most, 3, "WRITEs in flight at most, with --window 3");
+    let (_, _, most) = send_phase(&knobs);
+    assert_eq!(most, 3, "SENDs in flight at most, with --window 3");
 }

@@ -446,6 +446,9 @@ fn page_size_over_max_write() {
 fn bad_flags_are_usage_errors() {
     let o = run(&args(&["--batch", "0"]), T);
     assert_eq!(o.code, Some(2));
+    let o = run(&args(&["--window", "65537"]), T);
+    assert_eq!(o.code, Some(2));
+    assert!(o.stderr.contains("--window 65537"), "{}", o.stderr);
     let o = run(&args(&["-s", "4X"]), T);
     assert_eq!(o.code, Some(2));
     let o = run(&args(&["--workload", "lat", "--ladder"]), T);

@@ -224,6 +224,11 @@ pub struct Knobs {
     /// Drain every completion queue, then post queued work (`batch` per NIC in turn) until
     /// every queue is full.
     pub lazy: bool,
+    /// Operations each NIC keeps in flight at most (SEND and WRITE workloads: posted and not
+    /// yet reported complete); 0: the endpoint's send queue depth. Not a step of the ladder:
+    /// every stage keeps it, as a comparison with another tool's window does.
+    #[serde(default)]
+    pub window: u32,
 }
 
 impl Knobs {
@@ -237,13 +242,26 @@ impl Knobs {
             sharded: false,
             batch: 1,
             lazy: false,
+            window: 0,
         }
+    }
+
+    /// What a NIC whose send queue holds `depth` operations keeps in flight at most.
+    pub fn in_flight(&self, depth: usize) -> usize {
+        match self.window {
+            0 => depth,
+            w => depth.min(w as usize),
+        }
+        .max(1)
     }
 
     /// The ladder: every stage adds one step of the write-up to the previous one.
     /// `full` holds the values the last stages use (warm-up count, batch size).
     pub fn ladder(full: &Knobs) -> Vec<(&'static str, Knobs)> {
-        let mut k = Knobs::baseline();
+        let mut k = Knobs {
+            window: full.window,
+            ..Knobs::baseline()
+        };
         let mut out = vec![("baseline", k)];
         k.nic_groups = true;
         out.push(("+nic groups", k));
@@ -292,6 +310,9 @@ impl fmt::Display for Knobs {
         w.push(format!("batch {}", self.batch));
         if self.lazy {
             w.push("lazy posting".into());
+        }
+        if self.window > 0 {
+            w.push(format!("window {}", self.window));
         }
         f.write_str(&w.join(", "))
     }

@@ -36,6 +36,8 @@ pub struct WorkloadSpec {
     pub sharded: bool,
     pub batch: u32,
     pub lazy: bool,
+    /// `--window`: operations in flight per NIC at most; 0: the send queue's depth.
+    pub window: u32,
     /// `--warmup`: warm-up iterations; `None`: the workload's default.
     pub warmup: Option<u32>,
     /// `--no-nic-groups`: only the first NIC of each GPU's group.
@@ -65,6 +67,7 @@ impl Default for WorkloadSpec {
             sharded: false,
             batch: 16,
             lazy: false,
+            window: 0,
             warmup: None,
             no_nic_groups: false,
             ladder: false,
@@ -151,12 +154,20 @@ impl Plan {
             sharded: w.sharded,
             batch: w.batch,
             lazy: w.lazy,
+            window: w.window,
         };
         if knobs.batch == 0 || knobs.batch > crate::proto::MAX_BATCH {
             return Err(Error::Usage(format!(
                 "--batch {}: allowed 1..={}",
                 knobs.batch,
                 crate::proto::MAX_BATCH
+            )));
+        }
+        if knobs.window > crate::proto::MAX_WINDOW {
+            return Err(Error::Usage(format!(
+                "--window {}: allowed 1..={} (or 0, the send queue's depth)",
+                knobs.window,
+                crate::proto::MAX_WINDOW
             )));
         }
         let iters = w.iters.unwrap_or(diters);

@@ -337,7 +337,7 @@ fn serve_request<T: Transport>(
                     let c = ep.caps();
                     WriteParts {
                         nic: i,
-                        max_inflight: c.tx_depth.max(1),
+                        max_inflight: knobs.in_flight(c.tx_depth),
                         ep,
                         src,
                         peer: side.peers[i],
@@ -389,7 +389,7 @@ fn serve_request<T: Transport>(
                     let c = ep.caps();
                     SendParts {
                         nic: i,
-                        max_inflight: c.tx_depth.max(1),
+                        max_inflight: knobs.in_flight(c.tx_depth),
                         ep,
                         src,
                         peer: side.peers[i],

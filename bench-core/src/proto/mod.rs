@@ -66,6 +66,8 @@ pub const MAX_LAT_ITERS: u64 = 10_000_000;
 pub const MAX_ITERS: u64 = 1 << 40;
 /// Largest batch.
 pub const MAX_BATCH: u32 = 4096;
+/// Largest window (operations in flight per NIC).
+pub const MAX_WINDOW: u32 = 1 << 16;
 /// Largest warm-up.
 pub const MAX_WARMUP: u32 = 1_000_000;
 /// Bytes of the control region of each NIC.

@@ -3,7 +3,7 @@
 use super::{
     proto, Msg, NicWire, CTRL_LEN, MAGIC, MAX_ADDR, MAX_BATCH, MAX_FACTS, MAX_IMM_EVERY, MAX_ITERS,
     MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_PATH, MAX_RANKS, MAX_RUNS, MAX_TEXT,
-    MAX_WARMUP, MRS_PER_NIC, VERSION,
+    MAX_WARMUP, MAX_WINDOW, MRS_PER_NIC, VERSION,
 };
 use crate::config::{Knobs, Workload};
 use crate::error::Result;
@@ -316,6 +316,12 @@ fn check_run(workload: Workload, size: u64, count: u64, iters: u64, knobs: &Knob
             knobs.batch
         )));
     }
+    if knobs.window > MAX_WINDOW {
+        return Err(proto(format!(
+            "window {} (allowed: 0..={MAX_WINDOW}, 0 the send queue's depth)",
+            knobs.window
+        )));
+    }
     if knobs.warmup > MAX_WARMUP {
         return Err(proto(format!("warm-up {} over {MAX_WARMUP}", knobs.warmup)));
     }
@@ -545,6 +551,12 @@ mod tests {
         let mut r = request();
         r.knobs.batch = 0;
         assert!(validate(&Msg::Request(r)).is_err());
+        let mut r = request();
+        r.knobs.window = MAX_WINDOW + 1;
+        assert!(validate(&Msg::Request(r)).is_err());
+        let mut r = request();
+        r.knobs.window = MAX_WINDOW;
+        assert!(validate(&Msg::Request(r)).is_ok());
         let mut r = request();
         r.workload = Workload::Lat;
         r.iters = MAX_LAT_ITERS + 1;

@@ -370,7 +370,7 @@ impl Phase<'_> {
                     .remote
                     .ok_or_else(|| Error::Protocol(format!("link {k} has no remote region")))?;
                 let c = l.ep.caps();
-                let max_inflight = c.tx_depth.max(1);
+                let max_inflight = self.knobs.in_flight(c.tx_depth);
                 parts.push((
                     g,
                     LinkParts::Send(WriteParts {
