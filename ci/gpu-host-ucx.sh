@@ -30,10 +30,11 @@
 #     put  rdma-bench --workload write --single-buffer --imm-every 64 against
 #          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, perftest's default
 #          outstanding window, -w N/10 warm-up);
-#     tag  rdma-bench --workload send --single-buffer against ucx_perftest -t tag_bw (ours
-#          SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx, naming the region's memh and
-#          memory type as perftest -z does: UCX_OURS_OPTS="--nic-opt memh=off" turns that off,
-#          UCX_PERFTEST_OPTS=-z gives perftest the same);
+#     tag  rdma-bench --workload send --single-buffer --window 32 against ucx_perftest -t
+#          tag_bw, whose window is 32 (ours SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx,
+#          naming the region's memh and memory type as perftest -z does:
+#          UCX_OURS_OPTS="--nic-opt memh=off" turns that off, UCX_PERFTEST_OPTS=-z gives
+#          perftest the same);
 #     lat  rdma-bench --workload lat --op send against ucx_perftest -t tag_lat (one-way:
 #          ours total / iters / 2, perftest's "overall" latency, which is half a round trip;
 #          ours' median and minimum in the log);
@@ -107,7 +108,7 @@ note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
     put) echo "ours: ucp_put_nbx from one SIZE buffer into one; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate), up to 4 such groups in flight; the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window (-O), clock stops after ucp_worker_flush" ;;
-    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64: an 8-byte WRITE with immediate, one active message), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
+    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64: an 8-byte WRITE with immediate, one active message), at most 32 sends in flight (--window 32), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
     lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
 }
@@ -185,7 +186,7 @@ run() {
       put) args=(--workload write --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify) ;;
       # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
       # depth, 256 messages.
-      tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify
+      tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
             --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
       lat) args=(--workload lat --op send -s "$size" -n "$lat_iters" --warmup $((lat_iters / 10))) ;;
     esac

@@ -10,9 +10,11 @@
 #
 #   transport-ucx/compare-tag.sh [RDMA_BENCH] [TLS...]   (default: target/release/rdma-bench, sm tcp)
 #
-# tag  ours: --workload send --single-buffer -s SIZE -n N: ucp_tag_send_nbx into receives kept
-#           posted on one buffer (depth 256, credits back as WRITEs with immediate every 64);
-#           the clock stops at the receiver's acknowledgement after the last message.
+# tag  ours: --workload send --single-buffer --window 32 -s SIZE -n N: ucp_tag_send_nbx into
+#           receives kept posted on one buffer (depth 256, credits back as WRITEs with
+#           immediate every 64), at most 32 sends posted and not yet reported complete (an
+#           immediately completed one counts until the next poll reports it); the clock stops
+#           at the receiver's acknowledgement after the last message.
 #      perftest -t tag_bw -s SIZE -n N -w N/10: ucp_tag_send_nbx with up to 32 sends
 #           outstanding (immediately completed ones not counted), the receiver posts up to 32
 #           receives; its clock stops when the receiver's 1-byte ack (a tag send) arrived.
@@ -82,7 +84,7 @@ ours() { # ROW TLS SIZE
   case $row in
     # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
     # depth, 256 messages.
-    tag) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify
+    tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
           --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
     lat) args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
   esac
