@@ -1,0 +1,113 @@
+/* LD_PRELOAD shim: where a tag stream's time goes, per process, for any UCP program.
+ *
+ * Wraps ucp_tag_send_nbx, ucp_tag_recv_nbx and ucp_worker_progress, counts their calls (and
+ * the sends that returned a request: UCX could not send at once, e.g. a full shared-memory
+ * FIFO), and adds up the time spent inside each with the TSC (rdtsc before and after each
+ * call; the TSC rate is calibrated against CLOCK_MONOTONIC over the process's life). At exit,
+ * a process that made at least 1000 tag calls prints one line to stderr:
+ *
+ *   ucp-time: src%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call (CALLS, REQ
+ *   requests), recv NS ns/call (CALLS), progress NS ns/call (CALLS, WORK with work) = NS
+ *   ns/msg, rest NS ns/msg
+ *
+ * span runs from the first wrapped call to the last one; "rest" is what the process spent
+ * per message outside the three calls (its own loop, and the time between calls); src%4096 is
+ * the first send's buffer address modulo the page size. It takes no header: the three
+ * prototypes are spelled with void pointers, so it builds where UCX's headers are not
+ * installed (the GPU host's wheel ships none of them):
+ *
+ *   cc -O2 -shared -fPIC -o ucp-time.so transport-ucx/ucp-time.c -ldl
+ *   LD_PRELOAD=$PWD/ucp-time.so rdma-bench server ...   (and ucx_perftest ..., each side)
+ *
+ * Both tools pay the same two rdtsc per call. docs/measurements.md (U27-U30) has what it
+ * showed: on the GPU host, ours' sender spends 1.6-1.8x perftest's time inside
+ * ucp_tag_send_nbx at 4 KiB.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+#include <x86intrin.h>
+
+typedef void *P;
+
+static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, first, last;
+static uintptr_t src0;
+static struct timespec t0;
+
+/* A returned pointer that is a request, not NULL (done) or an error status. */
+#define IS_REQ(r) ((r) != NULL && (uintptr_t)(r) < (uintptr_t)-100)
+
+static inline void mark(uint64_t t)
+{
+    if (first == 0) {
+        first = t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+    }
+    last = t;
+}
+
+unsigned ucp_worker_progress(P worker)
+{
+    static unsigned (*real)(P);
+    if (real == NULL) real = (unsigned (*)(P))dlsym(RTLD_NEXT, "ucp_worker_progress");
+    uint64_t a = __rdtsc();
+    unsigned r = real(worker);
+    uint64_t b = __rdtsc();
+    mark(a);
+    c_prog += b - a;
+    n_prog++;
+    if (r != 0) w_prog++;
+    return r;
+}
+
+P ucp_tag_send_nbx(P ep, const void *buf, size_t len, uint64_t tag, const void *param)
+{
+    static P (*real)(P, const void *, size_t, uint64_t, const void *);
+    if (real == NULL)
+        real = (P (*)(P, const void *, size_t, uint64_t, const void *))dlsym(RTLD_NEXT, "ucp_tag_send_nbx");
+    uint64_t a = __rdtsc();
+    P r = real(ep, buf, len, tag, param);
+    uint64_t b = __rdtsc();
+    mark(a);
+    c_send += b - a;
+    if (n_send++ == 0) src0 = (uintptr_t)buf;
+    if (IS_REQ(r)) r_send++;
+    return r;
+}
+
+P ucp_tag_recv_nbx(P worker, void *buf, size_t len, uint64_t tag, uint64_t mask, const void *param)
+{
+    static P (*real)(P, void *, size_t, uint64_t, uint64_t, const void *);
+    if (real == NULL)
+        real = (P (*)(P, void *, size_t, uint64_t, uint64_t, const void *))dlsym(RTLD_NEXT, "ucp_tag_recv_nbx");
+    uint64_t a = __rdtsc();
+    P r = real(worker, buf, len, tag, mask, param);
+    uint64_t b = __rdtsc();
+    mark(a);
+    c_recv += b - a;
+    n_recv++;
+    return r;
+}
+
+__attribute__((destructor)) static void report(void)
+{
+    struct timespec t1;
+    if (n_send + n_recv < 1000) return;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+    double ghz = (double)(__rdtsc() - first) / ns;
+    double span = (last - first) / ghz;
+    double msgs = n_send > n_recv ? n_send : n_recv;
+    fprintf(stderr,
+            "ucp-time: src%%4096 %lu, %.0f msgs, span %.1f ms, %.1f ns/msg: send %.1f ns/call "
+            "(%lu, %lu requests), recv %.1f ns/call (%lu), progress %.1f ns/call (%lu, %lu with "
+            "work) = %.1f ns/msg, rest %.1f ns/msg\n",
+            (unsigned long)(src0 & 4095), msgs, span / 1e6, span / msgs,
+            n_send ? c_send / ghz / n_send : 0, (unsigned long)n_send, (unsigned long)r_send,
+            n_recv ? c_recv / ghz / n_recv : 0, (unsigned long)n_recv,
+            n_prog ? c_prog / ghz / n_prog : 0, (unsigned long)n_prog, (unsigned long)w_prog,
+            c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog) / ghz) / msgs);
+}
