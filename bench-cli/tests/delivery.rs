@@ -30,9 +30,13 @@ use transport_efa::{Endpoint, Mr};
 const HOLD: Duration = Duration::from_millis(300);
 
 /// An initiator's NIC with its target polled in the same thread; the target acknowledges
-/// `HOLD` after the phase's last arrival (an immediate or a receive).
+/// `HOLD` after the phase's last arrival (an immediate or a receive). It also counts what the
+/// initiator keeps in flight (posted, not yet reported complete) and the most it kept at once.
 struct SlowTarget<'a, W> {
     inner: W,
+    posted: u64,
+    done: u64,
+    most: u64,
     target: &'a mut Endpoint,
     dst: &'a Mr,
     to_a: PeerId,
@@ -51,10 +55,14 @@ impl<W: NicWork> NicWork for SlowTarget<'_, W> {
         self.acks = Acks::new(0, iters);
     }
     fn post(&mut self, max: usize) -> bench_core::error::Result<usize> {
-        self.inner.post(max)
+        let k = self.inner.post(max)?;
+        self.posted += k as u64;
+        self.most = self.most.max(self.posted - self.done);
+        Ok(k)
     }
     fn poll(&mut self, buf: &mut [Completion]) -> bench_core::error::Result<Polled> {
         let p = self.inner.poll(buf)?;
+        self.done += p.ops;
         let n = self.target.poll(&mut self.tbuf).expect("target poll");
         for c in &self.tbuf[..n] {
             c.check().expect("target completion");
@@ -81,55 +89,6 @@ impl<W: NicWork> NicWork for SlowTarget<'_, W> {
             self.ack_to,
             1,
         )?;
-        Ok(p)
-    }
-    fn finished(&self) -> bool {
-        self.inner.finished()
-    }
-    fn delivered(&self) -> Option<Delivered> {
-        self.inner.delivered()
-    }
-    fn nic(&self) -> usize {
-        self.inner.nic()
-    }
-    fn stats(&self, clock: Clock) -> NicStats {
-        self.inner.stats(clock)
-    }
-}
-
-/// Counts what `inner` keeps in flight (posted, not yet reported complete) and the most it
-/// kept at once.
-struct Peak<W> {
-    inner: W,
-    posted: u64,
-    done: u64,
-    most: u64,
-}
-
-impl<W> Peak<W> {
-    fn new(inner: W) -> Self {
-        Peak {
-            inner,
-            posted: 0,
-            done: 0,
-            most: 0,
-        }
-    }
-}
-
-impl<W: NicWork> NicWork for Peak<W> {
-    fn start_phase(&mut self, iters: u64) {
-        self.inner.start_phase(iters);
-    }
-    fn post(&mut self, max: usize) -> bench_core::error::Result<usize> {
-        let k = self.inner.post(max)?;
-        self.posted += k as u64;
-        self.most = self.most.max(self.posted - self.done);
-        Ok(k)
-    }
-    fn poll(&mut self, buf: &mut [Completion]) -> bench_core::error::Result<Polled> {
-        let p = self.inner.poll(buf)?;
-        self.done += p.ops;
         Ok(p)
     }
     fn finished(&self) -> bool {
@@ -235,7 +194,7 @@ fn write_phase(knobs: &Knobs) -> (NicStats, Duration, u64) {
         max_inflight: knobs.in_flight(tx),
         batch: knobs.batch as usize,
     };
-    let mut w = Peak::new(SlowTarget {
+    let mut w = SlowTarget {
         inner: WriteActive::new(parts),
         target: &mut b,
         dst: &dst,
@@ -245,7 +204,10 @@ fn write_phase(knobs: &Knobs) -> (NicStats, Duration, u64) {
         tbuf: vec![Completion::default(); 64],
         arrived: 0,
         last_arrival: None,
-    });
+        posted: 0,
+        done: 0,
+        most: 0,
+    };
     let (st, took) = one_phase(&mut w, knobs, 20, PAGES as u64);
     eprintln!(
         "write: {} ops in {:.3} s (phase {took:?}), at most {} in flight",
@@ -301,7 +263,7 @@ fn send_phase(knobs: &Knobs) -> (NicStats, Duration, u64) {
         total: N,
         max_inflight: knobs.in_flight(tx),
     };
-    let mut w = Peak::new(SlowTarget {
+    let mut w = SlowTarget {
         inner: SendActive::new(parts),
         target: &mut b,
         dst: &dst,
@@ -311,7 +273,10 @@ fn send_phase(knobs: &Knobs) -> (NicStats, Duration, u64) {
         tbuf: vec![Completion::default(); 64],
         arrived: 0,
         last_arrival: None,
-    });
+        posted: 0,
+        done: 0,
+        most: 0,
+    };
     let (st, took) = one_phase(&mut w, knobs, N, 1);
     eprintln!(
         "send: {} ops in {:.3} s (phase {took:?}), at most {} in flight",
