@@ -214,6 +214,10 @@ fn gpu_write_bad_input_and_a_dead_server_fail_clearly() {
     let o = run(&a, T).expect_err("gpu-write takes --size/--sizes");
     assert_eq!(o.code, Some(2), "{}", o.stderr);
     let mut a = client_args(&srv, "shm");
+    a.extend_from_slice(&["--window", "8"]);
+    let o = run(&a, T).expect_err("--pages or --window");
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    let mut a = client_args(&srv, "shm");
     a.extend_from_slice(&["--producer", "opencl"]);
     assert!(!run(&a, T).ok());
     let o = run(

@@ -40,11 +40,11 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
         cfg.bw_bytes = n << 18;
         cfg.ring_cmds = n * 2000;
     }
-    if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() {
+    if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() || w.window != 0 {
         return Err(Error::Usage(
             "gpu-write takes --size/--sizes, -n (latency round trips), --warmup (untimed round \
              trips), --batch, --seed, --pin and --no-verify; not --ladder, --rounds, \
-             --single-buffer or --pages"
+             --single-buffer, --pages or --window"
                 .into(),
         ));
     }
