@@ -51,6 +51,10 @@
 #   -z, and on host memory perftest with untouched buffers, interleaved in the same rounds
 #   (one line per size: "ab" columns). UCX_STEP_BUDGET (seconds, default 420): rows not
 #   started by then print SKIPPED (budget), and the step fails.
+#   UCX_TIME=1: both tools' four processes of every run load bin/ucp-time.so
+#   (transport-ucx/ucp-time.c), and the log gets each one's line: the time inside
+#   ucp_tag_send_nbx, ucp_tag_recv_nbx and ucp_worker_progress per call and per message (it
+#   times only those three: the put row prints none).
 # Exit status: 0 when every run worked and every byte was verified; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +83,7 @@ pack() {
   cp "$td/release/rdma-bench" "$carry/bin/rdma-bench-ucx"
   strip "$carry/bin/rdma-bench-ucx"
   ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/perftest-written.so" transport-ucx/perftest-written.c -ldl
+  ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/ucp-time.so" transport-ucx/ucp-time.c -ldl
   w=$(wheel)
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' RETURN
   mkdir "$tmp/whl" "$tmp/ucx"
@@ -165,6 +170,17 @@ run() {
 
   local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
   local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
+  local timer=() timed=
+  if [ -n "${UCX_TIME:-}" ]; then
+    timed=$carry/bin/ucp-time.so
+    [ -f "$timed" ] || { log "no $timed: ci/gpu-host.sh pack"; return 1; }
+    timer=(LD_PRELOAD="$timed")
+  fi
+  ucp_times() {  # WHO SERVER-LOG CLIENT-LOG: each side's ucp-time line (UCX_TIME=1)
+    [ -n "$timed" ] || return 0
+    log "  $1 server: $(grep -o 'ucp-time: .*' "$2" | cut -c11- || echo none)"
+    log "  $1 client: $(grep -o 'ucp-time: .*' "$3" | cut -c11- || echo none)"
+  }
   IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
   [ "${PERFTEST_BUF:-written}" = untouched ] || [ -f "$written" ] ||
     { log "no $written: ci/gpu-host.sh pack (or PERFTEST_BUF=untouched)"; return 1; }
@@ -190,16 +206,18 @@ run() {
             --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
       lat) args=(--workload lat --op send -s "$size" -n "$lat_iters" --warmup $((lat_iters / 10))) ;;
     esac
-    timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port "${common[@]}" \
-      "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
+    env "${timer[@]}" timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port \
+      "${common[@]}" "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
     local spid=$! i
     for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
-    if ! timeout 120 "${pin_cli[@]}" "$rb" client --connect 127.0.0.1:$port "${common[@]}" \
-        "${more[@]}" --mem "$mem" "${args[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
+    if ! env "${timer[@]}" timeout 120 "${pin_cli[@]}" "$rb" client --connect 127.0.0.1:$port \
+        "${common[@]}" "${more[@]}" --mem "$mem" "${args[@]}" --json > "$out/ours.json" \
+        2> "$out/ours.err"; then
       log "rdma-bench-ucx $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
     wait $spid 2>/dev/null || true
+    ucp_times "ours $row $size" "$out/srv" "$out/ours.err"
     # UCX_STEP_LOGS=1: what UCX printed (with UCX_PROTO_INFO=y: the protocols it chose).
     [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "ours $row $size" "$mem"
     # UCX logs to stdout ("[TIME] [HOST:PID:THREAD] file:line UCX WARN ..."): not JSON.
@@ -219,7 +237,9 @@ run() {
     # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
     # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").
     local alloc=(); [ "$mem" = host ] && alloc=(UCX_ALLOC_PRIO=heap)
-    [ "$mem" = host ] && [ "$buf" = written ] && alloc+=(LD_PRELOAD="$written")
+    local pre=${timed:+$timed}
+    [ "$mem" = host ] && [ "$buf" = written ] && pre="$written${pre:+ $pre}"
+    [ -z "$pre" ] || alloc+=(LD_PRELOAD="$pre")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
     local spid=$!
     sleep 0.5
@@ -228,6 +248,7 @@ run() {
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
     fi
     wait $spid 2>/dev/null || true
+    ucp_times "theirs $row $size" "$out/tsrv" "$out/tcli"
     [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "theirs $row $size" "$mem"
     if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at' "$out/tcli"; then
       log "ucx_perftest $t $size: perftest-written.so did not write its buffers"; echo 0; return
