@@ -237,7 +237,7 @@ run() {
     # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
     # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").
     local alloc=(); [ "$mem" = host ] && alloc=(UCX_ALLOC_PRIO=heap)
-    local pre=${timed:+$timed}
+    local pre=$timed
     [ "$mem" = host ] && [ "$buf" = written ] && pre="$written${pre:+ $pre}"
     [ -z "$pre" ] || alloc+=(LD_PRELOAD="$pre")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
