@@ -298,8 +298,10 @@ fn the_send_clock_stops_at_the_receivers_acknowledgement() {
     assert!(st.seconds <= took.as_secs_f64());
 }
 
-/// `--window 3` with 64 operations posted a turn: a NIC keeps exactly 3 in flight, WRITE and
-/// SEND alike (without the window it keeps up to its send queue's depth).
+/// `--window 3` with 64 operations posted a turn: a NIC keeps exactly 3 WRITEs in flight
+/// (without the window, up to its send queue's depth: 60 here), and never more than 3 SENDs
+/// (libfabric 1.17's shm takes them all at once; 2.1 and 2.6 take one SEND until the target
+/// polls, so there the window is not what holds them back).
 #[test]
 fn the_window_caps_what_a_nic_keeps_in_flight() {
     let knobs = Knobs {
@@ -310,5 +312,8 @@ fn the_window_caps_what_a_nic_keeps_in_flight() {
     let (_, _, most) = write_phase(&knobs);
     assert_eq!(most, 3, "WRITEs in flight at most, with --window 3");
     let (_, _, most) = send_phase(&knobs);
-    assert_eq!(most, 3, "SENDs in flight at most, with --window 3");
+    assert!(
+        (1..=3).contains(&most),
+        "{most} SENDs in flight at most, with --window 3"
+    );
 }
