@@ -279,6 +279,14 @@ pub fn rotated(slot: u64, rep: u64, n: u64) -> u64 {
     }
 }
 
+/// One message of `len` bytes: the pattern every SEND and ping-pong message carries (the same
+/// at every slot and in every message, so a receiver checks any of them against it).
+fn message(seed: u64, len: usize) -> Vec<u8> {
+    let mut one = vec![0u8; len];
+    fill_pattern(seed, u64::MAX, 0, &mut one);
+    one
+}
+
 /// Fill `len` bytes at the start of `mr` with one message's pattern, `slots` times back to back.
 pub fn fill_messages<M: MemoryRegion>(
     mr: &mut M,
@@ -286,8 +294,7 @@ pub fn fill_messages<M: MemoryRegion>(
     len: usize,
     slots: usize,
 ) -> Result<()> {
-    let mut one = vec![0u8; len];
-    fill_pattern(seed, u64::MAX, 0, &mut one);
+    let one = message(seed, len);
     for s in 0..slots {
         mr.memory_mut()
             .write_at(s * len, &one)
@@ -310,8 +317,7 @@ pub fn fill_lat<M: MemoryRegion>(
     src: usize,
     dst: usize,
 ) -> Result<()> {
-    let mut one = vec![0u8; len];
-    fill_pattern(seed, u64::MAX, 0, &mut one);
+    let mut one = message(seed, len);
     mr.memory_mut()
         .write_at(src, &one)
         .ctx(|| "filling the ping-pong's send buffer")?;
@@ -341,11 +347,9 @@ struct Pattern {
 
 impl Pattern {
     fn new(seed: u64, len: usize) -> Self {
-        let mut want = vec![0u8; len];
-        fill_pattern(seed, u64::MAX, 0, &mut want);
         Self {
             got: vec![0u8; len],
-            want,
+            want: message(seed, len),
         }
     }
 
