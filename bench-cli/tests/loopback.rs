@@ -451,8 +451,50 @@ fn bad_flags_are_usage_errors() {
     assert!(o.stderr.contains("--window 65537"), "{}", o.stderr);
     let o = run(&args(&["-s", "4X"]), T);
     assert_eq!(o.code, Some(2));
+    let o = run(&args(&["--buf-offset", "4096"]), T);
+    assert_eq!(o.code, Some(2));
+    assert!(o.stderr.contains("--buf-offset 4096"), "{}", o.stderr);
+    let o = run(&args(&["--buf-offset", "64", "--mem", "cuda"]), T);
+    assert_eq!(o.code, Some(2));
+    assert!(o.stderr.contains("places host buffers"), "{}", o.stderr);
     let o = run(&args(&["--workload", "lat", "--ladder"]), T);
     assert_eq!(o.code, Some(2));
+}
+
+/// `--buf-offset`: both sides' regions start that far into a page (the server's too, which
+/// takes the offset from the client's hello), and every workload still verifies every byte.
+#[test]
+fn buf_offset_places_both_sides_regions_and_verifies() {
+    for w in [
+        &["--workload", "write", "--pages", "8"][..],
+        &["--workload", "send"],
+        &["--workload", "lat"],
+    ] {
+        let mut a = args(&["--buf-offset", "1000", "-s", "4K", "-n", "4", "-v"]);
+        a.extend_from_slice(w);
+        let o = run(&a, T).expect_ok();
+        assert_eq!(
+            o.stderr.matches("starting 1000 bytes into a page").count(),
+            2,
+            "{w:?}: the client's and the server's regions\n{}",
+            o.stderr
+        );
+        if w[1] != "lat" {
+            assert!(
+                o.stdout.contains("every byte verified"),
+                "{w:?}: {}",
+                o.stdout
+            );
+        }
+    }
+    // Without the flag, on the page.
+    let o = run(&args(&["-s", "4K", "-n", "2", "--pages", "8", "-v"]), T).expect_ok();
+    assert_eq!(
+        o.stderr.matches("starting 0 bytes into a page").count(),
+        2,
+        "{}",
+        o.stderr
+    );
 }
 
 /// `compare` across backends: libfabric's shm beside UCX's shared memory, one workload, both

@@ -16,7 +16,6 @@
 #![cfg(feature = "efa")]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use bench_core::config::MemKind;
 use bench_core::side::SideCfg;
@@ -66,9 +65,8 @@ fn check_node(path: &Path, instance: &str) {
         nics_per_gpu: npg,
         mem: MemKind::Host,
         verbose: 0,
-        idle: Duration::from_secs(10),
         hints: Some(from_topology(&t)),
-        facts: Default::default(),
+        ..SideCfg::default()
     };
     let mut used = Vec::new();
     for (g, &ordinal) in gpus.iter().enumerate() {

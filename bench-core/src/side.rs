@@ -44,6 +44,9 @@ pub struct SideCfg {
     pub gpus: Vec<usize>,
     pub nics_per_gpu: usize,
     pub mem: MemKind,
+    /// Bytes into a page where each data region starts (`--buf-offset`, host memory; the
+    /// server takes the client's from its hello).
+    pub buf_offset: u32,
     pub verbose: u8,
     pub idle: Duration,
     pub hints: Option<Hints>,
@@ -65,6 +68,7 @@ impl Default for SideCfg {
             gpus: vec![0],
             nics_per_gpu: 1,
             mem: MemKind::Host,
+            buf_offset: 0,
             verbose: 0,
             idle: Duration::from_secs(10),
             hints: None,
@@ -86,6 +90,7 @@ impl SideCfg {
         if self.gpus.len() * self.nics_per_gpu > MAX_NICS {
             return Err(Error::Usage(format!("more than {MAX_NICS} NICs in total")));
         }
+        buffers::check_page_offset(self.mem, self.buf_offset)?;
         let (n, here) = self.gpus_here()?;
         if let Some(&g) = self.gpus.iter().find(|&&g| g >= n) {
             return Err(Error::Usage(format!(
@@ -254,9 +259,10 @@ impl<T: Transport> Side<T> {
         self.gpus[i / self.npg]
     }
 
-    /// Register a `data_len`-byte data region (on the NIC's GPU for `--mem cuda`) and a small
-    /// host control region on every NIC.
-    pub fn register(&mut self, mem: MemKind, data_len: usize) -> Result<()> {
+    /// Register a `data_len`-byte data region (on the NIC's GPU for `--mem cuda`; host ones
+    /// `page_offset` bytes into their first page) and a small host control region on every
+    /// NIC.
+    pub fn register(&mut self, mem: MemKind, data_len: usize, page_offset: u32) -> Result<()> {
         if mem == MemKind::Cuda {
             if let Some((i, ep)) = self
                 .eps
@@ -278,7 +284,7 @@ impl<T: Transport> Side<T> {
         };
         for i in 0..self.eps.len() {
             let gpu = self.gpu_of(i);
-            let m = buffers::alloc(mem, gpu, data_len)?;
+            let m = buffers::alloc(mem, gpu, data_len, page_offset)?;
             let mr = self.eps[i].register(m).ctx(|| {
                 format!("registering {data_len} bytes of {mem} memory on NIC {i} (GPU {gpu})")
             })?;
@@ -289,6 +295,14 @@ impl<T: Transport> Side<T> {
             self.ctrl.push(c);
         }
         Ok(())
+    }
+
+    /// How many bytes into its page the first NIC's data region starts (`--buf-offset`; 0 for
+    /// GPU memory and before [`Side::register`]).
+    pub fn data_page_offset(&self) -> usize {
+        self.data
+            .first()
+            .map_or(0, |mr| buffers::page_offset(mr.memory()))
     }
 
     /// What the peer needs: one entry per NIC, with a fresh address for this peer.

@@ -117,8 +117,15 @@ pub const PAGE: usize = 4096;
 impl HostBuffer {
     /// `len` zeroed bytes, aligned to [`PAGE`].
     pub fn new(len: usize) -> Self {
-        let storage = vec![0u8; len + PAGE].into_boxed_slice();
-        let offset = storage.as_ptr().align_offset(PAGE);
+        Self::at_page_offset(len, 0)
+    }
+    /// `len` zeroed bytes that start `skew % PAGE` bytes into a page (a benchmark's
+    /// `--buf-offset`: where a copy's source or target sits in its page can change what the
+    /// copy costs).
+    pub fn at_page_offset(len: usize, skew: usize) -> Self {
+        let skew = skew % PAGE;
+        let storage = vec![0u8; len + PAGE + skew].into_boxed_slice();
+        let offset = storage.as_ptr().align_offset(PAGE) + skew;
         Self {
             storage,
             offset,
@@ -382,6 +389,24 @@ mod tests {
             assert_eq!(b.as_ptr() as usize % PAGE, 0);
             assert_eq!(b.len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn host_buffers_start_where_in_the_page_they_are_asked() {
+        for (len, skew) in [
+            (0, 1),
+            (1, 4095),
+            (4096, 1024),
+            (1 << 20, 960),
+            (64, PAGE + 8),
+        ] {
+            let mut b = HostBuffer::at_page_offset(len, skew);
+            assert_eq!(b.as_ptr() as usize % PAGE, skew % PAGE, "{len} {skew}");
+            assert_eq!(b.len(), len);
+            // Every byte is inside the allocation: writing all of them does not panic.
+            b.as_mut_slice().fill(0xa5);
+            assert!(b.as_slice().iter().all(|&x| x == 0xa5));
         }
     }
 

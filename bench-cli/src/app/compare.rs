@@ -42,7 +42,7 @@ pub(super) fn compare(a: CompareArgs) -> Result<()> {
         let mut common = a.common.clone();
         common.backend = p.backend;
         common.devices = p.devices.clone();
-        let r = loopback_cfgs(&common, p.provider.clone())
+        let r = loopback_cfgs(&common, p.provider.clone(), a.work.buf_offset)
             .and_then(|(client, server)| p.backend.loopback(&client, &server, &plan, true));
         if let Ok(out) = &r {
             if let (Some(b), Some(Some(peer))) = (

@@ -87,7 +87,8 @@ fn gpu_write_producer(w: &crate::cli::WorkloadArgs, side: &SideCfg) -> Result<Bo
 
 pub(super) fn gpu_write(a: &LoopbackArgs) -> Result<()> {
     let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
-    let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
+    let (client, server) =
+        loopback_cfgs(&a.common, default_provider(&a.common), a.work.buf_offset)?;
     let producer = gpu_write_producer(&a.work, &client)?;
     let out = a
         .common
@@ -104,6 +105,7 @@ pub(super) fn gpu_write_client(a: &ClientArgs) -> Result<()> {
         &a.common,
         a.common.provider.clone(),
         a.common.devices.clone(),
+        a.work.buf_offset,
     )?;
     a.common.backend.check_built()?;
     let producer = gpu_write_producer(&a.work, &side)?;

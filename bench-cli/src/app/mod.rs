@@ -132,7 +132,14 @@ fn env_options(name: &str, example: &str, s: &str) -> Result<Vec<(String, String
     Ok(out)
 }
 
-fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Result<SideCfg> {
+/// One side's configuration from the common flags; `buf_offset`: the workload's
+/// `--buf-offset` (0 for the server, which takes each client's).
+fn side_cfg(
+    c: &Common,
+    provider: Option<String>,
+    devices: Vec<String>,
+    buf_offset: u32,
+) -> Result<SideCfg> {
     let info = c.backend.info();
     // Only a backend with providers takes one.
     let provider = provider.filter(|_| info.provider.is_some());
@@ -161,6 +168,7 @@ fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Resul
         gpus: c.gpus(),
         nics_per_gpu,
         mem: c.mem(),
+        buf_offset,
         verbose: c.verbose,
         idle: idle(c)?,
         hints: match &c.topology {
@@ -175,7 +183,11 @@ fn side_cfg(c: &Common, provider: Option<String>, devices: Vec<String>) -> Resul
 
 /// Loopback's two sides: the first half of `--devices` for the client, the second half for
 /// the server (both the whole list when it cannot be halved).
-fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, ServerCfg)> {
+fn loopback_cfgs(
+    c: &Common,
+    provider: Option<String>,
+    buf_offset: u32,
+) -> Result<(SideCfg, ServerCfg)> {
     let devs = &c.devices;
     let (a, b) = if devs.len() >= 2 && devs.len().is_multiple_of(2) {
         let (x, y) = devs.split_at(devs.len() / 2);
@@ -183,8 +195,9 @@ fn loopback_cfgs(c: &Common, provider: Option<String>) -> Result<(SideCfg, Serve
     } else {
         (devs.clone(), devs.clone())
     };
-    let mut client = side_cfg(c, provider.clone(), a)?;
-    let mut server_side = side_cfg(c, provider, b)?;
+    let mut client = side_cfg(c, provider.clone(), a, buf_offset)?;
+    // The server's side takes the client's offset from its hello.
+    let mut server_side = side_cfg(c, provider, b, 0)?;
     // Both sides in one process: what the backend needs where two endpoints of one process
     // exchange GPU memory (libfabric: no CUDA IPC, `gpu_ipc=off`), unless given. Between
     // processes (server and client, rdma-bench run) nothing is added.
@@ -290,7 +303,8 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
     let plan = Plan::new(&(&a.work).into(), true)?;
     let out_spec = a.out.spec(&a.common, default_provider(&a.common));
     let gate = out_spec.prepare(plan.workload.name())?;
-    let (client, server) = loopback_cfgs(&a.common, default_provider(&a.common))?;
+    let (client, server) =
+        loopback_cfgs(&a.common, default_provider(&a.common), a.work.buf_offset)?;
     let out = a
         .common
         .backend
@@ -320,6 +334,7 @@ fn server(a: ServerArgs) -> Result<()> {
             &a.common,
             a.common.provider.clone(),
             a.common.devices.clone(),
+            0,
         )?,
         // What the operator gave; the rest is each client's.
         fixed: Fixed {
@@ -354,6 +369,7 @@ fn client(a: ClientArgs) -> Result<()> {
         &a.common,
         a.common.provider.clone(),
         a.common.devices.clone(),
+        a.work.buf_offset,
     )?;
     // Say so before touching the network.
     a.common.backend.check_built()?;
@@ -384,6 +400,7 @@ fn run_rank(a: RunArgs) -> Result<()> {
         &a.common,
         a.common.provider.clone(),
         a.common.devices.clone(),
+        a.work.buf_offset,
     )?;
     let cfg = RunCfg {
         side,

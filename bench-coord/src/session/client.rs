@@ -19,6 +19,7 @@ use bench_core::workload::lat::PingPong;
 use bench_core::workload::send::{self, RecvNic};
 use bench_core::workload::write;
 
+use super::layout::regions_line;
 use super::report::build_report;
 use super::timeouts::{peer_gone_cause, PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
@@ -153,7 +154,10 @@ fn client_inner<T: Transport>(
         check_size(plan, &side, p.size, false)?;
     }
     let len = data_len(plan, &side)?;
-    side.register(cfg.mem, len)?;
+    side.register(cfg.mem, len, cfg.buf_offset)?;
+    if cfg.verbose > 0 {
+        eprintln!("rdma-bench: {}", regions_line(&side, cfg.mem, len as u64));
+    }
     let (facts, peer) = greet(&mut side, cfg, ctrl, len)?;
     for p in &plan.runs {
         check_size(plan, &side, p.size, true)?;
@@ -205,6 +209,7 @@ pub(crate) fn greet<T: Transport>(
         gpus: cfg.gpus.len() as u32,
         nics_per_gpu: cfg.nics_per_gpu as u32,
         mem: cfg.mem,
+        buf_offset: cfg.buf_offset,
         nics: side.wire(),
         facts: Some(Box::new(facts.clone())),
     };

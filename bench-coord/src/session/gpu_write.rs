@@ -47,7 +47,7 @@ fn client_inner<T: Transport>(
         return Err(Error::Usage("gpu-write: no NIC on this side".into()));
     }
     let len = gcfg.region_len();
-    side.register(cfg.mem, len)?;
+    side.register(cfg.mem, len, cfg.buf_offset)?;
     greet(&mut side, cfg, ctrl, len)?;
     let gpu = side.gpus.first().copied().unwrap_or(0);
     let (core, pinning) = gpu_write::proxy_core(gcfg.pin, cfg.hints.as_ref(), gpu, 0);

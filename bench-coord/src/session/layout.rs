@@ -7,7 +7,8 @@ use std::time::Duration;
 use bench_core::config::MemKind;
 use bench_core::error::{Error, Result};
 use bench_core::proto::Hello;
-use bench_core::side::SideCfg;
+use bench_core::side::{Side, SideCfg};
+use transport_core::Transport;
 
 /// The server's configuration.
 #[derive(Clone, Debug)]
@@ -62,6 +63,8 @@ pub fn session_side(cfg: &ServerCfg, hello: &Hello) -> Result<SideCfg> {
     if !cfg.fixed.mem {
         side.mem = hello.mem;
     }
+    // The client's experiment: this side's regions sit in their pages as the client's do.
+    side.buf_offset = hello.buf_offset;
     side.gpus = if cfg.fixed.gpus {
         let have = &cfg.side.gpus;
         if n > have.len() {
@@ -161,6 +164,15 @@ pub(super) fn layout_line(cfg: &ServerCfg) -> String {
     }
 }
 
+/// One side's data regions, for `-v`: their length, memory and where in a page they start
+/// (`--buf-offset`, read off the first region itself).
+pub(super) fn regions_line<T: Transport>(side: &Side<T>, mem: MemKind, len: u64) -> String {
+    format!(
+        "data regions: {len} bytes of {mem} memory per NIC, starting {} bytes into a page",
+        side.data_page_offset()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +201,7 @@ mod tests {
             gpus,
             nics_per_gpu,
             mem,
+            buf_offset: 0,
             nics: Vec::new(),
             facts: None,
         }

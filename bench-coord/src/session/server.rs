@@ -19,7 +19,7 @@ use bench_core::workload::send::{SendActive, SendParts};
 use bench_core::workload::write::{WriteActive, WriteParts};
 use bench_core::workload::{group, run_active};
 
-use super::layout::{layout_line, session_side, ServerCfg};
+use super::layout::{layout_line, regions_line, session_side, ServerCfg};
 use super::timeouts::{peer_gone_cause, PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
 /// Serve clients until `cfg.sessions` have been served (forever without it).
@@ -173,7 +173,10 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
             side.provider()
         )));
     }
-    side.register(scfg.mem, want.max(64) as usize)?;
+    side.register(scfg.mem, want.max(64) as usize, scfg.buf_offset)?;
+    if scfg.verbose > 0 {
+        eprintln!("rdma-bench: {}", regions_line(&side, scfg.mem, want));
+    }
     let facts = side.runtime().map(|r| Box::new(scfg.facts.with_backend(r)));
     let wire = side.wire();
     side.connect(hello.nics)?;

@@ -10,11 +10,44 @@ use crate::error::{Error, Result, TransportContext};
 /// Bytes staged per CUDA copy when filling or checking GPU memory.
 const STAGE: usize = 4 << 20;
 
-/// Allocate `len` zeroed bytes of `kind` memory on GPU `ordinal` (ignored for host memory).
-pub fn alloc(kind: MemKind, ordinal: usize, len: usize) -> Result<Memory> {
+/// Allocate `len` zeroed bytes of `kind` memory on GPU `ordinal` (ignored for host memory),
+/// starting `page_offset` bytes into a page (`--buf-offset`, host memory only: GPU memory
+/// with an offset is a usage error).
+pub fn alloc(kind: MemKind, ordinal: usize, len: usize, page_offset: u32) -> Result<Memory> {
+    check_page_offset(kind, page_offset)?;
     match kind {
-        MemKind::Host => Ok(Memory::Host(HostBuffer::new(len))),
+        MemKind::Host => Ok(Memory::Host(HostBuffer::at_page_offset(
+            len,
+            page_offset as usize,
+        ))),
         MemKind::Cuda => alloc_gpu(ordinal, len),
+    }
+}
+
+/// Most bytes `--buf-offset` may place a region into its page.
+pub const MAX_PAGE_OFFSET: u32 = transport_core::PAGE as u32 - 1;
+
+/// `--buf-offset` for `kind` memory: at most [`MAX_PAGE_OFFSET`], and host memory only.
+pub fn check_page_offset(kind: MemKind, page_offset: u32) -> Result<()> {
+    if page_offset > MAX_PAGE_OFFSET {
+        return Err(Error::Usage(format!(
+            "--buf-offset {page_offset}: at most {MAX_PAGE_OFFSET} (bytes into a page)"
+        )));
+    }
+    if page_offset > 0 && kind == MemKind::Cuda {
+        return Err(Error::Usage(format!(
+            "--buf-offset {page_offset} places host buffers; --mem cuda regions start where \
+             the CUDA allocator puts them: leave --buf-offset out"
+        )));
+    }
+    Ok(())
+}
+
+/// How many bytes into its page a region starts (host memory; 0 for GPU memory).
+pub fn page_offset(m: &Memory) -> usize {
+    match m {
+        Memory::Host(h) => h.as_ptr() as usize % transport_core::PAGE,
+        Memory::Gpu(_) => 0,
     }
 }
 

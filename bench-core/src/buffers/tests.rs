@@ -64,7 +64,7 @@ fn fill_verify_round(kind: MemKind) {
     };
     let len = layout.slots(1) as usize * layout.page_size;
     let none = Versions::none(layout.page_size);
-    let mut mr = Plain(alloc(kind, 0, len).unwrap());
+    let mut mr = Plain(alloc(kind, 0, len, 0).unwrap());
     assert_eq!(kind == MemKind::Cuda, matches!(mr.0, Memory::Gpu(_)));
     fill_pages(&mut mr, &layout, 7, 1, 1).unwrap();
     verify_pages(&mr, &layout, 7, 1, 1, 3, 0, &none).unwrap();

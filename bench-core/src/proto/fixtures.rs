@@ -43,6 +43,7 @@ pub(crate) fn hello() -> Hello {
         gpus: 2,
         nics_per_gpu: 1,
         mem: MemKind::Host,
+        buf_offset: 0,
         nics: vec![nic(0), nic(1)],
         facts: Some(Box::new(facts())),
     }

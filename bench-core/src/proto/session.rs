@@ -34,6 +34,10 @@ pub struct Hello {
     pub gpus: u32,
     pub nics_per_gpu: u32,
     pub mem: MemKind,
+    /// Bytes into a page where the client's data regions start (`--buf-offset`); the server
+    /// places its own the same way.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub buf_offset: u32,
     pub nics: Vec<NicWire>,
     /// What the client is and runs on (its run record's facts, with its backend's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -83,6 +87,10 @@ fn one_u64() -> u64 {
 
 fn one() -> u32 {
     1
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Most passes over the page set one immediate may cover (`--imm-every`).

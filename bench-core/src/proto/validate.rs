@@ -5,7 +5,7 @@ use super::{
     MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_PATH, MAX_RANKS, MAX_RUNS, MAX_TEXT,
     MAX_WARMUP, MAX_WINDOW, MRS_PER_NIC, VERSION,
 };
-use crate::config::{Knobs, Workload};
+use crate::config::{Knobs, MemKind, Workload};
 use crate::error::Result;
 use crate::record::Facts;
 
@@ -133,6 +133,17 @@ pub fn validate(msg: &Msg) -> Result<()> {
                 if n.gpu as usize != i / h.nics_per_gpu as usize {
                     return Err(proto(format!("NIC {i} claims GPU {}", n.gpu)));
                 }
+            }
+            if h.buf_offset > crate::buffers::MAX_PAGE_OFFSET
+                || (h.buf_offset > 0 && h.mem == MemKind::Cuda)
+            {
+                return Err(proto(format!(
+                    "hello: regions {} bytes into a page of {} memory (at most {}, host \
+                     memory only)",
+                    h.buf_offset,
+                    h.mem,
+                    crate::buffers::MAX_PAGE_OFFSET
+                )));
             }
             Ok(())
         }
@@ -466,6 +477,30 @@ mod tests {
             Msg::Hello(h) => assert!(h.facts.is_none()),
             m => panic!("{}", m.kind()),
         }
+    }
+
+    /// A hello may place the regions anywhere in a host page, and nowhere else.
+    #[test]
+    fn a_hello_offsets_host_regions_inside_one_page() {
+        let with = |off: u32, mem: MemKind| {
+            let mut h = hello();
+            h.buf_offset = off;
+            h.mem = mem;
+            validate(&Msg::Hello(h))
+        };
+        with(0, MemKind::Cuda).unwrap();
+        with(4095, MemKind::Host).unwrap();
+        for (off, mem) in [
+            (4096, MemKind::Host),
+            (u32::MAX, MemKind::Host),
+            (64, MemKind::Cuda),
+        ] {
+            let e = with(off, mem).unwrap_err().to_string();
+            assert!(e.contains("bytes into a page"), "{off} {mem}: {e}");
+        }
+        // A peer that never places its regions sends no field; it reads as 0.
+        let v = serde_json::to_value(Msg::Hello(hello())).unwrap();
+        assert!(v.get("buf_offset").is_none(), "{v}");
     }
 
     /// A region's key is bytes of any length a backend makes, up to `KeyBytes::MAX_LEN`; a

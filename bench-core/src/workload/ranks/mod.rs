@@ -127,7 +127,7 @@ pub fn open_links<T: Transport>(
                 }
                 // A sending link's region has room for the acknowledgement past its pages.
                 let n = n.max(64) as usize + if send { ACK_PAD } else { 0 };
-                let m = buffers::alloc(cfg.mem, cfg.gpus[g], n)?;
+                let m = buffers::alloc(cfg.mem, cfg.gpus[g], n, cfg.buf_offset)?;
                 let mr = ep
                     .register(m)
                     .ctx(|| format!("registering {n} bytes of {} memory on link {k}", cfg.mem))?;
