@@ -45,6 +45,9 @@
 #   (UCX_ALLOC_PRIO=heap, as ours) for the host one, written before the run as ours
 #   (bin/perftest-written.so, LD_PRELOAD: perftest never writes its send buffer, which then
 #   reads as the kernel's zero page; PERFTEST_BUF=untouched runs it as it comes).
+#   BUF_OFFSET (default 0): both tools' host buffers that many bytes into a page (ours
+#   --buf-offset; perftest's placed by perftest-written.so, PERFTEST_BUF_OFFSET), as like for
+#   like as the window: the 4 KiB rows move with it (docs/measurements.md).
 #   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
 #   both tools chose).
 #   UCX_AB=1: the tag and lat rows also run ours with --nic-opt memh=off and perftest with
@@ -206,6 +209,8 @@ run() {
             --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
       lat) args=(--workload lat --op send -s "$size" -n "$lat_iters" --warmup $((lat_iters / 10))) ;;
     esac
+    # The client's flag: the server places its regions as the client's hello says.
+    [ "$mem" = host ] && args+=(--buf-offset "${BUF_OFFSET:-0}")
     env "${timer[@]}" timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port \
       "${common[@]}" "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
     local spid=$! i
@@ -240,6 +245,7 @@ run() {
     local pre=$timed
     [ "$mem" = host ] && [ "$buf" = written ] && pre="$written${pre:+ $pre}"
     [ -z "$pre" ] || alloc+=(LD_PRELOAD="$pre")
+    [ "$mem" = host ] && [ "$buf" = written ] && alloc+=(PERFTEST_BUF_OFFSET="${BUF_OFFSET:-0}")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
     local spid=$!
     sleep 0.5
@@ -250,8 +256,8 @@ run() {
     wait $spid 2>/dev/null || true
     ucp_times "theirs $row $size" "$out/tsrv" "$out/tcli"
     [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "theirs $row $size" "$mem"
-    if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at' "$out/tcli"; then
-      log "ucx_perftest $t $size: perftest-written.so did not write its buffers"; echo 0; return
+    if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$out/tcli"; then
+      log "ucx_perftest $t $size: perftest-written.so did not write and place its buffers"; echo 0; return
     fi
     # The final line: iterations, p50, average, overall (latency or overhead, us), bandwidth
     # average, overall (MB/s, 2^20 bytes), message rate average, overall.
@@ -269,7 +275,7 @@ run() {
   local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio
   for mem in "${memv[@]}"; do
     echo
-    echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}"
+    echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
     printf '%-4s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do

@@ -6,7 +6,11 @@
 # buffer; perftest never writes its own, so it sends the kernel's zero page: the LD_PRELOAD
 # shim perftest-written.c writes each buffer ucp_mem_map allocates; PERFTEST_BUF=untouched
 # runs perftest as it comes), no peer error handling on either (perftest's default, ours
-# --nic-opt peer_errors=off), no verification in either.
+# --nic-opt peer_errors=off), no verification in either, and both tools' buffers the same
+# BUF_OFFSET bytes into a page (default 0: on the page, rdma-bench's default; ours
+# --buf-offset, perftest's placed by the shim, PERFTEST_BUF_OFFSET): where a copy's source
+# sits in its page moves the 4 KiB rows by up to 1.3x on an Intel host (docs/measurements.md),
+# and UCX's heap puts perftest's wherever malloc does.
 #
 #   transport-ucx/compare-tag.sh [RDMA_BENCH] [TLS...]   (default: target/release/rdma-bench, sm tcp)
 #
@@ -41,10 +45,11 @@ ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824} LAT_ITERS=${LAT_ITERS:-20000}
 LAT_BYTES=${LAT_BYTES:-4294967296}
 PORT=${PORT:-$((21000 + RANDOM % 20000))}
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
-PERFTEST_BUF=${PERFTEST_BUF:-written}
+PERFTEST_BUF=${PERFTEST_BUF:-written} BUF_OFFSET=${BUF_OFFSET:-0}
 case $PERFTEST_BUF in
   written) ${CC:-cc} -O2 -shared -fPIC -o "$OUT/written.so" "$(dirname "$0")/perftest-written.c" -ldl
-    PRELOAD=(LD_PRELOAD="$OUT/written.so") ;;
+    PRELOAD=(LD_PRELOAD="$OUT/written.so" PERFTEST_BUF_OFFSET="$BUF_OFFSET") ;;
+  # perftest's buffers as UCX places them: ours keeps BUF_OFFSET, so not like for like.
   untouched) PRELOAD=() ;;
   *) echo "compare-tag: PERFTEST_BUF is written or untouched, not $PERFTEST_BUF" >&2; exit 2 ;;
 esac
@@ -66,8 +71,8 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
     127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
-  if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at' "$OUT/tcli" "$OUT/tsrv"; then
-    echo "compare-tag: ucx_perftest ran without perftest-written.so writing its buffers" >&2
+  if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$OUT/tcli" "$OUT/tsrv"; then
+    echo "compare-tag: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
     echo "0 -"; return
   fi
   if [ "$row" = lat ]; then
@@ -81,6 +86,7 @@ ours() { # ROW TLS SIZE
   PORT=$((PORT + 1))
   [ "$tls" = tcp ] && dev=(--devices lo)
   local common=(--backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off)
+  local place=(--buf-offset "$BUF_OFFSET")
   case $row in
     # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
     # depth, 256 messages.
@@ -91,7 +97,7 @@ ours() { # ROW TLS SIZE
   timeout 120 "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!
   sleep 0.5
-  timeout 120 "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" --json \
+  timeout 120 "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
     2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
   wait "$srv" || true
   if [ "$row" = lat ]; then
@@ -106,7 +112,7 @@ best() { # ROW: best of the first column (and of the second) of stdin
       if ($2 != "-" && (m == "" || $2 < m)) m = $2 }
     END { if (n == 0) print "0 -"; else printf "%s %s\n", a, (m == "" ? "-" : m) }'
 }
-echo "ucx_perftest buffers: heap, $PERFTEST_BUF; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "buffers: both tools' $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (ours; perftest's where UCX puts them)"); ucx_perftest's heap, $PERFTEST_BUF; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %-4s %8s %10s %10s %7s   %s\n' tls row size ours theirs ratio \
   "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
 for tls in "${TLS_LIST[@]}"; do

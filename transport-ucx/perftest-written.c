@@ -8,6 +8,11 @@
  * it filled. This shim writes each host buffer once, right after ucp_mem_map allocated it,
  * so both tools send real bytes (docs/measurements.md, "UCX backend against").
  *
+ * PERFTEST_BUF_OFFSET=N (0-4095): the shim allocates each host buffer itself instead, N bytes
+ * into a page (posix_memalign, then ucp_mem_map of that address without ALLOCATE), as
+ * `rdma-bench --buf-offset N` places its regions: where a copy's source sits in its page can
+ * change what the copy costs, and UCX's heap puts perftest's buffers wherever malloc does.
+ *
  * Built by transport-ucx/compare-tag.sh and ci/gpu-host-ucx.sh:
  *   cc -O2 -shared -fPIC -o perftest-written.so transport-ucx/perftest-written.c -ldl
  * It prints "perftest-written: LENGTH bytes at ADDRESS" to stderr for each buffer it wrote;
@@ -16,8 +21,36 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+
+#define PAGE 4096
+
+/* PERFTEST_BUF_OFFSET, or -1 when unset (UCX allocates); the shim refuses a bad value. */
+static long buf_offset(void)
+{
+    const char *v = getenv("PERFTEST_BUF_OFFSET");
+    char *end;
+    long n;
+
+    if (v == NULL || *v == '\0') return -1;
+    n = strtol(v, &end, 10);
+    if (*end != '\0' || n < 0 || n >= PAGE) {
+        fprintf(stderr, "perftest-written: PERFTEST_BUF_OFFSET=%s: 0 to %d\n", v, PAGE - 1);
+        exit(2);
+    }
+    return n;
+}
+
+/* Host memory, to be allocated by UCX: what this shim may place itself. */
+static int host_alloc(const ucp_mem_map_params_t *p)
+{
+    return (p->field_mask & UCP_MEM_MAP_PARAM_FIELD_FLAGS) && (p->flags & UCP_MEM_MAP_ALLOCATE) &&
+           (p->field_mask & UCP_MEM_MAP_PARAM_FIELD_LENGTH) &&
+           (!(p->field_mask & UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) ||
+            p->memory_type == UCS_MEMORY_TYPE_HOST);
+}
 
 typedef ucs_status_t (*mem_map_fn)(ucp_context_h, const ucp_mem_map_params_t *, ucp_mem_h *);
 
@@ -34,6 +67,23 @@ ucs_status_t ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *para
             fprintf(stderr, "perftest-written: no ucp_mem_map after this library\n");
             return UCS_ERR_UNSUPPORTED;
         }
+    }
+    long off = buf_offset();
+    if (off >= 0 && host_alloc(params)) {
+        ucp_mem_map_params_t placed = *params;
+        void *base;
+        if (posix_memalign(&base, PAGE, params->length + PAGE) != 0) return UCS_ERR_NO_MEMORY;
+        placed.field_mask |= UCP_MEM_MAP_PARAM_FIELD_ADDRESS;
+        placed.address = (char *)base + off;
+        placed.flags &= ~(unsigned)UCP_MEM_MAP_ALLOCATE;
+        memset(placed.address, 0xa5, params->length);
+        /* Never freed: perftest's ucp_mem_unmap releases UCX's registration only; the
+         * process ends after its one test. */
+        status = real(context, &placed, memh_p);
+        if (status == UCS_OK)
+            fprintf(stderr, "perftest-written: %zu bytes at %p (placed)\n", params->length,
+                    placed.address);
+        return status;
     }
     status = real(context, params, memh_p);
     if (status != UCS_OK || !(params->field_mask & UCP_MEM_MAP_PARAM_FIELD_FLAGS) ||

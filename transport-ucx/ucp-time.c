@@ -6,15 +6,15 @@
  * call; the TSC rate is calibrated against CLOCK_MONOTONIC over the process's life). At exit,
  * a process that made at least 1000 tag calls prints one line to stderr:
  *
- *   ucp-time: src%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call (CALLS, REQ
- *   requests), recv NS ns/call (CALLS), progress NS ns/call (CALLS, WORK with work) = NS
- *   ns/msg, rest NS ns/msg
+ *   ucp-time: src%4096 OFF, dst%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call
+ *   (CALLS, REQ requests), recv NS ns/call (CALLS), progress NS ns/call (CALLS, WORK with
+ *   work) = NS ns/msg, rest NS ns/msg
  *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
- * per message outside the three calls (its own loop, and the time between calls); src%4096 is
- * the first send's buffer address modulo the page size. It takes no header: the three
- * prototypes are spelled with void pointers, so it builds where UCX's headers are not
- * installed (the GPU host's wheel ships none of them):
+ * per message outside the three calls (its own loop, and the time between calls); src%4096 and
+ * dst%4096 are the first send's and the first receive's buffer addresses modulo the page size.
+ * It takes no header: the three prototypes are spelled with void pointers, so it builds where
+ * UCX's headers are not installed (the GPU host's wheel ships none of them):
  *
  *   cc -O2 -shared -fPIC -o ucp-time.so transport-ucx/ucp-time.c -ldl
  *   LD_PRELOAD=$PWD/ucp-time.so rdma-bench server ...   (and ucx_perftest ..., each side)
@@ -34,7 +34,7 @@
 typedef void *P;
 
 static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, first, last;
-static uintptr_t src0;
+static uintptr_t src0, dst0;
 static struct timespec t0;
 
 /* A returned pointer that is a request, not NULL (done) or an error status. */
@@ -88,7 +88,7 @@ P ucp_tag_recv_nbx(P worker, void *buf, size_t len, uint64_t tag, uint64_t mask,
     uint64_t b = __rdtsc();
     mark(a);
     c_recv += b - a;
-    n_recv++;
+    if (n_recv++ == 0) dst0 = (uintptr_t)buf;
     return r;
 }
 
@@ -102,10 +102,10 @@ __attribute__((destructor)) static void report(void)
     double span = (last - first) / ghz;
     double msgs = n_send > n_recv ? n_send : n_recv;
     fprintf(stderr,
-            "ucp-time: src%%4096 %lu, %.0f msgs, span %.1f ms, %.1f ns/msg: send %.1f ns/call "
+            "ucp-time: src%%4096 %lu, dst%%4096 %lu, %.0f msgs, span %.1f ms, %.1f ns/msg: send %.1f ns/call "
             "(%lu, %lu requests), recv %.1f ns/call (%lu), progress %.1f ns/call (%lu, %lu with "
             "work) = %.1f ns/msg, rest %.1f ns/msg\n",
-            (unsigned long)(src0 & 4095), msgs, span / 1e6, span / msgs,
+            (unsigned long)(src0 & 4095), (unsigned long)(dst0 & 4095), msgs, span / 1e6, span / msgs,
             n_send ? c_send / ghz / n_send : 0, (unsigned long)n_send, (unsigned long)r_send,
             n_recv ? c_recv / ghz / n_recv : 0, (unsigned long)n_recv,
             n_prog ? c_prog / ghz / n_prog : 0, (unsigned long)n_prog, (unsigned long)w_prog,
