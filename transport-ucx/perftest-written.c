@@ -12,6 +12,9 @@
  * into a page (posix_memalign, then ucp_mem_map of that address without ALLOCATE), as
  * `rdma-bench --buf-offset N` places its regions: where a copy's source sits in its page can
  * change what the copy costs, and UCX's heap puts perftest's buffers wherever malloc does.
+ * Give a multiple of 64: UCX 1.13 rounds a mapping's start down to 16 bytes, and perftest
+ * uses the buffer from where ucp_mem_query says the mapping starts. transport-ucx/shims-test.sh
+ * checks both shims against the ucx_perftest on PATH.
  *
  * Built by transport-ucx/compare-tag.sh and ci/gpu-host-ucx.sh:
  *   cc -O2 -shared -fPIC -o perftest-written.so transport-ucx/perftest-written.c -ldl

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The two LD_PRELOAD shims the UCX comparisons load into ucx_perftest, checked against the
+# ucx_perftest on PATH (Debian's ucx-utils in CI) over shared memory:
+#   perftest-written.c  writes every host buffer perftest maps, and with PERFTEST_BUF_OFFSET=B
+#                       allocates them itself B bytes into a page: both processes must say
+#                       "(placed)" at an address B bytes into its page, and the test must run;
+#                       a bad B must stop perftest with exit 2;
+#   ucp-time.c          must print its line in both: the sender's src%4096 and the receiver's
+#                       dst%4096 are B (a multiple of 64: UCX 1.13 rounds a mapping's start
+#                       down to 16 bytes, and perftest sends from where UCX says it starts).
+#   transport-ucx/shims-test.sh        (ci/test.sh runs it)
+set -euo pipefail
+cd "$(dirname "$0")"
+PERF=${UCX_PERFTEST:-$(command -v ucx_perftest || true)}
+[ -n "$PERF" ] || { echo "shims-test: no ucx_perftest (apt-get install ucx-utils)" >&2; exit 1; }
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/written.so" perftest-written.c -ldl
+${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/time.so" ucp-time.c -ldl
+B=1088 port=$((22000 + RANDOM % 20000)) bad=0
+listening() { # PORT: a socket listens on it (/proc/net/tcp*, state 0A), within 10 s
+  local hex i; hex=$(printf ':%04X' "$1")
+  for i in $(seq 100); do
+    awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p {f = 1} END {exit !f}' \
+      /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+run() { # SERVER-OFFSET CLIENT-OFFSET -> perftest's logs in $out/srv, $out/cli; the client's status
+  local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so")
+  port=$((port + 1))
+  env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
+    > "$out/srv" 2>&1 &
+  local s=$! rc=0
+  listening $port || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
+  env "${env[@]}" PERFTEST_BUF_OFFSET="$2" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
+    127.0.0.1 > "$out/cli" 2>&1 || rc=$?
+  # A client stopped by a bad offset leaves the server without a peer: it is not waited for.
+  if [ $rc = 0 ]; then wait $s || rc=$?; else kill $s 2>/dev/null; wait $s 2>/dev/null || true; fi
+  return $rc
+}
+run $B $B || { echo "shims-test: ucx_perftest with PERFTEST_BUF_OFFSET=$B failed:" >&2; cat "$out/srv" "$out/cli" >&2; exit 1; }
+for side in srv cli; do
+  addrs=$(sed -n 's/^perftest-written: [0-9]* bytes at \(0x[0-9a-f]*\) (placed)$/\1/p' "$out/$side")
+  [ -n "$addrs" ] || { echo "shims-test: $side: no placed buffer" >&2; cat "$out/$side" >&2; bad=1; continue; }
+  for a in $addrs; do
+    [ $((a % 4096)) = $B ] || { echo "shims-test: $side: buffer at $a, $((a % 4096)) bytes into its page, not $B" >&2; bad=1; }
+  done
+  # The server receives (its dst), the client sends (its src).
+  want="dst%4096 $B,"; [ $side = cli ] && want="src%4096 $B,"
+  grep -q "^ucp-time: .*$want" "$out/$side" ||
+    { echo "shims-test: $side: no ucp-time line with $want" >&2; grep ucp-time "$out/$side" >&2; bad=1; }
+done
+rc=0; run $B 4096 || rc=$?
+[ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
+  { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
+[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset; a bad offset stopped perftest"
+exit $bad
