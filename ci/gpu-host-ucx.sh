@@ -45,9 +45,9 @@
 #   (UCX_ALLOC_PRIO=heap, as ours) for the host one, written before the run as ours
 #   (bin/perftest-written.so, LD_PRELOAD: perftest never writes its send buffer, which then
 #   reads as the kernel's zero page; PERFTEST_BUF=untouched runs it as it comes).
-#   BUF_OFFSET (default 0): both tools' host buffers that many bytes into a page (ours
-#   --buf-offset; perftest's placed by perftest-written.so, PERFTEST_BUF_OFFSET), as like for
-#   like as the window: the 4 KiB rows move with it (docs/measurements.md).
+#   BUF_OFFSET (default 0; a multiple of 64): both tools' host buffers that many bytes into a
+#   page (ours --buf-offset; perftest's placed by perftest-written.so, PERFTEST_BUF_OFFSET), as
+#   like for like as the window: the 4 KiB rows move with it (docs/measurements.md).
 #   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
 #   both tools chose).
 #   UCX_AB=1: the tag and lat rows also run ours with --nic-opt memh=off and perftest with
