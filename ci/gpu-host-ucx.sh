@@ -243,9 +243,10 @@ run() {
     # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").
     local alloc=(); [ "$mem" = host ] && alloc=(UCX_ALLOC_PRIO=heap)
     local pre=$timed
-    [ "$mem" = host ] && [ "$buf" = written ] && pre="$written${pre:+ $pre}"
+    if [ "$mem" = host ] && [ "$buf" = written ]; then
+      pre="$written${pre:+ $pre}"; alloc+=(PERFTEST_BUF_OFFSET="${BUF_OFFSET:-0}")
+    fi
     [ -z "$pre" ] || alloc+=(LD_PRELOAD="$pre")
-    [ "$mem" = host ] && [ "$buf" = written ] && alloc+=(PERFTEST_BUF_OFFSET="${BUF_OFFSET:-0}")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
     local spid=$!
     sleep 0.5

@@ -83,9 +83,7 @@ netdev() {  # netdev N: the -netdev spec of vm N
     *) if [ "$1" = 0 ]; then echo "socket,listen=127.0.0.1:$P"; else echo "socket,connect=127.0.0.1:$P"; fi ;;
   esac
 }
-listening() {  # is something listening on 127.0.0.1:P (TCP state 0A)?
-  awk -v p="$(printf '0100007F:%04X' $P)" '$2 == p && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp
-}
+source ci/listening.sh
 
 declare -A PID RC ENDED
 cleanup() {  # end whatever is left of either VM's process group (a qemu may outlive run-vm.sh)
@@ -100,8 +98,8 @@ tb=$SECONDS
 for n in 0 1; do
   if [ $n = 1 ] && [ "$NETKIND" = socket ]; then
     # vm1's qemu connects at startup: wait until vm0's listens (or died)
-    i=0; while ! listening && kill -0 "${PID[0]}" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    listening || say "vm0's qemu is not listening on 127.0.0.1:$P; starting vm1 anyway (it will fail)"
+    i=0; while ! listening $P && kill -0 "${PID[0]}" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    listening $P || say "vm0's qemu is not listening on 127.0.0.1:$P; starting vm1 anyway (it will fail)"
   fi
   # setsid: each VM (run-vm.sh, timeout, qemu) in its own process group, to end it as a whole
   SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-300} SOFTROCE_MAC=02:00:0a:63:01:0$((n + 1)) \

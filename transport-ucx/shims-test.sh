@@ -17,13 +17,10 @@ out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/written.so" perftest-written.c -ldl
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/time.so" ucp-time.c -ldl
 B=1088 port=$((22000 + RANDOM % 20000)) bad=0
-listening() { # PORT: a socket listens on it (/proc/net/tcp*, state 0A), within 10 s
-  local hex i; hex=$(printf ':%04X' "$1")
-  for i in $(seq 100); do
-    awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p {f = 1} END {exit !f}' \
-      /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
-    sleep 0.1
-  done
+source ../ci/listening.sh
+wait_listening() { # PORT: within 10 s
+  local i
+  for i in $(seq 100); do listening "$1" && return 0; sleep 0.1; done
   return 1
 }
 run() { # SERVER-OFFSET CLIENT-OFFSET -> perftest's logs in $out/srv, $out/cli; the client's status
@@ -32,7 +29,7 @@ run() { # SERVER-OFFSET CLIENT-OFFSET -> perftest's logs in $out/srv, $out/cli; 
   env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
     > "$out/srv" 2>&1 &
   local s=$! rc=0
-  listening $port || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
+  wait_listening $port || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
   env "${env[@]}" PERFTEST_BUF_OFFSET="$2" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
     127.0.0.1 > "$out/cli" 2>&1 || rc=$?
   # A client stopped by a bad offset leaves the server without a peer: it is not waited for.

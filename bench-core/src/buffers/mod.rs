@@ -36,8 +36,8 @@ pub fn check_page_offset(kind: MemKind, page_offset: u32) -> Result<()> {
     }
     if page_offset > 0 && kind == MemKind::Cuda {
         return Err(Error::Usage(format!(
-            "--buf-offset {page_offset} places host buffers; --mem cuda regions start where \
-             the CUDA allocator puts them: leave --buf-offset out"
+            "--buf-offset {page_offset} places host buffers that many bytes into a page; \
+             --mem cuda regions start where the CUDA allocator puts them: leave --buf-offset out"
         )));
     }
     Ok(())

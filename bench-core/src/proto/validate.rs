@@ -5,7 +5,7 @@ use super::{
     MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_PATH, MAX_RANKS, MAX_RUNS, MAX_TEXT,
     MAX_WARMUP, MAX_WINDOW, MRS_PER_NIC, VERSION,
 };
-use crate::config::{Knobs, MemKind, Workload};
+use crate::config::{Knobs, Workload};
 use crate::error::Result;
 use crate::record::Facts;
 
@@ -134,18 +134,9 @@ pub fn validate(msg: &Msg) -> Result<()> {
                     return Err(proto(format!("NIC {i} claims GPU {}", n.gpu)));
                 }
             }
-            if h.buf_offset > crate::buffers::MAX_PAGE_OFFSET
-                || (h.buf_offset > 0 && h.mem == MemKind::Cuda)
-            {
-                return Err(proto(format!(
-                    "hello: regions {} bytes into a page of {} memory (at most {}, host \
-                     memory only)",
-                    h.buf_offset,
-                    h.mem,
-                    crate::buffers::MAX_PAGE_OFFSET
-                )));
-            }
-            Ok(())
+            // The same bound the client's flag has.
+            crate::buffers::check_page_offset(h.mem, h.buf_offset)
+                .map_err(|e| proto(format!("hello: {e}")))
         }
         Msg::Welcome(w) => {
             check_magic(&w.magic, w.version)?;
@@ -482,6 +473,7 @@ mod tests {
     /// A hello may place the regions anywhere in a host page, and nowhere else.
     #[test]
     fn a_hello_offsets_host_regions_inside_one_page() {
+        use crate::config::MemKind;
         let with = |off: u32, mem: MemKind| {
             let mut h = hello();
             h.buf_offset = off;
