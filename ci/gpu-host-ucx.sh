@@ -47,7 +47,7 @@
 #   reads as the kernel's zero page; PERFTEST_BUF=untouched runs it as it comes).
 #   BUF_OFFSET (default 0; a multiple of 64): both tools' host buffers that many bytes into a
 #   page (ours --buf-offset; perftest's placed by perftest-written.so, PERFTEST_BUF_OFFSET), as
-#   like for like as the window: the 4 KiB rows move with it (docs/measurements.md).
+#   like for like as the window (docs/measurements.md, "The page-aligned penalty, explained").
 #   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
 #   both tools chose).
 #   UCX_AB=1: the tag and lat rows also run ours with --nic-opt memh=off and perftest with

@@ -8,9 +8,9 @@
 # runs perftest as it comes), no peer error handling on either (perftest's default, ours
 # --nic-opt peer_errors=off), no verification in either, and both tools' buffers the same
 # BUF_OFFSET bytes into a page (a multiple of 64; default 0: on the page, rdma-bench's
-# default; ours --buf-offset, perftest's placed by the shim, PERFTEST_BUF_OFFSET): where a
-# copy's source sits in its page moves the 4 KiB rows by up to 1.3x on an Intel host
-# (docs/measurements.md), and UCX's heap puts perftest's wherever malloc does.
+# default; ours --buf-offset, perftest's placed by the shim, PERFTEST_BUF_OFFSET), since
+# UCX's heap puts perftest's wherever malloc does (docs/measurements.md, "The page-aligned
+# penalty, explained").
 #
 #   transport-ucx/compare-tag.sh [RDMA_BENCH] [TLS...]   (default: target/release/rdma-bench, sm tcp)
 #

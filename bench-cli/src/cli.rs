@@ -178,9 +178,9 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub single_buffer: bool,
     /// Start each data region this many bytes into a page (0-4095, host memory), on both
-    /// sides: the server places its own as the client does. Where a copy's source sits in its
-    /// page can change what the copy costs (ucx_perftest's heap buffers start off the page;
-    /// rdma-bench's start on it by default).
+    /// sides: the server places its own as the client does, to place them as another tool
+    /// does (ucx_perftest's heap buffers start off the page; rdma-bench's start on it by
+    /// default).
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
     pub buf_offset: u32,
     /// write and rate: one immediate per K passes over the page set. With --single-buffer,

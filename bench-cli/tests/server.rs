@@ -159,9 +159,8 @@ fn clients_come_and_go() {
     assert!(srv.alive(), "server exited:\n{}", srv.log());
 }
 
-/// The ping-pong sends from buffers it wrote (fresh memory left unwritten maps the kernel's
-/// zero page, which a peer's copy reads faster than real bytes) and each side checks that the
-/// peer's last message landed whole: SEND and WRITE with immediate, eager and larger sizes.
+/// The ping-pong sends from buffers it wrote and each side checks that the peer's last
+/// message landed whole: SEND and WRITE with immediate, eager and larger sizes.
 #[test]
 fn lat_sends_written_buffers_and_checks_the_last_message() {
     let mut srv = Server::start(&["--provider", "shm"]);

@@ -122,9 +122,24 @@ impl HostBuffer {
     /// `len` zeroed bytes that start `skew % PAGE` bytes into a page (a benchmark's
     /// `--buf-offset`: where a copy's source or target sits in its page can change what the
     /// copy costs).
+    ///
+    /// Every page is written once here, so each is the buffer's own memory: fresh anonymous
+    /// memory that nobody wrote maps the kernel's one shared zero page, and a copy that reads
+    /// from or next to such a page runs at another speed than it would in a program's written
+    /// buffers. On an Intel host, a 4 KiB copy (glibc's `rep movsb`) out of a page-aligned
+    /// message followed by a never-written page took 3-4x as long (docs/measurements.md, "The
+    /// page-aligned penalty, explained"). A NIC registration that pins the pages for writing
+    /// breaks the sharing anyway; a backend that only copies (UCX or libfabric's shared memory)
+    /// does not.
     pub fn at_page_offset(len: usize, skew: usize) -> Self {
         let skew = skew % PAGE;
-        let storage = vec![0u8; len + PAGE + skew].into_boxed_slice();
+        let mut storage = vec![0u8; len + PAGE + skew].into_boxed_slice();
+        // The compiler knows the allocator zeroed the bytes and would drop a store of zero;
+        // black_box hides that, so each page takes its store (and its page fault) here.
+        std::hint::black_box(&mut storage);
+        for i in (0..storage.len()).step_by(PAGE) {
+            storage[i] = 0;
+        }
         let offset = storage.as_ptr().align_offset(PAGE) + skew;
         Self {
             storage,
@@ -390,6 +405,30 @@ mod tests {
             assert_eq!(b.len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
         }
+    }
+
+    /// Resident set size of this process in bytes (Linux's /proc/self/statm).
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * PAGE
+    }
+
+    /// A buffer's pages are its own memory from the start, not the kernel's shared zero page:
+    /// the process's resident set grows by about the buffer's size when it is made; on the
+    /// zero page it would not grow at all. Half is the bar: other tests of this binary run at
+    /// the same time and may free a few MiB meanwhile.
+    #[test]
+    fn host_buffers_are_backed_by_their_own_pages() {
+        let len = 64 << 20;
+        let before = resident();
+        let b = HostBuffer::at_page_offset(len, 64);
+        let grown = resident().saturating_sub(before);
+        assert!(
+            grown >= len / 2,
+            "a {len}-byte buffer grew the resident set by {grown} bytes: its pages are not its own"
+        );
+        assert!(b.as_slice().iter().step_by(PAGE).all(|&x| x == 0));
     }
 
     #[test]

@@ -338,11 +338,8 @@ pub fn fill_messages<M: MemoryRegion>(
 
 /// The latency ping-pong's two buffers in `mr`, `len` bytes each, written before the run: the
 /// one this side sends from (at `src`) with the message pattern, the one the peer's messages
-/// land in (at `dst`) with zeros, which [`verify_lat`] checks after the run. Unwritten, fresh
-/// host memory maps the kernel's zero page: a peer's copy out of it (cma's
-/// `process_vm_readv`, a socket's send) reads one hot 4 KiB page over and over, which made a
-/// 1 MiB half round trip over UCX's cma rendezvous 1.2-2x faster than the same work from
-/// written memory (docs/measurements.md, "The host latency suspect at 1 MiB, explained").
+/// land in (at `dst`) with zeros, which [`verify_lat`] checks after the run. (Host memory is
+/// its own pages before this, never the kernel's zero page: `HostBuffer::at_page_offset`.)
 pub fn fill_lat<M: MemoryRegion>(
     mr: &mut M,
     seed: u64,
