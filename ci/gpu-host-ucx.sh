@@ -37,7 +37,7 @@
 #          perftest the same);
 #     lat  rdma-bench --workload lat --op send against ucx_perftest -t tag_lat (one-way:
 #          ours total / iters / 2, perftest's "overall" latency, which is half a round trip;
-#          ours' median and minimum in the log);
+#          both tools' medians, and ours' minimum and maximum, in the log);
 #   best of ROUNDS interleaved rounds, ours / theirs. Both sides of every run: the same
 #   UCX_TLS (UCX_STEP_TLS, default sm,cuda_copy,cuda_ipc,self: UCX_TLS=sm alone leaves
 #   CUDA memory no transport), no peer error handling (perftest's default, without -e:
@@ -263,6 +263,7 @@ run() {
     # The final line: iterations, p50, average, overall (latency or overhead, us), bandwidth
     # average, overall (MB/s, 2^20 bytes), message rate average, overall.
     if [ "$row" = lat ]; then
+      log "  theirs lat $size: p50 $(awk '$1 ~ /^[0-9]+$/ && NF >= 8 {m = $2} END {print m + 0}' "$out/tcli") us"
       awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4} END {print v + 0}' "$out/tcli"
     else
       awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$out/tcli"
