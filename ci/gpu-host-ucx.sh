@@ -41,7 +41,10 @@
 #     lat  rdma-bench --workload lat --op send against ucx_perftest -t tag_lat (one-way:
 #          ours total / iters / 2, perftest's "overall" latency, which is half a round trip;
 #          both tools' medians, and ours' minimum and maximum, in the log);
-#   best of ROUNDS interleaved rounds, ours / theirs. Both sides of every run: the same
+#   best of ROUNDS interleaved rounds, ours / theirs, then the median of the rounds' own
+#   ratios (a round where one tool ran twice as fast as in its others, which both tools have
+#   had on the GPU host and on the dev box, moves a best of rounds but not the median). Both
+#   sides of every run: the same
 #   UCX_TLS (UCX_STEP_TLS, default sm,cuda_copy,cuda_ipc,self: UCX_TLS=sm alone leaves
 #   CUDA memory no transport), no peer error handling (perftest's default, without -e:
 #   --nic-opt peer_errors=off), ucx_perftest -m cuda for the GPU table and heap buffers
@@ -275,16 +278,22 @@ run() {
       awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$out/tcli"
     fi
   }
+  median() {  # RATIO...: the median of the rounds' ratios ("-" where none)
+    printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -n |
+      awk '{v[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+        else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+  }
   best() {
     awk -v r="$1" -v a="$2" -v b="$3" 'BEGIN {
       if (a == 0) {print b; exit} if (b == 0) {print a; exit}
       if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
-    printf '%-4s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
+    printf '%-4s %5s %10s %10s %7s %7s  %s\n' row size ours theirs ratio median \
+      "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
       ab=; [ -n "${UCX_AB:-}" ] && [ "$row" != put ] && ab=1
@@ -293,7 +302,7 @@ run() {
           printf '%-4s %5s SKIPPED (budget: %ss of UCX_STEP_BUDGET=%s spent)\n' "$row" "$size" $((SECONDS - t0)) "$budget"
           status=1; continue
         fi
-        bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=-
+        bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=()
         for r in $(seq 1 "$rounds"); do
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
           else t=$(theirs $row "$size" "$mem"); o=$(ours $row "$size" "$mem"); fi
@@ -303,12 +312,12 @@ run() {
             if [ "$mem" = host ]; then t3=$(theirs $row "$size" "$mem" "" untouched); bt3=$(best $row "$bt3" "$t3"); fi
           fi
           log "$mem $row $size round $r: ours $o, theirs $t${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}"
-          bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
+          bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
         ratio=$(ratio "$bo" "$bt")
-        printf '%-4s %5s %10.2f %10.2f %7s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" "$fail" \
-          "$(suspect "$row" "$ratio")"
+        printf '%-4s %5s %10.2f %10.2f %7s %7s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
+          "$(median "${rr[@]}")" "$fail" "$(suspect "$row" "$ratio")"
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s' "$bo2" "$bt2" \
           "$([ "$mem" = host ] && printf %.2f "$bt3" || echo -)"
         echo
