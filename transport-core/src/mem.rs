@@ -124,13 +124,13 @@ impl HostBuffer {
     /// copy costs).
     ///
     /// Every page is written once here, so each is the buffer's own memory: fresh anonymous
-    /// memory that nobody wrote maps the kernel's one shared zero page, and a copy that reads
-    /// from or next to such a page runs at another speed than it would in a program's written
-    /// buffers. On an Intel host, a 4 KiB copy (glibc's `rep movsb`) out of a page-aligned
-    /// message followed by a never-written page took 3-4x as long (docs/measurements.md, "The
-    /// page-aligned penalty, explained"). A NIC registration that pins the pages for writing
-    /// breaks the sharing anyway; a backend that only copies (UCX or libfabric's shared memory)
-    /// does not.
+    /// memory is not mapped until something touches it (a read maps the kernel's one shared
+    /// zero page), and a copy that reads from or next to such a page runs at another speed
+    /// than it would in a program's written buffers. On an Intel host, a 4 KiB copy out of a
+    /// page-aligned message whose next page was never touched took 3-4x as long
+    /// (docs/measurements.md, "The page-aligned penalty, explained"). A NIC registration that
+    /// pins the pages for writing maps them anyway; a backend that only copies (UCX, or
+    /// libfabric's shm and tcp) does not.
     pub fn at_page_offset(len: usize, skew: usize) -> Self {
         let skew = skew % PAGE;
         let mut storage = vec![0u8; len + PAGE + skew].into_boxed_slice();
@@ -414,9 +414,9 @@ mod tests {
         pages * PAGE
     }
 
-    /// A buffer's pages are its own memory from the start, not the kernel's shared zero page:
-    /// the process's resident set grows by about the buffer's size when it is made; on the
-    /// zero page it would not grow at all. Half is the bar: other tests of this binary run at
+    /// A buffer's pages are its own memory from the start, neither unmapped nor the kernel's
+    /// shared zero page: the process's resident set grows by about the buffer's size when it is
+    /// made; with either it would not grow at all. Half is the bar: other tests of this binary run at
     /// the same time and may free a few MiB meanwhile.
     #[test]
     fn host_buffers_are_backed_by_their_own_pages() {
