@@ -13,9 +13,10 @@
 #       `pip download libucx-cu12==1.22.0 --no-deps` into that folder.
 #   ci/gpu-host-ucx.sh run      (ci/gpu-host.sh run calls it for STEPS=...,ucx,...) with
 #       CARRY, MEM, ROUNDS, SIZES, BYTES, CORES as ci/gpu-host.sh documents them; LAT_ITERS
-#       here 20000 round trips (at most LAT_BYTES / size: 4 GiB), as transport-ucx/compare-tag.sh:
-#       over 2000 both tools' means still carry their first round trips, ours' more
-#       (docs/measurements.md, U43-U44).
+#       here 20000 round trips on host memory (at most LAT_BYTES / size: 4 GiB), as
+#       transport-ucx/compare-tag.sh: over 2000 both tools' means still carry their first
+#       round trips, ours' more (docs/measurements.md, U43-U44); 2000 on GPU memory, whose
+#       round trips take 300 us (20000 of them made the cuda lat rows alone take 140 s).
 #
 # ABI: rdma-bench-ucx is built against Debian's UCX 1.13.1 headers (ucx-sys's bindgen) and
 # loads the wheel's 1.22.0 libucp.so.0 (same soname). What ucx-sys binds was compared
@@ -177,9 +178,12 @@ run() {
     wait $spid 2>/dev/null || { log "FAILED: the server exited non-zero"; status=1; }
   done
 
-  local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-20000}
+  local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-}
   local lat_bytes=${LAT_BYTES:-4294967296}
-  lat_n() { local n=$((lat_bytes / $1)); [ "$n" -lt "$lat_iters" ] || n=$lat_iters; echo "$n"; }  # BYTES -> round trips
+  lat_n() {  # BYTES MEM -> round trips
+    local most=${lat_iters:-$([ "$2" = host ] && echo 20000 || echo 2000)} n=$((lat_bytes / $1))
+    [ "$n" -lt "$most" ] || n=$most; echo "$n"
+  }
   local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
   local timer=() timed=
   if [ -n "${UCX_TIME:-}" ]; then
@@ -215,7 +219,7 @@ run() {
       # depth, 256 messages.
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
             --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
-      lat) n=$(lat_n "$b")
+      lat) n=$(lat_n "$b" "$mem")
         args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
     esac
     # The client's flag: the server places its regions as the client's hello says.
@@ -245,7 +249,7 @@ run() {
     local row=$1 size=$2 mem=$3 b n t iters buf=${5:-${PERFTEST_BUF:-written}}
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
-    case $row in put) t=ucp_put_bw; iters=$n ;; tag) t=tag_bw; iters=$n ;; lat) t=tag_lat; iters=$(lat_n "$b") ;; esac
+    case $row in put) t=ucp_put_bw; iters=$n ;; tag) t=tag_bw; iters=$n ;; lat) t=tag_lat; iters=$(lat_n "$b" "$mem") ;; esac
     local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f ${UCX_PERFTEST_OPTS:-} ${4:-})
     # Host buffers from the heap, as ours: perftest's default host buffers are UCX's own
     # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
