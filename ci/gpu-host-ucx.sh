@@ -178,12 +178,8 @@ run() {
     wait $spid 2>/dev/null || { log "FAILED: the server exited non-zero"; status=1; }
   done
 
-  local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-}
-  local lat_bytes=${LAT_BYTES:-4294967296}
-  lat_n() {  # BYTES MEM -> round trips
-    local most=${lat_iters:-$([ "$2" = host ] && echo 20000 || echo 2000)} n=$((lat_bytes / $1))
-    [ "$n" -lt "$most" ] || n=$most; echo "$n"
-  }
+  local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))}
+  lat_n() { round_trips "$1" "$([ "$2" = host ] && echo 20000 || echo 2000)"; }  # BYTES MEM
   local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
   local timer=() timed=
   if [ -n "${UCX_TIME:-}" ]; then

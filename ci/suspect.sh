@@ -7,6 +7,16 @@ ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-"}'
 }
 
+# round_trips BYTES DEFAULT: the round trips of a latency run of BYTES-byte messages, the same
+# in every script that compares latency: LAT_ITERS (else DEFAULT), at most LAT_BYTES / BYTES
+# (LAT_BYTES 4 GiB: 4096 at 1 MiB). Too few and a mean still carries the first round trips
+# (docs/measurements.md, U43-U44).
+round_trips() {
+  local most=${LAT_ITERS:-$2} n=$((${LAT_BYTES:-4294967296} / $1))
+  [ "$n" -lt "$most" ] || n=$most
+  echo "$n"
+}
+
 # suspect ROW RATIO: prints "  SUSPECT: ..." where ours beats the other tool by more than 1.5x,
 # nothing otherwise. RATIO is ours / theirs; a ROW whose name contains "lat" is a latency
 # (lower is better), any other a rate (higher is better). Such a figure is a suspect until a
@@ -33,6 +43,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   check tag - none; check lat 0 none
   [ "$(ratio 3 2)/$(ratio 0 2)/$(ratio 2 0)/$(ratio x 2)" = "1.50/-/-/-" ] ||
     { echo "ratio: $(ratio 3 2)/$(ratio 0 2)/$(ratio 2 0)/$(ratio x 2), want 1.50/-/-/-" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4"
+  got="$(round_trips 4096 20000)/$(round_trips 1048576 20000)/$(round_trips 4096 2000)"
+  got+="/$(LAT_ITERS=50 round_trips 4096 20000)"
+  [ "$got" = "20000/4096/2000/50" ] ||
+    { echo "round_trips: $got, want 20000/4096/2000/50" >&2; bad=1; }
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4"
   exit $bad
 fi

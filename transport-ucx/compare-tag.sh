@@ -41,8 +41,7 @@ PERFTEST=${UCX_PERFTEST:-ucx_perftest}
 [ -n "${UCX_LIB:-}" ] && export LD_LIBRARY_PATH=$UCX_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 IFS=, read -r -a SIZES <<< "${SIZES:-4096,65536,1048576}"
 IFS=, read -r -a ROWS <<< "${ROWS:-tag,lat}"
-ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824} LAT_ITERS=${LAT_ITERS:-20000}
-LAT_BYTES=${LAT_BYTES:-4294967296}
+ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824}
 PORT=${PORT:-$((21000 + RANDOM % 20000))}
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
 PERFTEST_BUF=${PERFTEST_BUF:-written} BUF_OFFSET=${BUF_OFFSET:-0}
@@ -55,7 +54,7 @@ case $PERFTEST_BUF in
 esac
 iters() { # ROW SIZE
   local n
-  if [ "$1" = lat ]; then n=$((LAT_BYTES / $2)); [ $n -lt "$LAT_ITERS" ] || n=$LAT_ITERS; echo $n; return; fi
+  if [ "$1" = lat ]; then round_trips "$2" 20000; return; fi
   n=$((BYTES / $2)); [ $n -ge 128 ] || n=128; echo $n
 }
 theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
