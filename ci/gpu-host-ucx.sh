@@ -31,9 +31,9 @@
 #   ucx_info -v and the transports of ucx_info -d (expect cuda_copy, cuda_ipc, cma, posix,
 #   sysv, tcp on the GPU host); rdma-bench-ucx client/server with --mem cuda (then host),
 #   sizes 4K,64K,1M,16M, 16 pages, "every byte verified"; then one table per memory:
-#     put  rdma-bench --workload write --single-buffer --imm-every 64 against
-#          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, perftest's default
-#          outstanding window, -w N/10 warm-up);
+#     put  rdma-bench --workload write --single-buffer --imm-every 64 --window 32 against
+#          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, 32 outstanding: perftest's
+#          default window for this test; -w N/10 warm-up, ours --warmup the same puts);
 #     tag  rdma-bench --workload send --single-buffer --window 32 against ucx_perftest -t
 #          tag_bw, whose window is 32 (ours SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx,
 #          naming the region's memh and memory type as perftest -z does:
@@ -122,7 +122,7 @@ bytes_of() {
 note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
-    put) echo "ours: ucp_put_nbx from one SIZE buffer into one; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate), up to 4 such groups in flight; the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window (-O), clock stops after ucp_worker_flush" ;;
+    put) echo "ours: ucp_put_nbx from one SIZE buffer into one, at most 32 outstanding (--window 32), n / 10 warm-up puts; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate); the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window for this test (32 outstanding), -w n / 10, clock stops after ucp_worker_flush" ;;
     tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64: an 8-byte WRITE with immediate, one active message), at most 32 sends in flight (--window 32), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
     lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
@@ -210,7 +210,10 @@ run() {
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in
-      put) args=(--workload write --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify) ;;
+      # perftest's window (ucp_put_bw: 32 puts outstanding) and warm-up (-w: n / 10 puts;
+      # ours' --warmup counts immediates, one per 64 puts).
+      put) args=(--workload write --single-buffer --imm-every 64 --window 32 -s "$size"
+            -n $((n / 64)) --warmup $(( n / 640 > 1 ? n / 640 : 1 )) --no-verify) ;;
       # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
       # depth, 256 messages.
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify

@@ -6,10 +6,11 @@
 #   transport-ucx/compare.sh [RDMA_BENCH] [TLS...]     (default: target/release/rdma-bench, sm tcp)
 #
 # ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every 64
-#        -s SIZE -n N/64: N puts, one in 64 followed by the flush and the immediate (every
-#        figure to delivery: the clock stops at the last immediate).
-# ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is 32 puts
-# outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
+#        --window 32 -s SIZE -n N/64 --warmup N/640: N puts, one in 64 followed by the flush
+#        and the immediate (every figure to delivery: the clock stops at the last immediate),
+#        at most 32 outstanding and N/10 warm-up puts, as perftest.
+# ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
+# default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
 # by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
 # by the initiator into the target's buffer, uct_sm_ep_put_short/bcopy, the target idle),
 # and with UCX_ALLOC_PRIO=heap (buffers from malloc, like ours). No shared-memory
@@ -71,7 +72,8 @@ ours() { # TLS SIZE N
   local srv=$!
   sleep 0.5
   "$B" client --backend ucx --provider "$tls" "${dev[@]}" --connect 127.0.0.1:$PORT \
-    --single-buffer --imm-every 64 -s "$size" -n $((n / 64)) --no-verify 2>/dev/null |
+    --single-buffer --imm-every 64 --window 32 -s "$size" -n $((n / 64)) \
+    --warmup $((n / 640 > 1 ? n / 640 : 1)) --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
