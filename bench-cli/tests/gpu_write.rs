@@ -25,7 +25,10 @@ fn check_producer(v: &serde_json::Value, producer: &str) {
     let bw = v["bw_gbps"].as_array().unwrap();
     assert_eq!(lat.len(), 2, "{v}"); // 8 B and 4 KiB; 1 MiB is over latency's 64 KiB
     assert_eq!(bw.len(), 3, "{v}");
-    for r in lat.iter().chain(bw) {
+    // The same rounds' median beside the mean, for both paths.
+    let p50 = v["lat_p50_us"].as_array().unwrap();
+    assert_eq!(p50.len(), lat.len(), "{v}");
+    for r in lat.iter().chain(p50).chain(bw) {
         assert!(r["proxy"].as_f64().unwrap() > 0.0, "{v}");
         assert!(r["host"].as_f64().unwrap() > 0.0, "{v}");
     }
@@ -128,6 +131,7 @@ fn two_processes(prov: &str) {
     for want in [
         "ring alone",
         "half the round trip",
+        "median round trip halved",
         "includes one return WRITE",
         "proxy threads: client unpinned (--pin not given)",
         "every byte verified (the server checked",

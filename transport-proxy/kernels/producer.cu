@@ -89,6 +89,14 @@ static __device__ __forceinline__ u64 globaltimer_ns() {
     return t;
 }
 
+// The SM's cycle counter: a register read, where %globaltimer may tick only once a
+// microsecond (its resolution is the driver's choice), too coarse for one round trip.
+static __device__ __forceinline__ u64 cycles() {
+    u64 c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+    return c;
+}
+
 static __device__ __forceinline__ u32 ring_error(const u8 *ring) {
     return *(const volatile u32 *)(ring + PROXY_OFF_ERROR);
 }
@@ -276,12 +284,16 @@ extern "C" __global__ void proxy_wait(const u8 *ring, const u64 *counter, u64 ta
 // any claim that hands out each position once; the proxy never reads head). counter is the ring's done (local
 // completion: delivered, the trait's promise) or an arrivals word of this side's ring
 // (the peer's answer landed). out[0] = rounds done, out[1] = ns of all rounds (globaltimer),
-// out[2] = 0, or 1 on timeout, or 0x100 | the error word.
+// out[2] = 0, or 1 on timeout, or 0x100 | the error word, out[3] = SM cycles of all rounds
+// (the same span as out[1], for converting round_cycles to ns). round_cycles[r] = the
+// cycles of round r, publish to answer seen (saturating at 2^32 - 1): device memory, a
+// plain store after the round's poll; the next round's release orders it before its publish
+// and it reaches L2 long before that publish's write to mapped host memory does.
 extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base_count, u64 iters,
                                           u64 first, u32 peer, u32 local_region, u64 local_off,
                                           u32 remote_region, u64 remote_off, u64 len, u32 op,
                                           u32 imm_slot, u64 timeout_ns, u32 sleep_ns,
-                                          u32 sync, u32 margin_ns, u64 *out) {
+                                          u32 sync, u32 margin_ns, u64 *out, u32 *round_cycles) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const u32 cap = *(const volatile u32 *)(ring + 8);
     const u32 slots = *(const volatile u32 *)(ring + 12);
@@ -291,6 +303,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
     u32 failed = 0;
     out[2] = 0;
     const u64 start = globaltimer_ns();
+    const u64 start_cycles = cycles();
     // The shortest round trip so far, publish to answer seen (ns): with margin_ns, each
     // round sleeps until margin_ns before it and only then polls (Kernels::set_poll_margin).
     u64 fastest = ~0ull;
@@ -298,6 +311,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
     for (; r < iters; ++r) {
         const u64 i = first + r;
         const u64 pos = pos0 + r;
+        const u64 c0 = cycles();
         failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, false);
         if (failed) break;
         const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
@@ -326,14 +340,18 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
         }
         if (failed) break;
         polled(sync);
+        const u64 c = cycles() - c0;
+        round_cycles[r] = c > 0xffffffffull ? 0xffffffffu : (u32)c;
         const u64 rt = globaltimer_ns() - t0;
         if (rt < fastest) fastest = rt;
     }
     // Positions pos0 .. pos0 + r were claimed (the last maybe unpublished after a failure).
+    const u64 end = globaltimer_ns(), end_cycles = cycles();
     *head = pos0 + r + (failed ? 1 : 0);
     out[0] = r;
-    out[1] = globaltimer_ns() - start;
+    out[1] = end - start;
     out[2] = failed;
+    out[3] = end_cycles - start_cycles;
 }
 
 // Publishes n commands staged by the host (cuda.rs's CudaProducer: the seam of bench-core's

@@ -920,6 +920,7 @@ fn timed_pingpong(
     prod.first = warm;
     k.pingpong(ring, counter, warm, iters, prod)
         .expect("timed rounds")
+        .total_ns
 }
 
 /// Host-initiated: `iters` rounds of one WRITE with immediate of `size` bytes from a, this

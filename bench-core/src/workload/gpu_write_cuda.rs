@@ -14,7 +14,7 @@ use transport_proxy::cuda::{CudaProducer as Inner, CudaRing, GpuError};
 
 use transport_proxy::{Command, Ring, RingLayout};
 
-use super::gpu_write::{Producer, RingHome};
+use super::gpu_write::{Producer, RingHome, Rounds};
 use crate::error::{Error, Result};
 
 /// GPU threads as [`Producer`].
@@ -81,12 +81,15 @@ impl Producer for CudaProducer {
         base: u64,
         rounds: u64,
         _idle: Duration,
-    ) -> Result<Duration> {
+    ) -> Result<Rounds> {
         // The kernel gives up by itself (transport_proxy::cuda::KERNEL_TIMEOUT_NS) and on the
         // ring's error word.
         self.0
             .pingpong(ring, slot, cmd, first, base, rounds)
-            .map(Duration::from_nanos)
+            .map(|p| Rounds {
+                total: Duration::from_nanos(p.total_ns),
+                each_ns: p.round_ns,
+            })
             .map_err(|e| Error::Protocol(format!("gpu-write: the CUDA latency kernel: {e}")))
     }
 

@@ -376,7 +376,7 @@ impl Kernels {
 
     /// Latency: `iters` rounds of one command (one GPU thread, claimed from the ring's head)
     /// and a spin until the u64 at `counter` passes `base_count + round + 1`; the GPU's
-    /// total ns.
+    /// total ns and each round's.
     #[allow(clippy::too_many_arguments)]
     pub fn pingpong(
         &self,
@@ -385,8 +385,12 @@ impl Kernels {
         base_count: u64,
         iters: u64,
         p: &Produce,
-    ) -> Result<u64, GpuError> {
-        self.scratch.zero(128, 24);
+    ) -> Result<Pingpong, GpuError> {
+        let mut rounds = self
+            .stream
+            .alloc_zeros::<u32>(iters.max(1) as usize)
+            .map_err(|e| cuda(&format!("cuMemAlloc({iters} rounds' cycles)"), e))?;
+        self.scratch.zero(128, 32);
         let out = self.scratch.device_ptr() + 128;
         let timeout = KERNEL_TIMEOUT_NS;
         let len = p.len as u64;
@@ -410,20 +414,52 @@ impl Kernels {
             .arg(&self.poll_sleep_ns)
             .arg(&self.sync)
             .arg(&self.poll_margin_ns)
-            .arg(&out);
+            .arg(&out)
+            .arg(&mut rounds);
         // SAFETY: arguments match proxy_pingpong's in number, order and size; ring and
         // counter are in the caller's mapped block, alive across this synchronous call; out
-        // is scratch, owned by self.
+        // is scratch, owned by self; rounds is device memory of at least iters u32s, alive
+        // until after the synchronize below.
         unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_pingpong)", e))?;
         self.synchronize()?;
-        let [done, ns, failed] = [128, 136, 144].map(|o| self.scratch.read_u64(o));
+        let [done, ns, failed, cycles] = [128, 136, 144, 152].map(|o| self.scratch.read_u64(o));
         if failed != 0 || done != iters {
             return Err(failure(
                 failed.max(1),
                 &format!("the latency kernel after {done} of {iters} rounds"),
             ));
         }
-        Ok(ns)
+        let rounds = self
+            .stream
+            .clone_dtoh(&rounds)
+            .map_err(|e| cuda("cuMemcpyDtoH(the rounds' cycles)", e))?;
+        Ok(Pingpong::from_cycles(ns, cycles, &rounds[..iters as usize]))
+    }
+}
+
+/// What [`Kernels::pingpong`] measured: the GPU's total and each round trip, publish to
+/// answer seen.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pingpong {
+    /// All rounds, ns (`%globaltimer`).
+    pub total_ns: u64,
+    /// Each round, ns: the SM's cycles scaled by the run's ns per cycle (`%globaltimer` may
+    /// tick once a microsecond, too coarse for one round). A round over 2^32 cycles reads
+    /// `u64::MAX`.
+    pub round_ns: Vec<u64>,
+}
+
+impl Pingpong {
+    fn from_cycles(total_ns: u64, total_cycles: u64, rounds: &[u32]) -> Self {
+        let per = total_ns as f64 / total_cycles.max(1) as f64;
+        let round_ns = rounds
+            .iter()
+            .map(|&c| match c {
+                u32::MAX => u64::MAX,
+                c => (c as f64 * per).round() as u64,
+            })
+            .collect();
+        Self { total_ns, round_ns }
     }
 }
 
@@ -516,5 +552,18 @@ impl Kernels {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_cycles_become_ns_at_the_run_s_rate() {
+        // 2 GHz: 3000 ns of rounds took 6000 cycles.
+        let p = Pingpong::from_cycles(3000, 6000, &[2000, 1000, u32::MAX]);
+        assert_eq!(p.total_ns, 3000);
+        assert_eq!(p.round_ns, vec![1000, 500, u64::MAX]);
     }
 }

@@ -179,7 +179,8 @@ impl CudaProducer {
     /// Latency rounds on the GPU (the persistent `proxy_pingpong` kernel, one thread):
     /// `rounds` times, publish `cmd` into `ring` (its immediate's low 16 bits replaced by
     /// `(first + round) as u16`, its arrival slot kept) and spin until `ring`'s
-    /// `arrivals[slot]` reaches `base + round + 1`; the GPU's total ns (its globaltimer).
+    /// `arrivals[slot]` reaches `base + round + 1`; the GPU's total ns (its globaltimer) and
+    /// each round's ([`Pingpong`]).
     /// `ring` must be in memory the GPU reaches without a registration ([`CudaRing`],
     /// [`CudaProducer::ring_memory`]), and the kernel its only producer while it runs.
     pub fn pingpong(
@@ -190,7 +191,7 @@ impl CudaProducer {
         first: u64,
         base: u64,
         rounds: u64,
-    ) -> Result<u64, GpuError> {
+    ) -> Result<Pingpong, GpuError> {
         if slot >= ring.layout().arrival_slots {
             return Err(GpuError::Invalid(format!(
                 "arrival slot {slot}: the ring has {}",
@@ -198,7 +199,7 @@ impl CudaProducer {
             )));
         }
         if rounds == 0 {
-            return Ok(0);
+            return Ok(Pingpong::default());
         }
         let (_one, dev) = self.mapped(&ring, "the latency kernel")?;
         let p = Produce::single(cmd, first);

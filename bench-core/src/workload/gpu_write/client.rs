@@ -3,28 +3,31 @@
 
 use super::*;
 
-/// The client's host path of a step: latency (total time of the timed rounds) or bandwidth
-/// (the time to the answer).
+/// The client's host path of a step: latency (the timed rounds, each and in all) or
+/// bandwidth (the time to the answer).
 pub(super) fn client_host<T: Transport>(
     e: &mut End<'_, T>,
     src: &T::Mr,
     step: &GpuStep,
     batch: usize,
-) -> Result<Duration> {
+) -> Result<Rounds> {
     let (size, half) = (step.size as usize, step.half as usize);
     let mut buf = vec![Completion::default(); 64];
     let (mut done, mut imms) = (0u64, 0u64);
     let mut w = Watch::new(e.idle);
     let live = e.live.clone();
     let posted;
-    let elapsed;
+    let mut timed = Rounds::default();
     if step.kind == GpuStepKind::HostLat {
         let op = write_op(e, src, 0, 0, size, 0)?;
         let total = step.warm + step.n;
+        timed = Rounds::with_capacity(step.n);
         let mut t0 = Instant::now();
+        let mut last = t0;
         for r in 0..total {
             if r == step.warm {
                 t0 = Instant::now();
+                last = t0;
             }
             let mut o = op;
             o.imm = Some(immediate(0, r as u16));
@@ -34,8 +37,13 @@ pub(super) fn client_host<T: Transport>(
                 poll_once(e.ep, &mut buf, &mut done, &mut imms, "client")?;
                 w.check(&live, "the server's answer to a host-initiated WRITE")?;
             }
+            if r >= step.warm {
+                let now = Instant::now();
+                timed.each_ns.push((now - last).as_nanos() as u64);
+                last = now;
+            }
         }
-        elapsed = t0.elapsed();
+        timed.total = last - t0;
         posted = total;
     } else {
         let n = step.n;
@@ -55,7 +63,7 @@ pub(super) fn client_host<T: Transport>(
             poll_once(e.ep, &mut buf, &mut done, &mut imms, "client")?;
             w.check(&live, "the server's answer to host-initiated WRITEs")?;
         }
-        elapsed = t0.elapsed();
+        timed.total = t0.elapsed();
         if next < n {
             return Err(Error::Protocol(format!(
                 "gpu-write: the server answered after {next} of {n} WRITEs were posted"
@@ -69,7 +77,7 @@ pub(super) fn client_host<T: Transport>(
         poll_once(e.ep, &mut buf, &mut done, &mut imms, "client")?;
         w.check(&live, "host-initiated WRITEs' local completions")?;
     }
-    Ok(elapsed)
+    Ok(timed)
 }
 
 /// The client's proxy path of a step: the producer issues; latency through
@@ -81,7 +89,7 @@ pub(super) fn client_proxy<T: Transport>(
     producer: &dyn Producer,
     batch: usize,
     verbose: bool,
-) -> Result<(Duration, T::Mr)> {
+) -> Result<(Rounds, T::Mr)> {
     let (size, half) = (step.size as usize, step.half as usize);
     let mem = producer.ring_memory(RingLayout::new(step.capacity, 1).map_err(ring_err)?)?;
     let ring = mem.ring();
@@ -107,7 +115,7 @@ pub(super) fn client_proxy<T: Transport>(
                 let us = |d: Duration| d.as_secs_f64() * 1e6 / step.n as f64 / 2.0;
                 eprintln!(
                     "rdma-bench: gpu-write: {size} B proxy latency {:.3} us by the producer's clock, {:.3} us by the host's around the call",
-                    us(d),
+                    us(d.total),
                     us(outside)
                 );
             }
@@ -144,7 +152,10 @@ pub(super) fn client_proxy<T: Transport>(
             idle,
             "the server's answer to proxied WRITEs",
         )?;
-        let d = t0.elapsed();
+        let d = Rounds {
+            total: t0.elapsed(),
+            each_ns: Vec::new(),
+        };
         ring.wait_done(n, idle).map_err(ring_err)?;
         Ok(d)
     })?;
@@ -206,7 +217,7 @@ pub fn client<T: Transport>(
             steps.push((kind, size, n));
         }
     }
-    let (mut lat, mut bw) = (Vec::<Row>::new(), Vec::<Row>::new());
+    let (mut lat, mut lat_p50, mut bw) = (Vec::<Row>::new(), Vec::<Row>::new(), Vec::new());
     let mut server_checked = 0u64;
     let mut server_core = None;
     let mut region = Some(region);
@@ -246,7 +257,7 @@ pub fn client<T: Transport>(
         region = Some(r);
         server_checked += done.checked;
         server_core = done.core;
-        let secs = d.as_secs_f64();
+        let secs = d.total.as_secs_f64();
         if cfg.verbose {
             eprintln!("rdma-bench: gpu-write step {id}: {secs:.3} s");
         }
@@ -256,19 +267,25 @@ pub fn client<T: Transport>(
                 (size as u64 * n) as f64 * 8.0 / secs / 1e9
             }
         };
-        let rows = match kind {
-            GpuStepKind::HostLat | GpuStepKind::ProxyLat => &mut lat,
-            _ => &mut bw,
+        // Half the median round trip, beside half the mean (latency steps only).
+        let median = d.median().map(|m| m.as_secs_f64() * 1e6 / 2.0);
+        let rows: Vec<(&mut Vec<Row>, f64)> = match kind {
+            GpuStepKind::HostLat | GpuStepKind::ProxyLat => {
+                vec![(&mut lat, value), (&mut lat_p50, median.unwrap_or(0.0))]
+            }
+            _ => vec![(&mut bw, value)],
         };
-        match kind {
-            GpuStepKind::HostLat | GpuStepKind::HostBw => rows.push(Row {
-                size,
-                proxy: 0.0,
-                host: value,
-            }),
-            _ => {
-                if let Some(row) = rows.last_mut() {
-                    row.proxy = value;
+        for (rows, value) in rows {
+            match kind {
+                GpuStepKind::HostLat | GpuStepKind::HostBw => rows.push(Row {
+                    size,
+                    proxy: 0.0,
+                    host: value,
+                }),
+                _ => {
+                    if let Some(row) = rows.last_mut() {
+                        row.proxy = value;
+                    }
                 }
             }
         }
@@ -283,6 +300,7 @@ pub fn client<T: Transport>(
             producer: producer.name(),
             ring_mcmds,
             lat_us: lat,
+            lat_p50_us: lat_p50,
             lat_rounds: cfg.lat_iters.max(1),
             server_echo: if cfg.echo_ring { "ring" } else { "host" },
             bw_gbps: bw,
@@ -303,7 +321,7 @@ pub(super) fn client_step<T: Transport>(
     producer: &dyn Producer,
     cfg: &GpuWriteCfg,
     ctrl: &mut Ctrl,
-) -> Result<(Duration, GpuStepDone, T::Mr)> {
+) -> Result<(Rounds, GpuStepDone, T::Mr)> {
     let (at, len) = landing(step, false);
     if step.verify {
         zero(&mut region, at, len)?;

@@ -17,7 +17,8 @@
 //! Figures: commands per second of the ring alone (the client's proxy consuming into nothing);
 //! latency as half the round trip of a ping-pong (perftest's definition: WRITE+imm, answered
 //! by a WRITE+imm of the same size once its immediate is counted; the mean over the timed
-//! rounds, as the GPU's clock gives a total); bandwidth to delivery (N WRITEs+imm, the clock
+//! rounds, and their median, as perftest's "typical": a kernel times each round by its SM's
+//! cycle counter); bandwidth to delivery (N WRITEs+imm, the clock
 //! stops at the server's one answer after it counted the N-th: it includes one return). The
 //! server compares every landed byte with the client's pattern after each step and says how
 //! many it checked; the client checks the answers' bytes.
@@ -65,9 +66,10 @@ pub trait Producer: Sync {
     fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()>;
     /// Latency rounds: `rounds` times, publish `cmd` into `ring` (its immediate's low 16 bits
     /// replaced by `(first + round) as u16`) and wait until `ring`'s `arrivals[slot]` reaches
-    /// `base + round + 1` (the peer's answer, counted by this ring's proxy); the total time.
-    /// The producer is the ring's only one while this runs. It fails when the ring's error
-    /// word is set (the proxy stopped, or the caller's watcher saw the peer go).
+    /// `base + round + 1` (the peer's answer, counted by this ring's proxy); the total time
+    /// and each round trip, by the producer's clock. The producer is the ring's only one
+    /// while this runs. It fails when the ring's error word is set (the proxy stopped, or the
+    /// caller's watcher saw the peer go).
     #[allow(clippy::too_many_arguments)]
     fn pingpong(
         &self,
@@ -78,7 +80,7 @@ pub trait Producer: Sync {
         base: u64,
         rounds: u64,
         idle: Duration,
-    ) -> Result<Duration>;
+    ) -> Result<Rounds>;
     /// The ring alone: publish `count` copies of `cmd` (immediate's low 16 bits: each one's
     /// index) into `ring`, made where the producer runs, as a producer that computes its
     /// commands does (no list handed over); return once all are in.
@@ -95,6 +97,38 @@ pub trait Producer: Sync {
     /// reach (`cuMemHostAlloc` with `DEVICEMAP`, or this memory after `cuMemHostRegister`).
     fn ring_memory(&self, layout: RingLayout) -> Result<Box<dyn RingHome>> {
         Ok(Box::new(RingMemory::new(layout)))
+    }
+}
+
+/// What a step's clock read: its total and, for latency, each round trip (ns).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rounds {
+    pub total: Duration,
+    /// Each round trip of a latency step, in order; empty for bandwidth.
+    pub each_ns: Vec<u64>,
+}
+
+impl Rounds {
+    /// Room for `n` round trips, taken before the clock starts (the rounds allocate nothing).
+    fn with_capacity(n: u64) -> Self {
+        Self {
+            total: Duration::ZERO,
+            each_ns: Vec::with_capacity(n as usize),
+        }
+    }
+
+    /// The median round trip (the mean of the two middle ones for an even count); `None`
+    /// without rounds.
+    pub fn median(&self) -> Option<Duration> {
+        let mut v = self.each_ns.clone();
+        v.sort_unstable();
+        let n = v.len();
+        let ns = match n {
+            0 => return None,
+            _ if n % 2 == 1 => v[n / 2] as f64,
+            _ => (v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0,
+        };
+        Some(Duration::from_secs_f64(ns / 1e9))
     }
 }
 
@@ -131,11 +165,13 @@ impl Producer for CpuProducer {
         base: u64,
         rounds: u64,
         idle: Duration,
-    ) -> Result<Duration> {
+    ) -> Result<Rounds> {
         let arrivals = ring
             .arrivals(slot)
             .ok_or_else(|| Error::Protocol(format!("gpu-write: the ring has no slot {slot}")))?;
+        let mut out = Rounds::with_capacity(rounds);
         let t0 = Instant::now();
+        let mut last = t0;
         for r in 0..rounds {
             let mut c = *cmd;
             c.imm = (cmd.imm & !0xffff) | ((first + r) & 0xffff) as u32;
@@ -147,8 +183,12 @@ impl Producer for CpuProducer {
                 idle,
                 "the answer to a proxied WRITE",
             )?;
+            let now = Instant::now();
+            out.each_ns.push((now - last).as_nanos() as u64);
+            last = now;
         }
-        Ok(t0.elapsed())
+        out.total = last - t0;
+        Ok(out)
     }
 }
 
@@ -389,6 +429,54 @@ mod tests {
             ..GpuWriteCfg::default()
         };
         assert!(ring_rate(&CpuProducer, &cfg, None).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn the_median_round_trip_is_the_middle_one() {
+        let r = |v: &[u64]| Rounds {
+            total: Duration::ZERO,
+            each_ns: v.to_vec(),
+        };
+        assert_eq!(r(&[]).median(), None);
+        // Unsorted, with one slow round that moves the mean (2.6 us) but not the median.
+        let one_slow = r(&[1000, 9000, 1200, 1100, 1000]);
+        assert_eq!(one_slow.median(), Some(Duration::from_nanos(1100)));
+        assert_eq!(
+            r(&[4000, 1000, 3000, 2000]).median(),
+            Some(Duration::from_nanos(2500))
+        );
+    }
+
+    #[test]
+    fn pingpong_times_each_round() {
+        let ring = RingMemory::new(RingLayout::new(64, 1).unwrap());
+        let r = ring.ring();
+        let cmd = Command::write(0, pack(0, 0), pack(0, 0), 8, Some(immediate(0, 0)));
+        let stop = AtomicBool::new(false);
+        let rounds = std::thread::scope(|s| {
+            // An echo in place of a proxy and its peer: each command consumed is answered.
+            s.spawn(|| {
+                let mut tail = 0;
+                while !stop.load(Ordering::Acquire) {
+                    if r.peek(tail).is_some() {
+                        tail += 1;
+                        r.release(tail);
+                        r.arrivals(0).unwrap().store(tail, Ordering::Release);
+                    }
+                    std::hint::spin_loop();
+                }
+            });
+            let out = CpuProducer.pingpong(r, 0, &cmd, 0, 0, 7, Duration::from_secs(10));
+            stop.store(true, Ordering::Release);
+            out
+        })
+        .unwrap();
+        assert_eq!(rounds.each_ns.len(), 7);
+        assert_eq!(
+            rounds.each_ns.iter().sum::<u64>(),
+            rounds.total.as_nanos() as u64
+        );
+        assert!(rounds.median().unwrap() <= rounds.total);
     }
 
     #[test]
