@@ -12,7 +12,9 @@
 #       $ORIGIN-relative). The wheel: $UCX_WHEEL, else ~/.cache/rdma-bench/ucx-wheel/, else
 #       `pip download libucx-cu12==1.22.0 --no-deps` into that folder.
 #   ci/gpu-host-ucx.sh run      (ci/gpu-host.sh run calls it for STEPS=...,ucx,...) with
-#       CARRY, MEM, ROUNDS, SIZES, BYTES, CORES as ci/gpu-host.sh documents them; LAT_ITERS
+#       CARRY, MEM, ROUNDS, SIZES, BYTES, CORES as ci/gpu-host.sh documents them (server,
+#       client; in the put and tag rows the second core is the sender's for both tools:
+#       perftest's client sends, ours' server does, so ours' two sides swap); LAT_ITERS
 #       here 20000 round trips on host memory (at most LAT_BYTES / size: 4 GiB), as
 #       transport-ucx/compare-tag.sh: over 2000 both tools' means still carry their first
 #       round trips, ours' more (docs/measurements.md, U43-U44); 2000 on GPU memory, whose
@@ -223,11 +225,15 @@ run() {
     esac
     # The client's flag: the server places its regions as the client's hello says.
     [ "$mem" = host ] && args+=(--buf-offset "${BUF_OFFSET:-0}")
-    env "${timer[@]}" timeout 120 "${pin_srv[@]}" "$rb" server --listen 127.0.0.1:$port \
+    # The sender on the sender's core: ours' server sends (put, tag), perftest's client does
+    # (its server is group index 0, the receiving side), so ours' two sides swap cores there.
+    local ps=("${pin_srv[@]}") pc=("${pin_cli[@]}")
+    case $row in put|tag) ps=("${pin_cli[@]}"); pc=("${pin_srv[@]}") ;; esac
+    env "${timer[@]}" timeout 120 "${ps[@]}" "$rb" server --listen 127.0.0.1:$port \
       "${common[@]}" "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
     local spid=$! i
     for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
-    if ! env "${timer[@]}" timeout 120 "${pin_cli[@]}" "$rb" client --connect 127.0.0.1:$port \
+    if ! env "${timer[@]}" timeout 120 "${pc[@]}" "$rb" client --connect 127.0.0.1:$port \
         "${common[@]}" "${more[@]}" --mem "$mem" "${args[@]}" --json > "$out/ours.json" \
         2> "$out/ours.err"; then
       log "rdma-bench-ucx $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
