@@ -38,7 +38,8 @@
 #      flags for both rdma-bench sides, e.g. "--nic-opt hmem=on": FI_HMEM asked for host
 #      memory, as before the fix, which turns shm's CMA off),
 #      CORES (server,client cores of every table run, both tools: 1,3, or 0,1 below 4 CPUs;
-#      none: unpinned),
+#      none: unpinned; in the write and send rows the client's core is the sender's for
+#      both tools, so ours' server, which sends, takes it),
 #      STEPS (tests,record,visibility,table,loopback,proxy: which parts `run` does; record
 #      checks the run record's CUDA facts; loopback documents the one-process protocol and
 #      runs the ladder there; proxy runs transport-proxy's GPU tests, issue 27's GOAL lines;
@@ -400,11 +401,16 @@ run() {
       esac
       # shellcheck disable=SC2206
       local extra=(${OURS_ARGS:-})
-      timeout 120 "${pin_srv[@]}" "$RB" server --listen 127.0.0.1:$port --provider shm \
+      # The sender on the sender's core: fabtests' client posts the WRITEs and SENDs
+      # (bandwidth_rma's writedata and bandwidth() branch on opts.dst_addr), ours' server
+      # does (the active side), so ours' two sides swap cores in those rows.
+      local ps=("${pin_srv[@]}") pc=("${pin_cli[@]}")
+      case $row in write|send) ps=("${pin_cli[@]}"); pc=("${pin_srv[@]}") ;; esac
+      timeout 120 "${ps[@]}" "$RB" server --listen 127.0.0.1:$port --provider shm \
         --mem "$mem" --sessions 1 "${extra[@]}" > "$out/srv" 2>&1 &
       local spid=$! i
       for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
-      if ! timeout 120 "${pin_cli[@]}" "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
+      if ! timeout 120 "${pc[@]}" "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
           "${args[@]}" "${extra[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
         log "rdma-bench $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return
