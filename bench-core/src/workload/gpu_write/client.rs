@@ -267,27 +267,27 @@ pub fn client<T: Transport>(
                 (size as u64 * n) as f64 * 8.0 / secs / 1e9
             }
         };
-        // Half the median round trip, beside half the mean (latency steps only).
-        let median = d.median().map(|m| m.as_secs_f64() * 1e6 / 2.0);
-        let rows: Vec<(&mut Vec<Row>, f64)> = match kind {
-            GpuStepKind::HostLat | GpuStepKind::ProxyLat => {
-                vec![(&mut lat, value), (&mut lat_p50, median.unwrap_or(0.0))]
-            }
-            _ => vec![(&mut bw, value)],
-        };
-        for (rows, value) in rows {
-            match kind {
-                GpuStepKind::HostLat | GpuStepKind::HostBw => rows.push(Row {
-                    size,
-                    proxy: 0.0,
-                    host: value,
-                }),
-                _ => {
-                    if let Some(row) = rows.last_mut() {
-                        row.proxy = value;
-                    }
+        // The host path opens a row, the proxy path's step (next) fills it in.
+        let put = |rows: &mut Vec<Row>, value: f64| match kind {
+            GpuStepKind::HostLat | GpuStepKind::HostBw => rows.push(Row {
+                size,
+                proxy: 0.0,
+                host: value,
+            }),
+            _ => {
+                if let Some(row) = rows.last_mut() {
+                    row.proxy = value;
                 }
             }
+        };
+        match kind {
+            GpuStepKind::HostLat | GpuStepKind::ProxyLat => {
+                put(&mut lat, value);
+                // Half the median round trip, beside half the mean.
+                let median = d.median().map_or(0.0, |m| m.as_secs_f64() * 1e6 / 2.0);
+                put(&mut lat_p50, median);
+            }
+            _ => put(&mut bw, value),
         }
     }
     let server = match server_core {
