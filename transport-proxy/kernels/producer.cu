@@ -286,7 +286,7 @@ extern "C" __global__ void proxy_wait(const u8 *ring, const u64 *counter, u64 ta
 // (the peer's answer landed). out[0] = rounds done, out[1] = ns of all rounds (globaltimer),
 // out[2] = 0, or 1 on timeout, or 0x100 | the error word, out[3] = SM cycles of all rounds
 // (the same span as out[1], for converting round_cycles to ns). round_cycles[r] = the
-// cycles of round r, publish to answer seen (saturating at 2^32 - 1): device memory, a
+// cycles of round r, its wait for room to its answer seen (saturating at 2^32 - 1): device memory, a
 // plain store after the round's poll; the next round's release orders it before its publish
 // and it reaches L2 long before that publish's write to mapped host memory does.
 extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base_count, u64 iters,

@@ -437,8 +437,8 @@ impl Kernels {
     }
 }
 
-/// What [`Kernels::pingpong`] measured: the GPU's total and each round trip, publish to
-/// answer seen.
+/// What [`Kernels::pingpong`] measured: the GPU's total and each round trip (a round: its
+/// wait for room in the ring, the publish, the poll until the answer is seen).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pingpong {
     /// All rounds, ns (`%globaltimer`).
