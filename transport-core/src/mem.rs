@@ -136,8 +136,10 @@ impl HostBuffer {
         let mut storage = vec![0u8; len + PAGE + skew].into_boxed_slice();
         // The compiler knows the allocator zeroed the bytes and would drop a store of zero;
         // black_box hides that, so each page takes its store (and its page fault) here.
+        // Every PAGE-th byte from the start touches each page but a partial last one, which
+        // holds the page after the buffer: the last byte touches it.
         std::hint::black_box(&mut storage);
-        for i in (0..storage.len()).step_by(PAGE) {
+        for i in (0..storage.len()).step_by(PAGE).chain([storage.len() - 1]) {
             storage[i] = 0;
         }
         let offset = storage.as_ptr().align_offset(PAGE) + skew;
@@ -429,6 +431,36 @@ mod tests {
             "a {len}-byte buffer grew the resident set by {grown} bytes: its pages are not its own"
         );
         assert!(b.as_slice().iter().step_by(PAGE).all(|&x| x == 0));
+    }
+
+    /// Whether the page holding `addr` is in memory or swap (bits 63 and 62 of its entry in
+    /// /proc/self/pagemap): a page nothing touched yet is neither.
+    fn mapped(addr: usize) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        f.seek(SeekFrom::Start((addr / PAGE * 8) as u64)).unwrap();
+        let mut e = [0u8; 8];
+        f.read_exact(&mut e).unwrap();
+        u64::from_le_bytes(e) >> 62 != 0
+    }
+
+    /// Every page of a buffer, and the page its last byte is followed by (a copy that ends at
+    /// a page boundary runs slower when that page is not mapped), is mapped when the buffer
+    /// is made; large ones come from mmap, where nothing else touches that page.
+    #[test]
+    fn host_buffers_and_the_page_after_them_are_mapped() {
+        for (len, skew) in [(1 << 20, 0), (256 << 10, 0), (1 << 20, 64), (4096, 0)] {
+            let b = HostBuffer::at_page_offset(len, skew);
+            let start = b.as_ptr() as usize;
+            for addr in (start..=start + len).step_by(PAGE).chain([start + len]) {
+                assert!(
+                    mapped(addr),
+                    "{len} bytes at {skew}: page {:#x} ({} bytes in) is not mapped",
+                    addr / PAGE * PAGE,
+                    addr - start
+                );
+            }
+        }
     }
 
     #[test]
