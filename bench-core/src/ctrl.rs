@@ -53,6 +53,9 @@ pub struct Liveness(Arc<LiveFlags>);
 #[derive(Debug, Default)]
 struct LiveFlags {
     gone: AtomicBool,
+    /// Why the first peer went: rank 0 shares one flag over every rank's connection, and a
+    /// survivor that left because of that first failure must not be named in its place.
+    first: std::sync::OnceLock<String>,
     /// Guards of [`Liveness::busy`] alive: the process is using its endpoints.
     busy: AtomicUsize,
 }
@@ -63,8 +66,13 @@ impl Liveness {
     pub fn gone(&self) -> bool {
         self.0.gone.load(Ordering::Relaxed)
     }
-    fn mark_gone(&self) {
+    fn mark_gone(&self, why: &str) {
+        let _ = self.0.first.set(why.to_string());
         self.0.gone.store(true, Ordering::Relaxed)
+    }
+    /// Why the first peer on this flag went (see `LiveFlags::first`), once one did.
+    fn first_gone(&self) -> Option<&str> {
+        self.0.first.get().map(String::as_str)
     }
     /// Mark the endpoints in use until the guard drops: the watchdog acts only then. Guards
     /// nest: a whole job holds one, and each transfer inside it another.
@@ -116,6 +124,9 @@ pub struct CtrlOpts {
     pub on_gone: Option<OnGone>,
     /// What to call the peer in messages (default: "the peer").
     pub name: Option<String>,
+    /// Which session a [`Watchdog::Warn`] abandons, in its report (a server's "session 3 from
+    /// ADDR", as its other lines say): a server serves several.
+    pub label: Option<String>,
 }
 
 /// One side's end of a control connection.
@@ -157,6 +168,7 @@ impl Ctrl {
             live,
             mut on_gone,
             name,
+            label,
         } = opts;
         let name = name.unwrap_or_else(|| "the peer".into());
         let peer = stream
@@ -211,8 +223,9 @@ impl Ctrl {
                         Event::Msg(_) => None,
                     };
                     let fatal = last || why.is_some();
+                    let why_gone = why.clone().unwrap_or_else(|| format!("{name} left"));
                     if fatal {
-                        live2.mark_gone();
+                        live2.mark_gone(&why_gone);
                     }
                     if let Some(why) = &why {
                         if let Some(hook) = on_gone.take() {
@@ -222,8 +235,7 @@ impl Ctrl {
                     let closed = tx.send(ev).is_err();
                     if fatal {
                         if let Some(w) = watchdog {
-                            let why = why.unwrap_or_else(|| format!("{name} left"));
-                            let _ = watch(&live2, &stop2, w, &why);
+                            let _ = watch(&live2, &stop2, w, &why_gone, label.as_deref());
                         }
                     }
                     if closed || last {
@@ -322,9 +334,11 @@ impl Ctrl {
     }
 }
 
-/// The peer is gone: give the data path `grace` to notice, then act if it is still busy.
-/// Returns whether it acted (with `Exit` it does not return then).
-fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str) -> bool {
+/// The peer is gone (`why`): give the data path `grace` to notice, then act if it is still
+/// busy, naming the first peer that went on `live` (a shared flag's first failure, not a
+/// survivor that left after it); `Warn` names the session as `label`. Returns whether it
+/// acted (with `Exit` it does not return).
+fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str, label: Option<&str>) -> bool {
     let grace = match w {
         Watchdog::Exit(g) | Watchdog::Warn(g) => g,
     };
@@ -338,19 +352,33 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str) -> bool {
     if !live.is_busy() || stop.load(Ordering::Relaxed) {
         return false;
     }
-    let what = format!(
-        "{why}; {:.0} s later this process is still inside a provider call that has not \
-         returned (libfabric 1.x shm spins forever on a queue lock a dead peer held)",
-        grace.as_secs_f64()
-    );
+    let what = stuck(live, why, grace);
     match w {
         Watchdog::Exit(_) => {
             eprintln!("rdma-bench: error: {what}; exiting");
             abandon(1);
         }
-        Watchdog::Warn(_) => eprintln!("rdma-bench: session abandoned: {what}"),
+        Watchdog::Warn(_) => eprintln!("{}", abandoned(label, &what)),
     }
     true
+}
+
+/// The watchdog's words: the first peer gone on `live` (else `why`), and what is stuck.
+fn stuck(live: &Liveness, why: &str, grace: Duration) -> String {
+    format!(
+        "{}; {:.0} s later this process is still inside a provider call that has not \
+         returned (libfabric 1.x shm spins forever on a queue lock a dead peer held)",
+        live.first_gone().unwrap_or(why),
+        grace.as_secs_f64()
+    )
+}
+
+/// A [`Watchdog::Warn`]'s line: which session it abandons, and why.
+fn abandoned(label: Option<&str>, what: &str) -> String {
+    match label {
+        Some(l) => format!("rdma-bench: session abandoned ({l}): {what}"),
+        None => format!("rdma-bench: session abandoned: {what}"),
+    }
 }
 
 impl Drop for Ctrl {
@@ -367,24 +395,55 @@ impl Drop for Ctrl {
 mod tests {
     use super::*;
 
+    /// Rank 0 shares one flag over every rank's connection: when a killed rank's failure
+    /// makes another rank leave, the watchdog names the killed rank, whichever connection's
+    /// watchdog fires first (the kill soak's "exit 1 without naming" the killed rank).
+    #[test]
+    fn the_watchdog_names_the_first_peer_gone() {
+        let live = Liveness::default();
+        assert!(stuck(&live, "rank 2 is gone", READ_TICK).starts_with("rank 2 is gone;"));
+        live.mark_gone("rank 3 is gone (the control connection closed)");
+        live.mark_gone("rank 2 is gone (the control connection closed)");
+        let m = stuck(
+            &live.clone(),
+            "rank 2 is gone (the control connection closed)",
+            READ_TICK,
+        );
+        assert!(m.starts_with("rank 3 is gone"), "{m}");
+    }
+
+    /// A server serves several sessions: the watchdog's line says which one it abandoned, in
+    /// the words of the server's other lines for it.
+    #[test]
+    fn an_abandoned_session_is_named() {
+        let l = abandoned(Some("session 3 from 127.0.0.1:5000"), "the peer is gone");
+        assert!(
+            l.contains("session abandoned (session 3 from 127.0.0.1:5000): the peer is gone"),
+            "{l}"
+        );
+    }
+
     #[test]
     fn watchdog_acts_only_on_a_busy_data_path() {
         let w = Watchdog::Warn(Duration::from_millis(50));
         let live = Liveness::default();
         let stop = AtomicBool::new(false);
         assert!(
-            !watch(&live, &stop, w, "x"),
+            !watch(&live, &stop, w, "x", None),
             "idle data path: nothing to do"
         );
         let busy = live.busy();
         let inner = live.busy();
         drop(inner);
         assert!(
-            watch(&live, &stop, w, "x"),
+            watch(&live, &stop, w, "x", None),
             "busy after the grace period (guards nest): report"
         );
         stop.store(true, Ordering::Relaxed);
-        assert!(!watch(&live, &stop, w, "x"), "the session closed normally");
+        assert!(
+            !watch(&live, &stop, w, "x", None),
+            "the session closed normally"
+        );
         drop(busy);
         assert!(!live.is_busy());
     }

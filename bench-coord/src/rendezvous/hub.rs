@@ -410,6 +410,7 @@ impl Hub {
                         }
                     })),
                     name: Some(format!("rank {r} (on {}, pid {})", join.host, join.pid)),
+                    ..CtrlOpts::default()
                 },
             )?;
             lock(&self.writers)[r as usize] = Some(wr);

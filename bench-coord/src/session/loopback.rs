@@ -83,7 +83,7 @@ pub(super) fn with_server<T: Transport, R>(
             stream
                 .set_nonblocking(false)
                 .ctx(|| "configuring the loopback connection")?;
-            session::<T>(server_cfg, stream)
+            session::<T>(server_cfg, stream, "the loopback session")
         });
         let client = connect(&addr.to_string(), Duration::from_secs(5)).and_then(client);
         stop.store(true, Ordering::Relaxed);

@@ -10,7 +10,7 @@ use transport_core::{LocalSlice, Transport};
 
 use bench_core::buffers::{self, PageLayout};
 use bench_core::config::{LatOp, Workload};
-use bench_core::ctrl::{Ctrl, Watchdog};
+use bench_core::ctrl::{Ctrl, CtrlOpts, Watchdog};
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::proto::{Done, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
 use bench_core::side::Side;
@@ -93,7 +93,7 @@ fn accept_loop<T: Transport>(
                     if !cfg.quiet {
                         eprintln!("rdma-bench server: session {id} from {peer}: started");
                     }
-                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| session::<T>(cfg, stream)))
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| session::<T>(cfg, stream, &format!("session {id} from {peer}"))))
                         .unwrap_or_else(|_| Err(Error::Protocol("the session panicked".into())));
                     if !cfg.quiet {
                         match &r {
@@ -119,9 +119,17 @@ fn accept_loop<T: Transport>(
     Ok(())
 }
 
-/// One client session; returns the number of runs served.
-pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream) -> Result<u64> {
-    let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Warn(WATCHDOG_GRACE)))?;
+/// One client session; returns the number of runs served. `label` names it where its
+/// watchdog abandons it ("session 3 from ADDR").
+pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream, label: &str) -> Result<u64> {
+    let mut ctrl = Ctrl::with(
+        stream,
+        CtrlOpts {
+            watchdog: Some(Watchdog::Warn(WATCHDOG_GRACE)),
+            label: Some(label.to_string()),
+            ..CtrlOpts::default()
+        },
+    )?;
     let r = session_inner::<T>(cfg, &mut ctrl).map_err(|e| peer_gone_cause(e, &ctrl, "the client"));
     if let Err(e) = &r {
         if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) {
