@@ -218,10 +218,12 @@ pub struct WorkloadArgs {
     /// polls; 0 polls from the publish on. Its polls cross PCIe and slow CUDA copies.
     #[arg(long, value_name = "NS", default_value_t = 0)]
     pub kernel_poll_margin: u32,
-    /// gpu-write with `--producer cuda`: how the latency kernel orders a command before its
-    /// ready word: `release` (st.release.sys) or `fence` (__threadfence_system, then a relaxed
-    /// store). The same order; their cost is what this compares.
-    #[arg(long, value_parser = ["release", "fence"], default_value = "release")]
+    /// gpu-write with `--producer cuda`: how the latency kernel publishes a command:
+    /// `unfenced` (its words carry their lap, no fence: the payload was in place before the
+    /// launch), `release` (word 0 with st.release.sys, what a kernel that wrote the payload
+    /// pays) or `fence` (__threadfence_system, then the words). Their cost is what this
+    /// compares.
+    #[arg(long, value_parser = ["unfenced", "release", "fence"], default_value = "unfenced")]
     pub kernel_publish: String,
     /// gpu-write: how the server answers the proxy path's WRITEs. `host` (the default): as it
     /// answers the host path's, a thread polling its endpoint, so the two figures differ in

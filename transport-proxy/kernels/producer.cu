@@ -19,15 +19,19 @@
 //              once this load sees the room, the proxy's reads happened before, and the
 //              stores below cannot be seen by them. Each spin also reads the error word
 //              (volatile): a proxy that stopped or failed ends the wait.
-//   3. fields: plain (volatile) stores of op, flags, peer, len, imm, local, remote.
-//   4-5. ready: st.release.sys of seq = (pos + 1) as u32: a release at system scope orders
-//              this thread's earlier stores, the payload it filled (when asked to) and the
-//              fields of step 3, before the ready word, for every observer in the system, the
-//              CPU proxy and the NIC included. The proxy loads seq with Acquire and only then
-//              the fields. (Until 2026-11-28 this was __threadfence_system(), fence.sc.sys,
-//              then st.relaxed.sys: the same order, and on the H200 the same floor, but with
-//              CUDA copies of GPU memory running beside it the latency kernel's half round
-//              trip read 1.1-3.1 us more: figures_latency_sync, SYNC_SC_FENCE.)
+//   3-5. store: proxy_store (proxy_ring.cuh) writes the command as four 64-bit words, each
+//              carrying the position's lap (st.relaxed.sys.u64: single-copy atomic), so the
+//              proxy takes it once all four are this lap's, whatever order they land in.
+//              Ordered (a producer that filled the payload, the default of proxy_push): word
+//              0 goes last with st.release.sys, a release at system scope that orders this
+//              thread's earlier stores, the payload above all, before the command, for every
+//              observer in the system, the CPU proxy and the NIC included; the proxy's
+//              Acquire fence after it saw the words pairs with it. Unordered (payload in
+//              place before the launch: proxy_issue, proxy_produce without fill, the latency
+//              kernel by default): no fence. (Version 1 of the ring had one ready word,
+//              st.release.sys after plain field stores, so every command paid the release:
+//              0.56 us of the floor's round trip, figures_latency_sync; until 2026-11-28 it
+//              was __threadfence_system() then st.relaxed.sys, the same order.)
 // Counters: the proxy stores done / arrivals[i] with Release after the events they count;
 // the kernels here load them with ld.acquire.sys, so a kernel that sees count >= N also sees
 // what the proxy (and, for arrivals into GPU memory, make_gpu_visible) made visible before.
@@ -56,9 +60,9 @@ static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
 }
 
 // How the latency kernels (proxy_pingpong, proxy_flag_pingpong) order their one thread's
-// publish and poll (Kernels::set_sync; 0 is the protocol above, steps 4-5 and the counters),
+// publish and poll (Kernels::set_sync; 0 is the protocol above, ordered, and the counters),
 // for figures_latency_sync:
-//   SYNC_SC_FENCE       the ready word after __threadfence_system() (fence.sc.sys) with
+//   SYNC_SC_FENCE       the command after __threadfence_system() (fence.sc.sys) with
 //                       st.relaxed.sys, in place of st.release.sys (the protocol until
 //                       2026-11-28);
 //   SYNC_RELAXED_POLL   the counter is polled with ld.relaxed.sys and, once it passed,
@@ -67,12 +71,15 @@ static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
 //                       in place of ld.acquire.sys on every poll;
 //   SYNC_NO_FENCE       the floor's flag only: st.relaxed.sys, no fence (a flag that carries no
 //                       data needs none: the fence's own share of the floor);
+//   SYNC_UNFENCED       the command's words with no fence at all (its payload was in place
+//                       before the launch; the latency kernel's default in gpu-write);
 //   bits 8-11           the floor only: that many extra warps poll the echo (staggered over a
 //                       microsecond, a PCIe read's time) and tell the publishing thread
 //                       through shared memory; 0: the publisher polls.
 #define SYNC_SC_FENCE 1u
 #define SYNC_RELAXED_POLL 2u
 #define SYNC_NO_FENCE 4u
+#define SYNC_UNFENCED 8u
 
 static __device__ __forceinline__ u64 poll_sys_u64(const u64 *p, u32 sync) {
     return (sync & SYNC_RELAXED_POLL) ? ld_relaxed_sys_u64(p) : ld_acquire_sys_u64(p);
@@ -106,40 +113,31 @@ static __device__ __forceinline__ proxy_cmd *ring_slot(u8 *ring, u32 cap, u32 sl
     return (proxy_cmd *)(ring + PROXY_OFF_ARRIVALS + (u64)PROXY_LINE * slots) + (pos & (cap - 1));
 }
 
-// Step 3: the fields, plain (volatile) stores.
-static __device__ __forceinline__ void write_fields(proxy_cmd *c, u32 op, u32 peer, u32 len,
-                                                    u32 imm, u64 local, u64 remote) {
-    volatile proxy_cmd *v = c;
-    v->op = (u8)op;
-    v->flags = 0;
-    v->peer = (u16)peer;
-    v->len = len;
-    v->imm = imm;
-    v->local = local;
-    v->remote = remote;
+// Steps 3-5 for a position whose slot is free (proxy_store, ordered or not).
+static __device__ __forceinline__ void publish(proxy_cmd *slot, u64 pos, u32 cap, u32 op, u32 peer,
+                                               u32 len, u32 imm, u64 local, u64 remote,
+                                               bool ordered) {
+    proxy_cmd c;
+    c.seq = 0;
+    c.len = len;
+    c.imm = imm;
+    c.op = (u8)op;
+    c.flags = 0;
+    c.peer = (u16)peer;
+    c.local = local;
+    c.remote = remote;
+    proxy_store(slot, pos, cap, &c, ordered);
 }
 
-// Steps 3 to 5 for a position whose slot is free.
-static __device__ __forceinline__ void publish(proxy_cmd *c, u64 pos, u32 op, u32 peer, u32 len,
-                                               u32 imm, u64 local, u64 remote) {
-    write_fields(c, op, peer, len, imm, local, remote);
-    // Steps 4-5: the fields (and payload) before the ready word, last.
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&c->seq), "r"((u32)(pos + 1))
-                 : "memory");
-}
-
-// publish for the latency kernel: the ready word as `sync` says (SYNC_SC_FENCE: the fence and
-// a relaxed store, as before 2026-11-28).
-static __device__ __forceinline__ void publish_sync(proxy_cmd *c, u64 pos, u32 op, u32 peer,
-                                                    u32 len, u32 imm, u64 local, u64 remote,
-                                                    u32 sync) {
-    if (!(sync & SYNC_SC_FENCE)) {
-        publish(c, pos, op, peer, len, imm, local, remote);
-        return;
-    }
-    write_fields(c, op, peer, len, imm, local, remote);
-    __threadfence_system();
-    st_relaxed_sys_u32(&c->seq, (u32)(pos + 1));
+// publish for the latency kernel, as `sync` says: 0 ordered (st.release.sys of word 0);
+// SYNC_SC_FENCE __threadfence_system() (fence.sc.sys) then the words relaxed (the protocol
+// until 2026-11-28); SYNC_UNFENCED no fence (its payload was in place before the launch).
+static __device__ __forceinline__ void publish_sync(proxy_cmd *slot, u64 pos, u32 cap, u32 op,
+                                                    u32 peer, u32 len, u32 imm, u64 local,
+                                                    u64 remote, u32 sync) {
+    if (sync & SYNC_SC_FENCE) __threadfence_system();
+    publish(slot, pos, cap, op, peer, len, imm, local, remote,
+            !(sync & (SYNC_SC_FENCE | SYNC_UNFENCED)));
 }
 
 // Step 2. Returns 0 when there is room, else 1 on timeout or 0x100 | the error word.
@@ -196,7 +194,7 @@ static __device__ __forceinline__ u8 payload_byte(u64 i, u64 j, u32 salt) {
 // claim: the u64 the warps claim positions from (the ring's head, or one in GPU memory that
 // starts where the ring's positions are).
 // fill != 0: each thread first fills its command's payload (payload_byte) through src, the
-// device address of the local region's start; the fence of step 4 orders it before the
+// device address of the local region's start; the ordered store (steps 3-5) puts it before the
 // command, so the proxy's WRITE reads the new bytes.
 // status[0]: 0, or 1 when a wait for room timed out, or 0x100 | the ring's error word.
 extern "C" __global__ void proxy_produce(u8 *ring, u64 *claim, u64 first, u64 count, u32 peer,
@@ -240,9 +238,9 @@ extern "C" __global__ void proxy_produce(u8 *ring, u64 *claim, u64 first, u64 co
         }
         // 3-5.
         const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
-        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
+        publish(ring_slot(ring, cap, slots, pos), pos, cap, op, peer, (u32)len, imm,
                 proxy_pack((u16)local_region, local_off + page * stride),
-                proxy_pack((u16)remote_region, remote_off + page * stride));
+                proxy_pack((u16)remote_region, remote_off + page * stride), fill != 0);
     }
 }
 
@@ -287,8 +285,7 @@ extern "C" __global__ void proxy_wait(const u8 *ring, const u64 *counter, u64 ta
 // out[2] = 0, or 1 on timeout, or 0x100 | the error word, out[3] = SM cycles of all rounds
 // (the same span as out[1], for converting round_cycles to ns). round_cycles[r] = the
 // cycles of round r, its wait for room to its answer seen (saturating at 2^32 - 1): device memory, a
-// plain store after the round's poll; the next round's release orders it before its publish
-// and it reaches L2 long before that publish's write to mapped host memory does.
+// plain store after the round's poll, read by the host after the kernel ended.
 extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base_count, u64 iters,
                                           u64 first, u32 peer, u32 local_region, u64 local_off,
                                           u32 remote_region, u64 remote_off, u64 len, u32 op,
@@ -315,7 +312,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
         failed = wait_room(ring, cap, pos, &cached_tail, timeout_ns, false);
         if (failed) break;
         const u32 imm = op == PROXY_OP_WRITE_IMM ? ((imm_slot << PROXY_ARRIVAL_SHIFT) | (u32)(i & 0xffff)) : 0u;
-        publish_sync(ring_slot(ring, cap, slots, pos), pos, op, peer, (u32)len, imm,
+        publish_sync(ring_slot(ring, cap, slots, pos), pos, cap, op, peer, (u32)len, imm,
                      proxy_pack((u16)local_region, local_off),
                      proxy_pack((u16)remote_region, remote_off), sync);
         const u64 t0 = globaltimer_ns();
@@ -358,7 +355,7 @@ extern "C" __global__ void proxy_pingpong(u8 *ring, const u64 *counter, u64 base
 // gpu-write, which hands a producer a list of commands): thread t takes staged command t
 // (grid-stride), 32 bytes laid out as struct proxy_cmd (seq ignored), read through the
 // device alias of the host staging buffer, and publishes it as proxy_produce does: warp
-// claims on the ring's head, room, fields, fence, ready word. status[0] as proxy_produce's.
+// claims on the ring's head, room, the words (unordered). status[0] as proxy_produce's.
 extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 timeout_ns,
                                        u32 *status) {
     const u32 cap = *(const volatile u32 *)(ring + 8);
@@ -390,13 +387,16 @@ extern "C" __global__ void proxy_issue(u8 *ring, const u8 *staged, u64 n, u64 ti
             atomicCAS(status, 0u, failed);
             continue;
         }
-        publish(ring_slot(ring, cap, slots, pos), pos, op, peer, len, imm, local, remote);
+        // Unordered: this kernel writes no payload; the host staged the commands of bytes
+        // already in place.
+        publish(ring_slot(ring, cap, slots, pos), pos, cap, op, peer, len, imm, local, remote,
+                false);
     }
 }
 
 // The floor of a kernel <-> CPU round trip over the same mapped memory as the ring (what
 // PCIe costs alone, no proxy, no transport): iters rounds of "store r + 1 to flags[0]
-// (st.release.sys, as publish stores the ready word; or as sync says), then wait until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1"
+// (st.release.sys, as an ordered publish stores word 0; or as sync says), then wait until flags[16] (another 128-byte line, the CPU's echo) reads >= r + 1"
 // (ld.acquire.sys, or as sync says). Thread 0 publishes; with extra polling warps (sync's bits
 // 8-11, launched as 32 threads each after the first warp) their lane 0 polls and raises
 // `seen` in shared memory, which thread 0 spins on. out[0] = rounds done, out[1] = ns of all

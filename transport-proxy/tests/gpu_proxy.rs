@@ -42,7 +42,7 @@ use transport_core::{
 use transport_efa::Endpoint;
 use transport_proxy::cuda::{
     self, payload_byte, CudaProducer, GpuError, Kernels, MappedHost, Produce, SYNC_NO_FENCE,
-    SYNC_RELAXED_POLL, SYNC_SC_FENCE,
+    SYNC_RELAXED_POLL, SYNC_SC_FENCE, SYNC_UNFENCED,
 };
 use transport_proxy::ring::{immediate, pack, Ring, RingLayout, OP_WRITE_IMM};
 use transport_proxy::{drain_to_nothing, Proxy, ProxyPeer};
@@ -258,7 +258,7 @@ fn try_take_once_each(
             );
             std::hint::spin_loop();
         };
-        let off = cmd.local & ((1 << 48) - 1);
+        let off = transport_proxy::ring::unpack(cmd.local).1;
         let i = off.wrapping_sub(p.local_off);
         ensure!(
             off >= p.local_off && (p.first..p.first + count).contains(&i),
@@ -457,7 +457,7 @@ fn cuda_producer_publishes_given_commands() {
                     );
                     std::hint::spin_loop();
                 };
-                let i = c.local & ((1 << 48) - 1);
+                let i = transport_proxy::ring::unpack(c.local).1;
                 assert!(i < n && !seen[i as usize], "{what}: position {pos}: {c:?}");
                 seen[i as usize] = true;
                 let mut want = cmds[i as usize];
@@ -1528,7 +1528,11 @@ fn figures_latency_sync() {
     let Some(mut k) = kernels() else { return };
     let iters = env_u64("PROXY_LAT_ITERS", 2000);
     let modes = [
-        ("st.release, ld.acquire polls (default)", 0),
+        ("st.release, ld.acquire polls (ordered)", 0),
+        (
+            "no fence, ld.acquire polls (gpu-write's default)",
+            SYNC_UNFENCED,
+        ),
         ("fence.sc + st.relaxed (before 2026-11-28)", SYNC_SC_FENCE),
         ("relaxed polls, one fence after", SYNC_RELAXED_POLL),
         (

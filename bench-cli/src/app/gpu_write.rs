@@ -55,7 +55,7 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
 /// what is missing where this build or machine has no CUDA).
 fn gpu_write_producer(w: &crate::cli::WorkloadArgs, side: &SideCfg) -> Result<Box<dyn Producer>> {
     let _gpu = side.gpus.first().copied().unwrap_or(0);
-    if (w.kernel_poll_sleep != 0 || w.kernel_poll_margin != 0 || w.kernel_publish != "release")
+    if (w.kernel_poll_sleep != 0 || w.kernel_poll_margin != 0 || w.kernel_publish != "unfenced")
         && w.producer != "cuda"
     {
         return Err(Error::Usage(
@@ -73,7 +73,11 @@ fn gpu_write_producer(w: &crate::cli::WorkloadArgs, side: &SideCfg) -> Result<Bo
                 bench_core::workload::gpu_write_cuda::KernelWait {
                     poll_sleep_ns: w.kernel_poll_sleep,
                     poll_margin_ns: w.kernel_poll_margin,
-                    fence: w.kernel_publish == "fence",
+                    publish: match w.kernel_publish.as_str() {
+                        "release" => bench_core::workload::gpu_write_cuda::KernelPublish::Release,
+                        "fence" => bench_core::workload::gpu_write_cuda::KernelPublish::Fence,
+                        _ => bench_core::workload::gpu_write_cuda::KernelPublish::Unfenced,
+                    },
                 },
             )?,
         )),

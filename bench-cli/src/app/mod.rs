@@ -283,7 +283,7 @@ fn producer_needs_gpu_write(w: &crate::cli::WorkloadArgs) -> Result<()> {
     if w.producer != "cpu"
         || w.kernel_poll_sleep != 0
         || w.kernel_poll_margin != 0
-        || w.kernel_publish != "release"
+        || w.kernel_publish != "unfenced"
         || w.server_echo != "host"
     {
         return Err(Error::Usage(

@@ -18,10 +18,10 @@ use super::gpu_write::{Producer, RingHome, Rounds};
 use crate::error::{Error, Result};
 
 /// GPU threads as [`Producer`].
-pub struct CudaProducer(Inner);
+pub struct CudaProducer(Inner, KernelPublish);
 
-/// How the latency kernel publishes and waits (the defaults: a release store, polls from the
-/// publish on, no pause).
+/// How the latency kernel publishes and waits (the defaults: no fence, polls from the publish
+/// on, no pause).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KernelWait {
     /// Pause between two polls of the arrival counter, ns (0: it spins).
@@ -29,9 +29,22 @@ pub struct KernelWait {
     /// Poll late: start polling this long before the fastest round trip so far would end
     /// (0: from the publish on).
     pub poll_margin_ns: u32,
-    /// Order the command before its ready word with `__threadfence_system` and a relaxed
-    /// store instead of `st.release.sys`.
-    pub fence: bool,
+    /// How it orders each command ([`KernelPublish`]).
+    pub publish: KernelPublish,
+}
+
+/// How the latency kernel publishes a command (`transport-proxy`'s ring protocol).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelPublish {
+    /// The command's words alone, no fence: its payload was in place before the launch, so
+    /// nothing needs ordering before it (`proxy_push_unfenced`).
+    #[default]
+    Unfenced,
+    /// Word 0 with `st.release.sys`: what a kernel that wrote the payload pays
+    /// (`proxy_push`).
+    Release,
+    /// `__threadfence_system`, then the words (the protocol until 2026-11-28).
+    Fence,
 }
 
 impl CudaProducer {
@@ -46,18 +59,26 @@ impl CudaProducer {
         })?;
         inner.set_poll_sleep(wait.poll_sleep_ns);
         inner.set_poll_margin(wait.poll_margin_ns);
-        inner.set_sync(if wait.fence {
-            transport_proxy::cuda::SYNC_SC_FENCE
-        } else {
-            0
+        inner.set_sync(match wait.publish {
+            KernelPublish::Unfenced => transport_proxy::cuda::SYNC_UNFENCED,
+            KernelPublish::Release => 0,
+            KernelPublish::Fence => transport_proxy::cuda::SYNC_SC_FENCE,
         });
-        Ok(Self(inner))
+        Ok(Self(inner, wait.publish))
     }
 }
 
 impl Producer for CudaProducer {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn publish(&self) -> &'static str {
+        match self.1 {
+            KernelPublish::Unfenced => "unfenced",
+            KernelPublish::Release => "ordered (st.release.sys)",
+            KernelPublish::Fence => "ordered (__threadfence_system)",
+        }
     }
 
     fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()> {

@@ -73,14 +73,17 @@ impl Produce {
     }
 }
 
-/// [`Kernels::set_sync`]: the ready word after `__threadfence_system` (fence.sc.sys) with a
-/// relaxed store, in place of `st.release.sys` (the protocol before 2026-11-28).
+/// [`Kernels::set_sync`]: the command's words after `__threadfence_system` (fence.sc.sys),
+/// relaxed, in place of word 0's `st.release.sys` (the protocol before 2026-11-28).
 pub const SYNC_SC_FENCE: u32 = 1;
 /// [`Kernels::set_sync`]: poll with `ld.relaxed.sys` and fence once (`fence.acq_rel.sys`) after
 /// the count passed, in place of `ld.acquire.sys` on every poll.
 pub const SYNC_RELAXED_POLL: u32 = 2;
 /// [`Kernels::set_sync`], the floor only: the flag's store without a fence.
 pub const SYNC_NO_FENCE: u32 = 4;
+/// [`Kernels::set_sync`]: the command's words with no fence (`proxy_push_unfenced`: valid
+/// for the latency kernel, whose payload is in place before its launch).
+pub const SYNC_UNFENCED: u32 = 8;
 
 /// One warp: the launch of the kernels one GPU thread runs (wait, ping-pongs).
 const ONE_WARP: LaunchConfig = LaunchConfig {
@@ -366,8 +369,8 @@ impl Kernels {
     }
 
     /// How the latency kernels order their publish and poll (`producer.cu`'s `SYNC_*`; 0, the
-    /// default, is the ring's protocol: the ready word `st.release.sys`, every poll
-    /// `ld.acquire.sys`): [`SYNC_SC_FENCE`], [`SYNC_RELAXED_POLL`], and for
+    /// default, is the ring's ordered protocol: word 0 `st.release.sys`, every poll
+    /// `ld.acquire.sys`): [`SYNC_SC_FENCE`], [`SYNC_UNFENCED`], [`SYNC_RELAXED_POLL`], and for
     /// [`Kernels::flag_pingpong`] only [`SYNC_NO_FENCE`] and `pollers << 8` (extra polling
     /// warps, at most 15).
     pub fn set_sync(&mut self, sync: u32) {

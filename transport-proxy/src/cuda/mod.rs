@@ -256,6 +256,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_kernels_sync_modes_are_the_rust_constants() {
+        for (name, v) in [
+            ("SYNC_SC_FENCE", SYNC_SC_FENCE),
+            ("SYNC_RELAXED_POLL", SYNC_RELAXED_POLL),
+            ("SYNC_NO_FENCE", SYNC_NO_FENCE),
+            ("SYNC_UNFENCED", SYNC_UNFENCED),
+        ] {
+            let line = format!("#define {name} {v}u\n");
+            assert!(PRODUCER_SRC.contains(&line), "producer.cu lacks {line:?}");
+        }
+    }
+
     /// The kernels as NVRTC gets them parse and compile to PTX with clang's CUDA mode (for
     /// sm_90, without a CUDA installation: kernels/clang_shim.h declares what NVRTC
     /// predefines). Not NVRTC itself, which only the GPU host has, but a typo or a type error
@@ -353,7 +366,8 @@ mod tests {
         }
         // The protocol's loads and stores made it into the code.
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
-        assert!(ptx.contains("st.release.sys.global.u32"));
+        assert!(ptx.contains("st.release.sys.global.u64"));
+        assert!(ptx.contains("st.relaxed.sys.global.u64"));
     }
 
     #[test]

@@ -37,7 +37,7 @@ impl CudaRing {
 /// its producer a [`Ring`](crate::Ring) in a [`RingMemory`](crate::RingMemory) and a list of
 /// commands): per call it page-locks and maps the ring's block (`cuMemHostRegister(DEVICEMAP |
 /// PORTABLE)`), copies the commands into a mapped staging buffer, launches `proxy_issue` (one
-/// GPU thread per command: warp claims on head, room, fields, fence, ready word), waits for
+/// GPU thread per command: warp claims on head, room, the command's words without a fence), waits for
 /// it and unregisters the block. The registration lasts one call because the caller may free
 /// the ring afterwards and a registration must not outlive its memory. A figure taken through
 /// it includes a registration and a kernel launch per call; tests/gpu_proxy.rs measures

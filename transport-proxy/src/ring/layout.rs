@@ -6,8 +6,9 @@ use std::time::Duration;
 
 /// `"PXRG"` little-endian: the block's first word.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"PXRG");
-/// Layout version. Bumped on any change of the layout above.
-pub const VERSION: u32 = 1;
+/// Layout version. Bumped on any change of the layout above (2: every command word carries
+/// its lap, and `len` moved next to the ready word).
+pub const VERSION: u32 = 2;
 /// One cache line: the header's words each own one.
 pub const LINE: usize = 64;
 /// Bytes of one [`Command`].
@@ -36,9 +37,15 @@ pub const OP_FENCE: u8 = 3;
 
 /// The immediate's bits above this name the arrival counter at the receiver.
 pub const ARRIVAL_SHIFT: u32 = 16;
-/// Bits of a region's byte offset in [`Command::local`] / [`Command::remote`].
-pub const OFFSET_BITS: u32 = 48;
+/// Bits of a region's byte offset in [`Command::local`] / [`Command::remote`] (bits 62..47
+/// hold the region, bit 63 is the lap's in the ring).
+pub const OFFSET_BITS: u32 = 47;
 const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+/// The lap's bit in a command's second word (`flags` bit 7).
+pub const LAP_BIT_WORD1: u32 = 47;
+/// The lap's bit in its third and fourth words (`local`, `remote`).
+pub const LAP_BIT_ADDR: u32 = 63;
+const ADDR_MASK: u64 = !(1 << LAP_BIT_ADDR);
 
 /// The error word: the proxy is running (or was never started).
 pub const ERR_NONE: u32 = 0;
@@ -71,6 +78,20 @@ pub const fn unpack(packed: u64) -> (u16, u64) {
     ((packed >> OFFSET_BITS) as u16, packed & OFFSET_MASK)
 }
 
+/// The ready word a command at position `pos` carries.
+#[inline]
+pub const fn seq_for(pos: u64) -> u32 {
+    (pos as u32).wrapping_add(1)
+}
+
+/// The lap flag every word of the command at position `pos` carries in a ring of `capacity`
+/// (a power of two): 1 on the first lap (a ring starts zeroed), then 0, 1, ...: bit
+/// log2(capacity) of `pos`, inverted.
+#[inline]
+pub const fn lap_flag(pos: u64, capacity: u32) -> u64 {
+    (pos & capacity as u64 == 0) as u64
+}
+
 /// The immediate that bumps `arrivals[slot]` at the receiver, with 16 bits of the
 /// application's own.
 #[inline]
@@ -78,23 +99,26 @@ pub const fn immediate(slot: u16, tag: u16) -> u32 {
     ((slot as u32) << ARRIVAL_SHIFT) | tag as u32
 }
 
-/// One command: 32 bytes, the layout in the module docs. `seq` is the ready word; producers
-/// write it last (through [`Ring::push`](super::Ring::push) on the CPU).
+/// One command: 32 bytes, four 64-bit words in the ring (the module docs). In a slot each
+/// word carries the position's lap: `seq` in word 0, [`LAP_BIT_WORD1`] (`flags` bit 7) in
+/// word 1, [`LAP_BIT_ADDR`] of `local` and `remote`. [`Command::words`] and
+/// [`Command::from_words`] convert; [`Ring::push`](super::Ring::push) and
+/// [`Ring::peek`](super::Ring::peek) use them.
 #[repr(C, align(32))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Command {
-    /// The ready word: `(position + 1) as u32`, stored last, after a system-scope fence.
+    /// The ready word: `(position + 1) as u32` ([`seq_for`]); ignored by a push.
     pub seq: u32,
-    /// [`OP_WRITE`], [`OP_WRITE_IMM`] or [`OP_FENCE`].
-    pub op: u8,
-    /// Reserved: 0.
-    pub flags: u8,
-    /// Index into the proxy's peer table.
-    pub peer: u16,
     /// Bytes to write.
     pub len: u32,
     /// The immediate ([`OP_WRITE_IMM`]); see [`immediate`].
     pub imm: u32,
+    /// [`OP_WRITE`], [`OP_WRITE_IMM`] or [`OP_FENCE`].
+    pub op: u8,
+    /// Reserved: 0 (bit 7 is the lap's in the ring).
+    pub flags: u8,
+    /// Index into the proxy's peer table.
+    pub peer: u16,
     /// Local region index and offset ([`pack`]).
     pub local: u64,
     /// The peer's region index and offset ([`pack`]).
@@ -103,10 +127,11 @@ pub struct Command {
 
 const _: () = assert!(std::mem::size_of::<Command>() == COMMAND_BYTES);
 const _: () = assert!(std::mem::align_of::<Command>() == COMMAND_BYTES);
-const _: () = assert!(std::mem::offset_of!(Command, op) == 4);
-const _: () = assert!(std::mem::offset_of!(Command, peer) == 6);
-const _: () = assert!(std::mem::offset_of!(Command, len) == 8);
-const _: () = assert!(std::mem::offset_of!(Command, imm) == 12);
+const _: () = assert!(std::mem::offset_of!(Command, len) == 4);
+const _: () = assert!(std::mem::offset_of!(Command, imm) == 8);
+const _: () = assert!(std::mem::offset_of!(Command, op) == 12);
+const _: () = assert!(std::mem::offset_of!(Command, flags) == 13);
+const _: () = assert!(std::mem::offset_of!(Command, peer) == 14);
 const _: () = assert!(std::mem::offset_of!(Command, local) == 16);
 const _: () = assert!(std::mem::offset_of!(Command, remote) == 24);
 
@@ -120,11 +145,11 @@ impl Command {
         };
         Self {
             seq: 0,
+            len,
+            imm,
             op,
             flags: 0,
             peer,
-            len,
-            imm,
             local,
             remote,
         }
@@ -134,14 +159,59 @@ impl Command {
     pub const fn fence() -> Self {
         Self {
             seq: 0,
+            len: 0,
+            imm: 0,
             op: OP_FENCE,
             flags: 0,
             peer: 0,
-            len: 0,
-            imm: 0,
             local: 0,
             remote: 0,
         }
+    }
+
+    /// The four words a producer stores for this command at position `pos` of a ring of
+    /// `capacity`: `seq` ([`seq_for`]) and `len`; `imm`, `op`, `flags`, `peer`; `local`;
+    /// `remote`; each with `pos`'s [`lap_flag`] (`flags` bit 7 and the addresses' bit 63 are
+    /// replaced by it; [`pack`] never sets bit 63).
+    #[inline]
+    pub const fn words(&self, pos: u64, capacity: u32) -> [u64; 4] {
+        let lap = lap_flag(pos, capacity);
+        [
+            seq_for(pos) as u64 | (self.len as u64) << 32,
+            self.imm as u64
+                | (self.op as u64) << 32
+                | ((self.flags & 0x7f) as u64) << 40
+                | (self.peer as u64) << 48
+                | lap << LAP_BIT_WORD1,
+            (self.local & ADDR_MASK) | lap << LAP_BIT_ADDR,
+            (self.remote & ADDR_MASK) | lap << LAP_BIT_ADDR,
+        ]
+    }
+
+    /// The command at position `pos` of a ring of `capacity` from the words read out of its
+    /// slot, or `None` while any of them is not yet this position's (its ready word differs,
+    /// or its lap flag is the previous lap's): each word is stored and loaded whole, so four
+    /// words of this lap are the producer's whole command, in whatever order they landed.
+    #[inline]
+    pub const fn from_words(w: [u64; 4], pos: u64, capacity: u32) -> Option<Self> {
+        let lap = lap_flag(pos, capacity);
+        if w[0] as u32 != seq_for(pos)
+            || (w[1] >> LAP_BIT_WORD1) & 1 != lap
+            || w[2] >> LAP_BIT_ADDR != lap
+            || w[3] >> LAP_BIT_ADDR != lap
+        {
+            return None;
+        }
+        Some(Self {
+            seq: w[0] as u32,
+            len: (w[0] >> 32) as u32,
+            imm: w[1] as u32,
+            op: (w[1] >> 32) as u8,
+            flags: (w[1] >> 40) as u8 & 0x7f,
+            peer: (w[1] >> 48) as u16,
+            local: w[2] & ADDR_MASK,
+            remote: w[3] & ADDR_MASK,
+        })
     }
 }
 

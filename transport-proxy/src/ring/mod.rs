@@ -1,7 +1,7 @@
 //! The command ring: its memory layout (the ABI a GPU kernel or a CPU thread writes) and the
 //! protocol both sides follow.
 //!
-//! # Layout (version 1; offsets in bytes from the start of the block, all little-endian)
+//! # Layout (version 2; offsets in bytes from the start of the block, all little-endian)
 //! The ring lives in one contiguous block the caller provides, 64-byte aligned, at least
 //! [`RingLayout::bytes`] long. For a GPU producer it is host memory the GPU can reach:
 //! `cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)` (no write-combining:
@@ -25,21 +25,29 @@
 //!
 //! Positions are 64-bit and only grow; position `p` lives in slot `p & (capacity - 1)`.
 //!
-//! # The command ([`Command`], 32 bytes, `#[repr(C)]`)
+//! # The command ([`Command`], 32 bytes: four 64-bit words, little-endian)
 //! | offset | size | field    | meaning |
 //! |--------|------|----------|---------|
-//! | 0      | 4    | `seq`    | the ready word: `(p + 1) as u32` for position `p`, written last |
-//! | 4      | 1    | `op`     | [`OP_WRITE`], [`OP_WRITE_IMM`], [`OP_FENCE`] |
-//! | 5      | 1    | `flags`  | 0 (reserved) |
-//! | 6      | 2    | `peer`   | index into the proxy's peer table |
-//! | 8      | 4    | `len`    | bytes to write |
-//! | 12     | 4    | `imm`    | the immediate ([`OP_WRITE_IMM`] only); `imm >> 16` names the arrival counter it bumps at the receiver ([`ARRIVAL_SHIFT`]) |
-//! | 16     | 8    | `local`  | local region index (bits 63..48) and byte offset in it (bits 47..0): [`pack`] |
-//! | 24     | 8    | `remote` | the peer's region index (bits 63..48) and byte offset (bits 47..0) |
+//! | 0      | 4    | `seq`    | the ready word: `(p + 1) as u32` for position `p` ([`seq_for`]) |
+//! | 4      | 4    | `len`    | bytes to write |
+//! | 8      | 4    | `imm`    | the immediate ([`OP_WRITE_IMM`] only); `imm >> 16` names the arrival counter it bumps at the receiver ([`ARRIVAL_SHIFT`]) |
+//! | 12     | 1    | `op`     | [`OP_WRITE`], [`OP_WRITE_IMM`], [`OP_FENCE`] |
+//! | 13     | 1    | `flags`  | bit 7: the lap flag; bits 6..0 reserved, 0 |
+//! | 14     | 2    | `peer`   | index into the proxy's peer table |
+//! | 16     | 8    | `local`  | bit 63: the lap flag; local region index (bits 62..47) and byte offset in it (bits 46..0): [`pack`] |
+//! | 24     | 8    | `remote` | bit 63: the lap flag; the peer's region index (bits 62..47) and byte offset (bits 46..0) |
 //!
-//! [`OP_FENCE`] carries nothing but `seq` and `op`: the proxy posts nothing after it until
-//! every command before it has completed locally (a flush; "data, fence, flag" orders the flag
-//! after the data on fabrics that do not order WRITEs).
+//! Every word of a published command says which lap it belongs to: word 0 by `seq`, words
+//! 1-3 by their lap flag, [`lap_flag`]`(p)` = 1 on the ring's first lap (the block starts
+//! zeroed), 0 on the second, and so on. A word is stored and loaded whole (an aligned 64-bit
+//! access, single-copy atomic on the CPU and, `st.relaxed.sys`, in the PTX memory model), so
+//! once all four are this lap's the command is the producer's, whatever order its words
+//! landed in: no fence is needed between them (NCCL's LL protocol carries a flag in every
+//! 8-byte word for the same reason). A fence is needed only for what the command points at.
+//!
+//! [`OP_FENCE`] carries nothing but its position and `op`: the proxy posts nothing after it
+//! until every command before it has completed locally (a flush; "data, fence, flag" orders
+//! the flag after the data on fabrics that do not order WRITEs).
 //!
 //! # Protocol, and which fence orders what
 //! **Producer** (a GPU thread, or a CPU thread through [`Ring::push`]), for one command:
@@ -50,19 +58,25 @@
 //! 2. Wait for room: until `p - tail < capacity`, reading `tail` with Acquire (GPU: a
 //!    volatile or `ld.acquire.sys` load), and give up when the error word is non-zero
 //!    (the proxy is gone or failed: nothing more will be consumed).
-//! 3. Write `op, flags, peer, len, imm, local, remote` with plain stores.
-//! 4. **Release**, system scope: GPU: step 5 is an `st.release.sys` (or `__threadfence_system()`
-//!    then a volatile store: the same order, measured slower beside CUDA copies, see
-//!    `figures_latency_sync`); CPU: the Release ordering of step 5. It orders the field
-//!    stores of 3 (and every store the kernel made to the source buffer before it, which the
-//!    NIC is about to read) before the ready word.
-//! 5. Store the ready word `seq = (p + 1) as u32`.
+//! 3. Store words 1-3 ([`Command::words`]), each whole (GPU: `st.relaxed.sys.u64`).
+//! 4. Store word 0, either
+//!    - **ordered** (the default: GPU `proxy_push`, every CPU [`Ring::push`]): with
+//!      **Release**, system scope (GPU: `st.release.sys`). It orders every store this thread
+//!      made before, above all to the source buffer the NIC is about to read, before the
+//!      command; or
+//!    - **unfenced** (GPU `proxy_push_unfenced`): a relaxed store like the others. Valid
+//!      only when the thread wrote none of the source bytes since its last system-scope
+//!      fence: they were in place before the kernel was launched (what the benchmark's
+//!      latency kernel and `proxy_issue` publish), or the kernel fenced after writing them.
+//!      It saves the fence, 0.56 us of the PCIe floor's round trip on an H200 (`figures_latency_sync`,
+//!      docs/measurements.md).
 //!
 //! **Proxy** (one thread per ring, [`crate::Proxy`]), at its position `t` (= tail):
-//! 1. Load slot `t`'s ready word with **Acquire**; a command is ready when it equals
-//!    `(t + 1) as u32` (a stale lap never does: capacity is at most 2^31). The Acquire pairs
-//!    with the producer's fence: the fields (and the source bytes) are visible after it.
-//! 2. Read the fields; post (batched: everything ready from `t` on, up to a fence or a
+//! 1. Load slot `t`'s four words (relaxed, each whole); the command is ready when word 0's
+//!    `seq` is `(t + 1) as u32` (a stale lap never is: capacity is at most 2^24) and words
+//!    1-3 carry `t`'s lap flag ([`Command::from_words`]); then an **Acquire** fence, which
+//!    pairs with an ordered producer's Release: its source bytes are visible after it.
+//! 2. Post (batched: everything ready from `t` on, up to a fence or a
 //!    batch's worth, in one `post_writes` call).
 //! 3. For what was accepted: store `tail` with **Release**: the slots are free again, and the
 //!    Release orders the proxy's reads of them before a producer's next writes. A command the
@@ -92,9 +106,9 @@ pub use layout::*;
 
 /// A view of a ring in memory someone else owns (a `cuMemHostAlloc` block, a [`RingMemory`]).
 ///
-/// Every shared word is read and written atomically; command fields are read by the proxy
-/// only after it saw their ready word (Acquire), and written by a producer only after it saw
-/// the slot freed (Acquire of tail), so no byte is accessed by two sides at once.
+/// Every shared word, command words included, is read and written atomically; a command is
+/// taken by the proxy only once all its words carry their position's lap, and written by a
+/// producer only after it saw the slot freed (Acquire of tail).
 #[derive(Clone, Copy, Debug)]
 pub struct Ring<'a> {
     base: NonNull<u8>,
@@ -260,20 +274,16 @@ impl<'a> Ring<'a> {
         unsafe { self.base.as_ptr().add(off).cast() }
     }
 
-    fn seq_of(&self, pos: u64) -> &AtomicU32 {
-        // SAFETY: `seq` is the slot's first word, 4-aligned; it is only accessed atomically.
-        unsafe { AtomicU32::from_ptr(self.slot_ptr(pos).cast()) }
-    }
-
-    /// The ready word a command at `pos` carries.
-    #[inline]
-    pub const fn seq_for(pos: u64) -> u32 {
-        (pos as u32).wrapping_add(1)
+    fn words_of(&self, pos: u64) -> [&AtomicU64; 4] {
+        let w = self.slot_ptr(pos).cast::<u64>();
+        // SAFETY: the slot is 32-byte aligned inside the block (slot_ptr), so its four u64
+        // words are aligned and in bounds; slot words are only ever accessed atomically.
+        std::array::from_fn(|i| unsafe { AtomicU64::from_ptr(w.add(i)) })
     }
 
     /// CPU producer: claim a position, wait for room (failing when the error word is set),
-    /// write `cmd`'s fields, then its ready word with Release. Returns the position.
-    /// `cmd.seq` is ignored. Spins; allocates nothing.
+    /// then store `cmd`'s words, word 0 last with Release (ordered: see the protocol).
+    /// Returns the position. `cmd.seq` is ignored. Spins; allocates nothing.
     pub fn push(&self, cmd: &Command) -> Result<u64, RingError> {
         let pos = self.head().fetch_add(1, Ordering::Relaxed);
         self.wait_room(pos)?;
@@ -295,33 +305,38 @@ impl<'a> Ring<'a> {
     }
 
     /// Write a command into the slot of a position this producer claimed and found room for.
+    /// The slot belongs to this producer: it claimed `pos` (head) and saw the proxy release
+    /// the slot's previous lap (tail, Acquire).
     fn write_claimed(&self, pos: u64, cmd: &Command) {
-        let slot = self.slot_ptr(pos);
-        // SAFETY: the slot belongs to this producer: it claimed `pos` (head) and saw the
-        // proxy release the slot's previous lap (tail, Acquire). The fields after `seq` are
-        // written with plain stores; the proxy reads them only after the ready word below.
-        unsafe {
-            let fields = slot.cast::<u8>().add(4);
-            let src = (cmd as *const Command).cast::<u8>().add(4);
-            std::ptr::copy_nonoverlapping(src, fields, COMMAND_BYTES - 4);
+        let w = cmd.words(pos, self.capacity);
+        let slot = self.words_of(pos);
+        for i in 1..4 {
+            slot[i].store(w[i], Ordering::Relaxed);
         }
-        // The producer's fence: Release orders the field stores above (and every store this
-        // thread made to the source buffer before) before the ready word.
-        self.seq_of(pos)
-            .store(Self::seq_for(pos), Ordering::Release);
+        // The producer's fence: Release orders every store this thread made before (the
+        // source buffer above all) before the command.
+        slot[0].store(w[0], Ordering::Release);
     }
 
-    /// Proxy: the command at `pos` if its producer published it (Acquire of the ready word,
-    /// then the fields), else `None`.
+    /// Proxy: the command at `pos` if its producer published all of it (its four words carry
+    /// `pos`'s ready word and lap), else `None`; then an Acquire fence, the pair of an ordered
+    /// producer's Release.
     #[inline]
     pub fn peek(&self, pos: u64) -> Option<Command> {
-        if self.seq_of(pos).load(Ordering::Acquire) != Self::seq_for(pos) {
+        let slot = self.words_of(pos);
+        let w0 = slot[0].load(Ordering::Relaxed);
+        if w0 as u32 != seq_for(pos) {
             return None;
         }
-        // SAFETY: the ready word for `pos` was stored (Release) after the fields, and the
-        // producer does not touch the slot again until tail passes `pos`: the read below sees
-        // the complete command and races with no writer.
-        Some(unsafe { std::ptr::read_volatile(self.slot_ptr(pos)) })
+        let w = [
+            w0,
+            slot[1].load(Ordering::Relaxed),
+            slot[2].load(Ordering::Relaxed),
+            slot[3].load(Ordering::Relaxed),
+        ];
+        let cmd = Command::from_words(w, pos, self.capacity)?;
+        std::sync::atomic::fence(Ordering::Acquire);
+        Some(cmd)
     }
 
     /// Proxy: everything before `tail` is consumed (Release: the reads of those slots happen
@@ -441,10 +456,22 @@ mod tests {
         let c = Command::write(3, pack(2, 0x1234), pack(5, 7), 4096, Some(immediate(9, 1)));
         // SAFETY: reading a repr(C) struct's bytes.
         let b: [u8; 32] = unsafe { std::mem::transmute(c) };
-        assert_eq!(&b[4..8], &[OP_WRITE_IMM, 0, 3, 0]);
-        assert_eq!(&b[8..12], &4096u32.to_le_bytes());
-        assert_eq!(&b[12..16], &0x0009_0001u32.to_le_bytes());
-        assert_eq!(&b[16..24], &(0x0002_0000_0000_1234u64).to_le_bytes());
+        assert_eq!(&b[4..8], &4096u32.to_le_bytes());
+        assert_eq!(&b[8..12], &0x0009_0001u32.to_le_bytes());
+        assert_eq!(&b[12..16], &[OP_WRITE_IMM, 0, 3, 0]);
+        assert_eq!(&b[16..24], &(0x0001_0000_0000_1234u64).to_le_bytes());
+        // The slot's words are the struct's bytes, plus the ready word and the lap flags.
+        let w = c.words(0, 8);
+        for k in 1..4 {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&b[8 * k..8 * k + 8]);
+            let lap = if k == 1 {
+                1 << LAP_BIT_WORD1
+            } else {
+                1 << LAP_BIT_ADDR
+            };
+            assert_eq!(w[k], u64::from_le_bytes(raw) | lap, "word {k}");
+        }
         assert_eq!(unpack(c.remote), (5, 7));
     }
 
@@ -464,10 +491,176 @@ mod tests {
             ("PROXY_OP_FENCE", OP_FENCE.to_string()),
             ("PROXY_ARRIVAL_SHIFT", ARRIVAL_SHIFT.to_string()),
             ("PROXY_OFFSET_BITS", OFFSET_BITS.to_string()),
+            ("PROXY_LAP_BIT_WORD1", LAP_BIT_WORD1.to_string()),
+            ("PROXY_LAP_BIT_ADDR", LAP_BIT_ADDR.to_string()),
         ] {
             let line = format!("#define {name} {v}\n");
             assert!(CUDA_HEADER.contains(&line), "CUDA_HEADER lacks {line:?}");
         }
+    }
+
+    /// Commands, positions and capacities both encoders below run over.
+    fn encoding_cases() -> Vec<(Command, u64, u32)> {
+        let mut v = Vec::new();
+        for (i, &(pos, cap)) in [
+            (0u64, 2u32),
+            (1, 2),
+            (2, 2),
+            (5, 4),
+            (77, 64),
+            (1 << 30, 1 << 24),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let mut c = Command::write(
+                0xfffe - i as u16,
+                pack(0xffff, (1 << OFFSET_BITS) - 1 - i as u64),
+                pack(i as u16, 0x1234_5678 + i as u64),
+                u32::MAX - i as u32,
+                Some(immediate(i as u16, 0xabcd)),
+            );
+            c.flags = 0xff; // reserved bits: only 6..0 travel, bit 7 is the lap's
+            v.push((c, pos, cap));
+        }
+        v.push((Command::fence(), 3, 2));
+        v
+    }
+
+    #[test]
+    fn words_carry_the_lap_and_decode_back() {
+        for (c, pos, cap) in encoding_cases() {
+            let w = c.words(pos, cap);
+            let lap = lap_flag(pos, cap);
+            assert_eq!((w[1] >> LAP_BIT_WORD1) & 1, lap);
+            assert_eq!(w[2] >> LAP_BIT_ADDR, lap);
+            assert_eq!(w[3] >> LAP_BIT_ADDR, lap);
+            let want = Command {
+                seq: seq_for(pos),
+                flags: c.flags & 0x7f,
+                ..c
+            };
+            assert_eq!(Command::from_words(w, pos, cap), Some(want));
+            // Any one word of the slot's previous lap (or of zeroed memory on lap 0) and the
+            // command is not there yet.
+            let before = Command::fence().words(pos.wrapping_sub(cap as u64), cap);
+            for k in 0..4 {
+                let mut torn = w;
+                torn[k] = if pos < cap as u64 { 0 } else { before[k] };
+                assert_eq!(Command::from_words(torn, pos, cap), None, "word {k} stale");
+            }
+        }
+        assert_eq!(
+            (
+                lap_flag(0, 4),
+                lap_flag(3, 4),
+                lap_flag(4, 4),
+                lap_flag(8, 4)
+            ),
+            (1, 1, 0, 1)
+        );
+    }
+
+    /// A producer's words may land in any order (unfenced, or a GPU's stores crossing
+    /// PCIe): the proxy takes the command only when the last of them landed, on every lap.
+    #[test]
+    fn peek_waits_for_every_word_in_any_order() {
+        let mem = RingMemory::new(RingLayout::new(2, 1).unwrap());
+        let ring = mem.ring();
+        for (pos, order) in [
+            [0, 1, 2, 3],
+            [3, 2, 1, 0],
+            [1, 0, 3, 2],
+            [2, 3, 0, 1],
+            [0, 3, 1, 2],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let pos = pos as u64;
+            let cmd = Command::write(1, pack(0, 64 * pos), pack(1, pos), 8, Some(immediate(0, 7)));
+            let w = cmd.words(pos, 2);
+            let slot = ring.words_of(pos);
+            for (n, &k) in order.iter().enumerate() {
+                assert_eq!(ring.peek(pos), None, "pos {pos}: {n} of 4 words landed");
+                slot[k].store(w[k], Ordering::Relaxed);
+            }
+            let got = ring.peek(pos).expect("all four landed");
+            assert_eq!(
+                got,
+                Command {
+                    seq: seq_for(pos),
+                    ..cmd
+                }
+            );
+            ring.release(pos + 1);
+        }
+    }
+
+    /// `proxy_ring.cuh`'s `proxy_words`, compiled for the host with clang-16 and run, encodes
+    /// the same words as [`Command::words`] (the kernels store what the proxy decodes). Skips,
+    /// saying so, where no clang-16 is installed.
+    #[test]
+    fn the_cuda_header_encodes_commands_as_the_rust_side_does() {
+        use std::process::Command as Cmd;
+        let clang = ["clang-16", "/usr/lib/llvm-16/bin/clang"]
+            .into_iter()
+            .find(|c| {
+                Cmd::new(c)
+                    .arg("--version")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
+        let Some(clang) = clang else {
+            eprintln!("SKIPPED: no clang-16 to compile the CUDA header for the host with");
+            return;
+        };
+        let mut main = String::from(
+            "#include <stdio.h>\n#define __device__\n#define __forceinline__ inline\n\
+             #define __align__(n) alignas(n)\n\
+             unsigned long long atomicAdd_system(unsigned long long *, unsigned long long);\n\
+             void __threadfence_system();\n",
+        );
+        main.push_str(CUDA_HEADER);
+        main.push_str("int main() {\n  unsigned long long w[4];\n");
+        for (c, pos, cap) in encoding_cases() {
+            main.push_str(&format!(
+                "  {{ proxy_cmd c = {{0, {}u, {}u, {}, {}, {}, {}ull, {}ull}};\n    \
+                 proxy_words({pos}ull, {cap}u, &c, w);\n    \
+                 printf(\"%llx %llx %llx %llx\\n\", w[0], w[1], w[2], w[3]); }}\n",
+                c.len, c.imm, c.op, c.flags, c.peer, c.local, c.remote
+            ));
+        }
+        main.push_str("  return 0;\n}\n");
+        let dir = std::env::temp_dir().join(format!("proxy-words-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, bin) = (dir.join("words.cc"), dir.join("words"));
+        std::fs::write(&src, &main).unwrap();
+        let cc = Cmd::new(clang)
+            .args(["-x", "c++", "-std=c++17", "-Werror", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .unwrap();
+        assert!(
+            cc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        let out = Cmd::new(&bin).output().unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        let got = String::from_utf8(out.stdout).unwrap();
+        let want: String = encoding_cases()
+            .iter()
+            .map(|(c, pos, cap)| {
+                let w = c.words(*pos, *cap);
+                format!("{:x} {:x} {:x} {:x}\n", w[0], w[1], w[2], w[3])
+            })
+            .collect();
+        assert_eq!(
+            got, want,
+            "proxy_words (CUDA header) and Command::words disagree"
+        );
     }
 
     #[test]
@@ -480,6 +673,13 @@ mod tests {
             assert_eq!(ring.push(&cmd).unwrap(), p);
             let got = ring.peek(p).unwrap();
             assert_eq!((got.seq, got.local, got.remote), (p as u32 + 1, p, 2 * p));
+            assert_eq!(
+                got,
+                Command {
+                    seq: p as u32 + 1,
+                    ..cmd
+                }
+            );
             ring.release(p + 1);
         }
         // SAFETY: the block is RingMemory's, alive for the borrow.

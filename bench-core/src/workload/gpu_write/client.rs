@@ -298,6 +298,7 @@ pub fn client<T: Transport>(
     Ok((
         GpuWriteReport {
             producer: producer.name(),
+            publish: producer.publish(),
             ring_mcmds,
             lat_us: lat,
             lat_p50_us: lat_p50,

@@ -60,7 +60,13 @@ use steps::*;
 pub trait Producer: Sync {
     /// For reports: `cpu`, `cuda`, ...
     fn name(&self) -> &'static str;
-    /// Write `cmds` into `ring` (in any order; each with its ready word last, as the ring's
+    /// For reports: how [`Producer::pingpong`] orders each command before the proxy sees it
+    /// (`ordered`: a Release, as [`Ring::push`] does; `unfenced`: no fence, the payload was in
+    /// place before).
+    fn publish(&self) -> &'static str {
+        "ordered"
+    }
+    /// Write `cmds` into `ring` (in any order; each as the ring's
     /// protocol says) and return once all are in. The caller waits for their effect on the
     /// ring's counters.
     fn issue(&self, ring: Ring<'_>, cmds: &[Command]) -> Result<()>;

@@ -12,6 +12,8 @@ pub struct Row {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct GpuWriteReport {
     pub producer: &'static str,
+    /// How the latency rounds' producer orders a command ([`super::Producer::publish`]).
+    pub publish: &'static str,
     /// Commands per second through the ring alone (millions).
     pub ring_mcmds: f64,
     /// Latency, half the round trip of a ping-pong, microseconds (mean of `lat_rounds`).
@@ -59,8 +61,8 @@ impl GpuWriteReport {
     /// The table, for people.
     pub fn render(&self) -> String {
         let mut s = format!(
-            "gpu-write (producer {}): ring alone {:.2} M commands/s (commands the producer makes; one proxy thread consuming into nothing)\n",
-            self.producer, self.ring_mcmds
+            "gpu-write (producer {}, latency rounds published {}): ring alone {:.2} M commands/s (commands the producer makes; one proxy thread consuming into nothing)\n",
+            self.producer, self.publish, self.ring_mcmds
         );
         table(
             &mut s,
