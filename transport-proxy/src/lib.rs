@@ -77,3 +77,17 @@ pub use proxy::{
     drain_to_nothing, Proxy, ProxyError, ProxyPeer, ProxyStats, DEFAULT_BATCH, STOP_GRACE,
 };
 pub use ring::{immediate, pack, Command, Ring, RingError, RingLayout, RingMemory};
+
+/// The clang-16 the unit tests compile CUDA C with (the kernels for sm_90, the ring's header
+/// for the host), or `None` where none is installed (the tests then say SKIPPED).
+#[cfg(test)]
+pub(crate) fn clang16() -> Option<&'static str> {
+    ["clang-16", "/usr/lib/llvm-16/bin/clang"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}

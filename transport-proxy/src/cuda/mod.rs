@@ -277,15 +277,7 @@ mod tests {
     fn kernels_parse_with_clang() {
         use std::io::Write;
         use std::process::{Command, Stdio};
-        let clang = ["clang-16", "/usr/lib/llvm-16/bin/clang"]
-            .into_iter()
-            .find(|c| {
-                Command::new(c)
-                    .arg("--version")
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            });
-        let Some(clang) = clang else {
+        let Some(clang) = crate::clang16() else {
             eprintln!("SKIPPED: no clang-16 to check the kernels' syntax with");
             return;
         };

@@ -603,15 +603,7 @@ mod tests {
     #[test]
     fn the_cuda_header_encodes_commands_as_the_rust_side_does() {
         use std::process::Command as Cmd;
-        let clang = ["clang-16", "/usr/lib/llvm-16/bin/clang"]
-            .into_iter()
-            .find(|c| {
-                Cmd::new(c)
-                    .arg("--version")
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            });
-        let Some(clang) = clang else {
+        let Some(clang) = crate::clang16() else {
             eprintln!("SKIPPED: no clang-16 to compile the CUDA header for the host with");
             return;
         };
