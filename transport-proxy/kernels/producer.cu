@@ -49,10 +49,6 @@ static __device__ __forceinline__ u64 ld_acquire_sys_u64(const u64 *p) {
     return v;
 }
 
-static __device__ __forceinline__ void st_relaxed_sys_u32(u32 *p, u32 v) {
-    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
     u64 v;
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
