@@ -69,11 +69,18 @@ __device__ __forceinline__ void proxy_store(proxy_cmd *slot, unsigned long long 
     else
         asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(w), "l"(v[0]) : "memory");
 }
-/* One thread pushes c: claim, wait for room, store. ring: the device pointer of the block.
-   Returns 0, or the error word when the proxy is gone. */
+/* proxy_push's answer when the block is not a ring of this header's layout (its magic or
+   version differ: a kernel built against another version of this file). */
+#define PROXY_PUSH_WRONG_RING 0x10000u
+/* One thread pushes c: check the block, claim a position on head, wait for room, store.
+   ring: the device pointer of the block. Returns 0; the ring's error word (1-255) when the
+   proxy is gone; or PROXY_PUSH_WRONG_RING. Every access here crosses PCIe: the header's first
+   16 bytes are one load. */
 __device__ __forceinline__ unsigned int proxy_push_as(unsigned char *ring, const proxy_cmd *c, bool ordered) {
-    unsigned int cap = *(volatile unsigned int *)(ring + 8);
-    unsigned int slots = *(volatile unsigned int *)(ring + 12);
+    unsigned int magic, version, cap, slots;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(magic), "=r"(version), "=r"(cap), "=r"(slots) : "l"(ring) : "memory");
+    if (magic != PROXY_RING_MAGIC || version != PROXY_RING_VERSION) return PROXY_PUSH_WRONG_RING;
     unsigned long long pos = atomicAdd_system((unsigned long long *)(ring + PROXY_OFF_HEAD), 1ull);
     volatile unsigned long long *tail = (volatile unsigned long long *)(ring + PROXY_OFF_TAIL);
     volatile unsigned int *err = (volatile unsigned int *)(ring + PROXY_OFF_ERROR);

@@ -116,6 +116,18 @@ impl GpuRing {
         unsafe { Ring::attach(self.mem.host_ptr(), self.mem.len()) }.expect("Ring::attach")
     }
 
+    /// `head`, read without [`Ring::attach`] (which refuses a block whose header was changed).
+    fn ring_unchecked_head(&self) -> u64 {
+        // SAFETY: the u64 at OFF_HEAD, 8-aligned in the block this GpuRing owns.
+        unsafe {
+            self.mem
+                .host_ptr()
+                .add(transport_proxy::ring::OFF_HEAD)
+                .cast::<u64>()
+                .read_volatile()
+        }
+    }
+
     /// The block's device address (what kernels get).
     fn dev(&self) -> u64 {
         self.mem.device_ptr()
@@ -319,6 +331,7 @@ fn once_each_check_fails_on_lost_duplicated_or_torn_commands() {
         fill: None,
         blocks: 1,
         threads: 1,
+        push: false,
     };
     let cmd = |i: u64| Command {
         seq: 0,
@@ -362,12 +375,18 @@ fn once_each_check_fails_on_lost_duplicated_or_torn_commands() {
 #[test]
 fn kernel_commands_reach_the_ring_once_each() {
     let Some(k) = kernels() else { return };
-    for claim_in_gpu in [false, true] {
+    // proxy_produce's warp claims on the ring's head and on a counter in GPU memory, then a
+    // program's own kernel through proxy_ring.cuh's proxy_push_unfenced (push_example.cu):
+    // one claim a thread, each thread waiting for room itself.
+    for (claim_in_gpu, push) in [(false, false), (true, false), (false, true)] {
         let gr = GpuRing::new(&k, 1024, 1);
         let ring = gr.ring();
         let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
-        let count: u64 = 1 << 18;
-        let (blocks, threads) = (64, 256);
+        let (count, blocks, threads): (u64, u32, u32) = if push {
+            (1 << 16, 8, 256)
+        } else {
+            (1 << 18, 64, 256)
+        };
         let p = Produce {
             first: 1000,
             count,
@@ -385,31 +404,44 @@ fn kernel_commands_reach_the_ring_once_each() {
             fill: None,
             blocks,
             threads,
+            push,
+        };
+        let how = match (claim_in_gpu, push) {
+            (_, true) => "proxy_push_unfenced, a claim a thread on the ring's head",
+            (true, _) => "warp claims on a GPU counter",
+            _ => "warp claims on the ring's head",
         };
         k.produce(gr.dev(), &p).expect("launch");
         let start = Instant::now();
-        take_once_each(
-            &ring,
-            &p,
-            STALL,
-            &format!("claims in GPU memory: {claim_in_gpu}"),
-        );
+        take_once_each(&ring, &p, STALL, how);
         k.sync().expect("the producer");
         assert_eq!(ring.tail().load(Ordering::Acquire), count);
         if !claim_in_gpu {
             assert_eq!(ring.head().load(Ordering::Acquire), count);
         }
         eprintln!(
-            "{count} kernel commands ({blocks} blocks of {threads}, claims on {}) through a \
+            "{count} kernel commands ({blocks} blocks of {threads}, {how}) through a \
              1024-slot ring, each once with its fields, in {:.2?}",
-            if claim_in_gpu {
-                "a GPU counter"
-            } else {
-                "the ring's head"
-            },
             start.elapsed()
         );
     }
+    // proxy_push refuses a block that is not a ring of its version, and says so.
+    let gr = GpuRing::new(&k, 1024, 1);
+    // SAFETY: the block's version word, 4-aligned, in memory this test owns; no producer or
+    // proxy runs on it.
+    unsafe { gr.mem.host_ptr().add(4).cast::<u32>().write_volatile(1) };
+    let p = Produce {
+        count: 1,
+        push: true,
+        ..Produce::single(
+            &transport_proxy::Command::write(0, 0, 0, 8, Some(immediate(0, 0))),
+            0,
+        )
+    };
+    k.produce(gr.dev(), &p).expect("launch");
+    let e = k.sync().expect_err("a version-1 block");
+    assert!(e.to_string().contains("not a version-2 ring"), "{e}");
+    assert_eq!(gr.ring_unchecked_head(), 0, "nothing claimed");
 }
 
 /// bench-core's seam: [`CudaProducer`] publishes a list of commands into a ring in plain
@@ -655,9 +687,15 @@ fn kernel_writes_over_shm_every_byte_verified() {
     // PROXY_E2E_ONLY=host:65536 (or gpu:4096, ...): one case alone, to tell a case's own
     // failure from one its predecessor left behind.
     let only = std::env::var("PROXY_E2E_ONLY").ok();
-    for gpu in [false, true] {
+    // push: the producer is a program's own kernel through proxy_ring.cuh (push_example.cu):
+    // proxy_push after filling GPU memory, proxy_push_unfenced for host memory filled before.
+    for (gpu, push) in [(false, false), (true, false), (false, true), (true, true)] {
         for (len, count) in [(4096usize, 256u64), (64 << 10, 64)] {
-            let case = format!("{}:{len}", if gpu { "gpu" } else { "host" });
+            let case = format!(
+                "{}:{len}{}",
+                if gpu { "gpu" } else { "host" },
+                if push { ":push" } else { "" }
+            );
             if only.as_ref().is_some_and(|o| *o != case) {
                 continue;
             }
@@ -680,7 +718,7 @@ fn kernel_writes_over_shm_every_byte_verified() {
             // Host memory: claims on the ring's head (the ABI's own counter, one system-scope
             // atomic per warp); GPU memory: on a counter in GPU memory.
             let counter = GpuBuffer::alloc(0, 8).expect("cuMemAlloc");
-            let claim = gpu.then(|| counter.device_ptr());
+            let claim = (gpu && !push).then(|| counter.device_ptr());
             // GPU memory: a ring with room for every command, so the producer never waits on
             // the proxy (see produce_ahead), and the host sees the counters move before a
             // kernel waits on them; host memory: a 64-slot ring the kernel wraps 4 times.
@@ -707,6 +745,7 @@ fn kernel_writes_over_shm_every_byte_verified() {
                     fill,
                     blocks,
                     threads,
+                    push,
                 };
                 k.produce(ra.dev(), &prod).expect("launch the producer");
                 k.sync().expect("the producer");
@@ -727,8 +766,13 @@ fn kernel_writes_over_shm_every_byte_verified() {
             });
             assert_eq!((writes, arrivals), (count, count));
             let what = format!(
-                "{} memory, {count} WRITEs of {len} bytes",
-                if gpu { "GPU" } else { "host" }
+                "{} memory, {count} WRITEs of {len} bytes{}",
+                if gpu { "GPU" } else { "host" },
+                if push {
+                    ", pushed through proxy_ring.cuh"
+                } else {
+                    ""
+                }
             );
             verify_pages(p.dst.memory(), first, count, len, salt, &what);
             eprintln!("{what}: kernel -> ring -> proxy -> shm, every byte verified");
@@ -810,6 +854,7 @@ fn figures_ring_only() {
                         fill: None,
                         blocks,
                         threads: 256,
+                        push: false,
                     };
                     ks[i].produce(r.dev(), &p).expect("launch");
                 }
@@ -1749,6 +1794,7 @@ fn figures_bandwidth() {
                         fill: None,
                         blocks: k.multiprocessors(),
                         threads: 256,
+                        push: false,
                     };
                     let start = Instant::now();
                     produce_ahead(&k, ra, &prod, cap);

@@ -32,6 +32,11 @@ pub struct Produce {
     /// Blocks and threads per block of the launch.
     pub blocks: u32,
     pub threads: u32,
+    /// Publish through `proxy_ring.cuh`'s `proxy_push` (with `fill`) or `proxy_push_unfenced`
+    /// (without), one claim on the ring's head per command, as a program's own kernel would
+    /// (`kernels/push_example.cu`), instead of `proxy_produce`'s warp claims. `claim` must be
+    /// `None`.
+    pub push: bool,
 }
 
 impl Produce {
@@ -69,6 +74,7 @@ impl Produce {
             fill: None,
             blocks: 1,
             threads: 32,
+            push: false,
         }
     }
 }
@@ -101,6 +107,7 @@ pub struct Kernels {
     pingpong: CudaFunction,
     /// The producer's kernel (`producer.rs` launches it).
     pub(super) issue: CudaFunction,
+    push_example: CudaFunction,
     flag_pingpong: CudaFunction,
     spin: CudaFunction,
     /// The latency kernel's pause between two polls of its counter, ns (0: none).
@@ -119,12 +126,22 @@ pub const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The kernels' source as NVRTC compiles it: ring/layout.rs's CUDA header, then the kernels.
 pub fn kernel_source() -> String {
-    format!("{}\n{}", crate::ring::CUDA_HEADER, PRODUCER_SRC)
+    format!(
+        "{}\n{}\n{}",
+        crate::ring::CUDA_HEADER,
+        PRODUCER_SRC,
+        PUSH_EXAMPLE_SRC
+    )
 }
 
 /// A kernel's failure word (1: timed out; 0x100 | code: the ring's error word) in words.
 fn failure(word: u64, what: &str) -> GpuError {
-    if word & 0x100 != 0 {
+    if word == 0x1_0000 {
+        GpuError::Invalid(format!(
+            "{what}: the block is not a version-{} ring (proxy_push checks its header)",
+            crate::ring::VERSION
+        ))
+    } else if word & 0x100 != 0 {
         let code = (word & 0xff) as u32;
         GpuError::Timeout(format!(
             "{what}: the proxy is gone ({}: {})",
@@ -193,6 +210,7 @@ impl Kernels {
             wait: f("proxy_wait")?,
             pingpong: f("proxy_pingpong")?,
             issue: f("proxy_issue")?,
+            push_example: f("proxy_push_example")?,
             flag_pingpong: f("proxy_flag_pingpong")?,
             spin: f("proxy_spin")?,
             poll_sleep_ns: 0,
@@ -220,6 +238,7 @@ impl Kernels {
             wait: self.wait.clone(),
             pingpong: self.pingpong.clone(),
             issue: self.issue.clone(),
+            push_example: self.push_example.clone(),
             flag_pingpong: self.flag_pingpong.clone(),
             spin: self.spin.clone(),
             poll_sleep_ns: self.poll_sleep_ns,
@@ -264,6 +283,9 @@ impl Kernels {
             block_dim: (p.threads, 1, 1),
             shared_mem_bytes: 0,
         };
+        if p.push {
+            return self.push_example(ring, p, cfg, src, fill, salt, status);
+        }
         let mut b = self.stream.launch_builder(&self.produce);
         b.arg(&ring)
             .arg(&claim)
@@ -290,6 +312,53 @@ impl Kernels {
         // to, src (when fill is set) a device address with room for every page's payload,
         // and status is scratch, which self owns and sync() waits on before reading.
         unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_produce)", e))?;
+        Ok(())
+    }
+
+    /// [`Kernels::produce`] for [`Produce::push`]: `proxy_push_example`.
+    #[allow(clippy::too_many_arguments)]
+    fn push_example(
+        &self,
+        ring: u64,
+        p: &Produce,
+        cfg: LaunchConfig,
+        src: u64,
+        fill: u32,
+        salt: u32,
+        status: u64,
+    ) -> Result<(), GpuError> {
+        if p.claim.is_some() || p.op != crate::ring::OP_WRITE_IMM {
+            return Err(GpuError::Invalid(
+                "Produce::push: proxy_push claims on the ring's head (claim: None) and the \
+                 example sends WRITEs with immediate"
+                    .into(),
+            ));
+        }
+        let (peer, lreg, rreg, _, slot) = p.ids();
+        let mut b = self.stream.launch_builder(&self.push_example);
+        b.arg(&ring)
+            .arg(&src)
+            .arg(&p.first)
+            .arg(&p.count)
+            .arg(&peer)
+            .arg(&lreg)
+            .arg(&p.local_off)
+            .arg(&rreg)
+            .arg(&p.remote_off)
+            .arg(&p.len)
+            .arg(&p.stride)
+            .arg(&p.pages)
+            .arg(&slot)
+            .arg(&fill)
+            .arg(&salt)
+            .arg(&status);
+        // SAFETY: the arguments match proxy_push_example's parameters in number, order and
+        // size (pointers as u64 device addresses, u32 for unsigned int, u64 for unsigned long
+        // long; kernels_parse_with_clang checks the sizes); ring is a mapped block
+        // Ring::init laid out, src (when fill is set) a device address with room for every
+        // page's payload, and status is scratch, which self owns and sync() waits on before
+        // reading.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_push_example)", e))?;
         Ok(())
     }
 

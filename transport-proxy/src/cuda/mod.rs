@@ -30,6 +30,10 @@ pub use producer::*;
 /// The kernels' CUDA C source, compiled at run time by NVRTC.
 pub const PRODUCER_SRC: &str = include_str!("../../kernels/producer.cu");
 
+/// A kernel of the kind a program writes for itself, through `proxy_ring.cuh`'s `proxy_push`
+/// alone (compiled after [`PRODUCER_SRC`]; [`Produce::push`] launches it).
+pub const PUSH_EXAMPLE_SRC: &str = include_str!("../../kernels/push_example.cu");
+
 /// What can go wrong on the device side.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -338,6 +342,10 @@ mod tests {
             ("proxy_issue", &[8, 8, 8, 8, 8][..]),
             ("proxy_flag_pingpong", &[8, 8, 8, 4, 8][..]),
             ("proxy_spin", &[8, 8, 4, 4, 8, 8][..]),
+            (
+                "proxy_push_example",
+                &[8, 8, 8, 8, 4, 4, 8, 4, 8, 4, 8, 8, 4, 4, 4, 8][..],
+            ),
         ] {
             let at = ptx
                 .find(&format!(".entry {k}("))
@@ -360,6 +368,8 @@ mod tests {
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("st.relaxed.sys.global.u64"));
+        // proxy_push's one load of the header's first 16 bytes.
+        assert!(ptx.contains("ld.volatile.global.v4.u32"));
     }
 
     #[test]
