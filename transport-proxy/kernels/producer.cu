@@ -68,7 +68,8 @@ static __device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64 *p) {
 //   SYNC_NO_FENCE       the floor's flag only: st.relaxed.sys, no fence (a flag that carries no
 //                       data needs none: the fence's own share of the floor);
 //   SYNC_UNFENCED       the command's words with no fence at all (its payload was in place
-//                       before the launch; the latency kernel's default in gpu-write);
+//                       before the launch; the latency kernels' default); the floor's flag
+//                       as SYNC_NO_FENCE;
 //   bits 8-11           the floor only: that many extra warps poll the echo (staggered over a
 //                       microsecond, a PCIe read's time) and tell the publishing thread
 //                       through shared memory; 0: the publisher polls.
@@ -424,8 +425,8 @@ extern "C" __global__ void proxy_flag_pingpong(u64 *flags, u64 iters, u64 timeou
     const u64 start = globaltimer_ns();
     u64 r = 0;
     for (; r < iters; ++r) {
-        if (sync & (SYNC_SC_FENCE | SYNC_NO_FENCE)) {
-            if (!(sync & SYNC_NO_FENCE)) __threadfence_system();
+        if (sync & (SYNC_SC_FENCE | SYNC_NO_FENCE | SYNC_UNFENCED)) {
+            if (sync & SYNC_SC_FENCE) __threadfence_system();
             asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");
         } else {
             asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags), "l"(r + 1) : "memory");

@@ -214,7 +214,8 @@ impl Kernels {
             flag_pingpong: f("proxy_flag_pingpong")?,
             spin: f("proxy_spin")?,
             poll_sleep_ns: 0,
-            sync: 0,
+            // The latency kernels' payload is in place before their launch: no fence.
+            sync: SYNC_UNFENCED,
             poll_margin_ns: 0,
             scratch: MappedHost::alloc(ctx, 4096)?,
         })
@@ -437,9 +438,10 @@ impl Kernels {
         self.poll_margin_ns = ns;
     }
 
-    /// How the latency kernels order their publish and poll (`producer.cu`'s `SYNC_*`; 0, the
-    /// default, is the ring's ordered protocol: word 0 `st.release.sys`, every poll
-    /// `ld.acquire.sys`): [`SYNC_SC_FENCE`], [`SYNC_UNFENCED`], [`SYNC_RELAXED_POLL`], and for
+    /// How the latency kernels order their publish and poll (`producer.cu`'s `SYNC_*`; 0 is
+    /// the ring's ordered protocol: word 0 `st.release.sys`, every poll `ld.acquire.sys`;
+    /// the default is [`SYNC_UNFENCED`], their payload being in place before the launch, as
+    /// gpu-write's): [`SYNC_SC_FENCE`], [`SYNC_RELAXED_POLL`], and for
     /// [`Kernels::flag_pingpong`] only [`SYNC_NO_FENCE`] and `pollers << 8` (extra polling
     /// warps, at most 15).
     pub fn set_sync(&mut self, sync: u32) {
@@ -537,7 +539,8 @@ impl Pingpong {
 
 impl Kernels {
     /// The PCIe floor: `iters` rounds of one GPU thread storing `r + 1` to the u64 at device
-    /// address `flags` and spinning until the u64 128 bytes on (`flags + 128`) reads `r + 1`,
+    /// address `flags` (ordered as [`Kernels::set_sync`] says: by default with no fence, as
+    /// the latency kernels publish) and spinning until the u64 128 bytes on (`flags + 128`) reads `r + 1`,
     /// which a CPU thread must echo (see `proxy_flag_pingpong`); the GPU's total ns. `flags`
     /// must be mapped host memory (a [`MappedHost`]'s device address).
     pub fn flag_pingpong(&self, flags: u64, iters: u64) -> Result<u64, GpuError> {
