@@ -53,6 +53,11 @@
 //!     })
 //! }
 //! ```
+//! From a CUDA kernel the same command goes through `proxy_push(ring, &cmd)` (or
+//! `proxy_push_unfenced` for a payload in place before the launch) of `kernels/proxy_ring.cuh`,
+//! given the ring's device address; `kernels/push_example.cu` is a whole kernel doing it, run
+//! by the GPU tests.
+//!
 //! A fence ([`Command::fence`]) holds back every later command until the earlier ones have
 //! completed locally: with delivery-complete WRITEs (verbs RC, libfabric with delivery
 //! completion) "data, fence, flag" lands the flag after the data; elsewhere count immediates.
