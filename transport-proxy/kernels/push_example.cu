@@ -13,14 +13,15 @@
 // with no fence at all.
 // status[0]: 0; or 0x100 | the ring's error word (the proxy is gone); or
 // PROXY_PUSH_WRONG_RING.
-extern "C" __global__ void proxy_push_example(unsigned char *ring, unsigned char *src,
-                                              unsigned long long first, unsigned long long count,
-                                              unsigned int peer, unsigned int local_region,
+extern "C" __global__ void proxy_push_example(unsigned char *ring, unsigned long long first,
+                                              unsigned long long count, unsigned int peer,
+                                              unsigned int local_region,
                                               unsigned long long local_off,
                                               unsigned int remote_region,
-                                              unsigned long long remote_off, unsigned int len,
-                                              unsigned long long stride, unsigned long long pages,
-                                              unsigned int imm_slot, unsigned int fill,
+                                              unsigned long long remote_off,
+                                              unsigned long long len, unsigned long long stride,
+                                              unsigned long long pages, unsigned int imm_slot,
+                                              unsigned char *src, unsigned int fill,
                                               unsigned int salt, unsigned int *status) {
     const unsigned long long threads = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -31,7 +32,7 @@ extern "C" __global__ void proxy_push_example(unsigned char *ring, unsigned char
                 src[local_off + off + j] = payload_byte(i, j, salt);
         proxy_cmd c;
         c.seq = 0;
-        c.len = len;
+        c.len = (unsigned int)len;
         c.imm = (imm_slot << PROXY_ARRIVAL_SHIFT) | (unsigned int)(i & 0xffff);
         c.op = PROXY_OP_WRITE_IMM;
         c.flags = 0;

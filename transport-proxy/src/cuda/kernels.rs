@@ -2,83 +2,6 @@
 
 use super::*;
 
-/// What [`Kernels::produce`] publishes: commands `first..first + count`. Command `i` WRITEs
-/// `len` bytes from `local_off + (i % pages) * stride` of local region `local_region` to
-/// `remote_off + (i % pages) * stride` of `peer`'s region `remote_region`; with
-/// [`OP_WRITE_IMM`](crate::ring::OP_WRITE_IMM) its immediate is
-/// [`immediate`](crate::ring::immediate)`(imm_slot, i as u16)`.
-#[derive(Clone, Debug)]
-pub struct Produce {
-    pub first: u64,
-    pub count: u64,
-    pub peer: u16,
-    pub local_region: u16,
-    pub local_off: u64,
-    pub remote_region: u16,
-    pub remote_off: u64,
-    pub len: u32,
-    pub stride: u64,
-    pub pages: u64,
-    /// [`OP_WRITE`](crate::ring::OP_WRITE) or [`OP_WRITE_IMM`](crate::ring::OP_WRITE_IMM).
-    pub op: u8,
-    pub imm_slot: u16,
-    /// The u64 (device address) warps claim positions from: `None` for the ring's head;
-    /// `Some` for a counter in GPU memory that holds the ring's next position (the only
-    /// producer of the ring then).
-    pub claim: Option<u64>,
-    /// `Some((device address of the local region, salt))`: each thread first fills its
-    /// command's payload with [`payload_byte`], ordered before the command by the fence.
-    pub fill: Option<(u64, u32)>,
-    /// Blocks and threads per block of the launch.
-    pub blocks: u32,
-    pub threads: u32,
-    /// Publish through `proxy_ring.cuh`'s `proxy_push` (with `fill`) or `proxy_push_unfenced`
-    /// (without), one claim on the ring's head per command, as a program's own kernel would
-    /// (`kernels/push_example.cu`), instead of `proxy_produce`'s warp claims. `claim` must be
-    /// `None`.
-    pub push: bool,
-}
-
-impl Produce {
-    /// Peer, local region, remote region, op and immediate slot, widened to the kernels' `u32`
-    /// arguments.
-    fn ids(&self) -> (u32, u32, u32, u32, u32) {
-        (
-            u32::from(self.peer),
-            u32::from(self.local_region),
-            u32::from(self.remote_region),
-            u32::from(self.op),
-            u32::from(self.imm_slot),
-        )
-    }
-
-    /// `cmd` alone, as command `first` of one warp (what [`Kernels::pingpong`] publishes each
-    /// round: its immediate's low 16 bits become the round's position).
-    pub fn single(cmd: &crate::Command, first: u64) -> Self {
-        let (local_region, local_off) = crate::ring::unpack(cmd.local);
-        let (remote_region, remote_off) = crate::ring::unpack(cmd.remote);
-        Self {
-            first,
-            count: 1,
-            peer: cmd.peer,
-            local_region,
-            local_off,
-            remote_region,
-            remote_off,
-            len: cmd.len,
-            stride: 0,
-            pages: 1,
-            op: cmd.op,
-            imm_slot: (cmd.imm >> crate::ring::ARRIVAL_SHIFT) as u16,
-            claim: None,
-            fill: None,
-            blocks: 1,
-            threads: 32,
-            push: false,
-        }
-    }
-}
-
 /// [`Kernels::set_sync`]: the command's words after `__threadfence_system` (fence.sc.sys),
 /// relaxed, in place of word 0's `st.release.sys` (the protocol before 2026-11-28).
 pub const SYNC_SC_FENCE: u32 = 1;
@@ -269,6 +192,13 @@ impl Kernels {
                 p.blocks, p.threads
             )));
         }
+        if p.push && (p.claim.is_some() || p.op != crate::ring::OP_WRITE_IMM) {
+            return Err(GpuError::Invalid(
+                "Produce::push: proxy_push claims on the ring's head (claim: None) and the \
+                 example sends WRITEs with immediate"
+                    .into(),
+            ));
+        }
         self.scratch.zero(0, 8);
         let status = self.scratch.device_ptr();
         let claim = p.claim.unwrap_or(ring + crate::ring::OFF_HEAD as u64);
@@ -276,90 +206,42 @@ impl Kernels {
             Some((src, salt)) => (src, 1u32, salt),
             None => (0u64, 0u32, 0u32),
         };
-        let len = p.len as u64;
-        let (peer, lreg, rreg, op, slot) = p.ids();
+        let commands = p.command_args();
+        let (op, slot) = (u32::from(p.op), u32::from(p.imm_slot));
         let timeout = KERNEL_TIMEOUT_NS;
         let cfg = LaunchConfig {
             grid_dim: (p.blocks, 1, 1),
             block_dim: (p.threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        if p.push {
-            return self.push_example(ring, p, cfg, src, fill, salt, status);
+        let (f, name) = if p.push {
+            (&self.push_example, "proxy_push_example")
+        } else {
+            (&self.produce, "proxy_produce")
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&ring);
+        if !p.push {
+            b.arg(&claim);
         }
-        let mut b = self.stream.launch_builder(&self.produce);
-        b.arg(&ring)
-            .arg(&claim)
-            .arg(&p.first)
-            .arg(&p.count)
-            .arg(&peer)
-            .arg(&lreg)
-            .arg(&p.local_off)
-            .arg(&rreg)
-            .arg(&p.remote_off)
-            .arg(&len)
-            .arg(&p.stride)
-            .arg(&p.pages)
-            .arg(&op)
-            .arg(&slot)
-            .arg(&src)
-            .arg(&fill)
-            .arg(&salt)
-            .arg(&timeout)
-            .arg(&status);
-        // SAFETY: the arguments match proxy_produce's parameters in number, order and size
-        // (pointers as u64 device addresses, u32 for unsigned int, u64 for unsigned long
-        // long); ring is a mapped block Ring::init laid out, claim a u64 the kernel may add
-        // to, src (when fill is set) a device address with room for every page's payload,
-        // and status is scratch, which self owns and sync() waits on before reading.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_produce)", e))?;
-        Ok(())
-    }
-
-    /// [`Kernels::produce`] for [`Produce::push`]: `proxy_push_example`.
-    #[allow(clippy::too_many_arguments)]
-    fn push_example(
-        &self,
-        ring: u64,
-        p: &Produce,
-        cfg: LaunchConfig,
-        src: u64,
-        fill: u32,
-        salt: u32,
-        status: u64,
-    ) -> Result<(), GpuError> {
-        if p.claim.is_some() || p.op != crate::ring::OP_WRITE_IMM {
-            return Err(GpuError::Invalid(
-                "Produce::push: proxy_push claims on the ring's head (claim: None) and the \
-                 example sends WRITEs with immediate"
-                    .into(),
-            ));
+        commands.push(&mut b);
+        if !p.push {
+            b.arg(&op);
         }
-        let (peer, lreg, rreg, _, slot) = p.ids();
-        let mut b = self.stream.launch_builder(&self.push_example);
-        b.arg(&ring)
-            .arg(&src)
-            .arg(&p.first)
-            .arg(&p.count)
-            .arg(&peer)
-            .arg(&lreg)
-            .arg(&p.local_off)
-            .arg(&rreg)
-            .arg(&p.remote_off)
-            .arg(&p.len)
-            .arg(&p.stride)
-            .arg(&p.pages)
-            .arg(&slot)
-            .arg(&fill)
-            .arg(&salt)
-            .arg(&status);
-        // SAFETY: the arguments match proxy_push_example's parameters in number, order and
-        // size (pointers as u64 device addresses, u32 for unsigned int, u64 for unsigned long
-        // long; kernels_parse_with_clang checks the sizes); ring is a mapped block
-        // Ring::init laid out, src (when fill is set) a device address with room for every
-        // page's payload, and status is scratch, which self owns and sync() waits on before
-        // reading.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda("cuLaunchKernel(proxy_push_example)", e))?;
+        b.arg(&slot).arg(&src).arg(&fill).arg(&salt);
+        if !p.push {
+            b.arg(&timeout);
+        }
+        b.arg(&status);
+        // SAFETY: the arguments match the kernel's parameters in number, order and size
+        // (proxy_produce: ring, claim, the commands' ten, op, slot, src, fill, salt, timeout,
+        // status; proxy_push_example the same without claim, op and timeout; pointers as u64
+        // device addresses, u32 for unsigned int, u64 for unsigned long long;
+        // kernels_parse_with_clang checks the sizes). ring is a mapped block Ring::init laid
+        // out, claim a u64 the kernel may add to, src (when fill is set) a device address
+        // with room for every page's payload, and status is scratch, which self owns and
+        // sync() waits on before reading.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda(&format!("cuLaunchKernel({name})"), e))?;
         Ok(())
     }
 
@@ -468,7 +350,14 @@ impl Kernels {
         let out = self.scratch.device_ptr() + 128;
         let timeout = KERNEL_TIMEOUT_NS;
         let len = p.len as u64;
-        let (peer, lreg, rreg, op, slot) = p.ids();
+        let [peer, lreg, rreg, op, slot] = [
+            p.peer,
+            p.local_region,
+            p.remote_region,
+            u16::from(p.op),
+            p.imm_slot,
+        ]
+        .map(u32::from);
         let cfg = ONE_WARP;
         let mut b = self.stream.launch_builder(&self.pingpong);
         b.arg(&ring)

@@ -22,9 +22,11 @@ use cudarc::driver::PushKernelArg;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig};
 
 mod kernels;
+mod produce;
 mod producer;
 
 pub use kernels::*;
+pub use produce::*;
 pub use producer::*;
 
 /// The kernels' CUDA C source, compiled at run time by NVRTC.
@@ -344,7 +346,7 @@ mod tests {
             ("proxy_spin", &[8, 8, 4, 4, 8, 8][..]),
             (
                 "proxy_push_example",
-                &[8, 8, 8, 8, 4, 4, 8, 4, 8, 4, 8, 8, 4, 4, 4, 8][..],
+                &[8, 8, 8, 4, 4, 8, 4, 8, 8, 8, 8, 4, 8, 4, 4, 8][..],
             ),
         ] {
             let at = ptx
