@@ -2,7 +2,7 @@
 
 use cudarc::driver::{LaunchArgs, PushKernelArg};
 
-/// What [`Kernels::produce`] publishes: commands `first..first + count`. Command `i` WRITEs
+/// What [`Kernels::produce`](super::Kernels::produce) publishes: commands `first..first + count`. Command `i` WRITEs
 /// `len` bytes from `local_off + (i % pages) * stride` of local region `local_region` to
 /// `remote_off + (i % pages) * stride` of `peer`'s region `remote_region`; with
 /// [`OP_WRITE_IMM`](crate::ring::OP_WRITE_IMM) its immediate is
@@ -88,7 +88,7 @@ impl Produce {
         }
     }
 
-    /// `cmd` alone, as command `first` of one warp (what [`Kernels::pingpong`] publishes each
+    /// `cmd` alone, as command `first` of one warp (what [`Kernels::pingpong`](super::Kernels::pingpong) publishes each
     /// round: its immediate's low 16 bits become the round's position).
     pub fn single(cmd: &crate::Command, first: u64) -> Self {
         let (local_region, local_off) = crate::ring::unpack(cmd.local);
