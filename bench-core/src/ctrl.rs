@@ -222,10 +222,11 @@ impl Ctrl {
                         }
                         Event::Msg(_) => None,
                     };
-                    let fatal = last || why.is_some();
-                    let why_gone = why.clone().unwrap_or_else(|| format!("{name} left"));
-                    if fatal {
-                        live2.mark_gone(&why_gone);
+                    // Fatal: the peer went or failed (what it is called then; only then).
+                    let gone = (last || why.is_some())
+                        .then(|| why.clone().unwrap_or_else(|| format!("{name} left")));
+                    if let Some(g) = &gone {
+                        live2.mark_gone(g);
                     }
                     if let Some(why) = &why {
                         if let Some(hook) = on_gone.take() {
@@ -233,10 +234,8 @@ impl Ctrl {
                         }
                     }
                     let closed = tx.send(ev).is_err();
-                    if fatal {
-                        if let Some(w) = watchdog {
-                            let _ = watch(&live2, &stop2, w, &why_gone, label.as_deref());
-                        }
+                    if let (Some(g), Some(w)) = (&gone, watchdog) {
+                        let _ = watch(&live2, &stop2, w, g, label.as_deref());
                     }
                     if closed || last {
                         return;

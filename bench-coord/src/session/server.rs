@@ -90,18 +90,21 @@ fn accept_loop<T: Transport>(
                 .name(format!("session-{id}"))
                 .spawn_scoped(s, move || {
                     let t0 = Instant::now();
+                    let label = format!("session {id} from {peer}");
                     if !cfg.quiet {
-                        eprintln!("rdma-bench server: session {id} from {peer}: started");
+                        eprintln!("rdma-bench server: {label}: started");
                     }
-                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| session::<T>(cfg, stream, &format!("session {id} from {peer}"))))
-                        .unwrap_or_else(|_| Err(Error::Protocol("the session panicked".into())));
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        session::<T>(cfg, stream, &label)
+                    }))
+                    .unwrap_or_else(|_| Err(Error::Protocol("the session panicked".into())));
                     if !cfg.quiet {
                         match &r {
                             Ok(n) => eprintln!(
-                                "rdma-bench server: session {id} from {peer}: done, {n} run(s) in {:.1} s",
+                                "rdma-bench server: {label}: done, {n} run(s) in {:.1} s",
                                 t0.elapsed().as_secs_f64()
                             ),
-                            Err(e) => eprintln!("rdma-bench server: session {id} from {peer}: {e}"),
+                            Err(e) => eprintln!("rdma-bench server: {label}: {e}"),
                         }
                     }
                     active.fetch_sub(1, Ordering::AcqRel);
