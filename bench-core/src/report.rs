@@ -129,6 +129,17 @@ pub fn combine_rounds(runs: Vec<RunReport>, rounds: u32) -> Vec<RunReport> {
         .collect()
 }
 
+/// The median of `v` (the mean of the two middle values for an even count; 0 for none),
+/// sorting `v`.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Gbit/s of `bytes` in `seconds`.
 pub fn gbps(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {

@@ -10,7 +10,7 @@ use crate::rendezvous::Member;
 use bench_core::config::Knobs;
 use bench_core::proto::{RankDone, RunSpec};
 use bench_core::record::Record;
-use bench_core::report::gbps;
+use bench_core::report::{gbps, median};
 use bench_core::units::human_bytes;
 
 /// min/median/max of one figure across ranks.
@@ -108,15 +108,6 @@ pub struct JobReport {
     /// What ran, where and on what: rank 0's facts, and each rank's that differ.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub record: Option<Record>,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Spread of `(rank, value)` pairs.
