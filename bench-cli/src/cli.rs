@@ -263,7 +263,9 @@ pub struct WorkloadArgs {
     pub ladder: bool,
     /// Run every stage or size R times, interleaved (the whole list once per round), and
     /// report each one's median round with the lowest and highest beside it: a step the
-    /// spread covers is noise, not a step. Default: 3 with --ladder, else 1.
+    /// spread covers is noise, not a step. Default: 3 with --ladder, else 1. gpu-write runs
+    /// each size's host and proxy steps R times side by side, alternating which goes first,
+    /// and compares them round by round.
     #[arg(long, value_name = "R")]
     pub rounds: Option<u32>,
 }

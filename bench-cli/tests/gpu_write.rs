@@ -45,9 +45,29 @@ const ARGS: &[&str] = &[
     "--json",
 ];
 
+/// With `--rounds 2` each row carries both rounds' pairs, and each path's figure is their
+/// median (the mean of two).
 #[test]
 fn gpu_write_over_shm_verified() {
-    check(&run(ARGS, LONG).expect_ok().json());
+    let mut a = ARGS.to_vec();
+    a.extend_from_slice(&["--rounds", "2"]);
+    let v = run(&a, LONG).expect_ok().json();
+    check(&v);
+    assert_eq!(v["rounds"], 2, "{v}");
+    for t in ["lat_us", "lat_p50_us", "bw_gbps"] {
+        for r in v[t].as_array().unwrap() {
+            let pairs = r["rounds"].as_array().unwrap();
+            assert_eq!(pairs.len(), 2, "{t}: {r}");
+            let f = |i: usize, j: usize| pairs[i][j].as_f64().unwrap();
+            for (j, path) in ["proxy", "host"].into_iter().enumerate() {
+                let m = (f(0, j) + f(1, j)) / 2.0;
+                assert!(
+                    (r[path].as_f64().unwrap() - m).abs() <= 1e-9 * m,
+                    "{t}: {r}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

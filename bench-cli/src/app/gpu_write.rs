@@ -40,10 +40,19 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
         cfg.bw_bytes = n << 18;
         cfg.ring_cmds = n * 2000;
     }
-    if w.ladder || w.rounds.is_some() || w.single_buffer || w.pages.is_some() || w.window != 0 {
+    if let Some(r) = w.rounds {
+        if r == 0 || r > bench_core::plan::MAX_ROUNDS {
+            return Err(Error::Usage(format!(
+                "--rounds {r}: allowed 1..={}",
+                bench_core::plan::MAX_ROUNDS
+            )));
+        }
+        cfg.rounds = r;
+    }
+    if w.ladder || w.single_buffer || w.pages.is_some() || w.window != 0 {
         return Err(Error::Usage(
             "gpu-write takes --size/--sizes, -n (latency round trips), --warmup (untimed round \
-             trips), --batch, --seed, --pin and --no-verify; not --ladder, --rounds, \
+             trips), --rounds, --batch, --seed, --pin and --no-verify; not --ladder, \
              --single-buffer, --pages or --window"
                 .into(),
         ));

@@ -203,21 +203,9 @@ pub fn client<T: Transport>(
     if cfg.verbose {
         eprintln!("rdma-bench: gpu-write: ring alone {ring_mcmds:.2} M commands/s");
     }
-    let mut steps = Vec::new();
-    for &size in &cfg.lat_sizes {
-        for kind in [GpuStepKind::HostLat, GpuStepKind::ProxyLat] {
-            steps.push((kind, size, cfg.lat_iters.max(1)));
-        }
-    }
-    for &size in &cfg.bw_sizes {
-        // At most MAX_BW_WRITES a size: at 8 B, -n 2000's 512 MiB would be 64 M WRITEs
-        // (minutes through shm), which the GPU host's first two-process run spent its time on.
-        let n = (cfg.bw_bytes / size as u64).clamp(1, MAX_BW_WRITES);
-        for kind in [GpuStepKind::HostBw, GpuStepKind::ProxyBw] {
-            steps.push((kind, size, n));
-        }
-    }
-    let (mut lat, mut lat_p50, mut bw) = (Vec::<Row>::new(), Vec::<Row>::new(), Vec::new());
+    let rounds = cfg.rounds.max(1);
+    let steps = plan(cfg);
+    let mut figures: Vec<Figure> = Vec::with_capacity(steps.len());
     let mut server_checked = 0u64;
     let mut server_core = None;
     let mut region = Some(region);
@@ -267,29 +255,13 @@ pub fn client<T: Transport>(
                 (size as u64 * n) as f64 * 8.0 / secs / 1e9
             }
         };
-        // The host path opens a row, the proxy path's step (next) fills it in.
-        let put = |rows: &mut Vec<Row>, value: f64| match kind {
-            GpuStepKind::HostLat | GpuStepKind::HostBw => rows.push(Row {
-                size,
-                proxy: 0.0,
-                host: value,
-            }),
-            _ => {
-                if let Some(row) = rows.last_mut() {
-                    row.proxy = value;
-                }
-            }
-        };
-        match kind {
-            GpuStepKind::HostLat | GpuStepKind::ProxyLat => {
-                put(&mut lat, value);
-                // Half the median round trip, beside half the mean.
-                let median = d.median().map_or(0.0, |m| m.as_secs_f64() * 1e6 / 2.0);
-                put(&mut lat_p50, median);
-            }
-            _ => put(&mut bw, value),
-        }
+        // Half the median round trip, beside half the mean.
+        let median = d.median().map_or(0.0, |m| m.as_secs_f64() * 1e6 / 2.0);
+        figures.push((kind, size, value, median));
     }
+    let lat = rows_of(&figures, GpuStepKind::HostLat, |f| f.2);
+    let lat_p50 = rows_of(&figures, GpuStepKind::HostLat, |f| f.3);
+    let bw = rows_of(&figures, GpuStepKind::HostBw, |f| f.2);
     let server = match server_core {
         Some(c) => format!("pinned to core {c}"),
         None if cfg.pin => "unpinned (its topology names no cores near its GPU)".into(),
@@ -303,6 +275,7 @@ pub fn client<T: Transport>(
             lat_us: lat,
             lat_p50_us: lat_p50,
             lat_rounds: cfg.lat_iters.max(1),
+            rounds,
             server_echo: if cfg.echo_ring { "ring" } else { "host" },
             bw_gbps: bw,
             verified: cfg.verify,
@@ -311,6 +284,72 @@ pub fn client<T: Transport>(
         },
         region.expect("the region after the steps"),
     ))
+}
+
+/// The client's steps, (kind, size, WRITEs): per latency size, then per bandwidth size, the
+/// two paths `rounds` times, alternating which goes first (host, proxy; then proxy, host), so
+/// that a drift of the machine over the run lands on both paths alike.
+pub(super) fn plan(cfg: &GpuWriteCfg) -> Vec<(GpuStepKind, usize, u64)> {
+    let pairs = |host, proxy| {
+        (0..cfg.rounds.max(1)).flat_map(move |r| {
+            if r % 2 == 0 {
+                [host, proxy]
+            } else {
+                [proxy, host]
+            }
+        })
+    };
+    let mut steps = Vec::new();
+    for &size in &cfg.lat_sizes {
+        for kind in pairs(GpuStepKind::HostLat, GpuStepKind::ProxyLat) {
+            steps.push((kind, size, cfg.lat_iters.max(1)));
+        }
+    }
+    for &size in &cfg.bw_sizes {
+        // At most MAX_BW_WRITES a size: at 8 B, -n 2000's 512 MiB would be 64 M WRITEs
+        // (minutes through shm), which the GPU host's first two-process run spent its time on.
+        let n = (cfg.bw_bytes / size as u64).clamp(1, MAX_BW_WRITES);
+        for kind in pairs(GpuStepKind::HostBw, GpuStepKind::ProxyBw) {
+            steps.push((kind, size, n));
+        }
+    }
+    steps
+}
+
+/// A step's figures: its kind, size, figure (us or Gbit/s) and, for latency, half the
+/// median round trip.
+pub(super) type Figure = (GpuStepKind, usize, f64, f64);
+
+/// The rows of one kind of step (`host`: `HostLat` or `HostBw`, with its proxy twin), one per
+/// size in the order the sizes ran, each with every round's pair. `figure` picks the figure.
+pub(super) fn rows_of(
+    figures: &[Figure],
+    host: GpuStepKind,
+    figure: impl Fn(&Figure) -> f64,
+) -> Vec<Row> {
+    let proxy = match host {
+        GpuStepKind::HostLat => GpuStepKind::ProxyLat,
+        _ => GpuStepKind::ProxyBw,
+    };
+    let mut sizes: Vec<usize> = figures
+        .iter()
+        .filter(|f| f.0 == host)
+        .map(|f| f.1)
+        .collect();
+    sizes.dedup();
+    sizes
+        .into_iter()
+        .map(|size| {
+            let of = |k| -> Vec<f64> {
+                figures
+                    .iter()
+                    .filter(|f| f.0 == k && f.1 == size)
+                    .map(&figure)
+                    .collect()
+            };
+            Row::of_rounds(size, &of(proxy), &of(host))
+        })
+        .collect()
 }
 
 /// One step from the client's side: announce it, wait for the server, run it, take the

@@ -282,6 +282,9 @@ pub struct GpuWriteCfg {
     pub echo_ring: bool,
     /// Say on stderr when each step starts and ends (`-v`): where a slow or stuck run is.
     pub verbose: bool,
+    /// Times each size's host and proxy steps run, side by side, alternating which goes
+    /// first (`--rounds`).
+    pub rounds: u32,
 }
 
 impl Default for GpuWriteCfg {
@@ -301,6 +304,7 @@ impl Default for GpuWriteCfg {
             pin: false,
             echo_ring: false,
             verbose: false,
+            rounds: 1,
         }
     }
 }
@@ -435,6 +439,62 @@ mod tests {
             ..GpuWriteCfg::default()
         };
         assert!(ring_rate(&CpuProducer, &cfg, None).unwrap() > 0.0);
+    }
+
+    /// With rounds, each size's two paths run side by side, the first of each pair
+    /// alternating; the rows pair each round's figures and take each path's median.
+    #[test]
+    fn rounds_alternate_the_paths_and_pair_their_figures() {
+        use GpuStepKind::*;
+        let cfg = GpuWriteCfg {
+            lat_sizes: vec![8],
+            bw_sizes: vec![4096],
+            rounds: 3,
+            ..GpuWriteCfg::default()
+        };
+        let steps = client::plan(&cfg);
+        let kinds: Vec<_> = steps.iter().map(|s| (s.0, s.1)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (HostLat, 8),
+                (ProxyLat, 8),
+                (ProxyLat, 8),
+                (HostLat, 8),
+                (HostLat, 8),
+                (ProxyLat, 8),
+                (HostBw, 4096),
+                (ProxyBw, 4096),
+                (ProxyBw, 4096),
+                (HostBw, 4096),
+                (HostBw, 4096),
+                (ProxyBw, 4096),
+            ]
+        );
+        // Figures in the order the steps ran; the host path drifts down, the proxy with it.
+        let bw = [10.0, 9.0, 6.0, 8.0, 7.0, 7.7];
+        let figures: Vec<client::Figure> = steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.0, s.1, if i < 6 { i as f64 } else { bw[i - 6] }, 0.5))
+            .collect();
+        let rows = client::rows_of(&figures, HostBw, |f| f.2);
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(r.size, 4096);
+        assert_eq!(r.rounds, vec![[9.0, 10.0], [6.0, 8.0], [7.7, 7.0]]);
+        assert_eq!((r.proxy, r.host), (7.7, 8.0));
+        // The median of each round's ratio (0.75, 0.9, 1.1), not the medians' ratio (0.96).
+        let (m, range) = r.compare(|p, h| p / h);
+        assert_eq!(m, 0.9);
+        assert_eq!(range, Some((0.75, 1.1)));
+        let lat = client::rows_of(&figures, HostLat, |f| f.3);
+        assert_eq!(lat.len(), 1);
+        assert_eq!(lat[0].rounds.len(), 3);
+        // One round: no pairs listed, the comparison of the two figures.
+        let one = Row::of_rounds(64, &[2.0], &[4.0]);
+        assert!(one.rounds.is_empty());
+        assert_eq!(one.compare(|p, h| p / h), (0.5, None));
     }
 
     #[test]

@@ -1,11 +1,46 @@
 //! What a run measured, and its tables as printed.
 
-/// One row: the proxy path's figure beside the host's from the same run.
+use crate::report::median;
+
+/// One row: the proxy path's figure beside the host's from the same run; with `--rounds`,
+/// each path's median over the rounds, and every round's pair.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Row {
     pub size: usize,
     pub proxy: f64,
     pub host: f64,
+    /// With several rounds: each round's `[proxy, host]`, in the order they ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<[f64; 2]>,
+}
+
+impl Row {
+    /// A row of a size's rounds: `proxy[i]` and `host[i]` ran in the same round.
+    pub fn of_rounds(size: usize, proxy: &[f64], host: &[f64]) -> Self {
+        let rounds = if proxy.len() > 1 {
+            proxy.iter().zip(host).map(|(&p, &h)| [p, h]).collect()
+        } else {
+            Vec::new()
+        };
+        Row {
+            size,
+            proxy: median(&mut proxy.to_vec()),
+            host: median(&mut host.to_vec()),
+            rounds,
+        }
+    }
+
+    /// `cmp(proxy, host)` of the row: with rounds, the median of each round's (a round's two
+    /// paths ran next to each other, so the machine's drift between rounds cancels), with the
+    /// lowest and highest round's beside it.
+    pub fn compare(&self, cmp: impl Fn(f64, f64) -> f64) -> (f64, Option<(f64, f64)>) {
+        if self.rounds.is_empty() {
+            return (cmp(self.proxy, self.host), None);
+        }
+        let mut each: Vec<f64> = self.rounds.iter().map(|&[p, h]| cmp(p, h)).collect();
+        let m = median(&mut each);
+        (m, Some((each[0], each[each.len() - 1])))
+    }
 }
 
 /// What a run measured.
@@ -22,6 +57,8 @@ pub struct GpuWriteReport {
     pub lat_p50_us: Vec<Row>,
     /// Timed round trips per latency row.
     pub lat_rounds: u64,
+    /// Times each size's two paths ran, alternating which went first (`--rounds`).
+    pub rounds: u32,
     /// Who answered the proxy path's WRITEs at the server: `host` (a thread on its endpoint,
     /// as for the host path) or `ring` (its proxy and a CPU echo through its ring).
     pub server_echo: &'static str,
@@ -34,25 +71,36 @@ pub struct GpuWriteReport {
     pub pinning: String,
 }
 
-/// One of the report's tables: a title, then size, proxy, host and `last` (what compares them).
+/// One of the report's tables: a title, then size, proxy, host and `last`, `cmp(proxy, host)`
+/// ([`Row::compare`]: with rounds, the median round's and the range).
 pub(super) fn table(
     s: &mut String,
     title: &str,
     last: &str,
     rows: &[Row],
-    cmp: impl Fn(&Row) -> String,
+    cmp: impl Fn(f64, f64) -> f64,
+    sign: bool,
 ) {
     *s += &format!(
         "{title}\n{:>10} {:>10} {:>10} {last:>8}\n",
         "size", "proxy", "host"
     );
+    let f = |x: f64| {
+        if sign {
+            format!("{x:+.2}")
+        } else {
+            format!("{x:.2}")
+        }
+    };
     for r in rows {
+        let (c, range) = r.compare(&cmp);
         *s += &format!(
-            "{:>10} {:>10.2} {:>10.2} {}\n",
+            "{:>10} {:>10.2} {:>10.2} {:>8}{}\n",
             crate::units::human_bytes(r.size as u64),
             r.proxy,
             r.host,
-            cmp(r)
+            f(c),
+            range.map_or(String::new(), |(lo, hi)| format!(" ({}..{})", f(lo), f(hi)))
         );
     }
 }
@@ -64,6 +112,14 @@ impl GpuWriteReport {
             "gpu-write (producer {}, latency rounds published {}): ring alone {:.2} M commands/s (commands the producer makes; one proxy thread consuming into nothing)\n",
             self.producer, self.publish, self.ring_mcmds
         );
+        if self.rounds > 1 {
+            s += &format!(
+                "{} rounds of each size, the two paths side by side in each (alternating which \
+                 went first): each path's median round; diff and ratio are the median round's, \
+                 the lowest and highest round's in brackets\n",
+                self.rounds
+            );
+        }
         table(
             &mut s,
             &format!(
@@ -78,7 +134,8 @@ impl GpuWriteReport {
             ),
             "diff",
             &self.lat_us,
-            |r| format!("{:>+8.2}", r.proxy - r.host),
+            |p, h| p - h,
+            true,
         );
         table(
             &mut s,
@@ -86,7 +143,8 @@ impl GpuWriteReport {
              producer's clock, a kernel's: the SM's cycle counter in ns):",
             "diff",
             &self.lat_p50_us,
-            |r| format!("{:>+8.2}", r.proxy - r.host),
+            |p, h| p - h,
+            true,
         );
         table(
             &mut s,
@@ -94,7 +152,8 @@ impl GpuWriteReport {
              counted immediate: it includes one return WRITE):",
             "ratio",
             &self.bw_gbps,
-            |r| format!("{:>8.2}", r.proxy / r.host),
+            |p, h| p / h,
+            false,
         );
         s += &format!("proxy threads: {}\n", self.pinning);
         // The same words as every other workload's output ("every byte verified").
