@@ -72,7 +72,7 @@ pub struct GpuWriteReport {
 }
 
 /// One of the report's tables: a title, then size, proxy, host and `last`, `cmp(proxy, host)`
-/// ([`Row::compare`]: with rounds, the median round's and the range).
+/// ([`Row::compare`]: with rounds, the median of the rounds' own and their range).
 pub(super) fn table(
     s: &mut String,
     title: &str,
@@ -115,8 +115,8 @@ impl GpuWriteReport {
         if self.rounds > 1 {
             s += &format!(
                 "{} rounds of each size, the two paths side by side in each (alternating which \
-                 went first): each path's median round; diff and ratio are the median round's, \
-                 the lowest and highest round's in brackets\n",
+                 went first): each path's median round; diff and ratio: the median of the \
+                 rounds' own, the lowest and highest in brackets\n",
                 self.rounds
             );
         }
