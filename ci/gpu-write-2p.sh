@@ -20,7 +20,8 @@
 #              with a CPU producer, and 12.6 us as `cuda` above. It measures CUDA's scheduling
 #              of two processes on one GPU, not the proxy; keep -n small.
 # Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS,
-#      GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin"),
+#      GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin --rounds 5":
+#      each size's two paths five times side by side, compared round by round),
 #      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu),
 #      SERVER_ARGS (more server flags), CLIENT_TIMEOUT (s, per run, default 240: then the
 #      client's threads are listed and it is killed).
@@ -32,7 +33,7 @@ cd "$(dirname "$0")/.."
 RB=${RB:-gpu-carry/bin/rdma-bench}
 cuda=${CUDA:-/usr/local/cuda}
 export LD_LIBRARY_PATH=$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-read -r -a args <<< "${GW_ARGS:---sizes 8,64,512,4K,64K,1M -n 1000 --pin}"
+read -r -a args <<< "${GW_ARGS:---sizes 8,64,512,4K,64K,1M -n 1000 --pin --rounds 5}"
 log() { echo "gpu-write-2p: $*" >&2; }
 status=0
 for mem in ${MEMS:-host cuda}; do
