@@ -57,9 +57,14 @@ pub fn kernel_source() -> String {
     )
 }
 
-/// A kernel's failure word (1: timed out; 0x100 | code: the ring's error word) in words.
+/// A kernel's failure word when `proxy_push` refused the block as not a ring of this layout
+/// version (`proxy_ring.cuh`'s `PROXY_PUSH_WRONG_RING`).
+pub const PUSH_WRONG_RING: u64 = 0x1_0000;
+
+/// A kernel's failure word (1: timed out; 0x100 | code: the ring's error word;
+/// [`PUSH_WRONG_RING`]) in words.
 fn failure(word: u64, what: &str) -> GpuError {
-    if word == 0x1_0000 {
+    if word == PUSH_WRONG_RING {
         GpuError::Invalid(format!(
             "{what}: the block is not a version-{} ring (proxy_push checks its header)",
             crate::ring::VERSION

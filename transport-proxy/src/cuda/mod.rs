@@ -263,7 +263,7 @@ mod tests {
     }
 
     #[test]
-    fn the_kernels_sync_modes_are_the_rust_constants() {
+    fn the_kernels_constants_are_the_rust_ones() {
         for (name, v) in [
             ("SYNC_SC_FENCE", SYNC_SC_FENCE),
             ("SYNC_RELAXED_POLL", SYNC_RELAXED_POLL),
@@ -273,6 +273,12 @@ mod tests {
             let line = format!("#define {name} {v}u\n");
             assert!(PRODUCER_SRC.contains(&line), "producer.cu lacks {line:?}");
         }
+        // The failure word proxy_push's refusal reaches the host as.
+        let line = format!("#define PROXY_PUSH_WRONG_RING {PUSH_WRONG_RING:#x}u\n");
+        assert!(
+            crate::ring::CUDA_HEADER.contains(&line),
+            "proxy_ring.cuh lacks {line:?}"
+        );
     }
 
     /// The kernels as NVRTC gets them parse and compile to PTX with clang's CUDA mode (for
