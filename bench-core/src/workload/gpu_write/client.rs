@@ -331,12 +331,13 @@ pub(super) fn rows_of(
         GpuStepKind::HostLat => GpuStepKind::ProxyLat,
         _ => GpuStepKind::ProxyBw,
     };
-    let mut sizes: Vec<usize> = figures
-        .iter()
-        .filter(|f| f.0 == host)
-        .map(|f| f.1)
-        .collect();
-    sizes.dedup();
+    // Each size once, in the order they ran (`--sizes 8,4K,8` repeats one; its rounds join).
+    let mut sizes: Vec<usize> = Vec::new();
+    for f in figures.iter().filter(|f| f.0 == host) {
+        if !sizes.contains(&f.1) {
+            sizes.push(f.1);
+        }
+    }
     sizes
         .into_iter()
         .map(|size| {

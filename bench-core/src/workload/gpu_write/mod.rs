@@ -491,6 +491,20 @@ mod tests {
         let lat = client::rows_of(&figures, HostLat, |f| f.3);
         assert_eq!(lat.len(), 1);
         assert_eq!(lat[0].rounds.len(), 3);
+        // A size listed twice is one row, its rounds joined.
+        let twice = GpuWriteCfg {
+            lat_sizes: vec![8, 64, 8],
+            bw_sizes: vec![],
+            rounds: 1,
+            ..GpuWriteCfg::default()
+        };
+        let f: Vec<client::Figure> = client::plan(&twice)
+            .iter()
+            .map(|s| (s.0, s.1, 1.0, 1.0))
+            .collect();
+        let rows = client::rows_of(&f, HostLat, |f| f.2);
+        assert_eq!(rows.iter().map(|r| r.size).collect::<Vec<_>>(), [8, 64]);
+        assert_eq!(rows[0].rounds.len(), 2);
         // One round: no pairs listed, the comparison of the two figures.
         let one = Row::of_rounds(64, &[2.0], &[4.0]);
         assert!(one.rounds.is_empty());
