@@ -364,3 +364,47 @@ fn gpu_write_with_the_cuda_producer_runs_or_says_why_not() {
     );
     let _ = o.expect_err("are gpu-write's");
 }
+
+/// gpu-write on the UCX backend (the third backend the proxy is generic over): loopback over
+/// shared memory and tcp, and two processes over shared memory, every byte verified by the
+/// server. UCX's immediate follows an endpoint flush of the peer's earlier puts, so the
+/// proxy's arrivals count delivered WRITEs there as on the other backends.
+#[cfg(feature = "ucx")]
+mod ucx {
+    use super::*;
+
+    fn ucx_loopback(tls: &str, extra: &[&str]) -> serde_json::Value {
+        let mut a = ARGS.to_vec();
+        a.extend_from_slice(&["--backend", "ucx", "--provider", tls]);
+        a.extend_from_slice(extra);
+        let v = run(&a, LONG).expect_ok().json();
+        check(&v);
+        v
+    }
+
+    #[test]
+    fn gpu_write_over_ucx_sm_verified() {
+        ucx_loopback("sm", &[]);
+    }
+
+    #[test]
+    fn gpu_write_over_ucx_tcp_verified() {
+        ucx_loopback("tcp", &["--devices", "lo"]);
+    }
+
+    #[test]
+    fn gpu_write_server_and_client_over_ucx_sm_verified() {
+        let ucx = ["--backend", "ucx", "--provider", "sm"];
+        let mut srv = Server::start(&ucx);
+        let mut a = vec!["client", "--connect", srv.addr.as_str()];
+        a.extend_from_slice(&ucx);
+        a.extend_from_slice(&ARGS[1..]);
+        let v = run(&a, LONG).expect_ok().json();
+        check(&v);
+        assert!(
+            v["server_checked"].as_u64().unwrap() >= (1 << 20) * 5,
+            "{v}"
+        );
+        assert!(srv.alive(), "the server exited:\n{}", srv.log());
+    }
+}
