@@ -7,7 +7,8 @@
 # --provider rc_verbs[,ud_verbs]`, the conformance suite with CONFORMANCE_REQUIRE_DEVICE=1
 # (TLS=rc_verbs,tcp; side 0 on rxe0:1 + veth0, side 1 on rxe1:1 + veth1), and rdma-bench
 # loopback over rc_verbs alone (which UCX cannot wire up: expected to fail) and over
-# rc_verbs,tcp (tcp wires rc up; the debug log must show rc_verbs as the rma lane). Why not
+# rc_verbs,tcp (tcp wires rc up; the debug log must show rc_verbs as the rma lane; write, send,
+# lat and gpu-write, the proxy ring with a CPU producer, run over it, verified). Why not
 # ud_verbs for wire-up: transport-ucx/tests/conformance_rc_verbs.rs.
 #   ci/ucx-vm-test.sh [-- TEST-FILTER ARGS...]   extra args go to the test binary
 # Env: VM_TEST_TIMEOUT (s, per step, default 300), SOFTROCE_TIMEOUT (s, whole VM, default 900).
@@ -81,6 +82,8 @@ T=${VM_TEST_TIMEOUT:-300}
   echo '$B -n 5 --pages 64 || { echo "=== FAILED: rdma-bench write"; fail=1; }'
   echo '$B --workload send -n 200 || { echo "=== FAILED: rdma-bench send"; fail=1; }'
   echo '$B --workload lat -n 200 || { echo "=== FAILED: rdma-bench lat"; fail=1; }'
+  echo 'echo "=== rdma-bench loopback over ucx rc_verbs: gpu-write (the proxy ring, CPU producer; verified)"'
+  echo '$B --workload gpu-write -n 5 --sizes 8,4K,64K || { echo "=== FAILED: rdma-bench gpu-write"; fail=1; }'
   echo 'exit $fail'
 } > "$RUN/run-tests.sh"
 
