@@ -11,6 +11,8 @@
 #       bundled libcudart and libgomp), stripped, in the wheel's layout (their RPATHs are
 #       $ORIGIN-relative). The wheel: $UCX_WHEEL, else ~/.cache/rdma-bench/ucx-wheel/, else
 #       `pip download libucx-cu12==1.22.0 --no-deps` into that folder.
+#   ci/gpu-host-ucx.sh unpack   the wheel's UCX into CARRY/build/ucx; prints its lib directory
+#       (ci/gpu-host.sh's gpuwrite2p-ucx step puts it on LD_LIBRARY_PATH).
 #   ci/gpu-host-ucx.sh run      (ci/gpu-host.sh run calls it for STEPS=...,ucx,...) with
 #       CARRY, MEM, ROUNDS, SIZES, BYTES, CORES as ci/gpu-host.sh documents them (server,
 #       client; in the put and tag rows the second core is the sender's for both tools:
@@ -130,15 +132,20 @@ note() {  # ROW MEM: what each side does per iteration
   esac
 }
 
-run() {
-  local carry=${CARRY:?} rb=$CARRY/bin/rdma-bench-ucx ucx=$CARRY/build/ucx status=0
-  [ -x "$rb" ] && [ -f "$carry/ucx.tar.xz" ] || { log "no rdma-bench-ucx or ucx.tar.xz in $carry: ci/gpu-host.sh pack"; return 1; }
+unpack() {  # the wheel's UCX into CARRY/build/ucx (once per ucx.tar.xz); prints its lib dir
+  local carry=${CARRY:?} ucx=$CARRY/build/ucx
+  [ -x "$carry/bin/rdma-bench-ucx" ] && [ -f "$carry/ucx.tar.xz" ] || { log "no rdma-bench-ucx or ucx.tar.xz in $carry: ci/gpu-host.sh pack"; return 1; }
   if [ ! -f "$ucx/.stamp" ] || [ "$(cat "$ucx/.stamp")" != "$(stat -c %s "$carry/ucx.tar.xz")" ]; then
     rm -rf "$ucx"; mkdir -p "$ucx"
     tar xJf "$carry/ucx.tar.xz" -C "$ucx"
     stat -c %s "$carry/ucx.tar.xz" > "$ucx/.stamp"
   fi
-  local lib=$ucx/libucx/lib
+  echo "$ucx/libucx/lib"
+}
+
+run() {
+  local carry=${CARRY:?} rb=$CARRY/bin/rdma-bench-ucx ucx=$CARRY/build/ucx status=0 lib
+  lib=$(unpack) || return 1
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local info=$ucx/libucx/bin/ucx_info perf=$ucx/libucx/bin/ucx_perftest
   timeout 30 "$info" -v >&2
@@ -341,6 +348,7 @@ run() {
 
 case ${1:-} in
   pack) pack "$2" "$3" ;;
+  unpack) unpack ;;
   run) run ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -47,7 +47,9 @@
 #      times per variant and prints any crash's frames; efasim runs ci/gpu-efa-sim.sh (the efa provider on the simulated
 #      device), ucx runs ci/gpu-host-ucx.sh (UCX 1.22 from the libucx-cu12 wheel,
 #      rdma-bench --backend ucx against ucx_perftest), gpuwrite2p runs ci/gpu-write-2p.sh
-#      (issue 27's gpu-write between rdma-bench server and client, host and GPU memory)),
+#      (issue 27's gpu-write between rdma-bench server and client, host and GPU memory),
+#      gpuwrite2p-ucx the same on the UCX backend (the wheel's UCX; UCX_STEP_TLS as the ucx
+#      step's)),
 #      PROXY_TESTS (the proxy step's tests, space-separated names of gpu_proxy's tests;
 #      default all), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
@@ -360,6 +362,19 @@ run() {
   # over shm, host then GPU memory (ci/gpu-write-2p.sh; not in the default STEPS).
   if [[ ,$steps, == *,gpuwrite2p,* ]]; then
     RB=$RB CUDA=$cuda ci/gpu-write-2p.sh || status=1
+  fi
+
+  # The same two processes on the UCX backend (UCX 1.22 with CUDA from the wheel): the
+  # client's GPU memory moved by cuda_copy, the proxy's immediates after a flush.
+  if [[ ,$steps, == *,gpuwrite2p-ucx,* ]]; then
+    local ucxlib
+    if ucxlib=$(CARRY=$CARRY ci/gpu-host-ucx.sh unpack); then
+      LD_LIBRARY_PATH=$ucxlib:$LD_LIBRARY_PATH RB=$CARRY/bin/rdma-bench-ucx CUDA=$cuda \
+        BACKEND_ARGS="--backend ucx --provider ${UCX_STEP_TLS:-sm,cuda_copy,cuda_ipc,self} --nic-opt peer_errors=off" \
+        CUDA_CLIENT_ARGS= ci/gpu-write-2p.sh || status=1
+    else
+      status=1
+    fi
   fi
 
   if [[ ,$steps, == *,table,* ]]; then

@@ -20,6 +20,9 @@
 #              with a CPU producer, and 12.6 us as `cuda` above. It measures CUDA's scheduling
 #              of two processes on one GPU, not the proxy; keep -n small.
 # Env: RB (rdma-bench, default gpu-carry/bin/rdma-bench), CUDA (/usr/local/cuda), MEMS,
+#      BACKEND_ARGS (both sides' backend flags, default "--provider shm"; ci/gpu-host.sh's
+#      gpuwrite2p-ucx step passes UCX's), CUDA_CLIENT_ARGS (the client's extra flags with
+#      MEMS=cuda, default "--nic-opt gpu_ipc=off", a libfabric option),
 #      GW_ARGS (client flags, default "--sizes 8,64,512,4K,64K,1M -n 1000 --pin --rounds 5":
 #      each size's two paths five times side by side, compared round by round),
 #      PRODUCER (cuda; cpu for a dry run of the script without a GPU: MEMS=host PRODUCER=cpu),
@@ -34,6 +37,7 @@ RB=${RB:-gpu-carry/bin/rdma-bench}
 cuda=${CUDA:-/usr/local/cuda}
 export LD_LIBRARY_PATH=$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 read -r -a args <<< "${GW_ARGS:---sizes 8,64,512,4K,64K,1M -n 1000 --pin --rounds 5}"
+read -r -a bargs <<< "${BACKEND_ARGS:---provider shm}"
 log() { echo "gpu-write-2p: $*" >&2; }
 status=0
 for mem in ${MEMS:-host cuda}; do
@@ -44,23 +48,24 @@ for mem in ${MEMS:-host cuda}; do
   cextra=()
   case $mem in
     host) ;;
-    cuda) sargs=(--mem host ${sargs[@]+"${sargs[@]}"}); cextra=(--nic-opt gpu_ipc=off) ;;
+    cuda) sargs=(--mem host ${sargs[@]+"${sargs[@]}"})
+      read -r -a cextra <<< "${CUDA_CLIENT_ARGS---nic-opt gpu_ipc=off}" ;;
     cuda-both) mem=cuda ;;
     *) log "MEMS: host, cuda or cuda-both, not $mem"; exit 2 ;;
   esac
-  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server --provider shm --listen "127.0.0.1:$port" --sessions 1 \
+  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server "${bargs[@]}" --listen "127.0.0.1:$port" --sessions 1 \
     ${sargs[@]+"${sargs[@]}"} >/dev/null 2>"$srvlog" &
   srv=$!
-  echo; echo "== issue 27: gpu-write, two processes over shm, --producer ${PRODUCER:-cuda}, $mem memory"
-  echo "   $RB server --provider shm --listen 127.0.0.1:$port --sessions 1 ${sargs[*]+${sargs[*]}}"
-  echo "   $RB client --connect 127.0.0.1:$port --provider shm --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]} ${cextra[*]+${cextra[*]}}"
+  echo; echo "== issue 27: gpu-write, two processes (${bargs[*]}), --producer ${PRODUCER:-cuda}, $mem memory"
+  echo "   $RB server ${bargs[*]} --listen 127.0.0.1:$port --sessions 1 ${sargs[*]+${sargs[*]}}"
+  echo "   $RB client --connect 127.0.0.1:$port ${bargs[*]} --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]} ${cextra[*]+${cextra[*]}}"
   # (Streamed as it runs, so a run cut short still shows how far it got; CLIENT_TIMEOUT
   # bounds each memory's run.)
   # FI_LOG_LEVEL=warn: libfabric says once when its CUDA copy synchronises the whole device
   # (a copy with memory CUDA does not know), which a kernel spinning on the proxy cannot
   # survive: the first thing to look for if a GPU-memory run hangs (run 6's did, silently).
   rc=0
-  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" client --connect "127.0.0.1:$port" --provider shm \
+  FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" client --connect "127.0.0.1:$port" "${bargs[@]}" \
     --mem "$mem" --workload gpu-write --producer "${PRODUCER:-cuda}" -v "${args[@]}" \
     ${cextra[@]+"${cextra[@]}"} >"$out" 2>&1 &
   cpid=$!
