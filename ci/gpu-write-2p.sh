@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 27 on the GPU host, two processes over shm: `rdma-bench server` and `rdma-bench client
-# --workload gpu-write --producer cuda`. The kernel's ring and proxy run in the client
-# process; the server answers both paths from the thread on its endpoint (GW_ARGS with
-# `--server-echo ring`: through its own ring and proxy); latency is half the ping-pong round
-# trip (the persistent proxy_pingpong kernel against a client thread), and bandwidth stops at
-# the server's answer (one return WRITE included).
+# Issue 27 on the GPU host, two processes over shm (or the backend BACKEND_ARGS names):
+# `rdma-bench server` and `rdma-bench client --workload gpu-write --producer cuda`. The
+# kernel's ring and proxy run in the client process; the server answers both paths from the
+# thread on its endpoint (GW_ARGS with `--server-echo ring`: through its own ring and proxy);
+# latency is half the ping-pong round trip (the persistent proxy_pingpong kernel against a
+# client thread), and bandwidth stops at the server's answer (one return WRITE included).
 #
 #   ci/gpu-write-2p.sh        (ci/gpu-host.sh runs it as its `gpuwrite2p` step)
 #

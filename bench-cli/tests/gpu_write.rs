@@ -1,7 +1,7 @@
 //! `rdma-bench loopback --workload gpu-write`, and `server` + `client --workload gpu-write` in
-//! two processes, over libfabric shm and tcp: WRITEs through the proxy rings beside
-//! host-initiated ones, every byte verified by the server; bad input and a dead server end in
-//! a clear error.
+//! two processes, over libfabric shm and tcp (and UCX sm and tcp with the `ucx` feature):
+//! WRITEs through the proxy rings beside host-initiated ones, every byte verified by the
+//! server; bad input and a dead server end in a clear error.
 #![cfg(feature = "efa")]
 
 mod common;
