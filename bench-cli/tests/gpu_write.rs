@@ -73,7 +73,7 @@ fn gpu_write_over_shm_verified() {
 #[test]
 fn gpu_write_over_tcp_verified() {
     let mut a = ARGS.to_vec();
-    a.extend_from_slice(&["--provider", "tcp"]);
+    a.extend_from_slice(TCP);
     check(&run(&a, LONG).expect_ok().json());
 }
 
@@ -113,29 +113,30 @@ fn gpu_write_prints_both_columns() {
     }
 }
 
-/// The client's arguments against `srv` over `prov`: the same figures as loopback's.
-fn client_args<'a>(srv: &'a Server, prov: &'a str) -> Vec<&'a str> {
-    let mut a = client_base(srv, prov);
+/// libfabric's shm and tcp providers, as both sides name them.
+const SHM: &[&str] = &["--provider", "shm"];
+const TCP: &[&str] = &["--provider", "tcp"];
+
+/// The client's arguments against `srv` on `backend` (its flags, as the server's): the same
+/// figures as loopback's.
+fn client_args<'a>(srv: &'a Server, backend: &[&'a str]) -> Vec<&'a str> {
+    let mut a = client_base(srv, backend);
     a.extend_from_slice(&ARGS[3..]);
     a
 }
 
-/// `client --connect SRV --provider PROV --workload gpu-write`, nothing more.
-fn client_base<'a>(srv: &'a Server, prov: &'a str) -> Vec<&'a str> {
-    vec![
-        "client",
-        "--connect",
-        srv.addr.as_str(),
-        "--provider",
-        prov,
-        "--workload",
-        "gpu-write",
-    ]
+/// `client --connect SRV BACKEND... --workload gpu-write`, nothing more.
+fn client_base<'a>(srv: &'a Server, backend: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["client", "--connect", srv.addr.as_str()];
+    a.extend_from_slice(backend);
+    a.extend_from_slice(&["--workload", "gpu-write"]);
+    a
 }
 
-fn two_processes(prov: &str) {
-    let mut srv = Server::start(&["--provider", prov]);
-    let v = run(&client_args(&srv, prov), LONG).expect_ok().json();
+fn two_processes(backend: &[&str]) {
+    let which = backend.join(" ");
+    let mut srv = Server::start(backend);
+    let v = run(&client_args(&srv, backend), LONG).expect_ok().json();
     check(&v);
     assert_eq!(v["server_echo"], "host", "{v}");
     // The server compared what landed: every WRITE of every step, latency and bandwidth.
@@ -143,9 +144,9 @@ fn two_processes(prov: &str) {
         v["server_checked"].as_u64().unwrap() >= (1 << 20) * 5,
         "{v}"
     );
-    assert!(srv.alive(), "{prov}: the server exited:\n{}", srv.log());
+    assert!(srv.alive(), "{which}: the server exited:\n{}", srv.log());
     // The table, for people: both columns, what the figures include, verified.
-    let mut a = client_args(&srv, prov);
+    let mut a = client_args(&srv, backend);
     a.pop();
     let o = run(&a, LONG).expect_ok();
     for want in [
@@ -156,22 +157,22 @@ fn two_processes(prov: &str) {
         "proxy threads: client unpinned (--pin not given)",
         "every byte verified (the server checked",
     ] {
-        assert!(o.stdout.contains(want), "{prov}: {want}: {}", o.stdout);
+        assert!(o.stdout.contains(want), "{which}: {want}: {}", o.stdout);
     }
-    assert!(srv.alive(), "{prov}: the server exited:\n{}", srv.log());
+    assert!(srv.alive(), "{which}: the server exited:\n{}", srv.log());
 }
 
 #[test]
 fn gpu_write_server_and_client_over_shm_verified() {
-    two_processes("shm");
+    two_processes(SHM);
 }
 
 /// `--server-echo ring`: the server answers the proxy steps through its own ring and proxy
 /// (the client checks that it did), every byte verified.
 #[test]
 fn gpu_write_server_echo_through_its_ring_verified() {
-    let srv = Server::start(&["--provider", "shm"]);
-    let mut a = client_args(&srv, "shm");
+    let srv = Server::start(SHM);
+    let mut a = client_args(&srv, SHM);
     a.extend_from_slice(&["--server-echo", "ring"]);
     let v = run(&a, LONG).expect_ok().json();
     check(&v);
@@ -195,7 +196,7 @@ fn gpu_write_server_echo_through_its_ring_verified() {
 
 #[test]
 fn gpu_write_server_and_client_over_tcp_verified() {
-    two_processes("tcp");
+    two_processes(TCP);
 }
 
 /// --pin: near GPU 0 where the topology places cores (a fixture of 2 GPUs); on this machine's
@@ -206,8 +207,8 @@ fn gpu_write_pins_where_the_topology_says() {
         env!("CARGO_MANIFEST_DIR"),
         "/../topo/tests/fixtures/gpu-no-nic.xml"
     );
-    let srv = Server::start(&["--provider", "shm"]);
-    let mut a = client_base(&srv, "shm");
+    let srv = Server::start(SHM);
+    let mut a = client_base(&srv, SHM);
     a.extend_from_slice(&["--sizes", "8", "-n", "2", "--pin"]);
     let o = run(&a, LONG).expect_ok();
     if !o.stdout.contains("pinned to core") {
@@ -232,16 +233,16 @@ fn gpu_write_pins_where_the_topology_says() {
 /// there: a clear error, a non-zero exit, no hang.
 #[test]
 fn gpu_write_bad_input_and_a_dead_server_fail_clearly() {
-    let srv = Server::start(&["--provider", "shm"]);
-    let mut a = client_args(&srv, "shm");
+    let srv = Server::start(SHM);
+    let mut a = client_args(&srv, SHM);
     a.extend_from_slice(&["--pages", "4"]);
     let o = run(&a, T).expect_err("gpu-write takes --size/--sizes");
     assert_eq!(o.code, Some(2), "{}", o.stderr);
-    let mut a = client_args(&srv, "shm");
+    let mut a = client_args(&srv, SHM);
     a.extend_from_slice(&["--window", "8"]);
     let o = run(&a, T).expect_err("--pages or --window");
     assert_eq!(o.code, Some(2), "{}", o.stderr);
-    let mut a = client_args(&srv, "shm");
+    let mut a = client_args(&srv, SHM);
     a.extend_from_slice(&["--producer", "opencl"]);
     assert!(!run(&a, T).ok());
     let o = run(
@@ -275,8 +276,8 @@ fn gpu_write_bad_input_and_a_dead_server_fail_clearly() {
 /// non-zero, well before its idle timeout (30 s).
 #[test]
 fn gpu_write_client_survives_a_killed_server() {
-    let mut srv = Server::start(&["--provider", "shm"]);
-    let mut a = client_base(&srv, "shm");
+    let mut srv = Server::start(SHM);
+    let mut a = client_base(&srv, SHM);
     a.extend_from_slice(&["--sizes", "8,64K", "-n", "100000"]);
     let child = spawn(&a);
     assert!(
@@ -373,13 +374,11 @@ fn gpu_write_with_the_cuda_producer_runs_or_says_why_not() {
 mod ucx {
     use super::*;
 
-    fn ucx_loopback(tls: &str, extra: &[&str]) -> serde_json::Value {
+    fn ucx_loopback(tls: &str, extra: &[&str]) {
         let mut a = ARGS.to_vec();
         a.extend_from_slice(&["--backend", "ucx", "--provider", tls]);
         a.extend_from_slice(extra);
-        let v = run(&a, LONG).expect_ok().json();
-        check(&v);
-        v
+        check(&run(&a, LONG).expect_ok().json());
     }
 
     #[test]
@@ -394,17 +393,6 @@ mod ucx {
 
     #[test]
     fn gpu_write_server_and_client_over_ucx_sm_verified() {
-        let ucx = ["--backend", "ucx", "--provider", "sm"];
-        let mut srv = Server::start(&ucx);
-        let mut a = vec!["client", "--connect", srv.addr.as_str()];
-        a.extend_from_slice(&ucx);
-        a.extend_from_slice(&ARGS[1..]);
-        let v = run(&a, LONG).expect_ok().json();
-        check(&v);
-        assert!(
-            v["server_checked"].as_u64().unwrap() >= (1 << 20) * 5,
-            "{v}"
-        );
-        assert!(srv.alive(), "the server exited:\n{}", srv.log());
+        two_processes(&["--backend", "ucx", "--provider", "sm"]);
     }
 }
