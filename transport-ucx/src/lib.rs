@@ -26,8 +26,9 @@
 //!   `process_vm_writev` each). UCX checks a put's rkey; the token is the handler's check
 //!   instead, so a stale or foreign key writes nothing there (the target drops the message and
 //!   sees no immediate; the initiator is told of success).
-//! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer), each
-//!   naming its region's `ucp_mem_map` handle and memory type (option `memh`).
+//! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
+//!   Sends, receives and puts name their region's `ucp_mem_map` handle and memory type
+//!   (option `memh`).
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress`. Every
 //!   operation takes a slot of a fixed table made at open (the request slab): UCX's callbacks
 //!   write the status into the slot and queue its index; nothing is allocated and no lock is
@@ -64,10 +65,11 @@ const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         key: "memh",
         values: "on|off",
-        help: "SEND and RECV name their region to UCX (UCP_OP_ATTR_FIELD_MEMH and \
+        help: "SEND, RECV and WRITE name their region to UCX (UCP_OP_ATTR_FIELD_MEMH and \
            _MEMORY_TYPE: its ucp_mem_map handle and memory type, as ucx_perftest -z does), so \
-           UCX does not detect the memory type or look the registration up per message; on \
-           by default, off for an A/B against ucx_perftest without -z",
+           UCX does not detect the memory type or register the buffer again per operation \
+           (UCX 1.22 makes a memory handle, with malloc and free, for every put that names \
+           none); on by default, off for an A/B against ucx_perftest without -z",
     },
 ];
 

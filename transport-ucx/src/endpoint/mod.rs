@@ -314,7 +314,7 @@ pub struct Endpoint {
     version: String,
     /// UCP_ERR_HANDLING_MODE_PEER (option `peer_errors`, default on).
     peer_errors: bool,
-    /// Sends and receives name their region's memh and memory type (option `memh`).
+    /// Sends, receives and puts name their region's memh and memory type (option `memh`).
     name_memory: bool,
     /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
     /// asks on every round trip).
@@ -419,11 +419,26 @@ impl Endpoint {
         p
     }
 
-    /// Name the memory of a send or receive: its type and its `ucp_mem_map` handle (the
+    /// The parameters of a put from `mr`: with the slot's callback, or with none (`None`: the
+    /// put before a WRITE's flush), naming the region where `named` (the endpoint's `memh`).
+    #[inline]
+    fn put_params(named: bool, s: Option<&Slot>, mr: &UcxMr) -> sys::ucp_request_param_t {
+        let mut p = match s {
+            Some(s) => Self::params(s),
+            None => sys::ucp_request_param_t::default(),
+        };
+        if named {
+            Self::set_memory(&mut p, mr);
+        }
+        p
+    }
+
+    /// Name the memory of a send, receive or put: its type and its `ucp_mem_map` handle (the
     /// buffer lies inside the mapping: `local` checked it), as `ucx_perftest -z` does. Without
     /// them UCX detects the memory type per call (UCX 1.22's CUDA build: a memtype-cache
     /// lookup, and `cuPointerGetAttributes` where the cache has no device for the range) and
-    /// looks a zero-copy send's registration up in its cache.
+    /// registers a zero-copy operation's buffer itself: for a put over cma, UCX 1.22 makes a
+    /// memory handle per put (`ucp_memh_get_slow`: a calloc and a free each time).
     #[inline]
     fn set_memory(p: &mut sys::ucp_request_param_t, mr: &UcxMr) {
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
@@ -659,6 +674,43 @@ mod tests {
         // Finished at UCX, though a's poll may not have reported it yet: a ping-pong's next
         // send is no stream's.
         assert_eq!(a.shared.sends_unfinished.get(), 0);
+    }
+
+    /// Puts name their region's memh (option `memh`, on by default), the one before a WRITE's
+    /// flush too: without it UCX 1.22 makes a memory handle per put, a calloc and a free on the
+    /// post path (docs/measurements.md, U59).
+    #[test]
+    fn puts_name_their_region_unless_memh_is_off() {
+        for (opt, named) in [(None, true), (Some("off"), false)] {
+            let mut nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+            if let Some(v) = opt {
+                nic = nic.with_option("memh", v);
+            }
+            let mut ep = Endpoint::open(&nic).unwrap_or_else(|e| panic!("UCX over sm: {e}"));
+            let mr = ep
+                .register(Memory::Host(HostBuffer::new(4096)))
+                .expect("a region");
+            let field = sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+            let s = &ep.shared.slots[0];
+            for p in [
+                Endpoint::put_params(ep.name_memory, Some(s), &mr),
+                Endpoint::put_params(ep.name_memory, None, &mr),
+            ] {
+                assert_eq!(p.op_attr_mask & field == field, named, "memh {opt:?}");
+                assert_eq!(p.memh == mr.map.memh, named, "memh {opt:?}");
+                assert_eq!(p.memory_type, if named { mr.mtype } else { 0 });
+            }
+            assert_ne!(
+                Endpoint::put_params(ep.name_memory, Some(s), &mr).op_attr_mask
+                    & sys::UCP_OP_ATTR_FIELD_CALLBACK,
+                0
+            );
+            assert_eq!(
+                Endpoint::put_params(ep.name_memory, None, &mr).op_attr_mask
+                    & sys::UCP_OP_ATTR_FIELD_CALLBACK,
+                0
+            );
+        }
     }
 
     #[test]

@@ -348,6 +348,7 @@ impl Transport for Endpoint {
             && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
             && buf.len <= INLINE_MAX
             && pr.puts.get() == pr.flushed.get();
+        let named = self.name_memory;
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -383,10 +384,11 @@ impl Transport for Endpoint {
             }
             None => {
                 s.state.set(State::Put);
-                let p = Self::params(s);
+                let p = Self::put_params(named, Some(s), buf.mr);
                 // SAFETY: ep and rkey are live (the rkey was unpacked for this ep and is
                 // destroyed only with the endpoint); the local range lies in a region of this
-                // endpoint; the remote range lies in the imported region (checked above).
+                // endpoint, and so in its mapping (the memh named in p), alive until the
+                // completion; the remote range lies in the imported region (checked above).
                 let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &p) };
                 let pr = &self.peers[peer.0 as usize];
                 pr.puts.set(pr.puts.get() + 1);
@@ -395,10 +397,10 @@ impl Transport for Endpoint {
             Some(v) => {
                 s.state.set(State::Flush);
                 s.imm.set(v.to_le());
-                let none = sys::ucp_request_param_t::default();
+                let no_cb = Self::put_params(named, None, buf.mr);
                 // SAFETY: as for the put above; no callback: the request (if any) is freed at
                 // once and UCX releases it when it completes; the flush below reports it.
-                let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &none) };
+                let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &no_cb) };
                 match sys::ptr_status(r) {
                     // SAFETY: a request without callback, released once; UCX frees it when done.
                     Ok(Some(req)) => unsafe { sys::ucp_request_free(req) },
