@@ -35,7 +35,8 @@
 #   ucx_info -v and the transports of ucx_info -d (expect cuda_copy, cuda_ipc, cma, posix,
 #   sysv, tcp on the GPU host); rdma-bench-ucx client/server with --mem cuda (then host),
 #   sizes 4K,64K,1M,16M, 16 pages, "every byte verified"; then one table per memory:
-#     put  rdma-bench --workload write --single-buffer --imm-every 64 --window 32 against
+#     put  rdma-bench --workload write --single-buffer --imm-every 64 --window 32 (naming the
+#          region's memh, as the tag row's sends do) against
 #          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, 32 outstanding: perftest's
 #          default window for this test; -w N/10 warm-up, ours --warmup the same puts);
 #     tag  rdma-bench --workload send --single-buffer --window 32 against ucx_perftest -t
@@ -61,10 +62,18 @@
 #   like for like as the window (docs/measurements.md, "The page-aligned penalty, explained").
 #   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
 #   both tools chose).
-#   UCX_AB=1: the tag and lat rows also run ours with --nic-opt memh=off and perftest with
-#   -z, and on host memory perftest with untouched buffers, interleaved in the same rounds
-#   (one line per size: "ab" columns). UCX_STEP_BUDGET (seconds, default 420): rows not
+#   UCX_AB=1: every row also runs ours with --nic-opt memh=off and perftest with -z (and
+#   the tag and lat rows on host memory perftest with untouched buffers), interleaved in the
+#   same rounds (one line per size: "ab" columns, then the medians of the rounds' ratios of
+#   the two pairs that register alike: ours against perftest -z, both naming a memh
+#   registered once; ours memh=off against perftest, both leaving UCX to register per
+#   operation). UCX_STEP_BUDGET (seconds, default 420): rows not
 #   started by then print SKIPPED (budget), and the step fails.
+#   UCX_AA=1: each round also runs each tool a second time (the put and tag rows), and each
+#   cell's line gets the A/A columns: the median of the rounds' ratios of perftest against
+#   itself and of ours against itself, with their lowest and highest. What an A/B ratio can
+#   tell on this host is bounded by how far a tool's A/A ratio strays from 1.0. Each round's
+#   log line also gets the steal time (ms, /proc/stat) of the whole round.
 #   UCX_TIME=1: both tools' four processes of every run load bin/ucp-time.so
 #   (transport-ucx/ucp-time.c), and the log gets each one's line: the time inside
 #   ucp_tag_send_nbx, ucp_tag_recv_nbx and ucp_worker_progress per call and per message (it
@@ -126,7 +135,7 @@ bytes_of() {
 note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
-    put) echo "ours: ucp_put_nbx from one SIZE buffer into one, at most 32 outstanding (--window 32), n / 10 warm-up puts; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate); the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m: ucp_put_nbx from one buffer into one, its default window for this test (32 outstanding), -w n / 10, clock stops after ucp_worker_flush" ;;
+    put) echo "ours: ucp_put_nbx from one SIZE buffer into one, naming the region's memh and memory type (as perftest -z; UCX_AB=1 runs both pairings), at most 32 outstanding (--window 32), n / 10 warm-up puts; every 64th put is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate); the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_put_nbx from one buffer into one (without -z naming no memh: UCX registers the buffer per put), its default window for this test (32 outstanding), -w n / 10, clock stops after ucp_worker_flush" ;;
     tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64: an 8-byte WRITE with immediate, one active message), at most 32 sends in flight (--window 32), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
     lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
@@ -304,7 +313,15 @@ run() {
       if (a == 0) {print b; exit} if (b == 0) {print a; exit}
       if (r == "lat") print (a < b ? a : b); else print (a > b ? a : b) }'
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr
+  steal_ms() {  # the machine's steal time so far (ms; /proc/stat's 8th cpu field, in USER_HZ)
+    awk -v hz="$(getconf CLK_TCK)" '/^cpu / {printf "%d\n", $9 * 1000 / hz; exit}' /proc/stat
+  }
+  spread() {  # RATIO...: "median [lowest-highest]" of the rounds' ratios
+    local v; v=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -n | tr '\n' ' ')
+    [ -n "$v" ] || { echo -; return; }
+    echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
+  }
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
@@ -312,30 +329,39 @@ run() {
       "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
-      ab=; [ -n "${UCX_AB:-}" ] && [ "$row" != put ] && ab=1
+      ab=; [ -n "${UCX_AB:-}" ] && ab=1
       for size in "${sizes[@]}"; do
         if [ $((SECONDS - t0)) -ge "$budget" ]; then
           printf '%-4s %5s SKIPPED (budget: %ss of UCX_STEP_BUDGET=%s spent)\n' "$row" "$size" $((SECONDS - t0)) "$budget"
           status=1; continue
         fi
-        bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=()
+        aa=; [ -n "${UCX_AA:-}" ] && [ "$row" != lat ] && aa=1
+        bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=() raa=() taa=() oa= ta= rz=() rm=()
         for r in $(seq 1 "$rounds"); do
+          st=$(steal_ms)
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
-          else t=$(theirs $row "$size" "$mem"); o=$(ours $row "$size" "$mem"); fi
+            [ -z "$aa" ] || { ta=$(theirs $row "$size" "$mem"); oa=$(ours $row "$size" "$mem"); }
+          else t=$(theirs $row "$size" "$mem"); o=$(ours $row "$size" "$mem")
+            [ -z "$aa" ] || { oa=$(ours $row "$size" "$mem"); ta=$(theirs $row "$size" "$mem"); }
+          fi
+          [ -z "$aa" ] || { raa+=("$(ratio "$o" "$oa")"); taa+=("$(ratio "$t" "$ta")"); }
           if [ -n "$ab" ]; then
             o2=$(ours $row "$size" "$mem" "--nic-opt memh=off"); t2=$(theirs $row "$size" "$mem" -z)
             bo2=$(best $row "$bo2" "$o2"); bt2=$(best $row "$bt2" "$t2")
-            if [ "$mem" = host ]; then t3=$(theirs $row "$size" "$mem" "" untouched); bt3=$(best $row "$bt3" "$t3"); fi
+            if [ "$mem" = host ] && [ "$row" != put ]; then t3=$(theirs $row "$size" "$mem" "" untouched); bt3=$(best $row "$bt3" "$t3"); fi
+            rz+=("$(ratio "$o" "$t2")"); rm+=("$(ratio "$o2" "$t")")
           fi
-          log "$mem $row $size round $r: ours $o, theirs $t${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}"
+          log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}; steal $(( $(steal_ms) - st )) ms"
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
         ratio=$(ratio "$bo" "$bt")
         printf '%-4s %5s %10.2f %10.2f %7s %7s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
           "$(median "${rr[@]}")" "$fail" "$(suspect "$row" "$ratio")"
-        [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s' "$bo2" "$bt2" \
-          "$([ "$mem" = host ] && printf %.2f "$bt3" || echo -)"
+        [ -n "$aa" ] && printf '   aa: theirs/theirs %s, ours/ours %s' "$(spread "${taa[@]}")" "$(spread "${raa[@]}")"
+        [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s; medians: ours / theirs -z %s, ours memh=off / theirs %s' \
+          "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \
+          "$(median "${rz[@]}")" "$(median "${rm[@]}")"
         echo
       done
       echo "     per iteration: $(note $row "$mem")"

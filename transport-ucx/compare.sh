@@ -24,6 +24,9 @@
 # The heap column's buffers are written before the run, as ours (perftest-written.c, an
 # LD_PRELOAD shim: perftest never writes its send buffer, which then reads as the kernel's
 # zero page; PERFTEST_BUF=untouched runs it as it comes).
+# Ours names each put's region (its ucp_mem_map handle and memory type); ucx_perftest does
+# so with -z (PERFTEST_OPTS=-z: both perftest columns), and without it UCX registers the
+# buffer per put where the put is zero-copy (UCX 1.22's cma).
 # Each figure is the best of ROUNDS runs (default 3), the tools interleaved.
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
 # whose libraries LD_LIBRARY_PATH picks for both).
@@ -47,12 +50,12 @@ perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3 bw; shift 3
   PORT=$((PORT + 1))
   env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
-    -w $((n / 10)) -p "$PORT" -f >/dev/null 2>"$ERR/srv" &
+    -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
   local srv=$!
   sleep 0.5
   # Final: iters, lat 50%, avg, overall, bw avg (MB/s), bw overall, msgrate avg, overall
   bw=$(env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
-    -w $((n / 10)) -p "$PORT" -f 127.0.0.1 2>"$ERR/cli" |
+    -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 2>"$ERR/cli" |
     awk '$1 ~ /^[0-9]+$/ && NF >= 8 {bw = $6} END {printf "%.2f\n", bw * 8 * 1048576 / 1e9}')
   wait "$srv" || true
   # A heap run that the shim did not mark compared against the zero page: no figure.
@@ -77,7 +80,7 @@ ours() { # TLS SIZE N
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s\n' tls size "ours Gbit/s" "perftest" "perftest-heap" ratio
 for tls in "${TLS_LIST[@]}"; do
   for sn in "${SIZES[@]}"; do
