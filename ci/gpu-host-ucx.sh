@@ -321,7 +321,7 @@ run() {
     [ -n "$v" ] || { echo -; return; }
     echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
