@@ -423,24 +423,23 @@ impl Endpoint {
     /// put before a WRITE's flush), naming the region where `named` (the endpoint's `memh`).
     #[inline]
     fn put_params(named: bool, s: Option<&Slot>, mr: &UcxMr) -> sys::ucp_request_param_t {
-        let mut p = match s {
-            Some(s) => Self::params(s),
-            None => sys::ucp_request_param_t::default(),
-        };
-        if named {
-            Self::set_memory(&mut p, mr);
-        }
+        let mut p = s.map_or_else(Default::default, Self::params);
+        Self::set_memory(named, &mut p, mr);
         p
     }
 
-    /// Name the memory of a send, receive or put: its type and its `ucp_mem_map` handle (the
-    /// buffer lies inside the mapping: `local` checked it), as `ucx_perftest -z` does. Without
+    /// Where `named` (the endpoint's `memh`), name the memory of a send, receive or put: its
+    /// type and its `ucp_mem_map` handle (the buffer lies inside the mapping: `local` checked
+    /// it), as `ucx_perftest -z` does. Without
     /// them UCX detects the memory type per call (UCX 1.22's CUDA build: a memtype-cache
     /// lookup, and `cuPointerGetAttributes` where the cache has no device for the range) and
     /// registers a zero-copy operation's buffer itself: for a put over cma, UCX 1.22 makes a
     /// memory handle per put (`ucp_memh_get_slow`: a calloc and a free each time).
     #[inline]
-    fn set_memory(p: &mut sys::ucp_request_param_t, mr: &UcxMr) {
+    fn set_memory(named: bool, p: &mut sys::ucp_request_param_t, mr: &UcxMr) {
+        if !named {
+            return;
+        }
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
         p.memory_type = mr.mtype;
         p.memh = mr.map.memh;

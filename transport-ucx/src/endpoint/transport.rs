@@ -262,9 +262,7 @@ impl Transport for Endpoint {
         if stream {
             p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
         }
-        if self.name_memory {
-            Self::set_memory(&mut p, buf.mr);
-        }
+        Self::set_memory(self.name_memory, &mut p, buf.mr);
         // SAFETY: ep is live; [addr, addr + len) lies in a region this endpoint registered
         // (checked), which the caller keeps alive until the completion, and so its mapping
         // (the memh named in p); the slot outlives the operation.
@@ -293,9 +291,7 @@ impl Transport for Endpoint {
         }
         p.cb.recv = Some(on_recv);
         p.recv_info.tag_info = s.info.get();
-        if self.name_memory {
-            Self::set_memory(&mut p, buf.mr);
-        }
+        Self::set_memory(self.name_memory, &mut p, buf.mr);
         // SAFETY: the worker is live; the buffer lies in a region of this endpoint (checked)
         // kept alive until the completion, and so its mapping (the memh named in p);
         // recv_info points at the slot's `info`, which lives with the endpoint.
