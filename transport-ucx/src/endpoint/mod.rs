@@ -1,19 +1,20 @@
 //! The endpoint: a UCP context and worker, its peers, its regions, the keys it imported, and
-//! the request slab its operations run in. `open.rs` opens it, `transport.rs` is the trait
-//! (registration, keys, posting, polling), `handlers.rs` UCX's callbacks into the slab.
+//! the request slab its operations run in. `open.rs` opens it, `region.rs` holds registered
+//! memory and imported keys, `transport.rs` is the trait (registration, keys, posting,
+//! polling), `handlers.rs` UCX's callbacks into the slab.
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_void, CStr, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use transport_core::{
     check_options, mapped_library, BackendInfo, Caps, Completion, CompletionError, CompletionKind,
-    EndpointAddr, Error, KeyBytes, Landing, LocalSlice, Memory, MemoryMut, MemoryRegion, NicDesc,
-    Op, PeerId, Post, RemoteMr, RemoteRegion, RemoteSlice, Result, Runtime, Transport,
+    EndpointAddr, Error, KeyBytes, Landing, LocalSlice, Memory, MemoryRegion, NicDesc, Op, PeerId,
+    Post, RemoteMr, RemoteRegion, RemoteSlice, Result, Runtime, Transport,
 };
 use ucx_sys as sys;
 
@@ -22,7 +23,11 @@ use crate::frame::{self, Kind};
 mod handlers;
 mod open;
 pub(crate) use open::init_context;
+mod region;
 mod transport;
+
+use region::{region_token, Context, Graveyard, HostRegion, Imported, Mapping, TAKEN};
+pub use region::{UcxKey, UcxMr};
 
 use handlers::*;
 
@@ -84,123 +89,6 @@ fn check(call: &'static str, status: sys::ucs_status_t, hint: &str) -> Result<()
     } else {
         Err(provider_error(call, status, hint))
     }
-}
-
-/// The UCP context; shared by the endpoint and its regions so that a region outliving its
-/// endpoint still unmaps into a live context.
-struct Context {
-    ctx: sys::ucp_context_h,
-    cuda: bool,
-}
-
-// SAFETY: the context is created with `mt_workers_shared`, which makes its calls
-// (ucp_mem_map, ucp_mem_unmap, ucp_rkey_pack, ucp_cleanup) safe from any thread; the handle
-// itself is an opaque pointer that UCX owns.
-unsafe impl Send for Context {}
-// SAFETY: as above; every call taking `&Context` is thread-safe on such a context.
-unsafe impl Sync for Context {}
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: ctx came from ucp_init_version and is cleaned up once, here, after every
-        // worker (the endpoint's, destroyed in its Drop) and every mapping (each region holds
-        // an Arc of this) is gone.
-        unsafe { sys::ucp_cleanup(self.ctx) };
-    }
-}
-
-/// Memory of regions dropped while their endpoint lives: a peer's put over tcp or cma writes
-/// at the address it was given without the target checking any registration, so a put still
-/// on its way when a region is dropped must find the memory there. The endpoint frees it once
-/// its worker is destroyed (nothing arrives any more).
-type Graveyard = Mutex<Vec<Memory>>;
-
-/// A registered region.
-pub struct UcxMr {
-    /// `None` only while the region is being taken apart (deregister, drop).
-    mem: Option<Memory>,
-    len: usize,
-    grave: Weak<Graveyard>,
-    map: Mapping,
-    /// The endpoint that registered it.
-    owner: u32,
-    /// Start address of the memory (host or device pointer).
-    base: usize,
-    /// What `ucp_mem_map` was told the memory is: sends and receives name it (with the
-    /// mapping) so that UCX does not detect it per call.
-    mtype: sys::ucs_memory_type_t,
-    remote: RemoteMr,
-}
-
-/// A `ucp_mem_map` handle and the context it belongs to; unmapped when dropped.
-struct Mapping {
-    memh: sys::ucp_mem_h,
-    ctx: Arc<Context>,
-}
-
-// SAFETY: the memh is only used in ucp_mem_unmap on its (thread-safe, see Context) context.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    fn unmap(&mut self) -> sys::ucs_status_t {
-        if self.memh.is_null() {
-            return sys::UCS_OK;
-        }
-        // SAFETY: memh was returned by ucp_mem_map on ctx, which is alive (we hold an Arc),
-        // and is unmapped once: it is nulled right after.
-        let st = unsafe { sys::ucp_mem_unmap(self.ctx.ctx, self.memh) };
-        self.memh = ptr::null_mut();
-        st
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        let _ = self.unmap();
-    }
-}
-
-impl Drop for UcxMr {
-    fn drop(&mut self) {
-        let _ = self.map.unmap();
-        if let (Some(mem), Some(grave)) = (self.mem.take(), self.grave.upgrade()) {
-            if let Ok(mut g) = grave.lock() {
-                g.push(mem);
-            }
-        }
-    }
-}
-
-const TAKEN: &str = "a region's memory is only taken when the region is consumed";
-
-impl MemoryRegion for UcxMr {
-    fn memory(&self) -> &Memory {
-        self.mem.as_ref().expect(TAKEN)
-    }
-    fn memory_mut(&mut self) -> MemoryMut<'_> {
-        MemoryMut::new(self.mem.as_mut().expect(TAKEN))
-    }
-    fn remote(&self) -> RemoteMr {
-        self.remote.clone()
-    }
-}
-
-/// A key imported with `import`: a token into the endpoint's table of unpacked rkeys, checked
-/// by every post (a key of another endpoint or another peer is a refused post).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct UcxKey {
-    endpoint: u32,
-    index: u32,
-}
-
-struct Imported {
-    peer: u32,
-    addr: u64,
-    len: u64,
-    rkey: sys::ucp_rkey_h,
-    /// The peer registered the region as host memory (the key's first byte says so): its
-    /// token, which a WRITE carried as an active message must name.
-    host: Option<u64>,
 }
 
 /// A peer: its `ucp_ep` and the status its error handler reported (`UCS_OK` while healthy).
@@ -266,26 +154,6 @@ struct Shared {
     /// slots `poll` has yet to report: a ping-pong's previous send may be finished at UCX
     /// and still wait there.
     sends_unfinished: Cell<u32>,
-}
-
-/// A host region this endpoint registered, as an `AM_WRITE_IMM` may write into it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct HostRegion {
-    base: usize,
-    len: usize,
-    /// Travels in the region's key; a WRITE carried as an active message must name it. UCX
-    /// checks a put's rkey; the handler, which writes by address, checks this instead, so a
-    /// stale or foreign key does not write here (a guard against mistakes, not an attacker).
-    token: u64,
-}
-
-/// A token for a region: unpredictable across regions and processes (`RandomState` draws its
-/// keys from the OS once per thread and steps them per call).
-fn region_token() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_usize(0x7563_785f);
-    h.finish()
 }
 
 /// One endpoint: a UCP context and worker.
