@@ -29,7 +29,9 @@
 //! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
 //!   Sends, receives and puts name their region's `ucp_mem_map` handle and memory type
 //!   (option `memh`).
-//! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress`. Every
+//! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress` when
+//!   it has nothing queued to report (an operation UCX finished inside its post call is
+//!   queued at once), and at least every 33rd poll (option `progress_skip`). Every
 //!   operation takes a slot of a fixed table made at open (the request slab): UCX's callbacks
 //!   write the status into the slot and queue its index; nothing is allocated and no lock is
 //!   taken on the post/poll path (UCX takes its requests from its own pools).
@@ -70,6 +72,15 @@ const OPTIONS: &[OptionInfo] = &[
            UCX does not detect the memory type or register the buffer again per operation \
            (UCX 1.22 makes a memory handle, with malloc and free, for every put that names \
            none); on by default, off for an A/B against ucx_perftest without -z",
+    },
+    OptionInfo {
+        key: "progress_skip",
+        values: "0..=1024",
+        help: "polls in a row that report what is queued already without calling \
+           ucp_worker_progress (an operation UCX finished inside its post call needs no \
+           progress to be reported; over tcp each progress is a syscall or two); the next \
+           poll progresses, as does every poll with nothing queued; 0: every poll, as before \
+           (default 32)",
     },
 ];
 

@@ -59,6 +59,11 @@ const DEFAULT_RX: usize = 1024;
 /// Immediates kept before `poll` hands them out; more only where the application does not
 /// poll (the queue then grows, off the normal path).
 const IMM_QUEUE: usize = 1 << 16;
+/// Polls in a row that may report what is already queued without progressing the worker
+/// (`Endpoint::progress_due`; option `progress_skip`); the next one progresses.
+const SKIP_DEFAULT: u32 = 32;
+/// The most `progress_skip` takes.
+const SKIP_LIMIT: u32 = 1024;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -184,6 +189,11 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends, receives and puts name their region's memh and memory type (option `memh`).
     name_memory: bool,
+    /// Polls in a row that may skip progress (option `progress_skip`; 0: every poll
+    /// progresses the worker).
+    skip_max: u32,
+    /// Polls in a row that did not progress the worker.
+    skipped: u32,
     /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
     /// asks on every round trip).
     landing: Landing,
@@ -355,6 +365,25 @@ impl Endpoint {
                 prov_errno: 0,
                 msg: format!("{} ({what})", status_text(status)),
             })),
+        }
+    }
+
+    /// Whether this poll progresses the worker. A put or send that UCX finished inside its
+    /// post call (a bcopy over tcp, an eager message, UCX 1.13's put into heap memory as an
+    /// active message) is queued already; reporting it needs no progress, and over tcp each
+    /// progress is an `epoll_wait` and often a `recvfrom`. So a poll that finds something
+    /// queued skips progress, up to `skip_max` polls in a row: a loop that posts and polls
+    /// without pause still reads what its peers sent. `ucx_perftest`'s put_bw and tag_bw
+    /// progress likewise only when their window is full (docs/measurements.md, U62).
+    #[inline]
+    fn progress_due(&mut self) -> bool {
+        let queued = !self.shared.done.borrow().is_empty() || !self.shared.imms.borrow().is_empty();
+        if queued && self.skipped < self.skip_max {
+            self.skipped += 1;
+            false
+        } else {
+            self.skipped = 0;
+            true
         }
     }
 
@@ -577,6 +606,56 @@ mod tests {
                     & sys::UCP_OP_ATTR_FIELD_CALLBACK,
                 0
             );
+        }
+    }
+
+    /// A poll with something queued to report skips progress, at most `progress_skip` polls
+    /// in a row: a loop that posts eager sends, which UCX finishes inside the post call, and
+    /// polls without pause still receives its peer's message, at the first poll that
+    /// progresses. With `progress_skip=0`, at the first poll.
+    #[test]
+    fn poll_skips_progress_while_it_has_something_to_report() {
+        for (opt, first_progress) in [(None, SKIP_DEFAULT), (Some("5"), 5), (Some("0"), 0)] {
+            let mut nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+            if let Some(v) = opt {
+                nic = nic.with_option("progress_skip", v);
+            }
+            let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
+            };
+            let to_b = a.add_peer(&b.address()).expect("a's peer");
+            let to_a = b.add_peer(&a.address()).expect("b's peer");
+            let ma = a
+                .register(Memory::Host(HostBuffer::new(64)))
+                .expect("a's region");
+            let mb = b
+                .register(Memory::Host(HostBuffer::new(64)))
+                .expect("b's region");
+            let at = |mr, off: usize| LocalSlice::new(mr, off, 8).expect("slice");
+            post(a.post_recv(at(&ma, 0), 1));
+            // Eager: in a's shared-memory FIFO once the post returns.
+            post(b.post_send(to_a, at(&mb, 0), 2));
+            let mut out = vec![Completion::default(); 8];
+            let mut received = None;
+            for turn in 0..4 * SKIP_DEFAULT {
+                // An eager send of 8 bytes: finished (queued) inside the post call.
+                post(a.post_send(to_b, at(&ma, 8), 100 + u64::from(turn)));
+                assert!(
+                    !a.shared.done.borrow().is_empty(),
+                    "the send was not finished"
+                );
+                let n = a.poll(&mut out).expect("a's poll");
+                b.poll(&mut out[n..]).expect("b's poll");
+                if out[..n]
+                    .iter()
+                    .any(|c| matches!(c.kind, CompletionKind::Recv { len: 8, .. }))
+                {
+                    received = Some(turn);
+                    break;
+                }
+            }
+            assert_eq!(received, Some(first_progress), "progress {opt:?}");
         }
     }
 

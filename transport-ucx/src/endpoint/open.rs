@@ -28,6 +28,13 @@ impl Endpoint {
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
         };
+        let skip_max = match nic.options.get("progress_skip") {
+            None => SKIP_DEFAULT,
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if n <= SKIP_LIMIT => n,
+                _ => return Err(crate::INFO.unknown_option("progress_skip", v)),
+            },
+        };
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
         // out pointer.
@@ -145,6 +152,8 @@ impl Endpoint {
             version: Self::ucx_version(),
             peer_errors,
             name_memory,
+            skip_max,
+            skipped: 0,
         };
 
         let hparams = sys::ucp_am_handler_param_t {

@@ -422,9 +422,11 @@ impl Transport for Endpoint {
         if !self.spent.is_empty() {
             self.release_spent();
         }
-        // SAFETY: the worker is live; callbacks run inside and only touch the slab through
-        // shared references; no borrow of its RefCells is held across the call.
-        unsafe { sys::ucp_worker_progress(self.worker) };
+        if self.progress_due() {
+            // SAFETY: the worker is live; callbacks run inside and only touch the slab
+            // through shared references; no borrow of its RefCells is held across the call.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+        }
         let mut n = 0;
         while n < out.len() {
             let Some(imm) = self.shared.imms.borrow_mut().pop_front() else {
