@@ -31,7 +31,9 @@
 //!   (option `memh`).
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress` when
 //!   it has nothing queued to report (an operation UCX finished inside its post call is
-//!   queued at once), and at least every 33rd poll (option `progress_skip`). Every
+//!   queued at once), and at least every 33rd poll (option `progress_skip`); again, up to 8
+//!   calls, while the last call did something and a send, put or flush is still unfinished
+//!   at UCX (option `progress_burst`). Every
 //!   operation takes a slot of a fixed table made at open (the request slab): UCX's callbacks
 //!   write the status into the slot and queue its index; nothing is allocated and no lock is
 //!   taken on the post/poll path (UCX takes its requests from its own pools).
@@ -81,6 +83,13 @@ const OPTIONS: &[OptionInfo] = &[
            progress to be reported; over tcp each progress is a syscall or two); the next \
            poll progresses, as does every poll with nothing queued; 0: every poll, as before \
            (default 32)",
+    },
+    OptionInfo {
+        key: "progress_burst",
+        values: "1..=64",
+        help: "most ucp_worker_progress calls in one poll: again while the last one did \
+           something and a send, put or flush of ours is still unfinished at UCX (over cma \
+           each call finishes one put); 1: one call, as before (default 8)",
     },
 ];
 

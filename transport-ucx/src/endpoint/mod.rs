@@ -64,6 +64,9 @@ const IMM_QUEUE: usize = 1 << 16;
 const SKIP_DEFAULT: u32 = 32;
 /// The most `progress_skip` takes.
 const SKIP_LIMIT: u32 = 1024;
+/// Most `ucp_worker_progress` calls in one poll (option `progress_burst`).
+const BURST_DEFAULT: u32 = 8;
+const BURST_LIMIT: u32 = 64;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -192,6 +195,8 @@ pub struct Endpoint {
     /// Polls in a row that may skip progress (option `progress_skip`; 0: every poll
     /// progresses the worker).
     skip_max: u32,
+    /// Most `ucp_worker_progress` calls in one poll (option `progress_burst`; see [`burst`]).
+    burst: u32,
     /// Polls in a row that did not progress the worker.
     skipped: u32,
     /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
@@ -387,6 +392,14 @@ impl Endpoint {
         }
     }
 
+    /// Whether a send, put or flush of this endpoint is still unfinished at UCX: more send
+    /// slots taken than slots queued as done (an estimate that errs low: receives finished
+    /// are queued too).
+    #[inline]
+    fn tx_unfinished(&self) -> bool {
+        self.caps.tx_depth - self.free_tx.len() > self.shared.done.borrow().len()
+    }
+
     /// Release the requests `poll` reported last time (see `spent`).
     #[inline]
     fn release_spent(&mut self) {
@@ -412,6 +425,25 @@ impl Endpoint {
         // SAFETY: req is released once; an unfinished one is released by UCX when it ends.
         unsafe { sys::ucp_request_free(req) };
     }
+}
+
+/// Call `progress` once, then again while the last call did something and `unfinished` says
+/// operations are still running at UCX, `max` calls in all; returns how many it made. With 32
+/// puts in flight over cma, each progress finishes one (UCX's scopy transports copy one
+/// segment a call): one call a poll made the workload's loop turn once per put, and its post,
+/// poll and bookkeeping cost about as many instructions as UCX's own put and progress
+/// (docs/measurements.md, U59, U62). A ping-pong stops after one call: its send finished
+/// inside the post call.
+#[inline]
+fn burst(max: u32, mut progress: impl FnMut() -> u32, unfinished: impl Fn() -> bool) -> u32 {
+    let mut calls = 0;
+    while calls < max {
+        calls += 1;
+        if progress() == 0 || !unfinished() {
+            break;
+        }
+    }
+    calls
 }
 
 #[cold]
@@ -657,6 +689,43 @@ mod tests {
             }
             assert_eq!(received, Some(first_progress), "progress {opt:?}");
         }
+    }
+
+    /// A poll progresses again while the last call did something and operations are still
+    /// unfinished, at most `progress_burst` times; once where either is not so.
+    #[test]
+    fn burst_progresses_while_it_helps() {
+        let unfinished = std::cell::Cell::new(true);
+        let calls = |max, did: u32, left: Option<u32>| {
+            let made = std::cell::Cell::new(0);
+            let n = burst(
+                max,
+                || {
+                    made.set(made.get() + 1);
+                    if left.is_some_and(|l| made.get() >= l) {
+                        unfinished.set(false);
+                    }
+                    did
+                },
+                || unfinished.get(),
+            );
+            unfinished.set(true);
+            assert_eq!(n, made.get());
+            n
+        };
+        assert_eq!(
+            calls(8, 1, None),
+            8,
+            "puts in flight, each call finishing one"
+        );
+        assert_eq!(calls(1, 1, None), 1, "progress_burst=1");
+        assert_eq!(calls(8, 0, None), 1, "nothing happened");
+        assert_eq!(
+            calls(8, 1, Some(3)),
+            3,
+            "the last operation finished at the third call"
+        );
+        assert_eq!(calls(8, 1, Some(1)), 1, "a ping-pong's receive");
     }
 
     #[test]

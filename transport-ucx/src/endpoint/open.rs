@@ -35,6 +35,13 @@ impl Endpoint {
                 _ => return Err(crate::INFO.unknown_option("progress_skip", v)),
             },
         };
+        let burst = match nic.options.get("progress_burst") {
+            None => BURST_DEFAULT,
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if (1..=BURST_LIMIT).contains(&n) => n,
+                _ => return Err(crate::INFO.unknown_option("progress_burst", v)),
+            },
+        };
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
         // out pointer.
@@ -153,6 +160,7 @@ impl Endpoint {
             peer_errors,
             name_memory,
             skip_max,
+            burst,
             skipped: 0,
         };
 

@@ -423,9 +423,14 @@ impl Transport for Endpoint {
             self.release_spent();
         }
         if self.progress_due() {
-            // SAFETY: the worker is live; callbacks run inside and only touch the slab
-            // through shared references; no borrow of its RefCells is held across the call.
-            unsafe { sys::ucp_worker_progress(self.worker) };
+            let worker = self.worker;
+            burst(
+                self.burst,
+                // SAFETY: the worker is live; callbacks run inside and only touch the slab
+                // through shared references; no borrow of its RefCells is held across the call.
+                || unsafe { sys::ucp_worker_progress(worker) },
+                || self.tx_unfinished(),
+            );
         }
         let mut n = 0;
         while n < out.len() {
