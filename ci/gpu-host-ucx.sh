@@ -69,6 +69,9 @@
 #   registered once; ours memh=off against perftest, both leaving UCX to register per
 #   operation). UCX_STEP_BUDGET (seconds, default 420): rows not
 #   started by then print SKIPPED (budget), and the step fails.
+#   UCX_OURS_B="RDMA-BENCH FLAGS": each round also runs ours with those flags (e.g.
+#   "--nic-opt progress_burst=1"), last in the round; each cell's line gets its best and
+#   the median of the rounds' ratios of ours against it (an A/B of ours' options).
 #   UCX_AA=1: each round also runs each tool a second time (the put and tag rows), and each
 #   cell's line gets the A/A columns: the median of the rounds' ratios of perftest against
 #   itself and of ours against itself, with their lowest and highest. What an A/B ratio can
@@ -321,7 +324,7 @@ run() {
     [ -n "$v" ] || { echo -; return; }
     echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rb
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
@@ -330,6 +333,7 @@ run() {
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
       ab=; [ -n "${UCX_AB:-}" ] && ab=1
+      ob=; [ -n "${UCX_OURS_B:-}" ] && ob=1
       for size in "${sizes[@]}"; do
         if [ $((SECONDS - t0)) -ge "$budget" ]; then
           printf '%-4s %5s SKIPPED (budget: %ss of UCX_STEP_BUDGET=%s spent)\n' "$row" "$size" $((SECONDS - t0)) "$budget"
@@ -337,6 +341,7 @@ run() {
         fi
         aa=; [ -n "${UCX_AA:-}" ] && [ "$row" != lat ] && aa=1
         bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=() raa=() taa=() oa= ta= rz=() rm=()
+        bob=0 obv= rb=()
         for r in $(seq 1 "$rounds"); do
           st=$(steal_ms)
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
@@ -351,7 +356,11 @@ run() {
             if [ "$mem" = host ] && [ "$row" != put ]; then t3=$(theirs $row "$size" "$mem" "" untouched); bt3=$(best $row "$bt3" "$t3"); fi
             rz+=("$(ratio "$o" "$t2")"); rm+=("$(ratio "$o2" "$t")")
           fi
-          log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}; steal $(( $(steal_ms) - st )) ms"
+          if [ -n "$ob" ]; then
+            obv=$(ours $row "$size" "$mem" "$UCX_OURS_B"); bob=$(best $row "$bob" "$obv")
+            rb+=("$(ratio "$o" "$obv")")
+          fi
+          log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}; steal $(( $(steal_ms) - st )) ms"
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
@@ -362,6 +371,8 @@ run() {
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s; medians: ours / theirs -z %s, ours memh=off / theirs %s' \
           "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \
           "$(median "${rz[@]}")" "$(median "${rm[@]}")"
+        [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "$UCX_OURS_B" \
+          "$bob" "$(median "${rb[@]}")"
         echo
       done
       echo "     per iteration: $(note $row "$mem")"
