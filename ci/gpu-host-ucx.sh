@@ -324,7 +324,7 @@ run() {
     [ -n "$v" ] || { echo -; return; }
     echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rb
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
@@ -341,7 +341,7 @@ run() {
         fi
         aa=; [ -n "${UCX_AA:-}" ] && [ "$row" != lat ] && aa=1
         bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=() raa=() taa=() oa= ta= rz=() rm=()
-        bob=0 obv= rb=()
+        bob=0 obv= rob=()
         for r in $(seq 1 "$rounds"); do
           st=$(steal_ms)
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
@@ -358,7 +358,7 @@ run() {
           fi
           if [ -n "$ob" ]; then
             obv=$(ours $row "$size" "$mem" "$UCX_OURS_B"); bob=$(best $row "$bob" "$obv")
-            rb+=("$(ratio "$o" "$obv")")
+            rob+=("$(ratio "$o" "$obv")")
           fi
           log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}; steal $(( $(steal_ms) - st )) ms"
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
@@ -372,7 +372,7 @@ run() {
           "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \
           "$(median "${rz[@]}")" "$(median "${rm[@]}")"
         [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "$UCX_OURS_B" \
-          "$bob" "$(median "${rb[@]}")"
+          "$bob" "$(median "${rob[@]}")"
         echo
       done
       echo "     per iteration: $(note $row "$mem")"
