@@ -729,6 +729,22 @@ mod tests {
     }
 
     #[test]
+    fn progress_options_out_of_range_are_refused() {
+        for (key, v) in [
+            ("progress_burst", "0"),
+            ("progress_burst", "65"),
+            ("progress_skip", "-1"),
+            ("progress_skip", "x"),
+        ] {
+            let nic = NicDesc::provider("sm").with_option(key, v);
+            match Endpoint::open(&nic) {
+                Ok(_) => panic!("{key}={v} was taken"),
+                Err(e) => assert!(e.to_string().contains(&format!("{key}={v}")), "{e}"),
+            }
+        }
+    }
+
+    #[test]
     fn status_text_is_ucx_own() {
         assert_eq!(status_text(sys::UCS_OK), "Success");
         assert!(status_text(sys::UCS_ERR_NO_DEVICE).contains("No such device"));
