@@ -69,6 +69,30 @@ impl NicDesc {
         self.options.insert(key.into(), value.into());
         self
     }
+    /// Option `key` of `library` (the backend's name in the error) as a number in `range`:
+    /// `None` when unset, [`Error::InvalidArgument`] naming the option and the range when it
+    /// is not such a number.
+    pub fn number_option<T>(
+        &self,
+        library: &str,
+        key: &str,
+        range: std::ops::RangeInclusive<T>,
+    ) -> Result<Option<T>>
+    where
+        T: std::str::FromStr + PartialOrd + fmt::Display,
+    {
+        let Some(v) = self.options.get(key) else {
+            return Ok(None);
+        };
+        match v.parse::<T>() {
+            Ok(x) if range.contains(&x) => Ok(Some(x)),
+            _ => Err(Error::InvalidArgument(format!(
+                "{library} option {key}={v}: expected a number in {}..={}",
+                range.start(),
+                range.end()
+            ))),
+        }
+    }
 }
 
 /// An endpoint's address as opaque bytes; only its own backend can read it.
@@ -458,6 +482,33 @@ pub struct Caps {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A number option: unset is `None`, a number in the range is taken, anything else is
+    /// refused naming the option, its value and the range.
+    #[test]
+    fn number_options_are_checked_against_their_range() {
+        let nic = NicDesc::default()
+            .with_option("depth", "8")
+            .with_option("zero", "0")
+            .with_option("big", "65")
+            .with_option("word", "x");
+        assert_eq!(nic.number_option("lib", "unset", 1..=64u32).unwrap(), None);
+        assert_eq!(
+            nic.number_option("lib", "depth", 1..=64u32).unwrap(),
+            Some(8)
+        );
+        for key in ["zero", "big", "word"] {
+            match nic.number_option("lib", key, 1..=64u32) {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(
+                        m.contains(&format!("lib option {key}=")) && m.contains("1..=64"),
+                        "{m}"
+                    )
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn remote_slice_is_bounds_checked() {

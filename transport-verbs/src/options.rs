@@ -6,7 +6,7 @@ use transport_core::{Error, NicDesc, Result};
 /// The value of option `key`, else `default`; checked against `max`.
 pub(crate) fn opt<T>(nic: &NicDesc, key: &str, default: T, max: T) -> Result<T>
 where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Default,
 {
     Ok(opt_any(nic, &[key], max)?.unwrap_or(default))
 }
@@ -15,20 +15,15 @@ where
 /// two of them with different values are refused.
 pub(crate) fn opt_any<T>(nic: &NicDesc, keys: &[&str], max: T) -> Result<Option<T>>
 where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Default,
 {
     let mut found: Option<(&str, &String, T)> = None;
     for &key in keys {
-        let Some(v) = nic.options.get(key) else {
+        let (Some(x), Some(v)) = (
+            nic.number_option("verbs", key, T::default()..=max)?,
+            nic.options.get(key),
+        ) else {
             continue;
-        };
-        let x = match v.parse::<T>() {
-            Ok(x) if x <= max => x,
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "verbs option {key}={v}: expected a number up to {max}"
-                )))
-            }
         };
         if let Some((k0, v0, x0)) = found {
             if x0 != x {

@@ -28,8 +28,12 @@ impl Endpoint {
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
         };
-        let skip_max = count_option(nic, "progress_skip", SKIP_DEFAULT, 0..=SKIP_LIMIT)?;
-        let burst = count_option(nic, "progress_burst", BURST_DEFAULT, 1..=BURST_LIMIT)?;
+        let skip_max = nic
+            .number_option("ucx", "progress_skip", 0..=SKIP_LIMIT)?
+            .unwrap_or(SKIP_DEFAULT);
+        let burst = nic
+            .number_option("ucx", "progress_burst", 1..=BURST_LIMIT)?
+            .unwrap_or(BURST_DEFAULT);
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
         // out pointer.
@@ -239,22 +243,5 @@ pub(crate) fn init_context(
         Ok(ctx)
     } else {
         Err(st)
-    }
-}
-
-/// A count option of `nic`: `default` when unset, an error naming the option's values when
-/// not a number in `range`.
-fn count_option(
-    nic: &NicDesc,
-    key: &str,
-    default: u32,
-    range: std::ops::RangeInclusive<u32>,
-) -> Result<u32> {
-    match nic.options.get(key) {
-        None => Ok(default),
-        Some(v) => match v.parse::<u32>() {
-            Ok(n) if range.contains(&n) => Ok(n),
-            _ => Err(crate::INFO.unknown_option(key, v)),
-        },
     }
 }
