@@ -306,11 +306,6 @@ run() {
       awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$out/tcli"
     fi
   }
-  median() {  # RATIO...: the median of the rounds' ratios ("-" where none)
-    printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -n |
-      awk '{v[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
-        else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'
-  }
   best() {
     awk -v r="$1" -v a="$2" -v b="$3" 'BEGIN {
       if (a == 0) {print b; exit} if (b == 0) {print a; exit}
@@ -328,7 +323,7 @@ run() {
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
-    printf '%-4s %5s %10s %10s %7s %7s  %s\n' row size ours theirs ratio median \
+    printf '%-4s %5s %10s %10s %7s %7s %10s  %s\n' row size ours theirs ratio median "ours ahead" \
       "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
@@ -365,8 +360,8 @@ run() {
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
         ratio=$(ratio "$bo" "$bt")
-        printf '%-4s %5s %10.2f %10.2f %7s %7s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
-          "$(median "${rr[@]}")" "$fail" "$(suspect "$row" "$ratio")"
+        printf '%-4s %5s %10.2f %10.2f %7s %7s %10s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
+          "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" "$fail" "$(suspect "$row" "$ratio")"
         [ -n "$aa" ] && printf '   aa: theirs/theirs %s, ours/ours %s' "$(spread "${taa[@]}")" "$(spread "${raa[@]}")"
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s; medians: ours / theirs -z %s, ours memh=off / theirs %s' \
           "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \

@@ -17,6 +17,30 @@ round_trips() {
   echo "$n"
 }
 
+# median VALUE...: the median of the VALUEs that are positive numbers, two decimals ("-" where
+# none). Tables quote it beside the best of rounds: on a shared machine one fast round moves a
+# best of rounds, not the median of the rounds' own ratios (docs/measurements.md, U57).
+median() {
+  printf '%s\n' "$@" | awk '$1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0' | sort -g |
+    awk '{v[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) printf "%.2f\n", v[(NR + 1) / 2];
+      else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+# round_ratios OURS THEIRS: each round's ours / theirs, one per line; OURS and THEIRS are the
+# rounds' figures in order, separated by spaces, newlines or "/" (a failed round reads "-").
+round_ratios() {
+  paste -d' ' <(tr ' /' '\n\n' <<< "$1" | grep .) <(tr ' /' '\n\n' <<< "$2" | grep .) |
+    while read -r a b; do echo "$(ratio "$a" "$b")"; done
+}
+
+# above ROW RATIO...: "K of N" rounds where ours did better (a rate above 1, a latency below 1).
+above() {
+  local row=$1; shift
+  printf '%s\n' "$@" | awk -v lat="$([[ $row == *lat* ]] && echo 1 || echo 0)" '
+    $1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0 {n++; if (lat ? $1 < 1 : $1 > 1) k++}
+    END {printf "%d of %d\n", k, n}'
+}
+
 # suspect ROW RATIO: prints "  SUSPECT: ..." where ours beats the other tool by more than 1.5x,
 # nothing otherwise. RATIO is ours / theirs; a ROW whose name contains "lat" is a latency
 # (lower is better), any other a rate (higher is better). Such a figure is a suspect until a
@@ -47,6 +71,12 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   got+="/$(LAT_ITERS=50 round_trips 4096 20000)"
   [ "$got" = "20000/4096/2000/50" ] ||
     { echo "round_trips: $got, want 20000/4096/2000/50" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4"
+  got="$(median 1.2 0.9 - 1.0)/$(median 4 1 3 2)/$(median - 0)/$(median 10 9.5)"
+  [ "$got" = "1.00/2.50/-/9.75" ] || { echo "median: $got, want 1.00/2.50/-/9.75" >&2; bad=1; }
+  got=$(round_ratios "3 1/2" "2 2 0" | paste -sd,)
+  [ "$got" = "1.50,0.50,-" ] || { echo "round_ratios: $got, want 1.50,0.50,-" >&2; bad=1; }
+  got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
+  [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, round_ratios and above in 3"
   exit $bad
 fi
