@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rdma-bench next to the provider's own tools, on the same fabric of this machine: each row
 # runs rdma-bench and the reference tool alternately, ROUNDS times, and keeps the best
-# Gbit/s of each; the table shows ours, theirs and ours / theirs.
+# Gbit/s of each; the table shows ours, theirs and ours / theirs, then the median of the
+# rounds' own ratios and in how many rounds ours led (the VM's row: "-", its runs are not paired).
 #
 #   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 3 rounds, VM row included
 #   ci/compare-ref.sh --json           one JSON object instead of the table
@@ -210,14 +211,14 @@ theirs() {
 
 max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 
-RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd
+RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd median ahead
 : > "$RESULTS"
 for row in "${ROWV[@]}"; do
   [ "$row" = verbs ] && continue
   for size in "${SIZEV[@]}"; do
     for mode in "${MODES[@]}"; do
       [ "$mode" = plain ] && [[ $row != *-write ]] && continue
-      best_o=0; best_t=0; co=; ct=
+      best_o=0; best_t=0; co=; ct=; rr=()
       for r in $(seq 1 "$ROUNDS"); do
         # alternate which tool goes first, so a slow start or a noisy neighbour hits both
         if [ $((r % 2)) = 1 ]; then
@@ -228,9 +229,10 @@ for row in "${ROWV[@]}"; do
           o=$(ours "$row" "$size" "$mode"); co=$(cat "$OUT/cmd")
         fi
         log "$row $size $mode round $r: ours $o, theirs $t Gbit/s"
-        best_o=$(max "$best_o" "$o"); best_t=$(max "$best_t" "$t")
+        best_o=$(max "$best_o" "$o"); best_t=$(max "$best_t" "$t"); rr+=("$(ratio "$o" "$t")")
       done
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" "$best_t" "$co" \
+        "$ct" "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" >> "$RESULTS"
     done
   done
 done
@@ -302,7 +304,8 @@ if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
         v=$(jq -r '.gbps' "$f" 2>/dev/null || echo 0)
         best_o=$(max "$best_o" "$v")
       done
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' verbs "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
+      # The VM's runs are not paired round by round: no median of ratios.
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t-\t-\n' verbs "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
     done
   done
 fi
@@ -325,17 +328,19 @@ if [ $JSON = 1 ]; then
        {row: .[0], size: .[1], mode: .[2], ours_gbps: (.[3] | tonumber),
         ref_gbps: (.[4] | tonumber),
         ratio: (if (.[4] | tonumber) > 0 then ((.[3] | tonumber) / (.[4] | tonumber)) else null end),
+        median_ratio: (if .[7] == "-" then null else (.[7] | tonumber) end), ours_ahead: .[8],
         ours_cmd: .[5], ref_cmd: .[6]}]}'
 else
-  printf '%-13s %5s %-7s %9s %9s %7s  %s\n' row size mode "ours" "ref" "ratio" "reference (Gbit/s, best of $ROUNDS)"
-  while IFS=$'\t' read -r row size mode o t co ct; do
+  printf '%-13s %5s %-7s %9s %9s %7s %7s %10s  %s\n' row size mode "ours" "ref" "ratio" median \
+    "ours ahead" "reference (Gbit/s, best of $ROUNDS; median: of the rounds' ratios)"
+  while IFS=$'\t' read -r row size mode o t co ct med ahead; do
     ratio=$(ratio "$o" "$t")
-    printf '%-13s %5s %-7s %9.2f %9.2f %7s  %s%s\n' "$row" "$size" "$mode" "$o" "$t" "$ratio" \
-      "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
+    printf '%-13s %5s %-7s %9.2f %9.2f %7s %7s %10s  %s%s\n' "$row" "$size" "$mode" "$o" "$t" \
+      "$ratio" "$med" "$ahead" "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
   done < "$RESULTS"
   if [ $SHOW = 1 ]; then
     echo; echo "commands (last round of each row):"
-    while IFS=$'\t' read -r row size mode o t co ct; do
+    while IFS=$'\t' read -r row size mode o t co ct _; do
       echo "  $row $size $mode:"; echo "    ours: $co"; echo "    ref:  $ct"
     done < "$RESULTS"
   fi

@@ -97,7 +97,7 @@ host_tests() {
 step "cargo test (host, libfabric $(pkg-config --modversion libfabric))" host_tests
 compare_quick() {
   RT=0 RDMA_BENCH=${CARGO_TARGET_DIR:-target}/debug/rdma-bench ci/compare-ref.sh --quick --json |
-    jq -e '.rows | length == 4 and all(.ours_gbps > 0 and .ref_gbps > 0)' >/dev/null
+    jq -e '.rows | length == 4 and all(.ours_gbps > 0 and .ref_gbps > 0 and .median_ratio > 0)' >/dev/null
 }
 step "ci/compare-ref.sh --quick (smoke: every host row runs on both sides)" compare_quick
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
