@@ -33,6 +33,10 @@ round_ratios() {
     while read -r a b; do echo "$(ratio "$a" "$b")"; done
 }
 
+# one_figure DEFAULT CMD...: the first line CMD prints, DEFAULT where it prints none: one
+# figure per run, so two tools' rounds stay paired (round_ratios) when a run fails.
+one_figure() { local d=$1 v; shift; v=$("$@" | head -1); echo "${v:-$d}"; }
+
 # above ROW RATIO...: "K of N" rounds where ours did better (a rate above 1, a latency below 1).
 above() {
   local row=$1; shift
@@ -75,8 +79,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   [ "$got" = "1.00/2.50/-/9.75" ] || { echo "median: $got, want 1.00/2.50/-/9.75" >&2; bad=1; }
   got=$(round_ratios "3 1/2" "2 2 0" | paste -sd,)
   [ "$got" = "1.50,0.50,-" ] || { echo "round_ratios: $got, want 1.50,0.50,-" >&2; bad=1; }
+  got="$(one_figure 0 printf '3.5\n4\n')/$(one_figure "0 -" true)"
+  [ "$got" = "3.5/0 -" ] || { echo "one_figure: $got, want 3.5/0 -" >&2; bad=1; }
   got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
   [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, round_ratios and above in 3"
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, round_ratios, one_figure and above in 5"
   exit $bad
 fi

@@ -107,8 +107,6 @@ ours() { # ROW TLS SIZE
     jq -r '.gbps' "$OUT/ours.json" 2>/dev/null | awk '{printf "%.2f -\n", $1}' || echo "0 -"
   fi
 }
-# One line per run, "0 -" for a run that printed none: the rounds stay paired.
-run() { local v; v=$("$@" | head -1); echo "${v:-0 -}"; }
 best() { # ROW: best of the first column (and of the second) of stdin
   awk -v r="$1" '$1 + 0 > 0 { if (n++ == 0 || (r == "lat" ? $1 < a : $1 > a)) a = $1;
       if ($2 != "-" && (m == "" || $2 < m)) m = $2 }
@@ -122,8 +120,14 @@ for tls in "${TLS_LIST[@]}"; do
     for size in "${SIZES[@]}"; do
       : > "$OUT/o"; : > "$OUT/t"
       for r in $(seq "$ROUNDS"); do
-        if [ $((r % 2)) = 1 ]; then run ours $row $tls $size >> "$OUT/o"; run theirs $row $tls $size >> "$OUT/t"
-        else run theirs $row $tls $size >> "$OUT/t"; run ours $row $tls $size >> "$OUT/o"; fi
+        # One line per run ("0 -" where a run printed none): the rounds stay paired.
+        if [ $((r % 2)) = 1 ]; then
+          one_figure "0 -" ours $row $tls $size >> "$OUT/o"
+          one_figure "0 -" theirs $row $tls $size >> "$OUT/t"
+        else
+          one_figure "0 -" theirs $row $tls $size >> "$OUT/t"
+          one_figure "0 -" ours $row $tls $size >> "$OUT/o"
+        fi
       done
       read -r o om < <(best $row < "$OUT/o")
       read -r t tm < <(best $row < "$OUT/t")

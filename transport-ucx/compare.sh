@@ -82,8 +82,6 @@ ours() { # TLS SIZE N
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-# One figure per run, 0 for a run that printed none: the rounds stay paired.
-figure() { local v; v=$("$@" | head -1); echo "${v:-0}"; }
 echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s\n' tls size "ours Gbit/s" "perftest" "perftest-heap" \
   ratio median "ours ahead"
@@ -93,10 +91,10 @@ for tls in "${TLS_LIST[@]}"; do
     os=() ps=() hs=()
     for r in $(seq "$ROUNDS"); do
       # Odd rounds run ours first, even rounds perftest first: neither always follows the other.
-      if [ $((r % 2)) = 1 ]; then os+=("$(figure ours "$tls" "$size" "$n")"); fi
-      ps+=("$(figure perftest "$tls" "$size" "$n")")
-      [ "$tls" = tcp ] || hs+=("$(figure perftest "$tls" "$size" "$n" "${HEAP[@]}")")
-      if [ $((r % 2)) = 0 ]; then os+=("$(figure ours "$tls" "$size" "$n")"); fi
+      if [ $((r % 2)) = 1 ]; then os+=("$(one_figure 0 ours "$tls" "$size" "$n")"); fi
+      ps+=("$(one_figure 0 perftest "$tls" "$size" "$n")")
+      [ "$tls" = tcp ] || hs+=("$(one_figure 0 perftest "$tls" "$size" "$n" "${HEAP[@]}")")
+      if [ $((r % 2)) = 0 ]; then os+=("$(one_figure 0 ours "$tls" "$size" "$n")"); fi
     done
     o=$(printf '%s\n' "${os[@]}" | best)
     p=$(printf '%s\n' "${ps[@]}" | best)
