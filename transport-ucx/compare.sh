@@ -98,9 +98,9 @@ for tls in "${TLS_LIST[@]}"; do
     done
     o=$(printf '%s\n' "${os[@]}" | best)
     p=$(printf '%s\n' "${ps[@]}" | best)
-    h=- refs=("${ps[@]}")
-    [ "$tls" = tcp ] || { h=$(printf '%s\n' "${hs[@]}" | best); refs=("${hs[@]}"); }
-    ref=$p; [ "$h" != - ] && ref=$h
+    # The reference: perftest's heap buffers where there are any (sm), else its own (tcp).
+    h=- ref=$p refs=("${ps[@]}")
+    [ "$tls" = tcp ] || { h=$(printf '%s\n' "${hs[@]}" | best); ref=$h refs=("${hs[@]}"); }
     r=$(ratio "$o" "$ref")
     # The median of the rounds' own ratios, and in how many rounds ours was ahead: what a
     # claim of "at least 1.0" rests on (a best of rounds moves with one fast round).
