@@ -34,23 +34,11 @@ VMT=${CARGO_TARGET_DIR:-$ROOT/target}/vm-ucx
 cargo build --release -p bench-cli --no-default-features --features ucx --target-dir "$VMT" >&2
 
 RUN=$ROOT/ci/.vm/run-ucx
-rm -rf "$RUN"; mkdir -p "$RUN/bin" "$RUN/lib/ucx"
+rm -rf "$RUN"; mkdir -p "$RUN/bin"
 cp "$TBIN" "$RUN/bin/conformance_rc_verbs"
 cp "$VMT/release/rdma-bench" "$RUN/bin/"
-lib() { # the x86-64 file of soname $1, from ldconfig
-  ldconfig -p | awk -v l="$1" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}'
-}
-# UCX's libraries, and what they need that the VM's rdma-core userspace lacks.
-for l in libucp.so.0 libuct.so.0 libucs.so.0 libucm.so.0 libnuma.so.1 libhwloc.so.15 libudev.so.1; do
-  p=$(lib "$l"); [ -n "$p" ] || { echo "ucx-vm-test: $l not found (libucx0 installed?)" >&2; exit 1; }
-  cp -L "$p" "$RUN/lib/"
-done
-# UCX loads its modules from the `ucx` directory beside libucs (and UCX_MODULE_DIR).
-MODDIR=$(dirname "$(lib libucs.so.0)")/ucx
-for m in libuct_ib.so.0 libuct_rdmacm.so.0 libuct_cma.so.0; do
-  cp -L "$MODDIR/$m" "$RUN/lib/ucx/" || { echo "ucx-vm-test: no $MODDIR/$m" >&2; exit 1; }
-done
-cp "$(command -v ucx_info)" "$RUN/bin/" || { echo "ucx-vm-test: no ucx_info (ucx-utils)" >&2; exit 1; }
+source ci/vm/ucx-share.sh
+ucx_into_share "$RUN" ucx_info || { echo "ucx-vm-test: copying UCX into the share failed" >&2; exit 1; }
 shift_args=()
 if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
 T=${VM_TEST_TIMEOUT:-300}
