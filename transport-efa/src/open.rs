@@ -28,12 +28,26 @@ const DEFAULT_DEPTH: usize = 256;
 fn open_hint(v: &select::View) -> String {
     format!(
         "opening provider {} on domain {} (fabric {}, libfabric {}) failed; check the device \
-         and its permissions, or choose another provider/device",
+         and its permissions, or choose another provider/device{}",
         v.prov_name,
         v.domain_name,
         v.fabric_name,
-        runtime_version()
+        runtime_version(),
+        provider_hint(&v.prov_name)
     )
+}
+
+/// What a provider is known to need beyond that. rxm over verbs sizes the verbs CQ of its
+/// endpoint by the universe size (256 peers unless FI_UNIVERSE_SIZE says otherwise); Soft-RoCE
+/// (rxe) gives no CQ that large, so its fi_enable fails with -22 after "Unable to create verbs
+/// CQ" in libfabric's warnings (2.6.0 in the VM of ci/vm; FI_UNIVERSE_SIZE=64 opens).
+fn provider_hint(prov: &str) -> &'static str {
+    if prov.starts_with("verbs") && prov.contains("ofi_rxm") {
+        "; on a device with small CQs (Soft-RoCE), rxm's CQ sized for FI_UNIVERSE_SIZE peers \
+         (256 by default) is refused: try FI_UNIVERSE_SIZE=64"
+    } else {
+        ""
+    }
 }
 
 fn check(call: &'static str, ret: i32, v: &select::View) -> Result<()> {
@@ -491,6 +505,15 @@ mod tests {
             endpoint_options("shm", true, &o(&[("cuda_api", "off")])),
             [(CudaApiPermitted, false)]
         );
+    }
+
+    /// Only rxm over verbs gets the universe-size hint (its CQ, too large for rxe).
+    #[test]
+    fn rxm_over_verbs_is_told_about_the_universe_size() {
+        assert!(provider_hint("verbs;ofi_rxm").contains("FI_UNIVERSE_SIZE=64"));
+        for p in ["tcp;ofi_rxm", "tcp", "shm", "efa", "verbs;ofi_rxd"] {
+            assert_eq!(provider_hint(p), "", "{p}");
+        }
     }
 
     /// efa-direct reports `max_msg_size` 1 GiB (the larger of MTU and RDMA limit) while a
