@@ -8,7 +8,9 @@
 # Installs go to $LIBFABRIC_CACHE (default ~/.cache/rdma-bench/libfabric), one folder per
 # version, reused while the tarball and this script are unchanged. Providers: shm, tcp, rxm,
 # sockets, udp (no hardware ones). On a GPU host, LIBFABRIC_CUDA=/usr/local/cuda adds
-# `--with-cuda --enable-cuda-dlopen` (a separate cache folder).
+# `--with-cuda --enable-cuda-dlopen` (a separate cache folder); LIBFABRIC_VERBS=1 adds the
+# verbs provider (rdma-core's headers: libibverbs-dev, librdmacm-dev; a separate cache folder),
+# which ci/compare-ref.sh's libfabric row runs over Soft-RoCE in the VM.
 #
 # Use an install with
 #   PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig LD_LIBRARY_PATH=$PREFIX/lib cargo test ...
@@ -29,10 +31,10 @@ case "$V" in
 esac
 [ -f "$TARBALL" ] || { log "no source tarball $TARBALL (../shared/libfabric holds the releases)"; exit 1; }
 
-suffix=${LIBFABRIC_CUDA:+-cuda}
+suffix=${LIBFABRIC_CUDA:+-cuda}${LIBFABRIC_VERBS:+-verbs}
 if [ "$MODE" = --fabtests ]; then PREFIX=$CACHE/fabtests-$V$suffix; else PREFIX=$CACHE/$V$suffix; fi
 # The stamp names what built the cache: the tarball's size and time, this script's hash.
-STAMP="$(stat -c '%s %Y' "$TARBALL") $(sha256sum "$0" | cut -c1-16) ${LIBFABRIC_CUDA:-}"
+STAMP="$(stat -c '%s %Y' "$TARBALL") $(sha256sum "$0" | cut -c1-16) ${LIBFABRIC_CUDA:-} ${LIBFABRIC_VERBS:-}"
 if [ -f "$PREFIX/.stamp" ] && [ "$(cat "$PREFIX/.stamp")" = "$STAMP" ]; then
   echo "$PREFIX"; exit 0
 fi
@@ -50,7 +52,9 @@ if [ "$MODE" = --fabtests ]; then
 else
   cuda=()
   [ -n "${LIBFABRIC_CUDA:-}" ] && cuda=(--with-cuda="$LIBFABRIC_CUDA" --enable-cuda-dlopen)
-  (cd "$TREE" && quiet ./configure --prefix="$PREFIX" --disable-efa --disable-verbs \
+  verbs=(--disable-verbs)
+  [ -n "${LIBFABRIC_VERBS:-}" ] && verbs=(--enable-verbs)
+  (cd "$TREE" && quiet ./configure --prefix="$PREFIX" --disable-efa "${verbs[@]}" \
       --disable-usnic --disable-psm2 --disable-psm3 --disable-opx --disable-psm \
       --disable-ucx --disable-lpp --disable-cxi "${cuda[@]}" &&
     quiet make -j"$JOBS" install)

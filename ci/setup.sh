@@ -34,8 +34,11 @@ fi
 PKGS+=("${LIBFABRIC_PKGS[@]}")
 # The Soft-RoCE VM (ci/vm): qemu and the tools that build its initramfs.
 # iproute2 and perftest: their libraries (libmnl, libibumad, libpci...) are copied into the
-# VM from this machine; ucx-utils: ucx_info, which ci/ucx-vm-test.sh copies in beside UCX.
-VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils iproute2 perftest ucx-utils)
+# VM from this machine; ucx-utils: ucx_info and ucx_perftest, which ci/vm/ucx-share.sh copies in
+# beside UCX.
+# librdmacm-dev: the verbs provider of the libfabric that ci/compare-ref.sh's fi-verbs row builds.
+VM_PKGS=(qemu-system-x86 busybox-static cpio kmod xz-utils binutils iproute2 perftest ucx-utils
+         librdmacm-dev)
 # ci/test.sh only: the headless browser that opens rdma-bench's --report page
 # (bench-cli/tests/outputs.rs; it skips without one), and jq for ci/compare-ref.sh --quick.
 TEST_PKGS=(chromium jq)
