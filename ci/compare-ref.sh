@@ -2,9 +2,9 @@
 # rdma-bench next to the provider's own tools, on the same fabric of this machine: each row
 # runs rdma-bench and the reference tool alternately, ROUNDS times, and keeps the best
 # Gbit/s of each; the table shows ours, theirs and ours / theirs, then the median of the
-# rounds' own ratios and in how many rounds ours led (the VM's row: "-", its runs are not paired).
+# rounds' own ratios and in how many rounds ours led.
 #
-#   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 3 rounds, VM row included
+#   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 3 rounds, VM rows included
 #   ci/compare-ref.sh --json           one JSON object instead of the table
 #   ci/compare-ref.sh --rows shm-write,tcp-send --sizes 64K --rounds 5
 #   ci/compare-ref.sh --quick          smoke test (CI): one size, one round, short runs, no VM
@@ -27,9 +27,27 @@
 #              -B PORT (server), -P PORT 127.0.0.1 (client): FI_EP_MSG, the tcp provider's own
 #              connected endpoint, without ofi_rxm
 #   tcp-send-rdm  same ours | fi_rdm_tagged_bw -p tcp (FI_EP_RDM through ofi_rxm, like ours)
-#   verbs      inside the Soft-RoCE VM (ci/vm), rxe0 <-> rxe1:
-#              rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s SIZE --no-verify MODE
+#   The VM rows (ci/compare-ref-vm.sh): three stacks on one link of the Soft-RoCE VM (ci/vm,
+#   rxe0 on veth0 <-> rxe1 on veth1), one boot, each against its own tool; servers on core 0,
+#   the writing side on core 1; rounds paired, each tool first in turn:
+#   verbs      rdma-bench server/client --backend verbs --devices rxe0|rxe1 -s SIZE --no-verify
+#              MODE (two processes, as the tools; the server writes)
 #              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N (server, client)
+#   fi-verbs   libfabric 2.6.0 with its verbs provider (LIBFABRIC_VERBS=1 ci/libfabric.sh; Debian's
+#              1.17 has none), FI_EP_RDM over verbs;ofi_rxm, FI_UNIVERSE_SIZE=64 for both (rxm
+#              sizes its CQ by it, and rxe refuses 256 peers' worth):
+#              rdma-bench server/client --backend efa --provider 'verbs;ofi_rxm' --devices rxe0|rxe1 ...
+#              | fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W 64 -S SIZE -I N -d rxe0|rxe1
+#   ucx-rc     UCX 1.13 (this host's, copied in) over rc_verbs, tcp on the veths wiring it up
+#              (UCX_TLS=rc_verbs,tcp, UCX_NET_DEVICES rxe0:1,veth0 | rxe1:1,veth1), two
+#              processes each, mode plain only:
+#              rdma-bench server/client --backend ucx --provider rc_verbs,tcp --single-buffer
+#              --imm-every 64 --window 32 -s SIZE -n N/64 --warmup N/640 (N puts, one in 64
+#              with the flush and the immediate, the clock stopping at the last immediate)
+#              | ucx_perftest -t ucp_put_bw -e -s SIZE -n N -w N/10 (32 puts outstanding, the
+#              clock stopping after its final flush); -e is peer error handling, ours' default,
+#              without which UCX 1.13 cannot wire rc_verbs up ("no auxiliary transport"). UCX's
+#              own summary must show each tool's puts on rc_verbs, or that tool reads 0.
 #
 # MODE (--mode, a comma list): `single` is rdma-bench --single-buffer (one source and one
 # target buffer, every WRITE with an immediate, receives into one buffer: what the fi_*_bw
@@ -56,7 +74,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 source ci/suspect.sh
 
-ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs
+ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc
 SIZES=4K,64K,1M
 ROUNDS=${ROUNDS:-3}
 MODE=both
@@ -80,7 +98,7 @@ while [ $# -gt 0 ]; do
 done
 if [ $QUICK = 1 ]; then
   ROUNDS=1; SIZES=64K; BYTES=$((16 << 20)); SKIP_VM=1; MODE=single
-  [ "$ROWS" = shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
+  [ "$ROWS" = shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
 fi
 VMODES=()
 case $MODE in both) MODES=(single paged); VMODES=(single plain paged) ;;
@@ -214,7 +232,7 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd median ahead
 : > "$RESULTS"
 for row in "${ROWV[@]}"; do
-  [ "$row" = verbs ] && continue
+  case $row in verbs|fi-verbs|ucx-rc) continue ;; esac
   for size in "${SIZEV[@]}"; do
     for mode in "${MODES[@]}"; do
       [ "$mode" = plain ] && [[ $row != *-write ]] && continue
@@ -237,78 +255,8 @@ for row in "${ROWV[@]}"; do
   done
 done
 
-# ---- the verbs row, inside the Soft-RoCE VM ---------------------------------------------
-VD=$ROOT/ci/.vm/compare-ref
-if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ] && [ -n "${VM_REUSE:-}" ]; then
-  log "VM_REUSE: reading the verbs results of the last VM run in $VD/raw"
-elif [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
-  export SETUP_VM=1
-  source ci/setup.sh >/dev/null
-  ci/vm/build-initramfs.sh >&2
-  log "building rdma-bench with the verbs backend only (the VM has no libfabric)"
-  VMT=${CARGO_TARGET_DIR:-$ROOT/target}/vm
-  cargo build --release -q -p bench-cli --no-default-features --features verbs --target-dir "$VMT" >&2
-  rm -rf "$VD"; mkdir -p "$VD/bin" "$VD/lib" "$VD/raw"
-  cp "$VMT/release/rdma-bench" "$VD/bin/"
-  for l in libhwloc.so.15 libudev.so.1; do
-    p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
-    if [ -n "$p" ]; then cp -L "$p" "$VD/lib/"; fi
-  done
-  {
-    echo '#!/bin/sh'
-    echo '# generated by ci/compare-ref.sh; runs inside the VM'
-    echo 'G0=$SOFTROCE_GID0; G1=$SOFTROCE_GID1'
-    for size in "${SIZEV[@]}"; do
-      b=$(bytes_of "$size"); n=$(( VM_BYTES / b )); [ $n -ge 64 ] || n=64
-      reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
-      for r in $(seq 1 "$ROUNDS"); do
-        for mode in "${VMODES[@]}"; do
-          case $mode in
-            single) ma="--single-buffer -n $n" ;;
-            plain) k=$(( n / PLAIN_K )); [ $k -ge 2 ] || k=2; ma="--single-buffer --imm-every $PLAIN_K -n $k" ;;
-            *) ma="-n $reps" ;;
-          esac
-          f=raw/rb.$size.$mode.$r
-          echo "echo '\$ rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma' > $f.cmd"
-          # TCG moves tens of Mbit/s: a 256-page repeat of 1 MiB takes longer than the default idle timeout
-          echo "timeout 600 ./bin/rdma-bench loopback --backend verbs --devices rxe0,rxe1 -s $size --no-verify $ma --idle-timeout 120 --json > $f.json 2> $f.err"
-        done
-        f=raw/ib.$size.$r
-        echo "echo \"\\\$ taskset -c 0 ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n   # server; client: taskset -c 1 ib_write_bw -d rxe1 -x \$G1 ... 10.99.0.1\" > $f.cmd"
-        echo "taskset -c 0 ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n > $f.srv 2>&1 &"
-        echo 'spid=$!; sleep 1'
-        echo "timeout 300 taskset -c 1 ib_write_bw -d rxe1 -x \$G1 -F --report_gbits -s $b -n $n 10.99.0.1 > $f.txt 2>&1"
-        echo 'wait $spid'
-      done
-    done
-    echo 'exit 0'
-  } > "$VD/run.sh"
-  log "running the verbs row in the VM (several minutes under TCG)"
-  SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-1800} ci/vm/run-vm.sh --share "$VD" -- sh run.sh >&2 ||
-    log "the VM run failed; verbs rows may be missing"
-fi
-if [[ ",$ROWS," == *,verbs,* ]] && [ -z "${SKIP_VM:-}" ]; then
-  for size in "${SIZEV[@]}"; do
-    best_t=0; ct=
-    for f in "$VD"/raw/ib."$size".*.txt; do
-      [ -f "$f" ] || continue
-      v=$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 && $2 ~ /^[0-9]+$/ {print $4}' "$f" | tail -1)
-      case $v in ''|*[!0-9.]*) continue ;; esac
-      best_t=$(max "$best_t" "$v"); ct=$(sed 's/^\$ //' "${f%.txt}.cmd")
-    done
-    for mode in "${VMODES[@]}"; do
-      best_o=0; co=
-      for f in "$VD"/raw/rb."$size"."$mode".*.json; do
-        co=$(sed 's/^\$ //' "${f%.json}.cmd")
-        [ -s "$f" ] || { log "verbs $size $mode: $(tail -1 "${f%.json}.err")"; continue; }
-        v=$(jq -r '.gbps' "$f" 2>/dev/null || echo 0)
-        best_o=$(max "$best_o" "$v")
-      done
-      # The VM's runs are not paired round by round: no median of ratios.
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t-\t-\n' verbs "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" >> "$RESULTS"
-    done
-  done
-fi
+# ---- the VM rows: verbs, fi-verbs, ucx-rc on one Soft-RoCE link, inside the VM ------------
+source ci/compare-ref-vm.sh
 
 # ---- report ------------------------------------------------------------------------------
 ref_name() {
@@ -317,6 +265,8 @@ ref_name() {
     shm-send|tcp-send-rdm) echo fi_rdm_tagged_bw ;;
     tcp-send) echo "fi_msg_bw (FI_EP_MSG)" ;;
     verbs) echo "ib_write_bw (VM)" ;;
+    fi-verbs) echo "fi_rma_bw -o writedata (VM)" ;;
+    ucx-rc) echo "ucx_perftest -t ucp_put_bw -e (VM)" ;;
   esac
 }
 if [ $JSON = 1 ]; then
