@@ -106,10 +106,8 @@ elif [ ${#VMROWS[@]} -gt 0 ]; then
     --target-dir "$VMT" >&2
   rm -rf "$VD"; mkdir -p "$VD/bin" "$VD/lib" "$VD/raw"
   cp "$VMT/release/rdma-bench" "$VD/bin/"
-  for l in libhwloc.so.15 libudev.so.1; do
-    p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
-    if [ -n "$p" ]; then cp -L "$p" "$VD/lib/"; fi
-  done
+  source ci/host-libs.sh
+  host_libs_into "$VD/lib" libhwloc.so.15 libudev.so.1 || true
   if vmrow fi-verbs; then cp -L "$LFP/lib/libfabric.so.1" "$VD/lib/"; cp "$LFP/bin/fi_rma_bw" "$VD/bin/"; fi
   if vmrow ucx-rc; then
     source ci/vm/ucx-share.sh

@@ -85,10 +85,9 @@ pack() {
   strip "$CARRY"/bin/* "$CARRY"/tests/* "$CARRY"/proxy/*
   # What the binaries link that a bare Ubuntu GPU host may lack (libfabric itself is built
   # there, with CUDA).
-  for l in libhwloc.so.15 libudev.so.1 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
-    p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
-    [ -n "$p" ] && cp -L "$p" "$CARRY/lib/"
-  done
+  source ci/host-libs.sh
+  host_libs_into "$CARRY/lib" libhwloc.so.15 libudev.so.1 libibverbs.so.1 libnl-3.so.200 \
+    libnl-route-3.so.200 || true
   cp "${LIBFABRIC_SRC:-$ROOT/../shared/libfabric}/libfabric-$v.tar.xz" "$CARRY/"
   ci/gpu-efa-sim.sh pack  # step efasim: rdma-core 56.1's tarball
   ci/gpu-host-ucx.sh pack "$td" "$CARRY"

@@ -37,10 +37,8 @@ cargo build --release -p bench-cli --no-default-features --features verbs --targ
 RUN=$ROOT/ci/.vm/run-2vm
 rm -rf "$RUN"; mkdir -p "$RUN/bin" "$RUN/lib" "$RUN/logs"
 cp "$VMT/release/rdma-bench" "$RUN/bin/"
-for l in libhwloc.so.15 libudev.so.1; do   # what the VM's rdma-core userspace lacks
-  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
-  if [ -n "$p" ]; then cp -L "$p" "$RUN/lib/"; fi
-done
+source ci/host-libs.sh   # what the VM's rdma-core userspace lacks
+host_libs_into "$RUN/lib" libhwloc.so.15 libudev.so.1 || true
 
 cat > "$RUN/node.sh" <<EOF
 #!/bin/sh

@@ -40,11 +40,8 @@ rm -rf "$RUN"; mkdir -p "$RUN/bin" "$RUN/lib"
 for b in "${BINS[@]}"; do cp "$b" "$RUN/bin/"; done
 cp "$VMT/release/rdma-bench" "$RUN/bin/"
 # Libraries rdma-bench needs that the VM's rdma-core userspace lacks (hwloc for topo).
-for l in libhwloc.so.15 libudev.so.1; do
-  # (no early exit in awk: ldconfig would die of SIGPIPE, and pipefail with it)
-  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
-  if [ -n "$p" ]; then cp -L "$p" "$RUN/lib/"; fi
-done
+source ci/host-libs.sh
+host_libs_into "$RUN/lib" libhwloc.so.15 libudev.so.1 || true
 shift_args=()
 if [ "${1:-}" = "--" ]; then shift; shift_args=("$@"); fi
 
