@@ -28,8 +28,9 @@
 #              connected endpoint, without ofi_rxm
 #   tcp-send-rdm  same ours | fi_rdm_tagged_bw -p tcp (FI_EP_RDM through ofi_rxm, like ours)
 #   The VM rows (ci/compare-ref-vm.sh): three stacks on one link of the Soft-RoCE VM (ci/vm,
-#   rxe0 on veth0 <-> rxe1 on veth1), one boot, each against its own tool; servers on core 0,
-#   the writing side on core 1; rounds paired, each tool first in turn:
+#   rxe0 on veth0 <-> rxe1 on veth1), one boot, each against its own tool; two processes, the
+#   writing side (ours' server, the tools' clients) on core 1, the other on core 0; rounds
+#   paired, each tool first in turn:
 #   verbs      rdma-bench server/client --backend verbs --devices rxe0|rxe1 -s SIZE --no-verify
 #              MODE (two processes, as the tools; the server writes)
 #              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N (server, client)
