@@ -74,14 +74,12 @@ vm_theirs() {
   echo 'wait $spid'
 }
 
-# vm_figure ROW FILE: Gbit/s of one reference run's output (nothing where it printed none)
+# vm_figure ROW FILE: Gbit/s of one reference run's output (0 where it printed none)
 vm_figure() {
   case $1 in
-    verbs) awk '$1 ~ /^[0-9]+$/ && NF >= 5 && $2 ~ /^[0-9]+$/ {v = $4} END {if (v != "") print v}' "$2" ;;
-    # fabtests' MB/sec column (10^6 bytes)
-    fi-verbs) awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {if (v != "") printf "%.3f\n", v * 8 / 1000}' "$2" ;;
-    # the client's final line: bandwidth (MB/s, 2^20 bytes) in its sixth column
-    ucx-rc) awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {if (v != "") printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$2" ;;
+    verbs) awk '$1 ~ /^[0-9]+$/ && NF >= 5 && $2 ~ /^[0-9]+$/ {v = $4} END {print v + 0}' "$2" ;;
+    fi-verbs) fabtests_gbps "$2" ;;
+    ucx-rc) ucx_perftest_gbps "$2" ;;
   esac
 }
 
@@ -170,7 +168,8 @@ for row in "${VMROWS[@]}"; do
       [ -f "$f.cmd" ] && ct=$(sed 's/^\$ //' "$f.cmd")
       v=$(vm_figure "$row" "$f.txt" 2>/dev/null || true)
       [ "$row" != ucx-rc ] || [ -n "${over_rc[perftest]:-}" ] || v=0
-      [ -n "$v" ] || log "$row $size round $r, the reference: $(tail -1 "$f.txt" 2>/dev/null)"
+      awk -v v="$v" 'BEGIN {exit !(v + 0 == 0)}' &&
+        log "$row $size round $r, the reference: $(tail -1 "$f.txt" 2>/dev/null)"
       ts+=("${v:-0}")
     done
     for mode in $(vm_modes "$row"); do

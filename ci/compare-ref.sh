@@ -225,7 +225,7 @@ theirs() {
   "${PRIO[@]}" timeout 60 "${cli[@]}" > "$OUT/cli.txt" 2>&1 || ok=0
   wait $spid || ok=0
   [ $ok = 1 ] || { log "${tool[0]} failed: $(tail -2 "$OUT/cli.txt" "$OUT/srv.txt" | tr '\n' ' ')"; echo 0; return; }
-  awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$OUT/cli.txt"
+  fabtests_gbps "$OUT/cli.txt"
 }
 
 max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }

@@ -303,7 +303,7 @@ run() {
       log "  theirs lat $size: p50 $(awk '$1 ~ /^[0-9]+$/ && NF >= 8 {m = $2} END {print m + 0}' "$out/tcli") us"
       awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4} END {print v + 0}' "$out/tcli"
     else
-      awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$out/tcli"
+      ucx_perftest_gbps "$out/tcli"
     fi
   }
   best() {

@@ -457,7 +457,7 @@ run() {
       if [ "$row" = lat ]; then
         awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $6} END {print v + 0}' "$out/tcli"
       else
-        awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$out/tcli"
+        fabtests_gbps "$out/tcli"
       fi
     }
     best() {  # ROW A B: the better of two figures (higher bandwidth, lower latency; 0 = failed)

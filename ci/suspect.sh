@@ -37,6 +37,18 @@ round_ratios() {
 # figure per run, so two tools' rounds stay paired (round_ratios) when a run fails.
 one_figure() { local d=$1 v; shift; v=$("$@" | head -1); echo "${v:-$d}"; }
 
+# fabtests_gbps FILE: Gbit/s from a fabtests bandwidth run's output (its last result line's
+# MB/sec column, 10^6 bytes); 0.000 where it printed none.
+fabtests_gbps() {
+  awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$1"
+}
+
+# ucx_perftest_gbps FILE: Gbit/s from ucx_perftest's bandwidth output (its last result line's
+# sixth column, MB/s of 2^20 bytes); 0.000 where it printed none.
+ucx_perftest_gbps() {
+  awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$1"
+}
+
 # above ROW RATIO...: "K of N" rounds where ours did better (a rate above 1, a latency below 1).
 above() {
   local row=$1; shift
@@ -81,8 +93,16 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   [ "$got" = "1.50,0.50,-" ] || { echo "round_ratios: $got, want 1.50,0.50,-" >&2; bad=1; }
   got="$(one_figure 0 printf '3.5\n4\n')/$(one_figure "0 -" true)"
   [ "$got" = "3.5/0 -" ] || { echo "one_figure: $got, want 3.5/0 -" >&2; bad=1; }
+  t=$(mktemp)
+  printf 'bytes iters total time MB/sec usec/xfer Mxfers/sec\n4k 1k 4m 0.1s 100.00 1.0 0.1\n64k 1k 64m 0.1s 2500.00 1.0 0.1\n' > "$t"
+  got=$(fabtests_gbps "$t")
+  printf 'Final: x\n   1000 1.0 2.0 3.0 100.00 1000.00 5 6\n' > "$t"
+  got="$got/$(ucx_perftest_gbps "$t")/$(fabtests_gbps /dev/null)"
+  rm -f "$t"
+  [ "$got" = "20.000/8.389/0.000" ] ||
+    { echo "fabtests_gbps/ucx_perftest_gbps: $got, want 20.000/8.389/0.000" >&2; bad=1; }
   got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
   [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, round_ratios, one_figure and above in 5"
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, round_ratios, one_figure and above in 5, the two parsers in 3"
   exit $bad
 fi
