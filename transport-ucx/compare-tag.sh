@@ -78,7 +78,7 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   if [ "$row" = lat ]; then
     awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4; m = $2} END {printf "%.3f %.3f\n", v, m}' "$OUT/tcli"
   else
-    awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.2f -\n", v * 8 * 1048576 / 1e9}' "$OUT/tcli"
+    echo "$(ucx_perftest_gbps "$OUT/tcli") -"
   fi
 }
 ours() { # ROW TLS SIZE

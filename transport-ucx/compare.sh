@@ -55,10 +55,9 @@ perftest() { # TLS SIZE N [ENV...]
     -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
   local srv=$!
   sleep 0.5
-  # Final: iters, lat 50%, avg, overall, bw avg (MB/s), bw overall, msgrate avg, overall
-  bw=$(env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
-    -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 2>"$ERR/cli" |
-    awk '$1 ~ /^[0-9]+$/ && NF >= 8 {bw = $6} END {printf "%.2f\n", bw * 8 * 1048576 / 1e9}')
+  env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
+    -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
+  bw=$(ucx_perftest_gbps "$ERR/out")
   wait "$srv" || true
   # A heap run that the shim did not mark compared against the zero page: no figure.
   if [[ " $* " == *" LD_PRELOAD="* ]] &&
