@@ -39,7 +39,7 @@ fn backend() -> impl TypedValueParser<Value = &'static Backend> {
     .try_map(|s| backends::find(&s).ok_or_else(|| format!("{s:?}: not one of the values listed")))
 }
 
-/// One RDMA benchmark for every backend: EFA (libfabric) and verbs, GPU or host memory,
+/// One RDMA benchmark for every backend it was built with (`--backend`), GPU or host memory,
 /// with each step of the 3200 Gbps write-up as a knob.
 #[derive(Debug, Parser)]
 #[command(name = "rdma-bench", version, propagate_version = true)]
@@ -60,8 +60,9 @@ pub enum Command {
     Client(ClientArgs),
     /// Run one workload over several backend:provider pairs (in loopback), side by side.
     Compare(CompareArgs),
-    /// Check this node before a run: RDMA devices and links, libfabric, GPU memory paths,
-    /// PCIe, IOMMU, NUMA placement, FI_*/NCCL_* settings. Exit 0 ok, 1 warnings, 2 failures.
+    /// Check this node before a run: RDMA devices and links, the backends' libraries (and with
+    /// --backend, what that one would use), GPU memory paths, PCIe, IOMMU, NUMA placement,
+    /// FI_*/NCCL_* settings. Exit 0 ok, 1 warnings, 2 failures.
     Doctor(DoctorArgs),
     /// One rank of N, started by srun, mpirun or torchrun-style env: all-to-all, incast, ...
     Run(RunArgs),
