@@ -8,6 +8,8 @@
 #   ci/compare-ref.sh --json           one JSON object instead of the table
 #   ci/compare-ref.sh --rows shm-write,tcp-send --sizes 64K --rounds 5
 #   ci/compare-ref.sh --quick          smoke test (CI): one size, one round, short runs, no VM
+#   ci/compare-ref.sh --rows verbs,fi-verbs,ucx-rc   the VM rows alone (no host build or tools;
+#                                      CI runs them so at 64K, --mode plain, VM_BYTES=16M)
 #   ci/compare-ref.sh --libfabric 2.6.0   against ci/libfabric.sh's 2.6.0 build and its fabtests
 #   ci/compare-ref.sh --ladder         rdma-bench loopback --ladder --rounds ROUNDS on shm and tcp:
 #                                      median per stage and its spread (no reference tool)
@@ -115,6 +117,9 @@ esac
 PLAIN_K=64
 IFS=, read -r -a ROWV <<< "$ROWS"
 IFS=, read -r -a SIZEV <<< "$SIZES"
+# Rows that run on this host (the others run in the VM, with tools and a build of their own).
+HOST_ROWS=0
+for row in "${ROWV[@]}"; do case $row in verbs|fi-verbs|ucx-rc) ;; *) HOST_ROWS=$((HOST_ROWS + 1)) ;; esac; done
 
 log() { echo "compare-ref: $*" >&2; }
 bytes_of() {  # 4K -> 4096
@@ -124,7 +129,9 @@ bytes_of() {  # 4K -> 4096
 
 # ---- the tools -------------------------------------------------------------------------
 source ci/setup.sh >/dev/null
-if [ -n "$LFV" ]; then
+if [ $HOST_ROWS = 0 ] && [ $LADDER = 0 ]; then
+  : # VM rows only: no host tools, no host build
+elif [ -n "$LFV" ]; then
   PREFIX=$(ci/libfabric.sh "$LFV")
   FT=$PREFIX/bin
   export LD_LIBRARY_PATH=$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -137,6 +144,8 @@ else
 fi
 if [ -n "${RDMA_BENCH:-}" ]; then
   RB=$RDMA_BENCH
+elif [ $HOST_ROWS = 0 ] && [ $LADDER = 0 ]; then
+  RB=
 else
   log "building rdma-bench (release)"
   "${BUILD_ENV[@]}" cargo build --release -q -p bench-cli --bin rdma-bench --target-dir "$TD" >&2
@@ -272,9 +281,11 @@ ref_name() {
 }
 if [ $JSON = 1 ]; then
   jq -n --arg host "$(uname -n)" --arg cpus "$(nproc)" --arg rounds "$ROUNDS" \
-    --arg bytes "$BYTES" --arg libfabric "${LFV:-system}" --rawfile tsv "$RESULTS" '
+    --arg bytes "$BYTES" --arg vm_bytes "$VM_BYTES" --arg libfabric "${LFV:-system}" \
+    --rawfile tsv "$RESULTS" '
     {host: $host, cpus: ($cpus | tonumber), rounds: ($rounds | tonumber),
-     bytes_per_run: ($bytes | tonumber), libfabric: $libfabric,
+     bytes_per_run: ($bytes | tonumber), vm_bytes_per_run: ($vm_bytes | tonumber),
+     libfabric: $libfabric,
      rows: [$tsv | split("\n")[] | select(length > 0) | split("\t") |
        {row: .[0], size: .[1], mode: .[2], ours_gbps: (.[3] | tonumber),
         ref_gbps: (.[4] | tonumber),

@@ -5,7 +5,9 @@
 # ../shared/libfabric and cached by ci/libfabric.sh), libfabric's fabtests, the efa
 # conformance suite and rdma-bench on the simulated EFA device (ci/efa-sim.sh, cached),
 # rdma-bench run under mpirun and srun, a short kill soak (ci/kill-soak.sh), then the verbs
-# tests inside a Soft-RoCE VM and rdma-bench run between two of them.
+# tests inside a Soft-RoCE VM, UCX over rc_verbs there, rdma-bench run between two of them,
+# and the three stacks on one Soft-RoCE link, each against its own tool (compare-ref's VM
+# rows, one size, one round: a smoke test, no figure to quote).
 #   ci/test.sh                              all of it
 #   SKIP_VM=1 ci/test.sh                    everything but the VMs
 #   LIBFABRIC_VERSIONS="2.6.0" ci/test.sh   another set of libfabric releases ("" for none)
@@ -222,9 +224,17 @@ tidy "$SIMT"
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)" ci/launchers-test.sh
 step "kill soak, short: 6 trials per mode and provider on libfabric $(pkg-config --modversion libfabric) (ci/kill-soak.sh)" \
   ci/kill-soak.sh --trials 6 --versions 1.17
+# Every VM row runs ours and its tool and reads a figure from both (UCX's summary showing
+# rc_verbs for the ucx-rc row, or that row reads 0): 16 MiB a run, TCG-bound, no figure to quote.
+vm_rows() {
+  VM_BYTES=$((16 << 20)) ci/compare-ref.sh --rows verbs,fi-verbs,ucx-rc --sizes 64K --rounds 1 \
+    --mode plain --json |
+    jq -e '.rows | length == 3 and all(.ours_gbps > 0 and .ref_gbps > 0 and .median_ratio > 0)' >/dev/null
+}
 for s in "verbs tests inside the Soft-RoCE VM|ci/verbs-vm-test.sh" \
          "UCX over rc_verbs inside the Soft-RoCE VM: conformance, doctor, rdma-bench (ci/ucx-vm-test.sh)|ci/ucx-vm-test.sh" \
-         "rdma-bench run over verbs between two Soft-RoCE VMs|ci/verbs-2vm-test.sh"; do
+         "rdma-bench run over verbs between two Soft-RoCE VMs|ci/verbs-2vm-test.sh" \
+         "three stacks on one Soft-RoCE link, each against its own tool: verbs and ib_write_bw, libfabric verbs;ofi_rxm and fi_rma_bw, UCX rc_verbs and ucx_perftest (ci/compare-ref.sh's VM rows, a smoke test)|vm_rows"; do
   if [ -n "${SKIP_VM:-}" ]; then
     not_run "${s%%|*}" "SKIP_VM is set" ci
   else
