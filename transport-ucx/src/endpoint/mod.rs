@@ -54,6 +54,12 @@ const SEND_TAG: u64 = 0x7263_6d61_5f73_6e64;
 /// 17 us through UCX's staged rendezvous against `tag_lat`'s 150 through cuda_ipc (run U12),
 /// not like for like. The send workload keeps up to 256.
 const STREAM_RECVS: usize = 4;
+/// The first UCX whose `ucp_tag_recv_nbx` writes `recv_info` when a receive completes inside
+/// the call (its message had arrived before it): commit df0798c, "UCP/TAG: Populate tag_info
+/// on immediate completion", in 1.16.0. Before it the length is left unwritten (Debian 12's
+/// 1.13.1 reported such a receive as 0 bytes), so there a receive asks to complete through
+/// its callback instead (`UCP_OP_ATTR_FLAG_NO_IMM_CMPL`), which carries the length.
+const RECV_INFO_SINCE: (u32, u32) = (1, 16);
 const DEFAULT_TX: usize = 1024;
 const DEFAULT_RX: usize = 1024;
 /// Immediates kept before `poll` hands them out; more only where the application does not
@@ -192,6 +198,9 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends, receives and puts name their region's memh and memory type (option `memh`).
     name_memory: bool,
+    /// The loaded UCX writes a receive's length when it completes inside its post call
+    /// ([`RECV_INFO_SINCE`]).
+    recv_info_at_once: bool,
     /// Polls in a row that may skip progress (option `progress_skip`; 0: every poll
     /// progresses the worker).
     skip_max: u32,
@@ -688,6 +697,53 @@ mod tests {
                 }
             }
             assert_eq!(received, Some(first_progress), "progress {opt:?}");
+        }
+    }
+
+    /// A receive posted after its message arrived (UCX matches the unexpected message at
+    /// once, inside the post call) reports the message's length and its own context: 1.13
+    /// left the length unwritten there, and this reported 0 bytes.
+    #[test]
+    fn a_receive_of_a_message_already_there_reports_its_length() {
+        let nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+        let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
+        };
+        let to_b = a.add_peer(&b.address()).expect("a's peer");
+        b.add_peer(&a.address()).expect("b's peer");
+        let ma = a
+            .register(Memory::Host(HostBuffer::new(64)))
+            .expect("a's region");
+        let mb = b
+            .register(Memory::Host(HostBuffer::new(64)))
+            .expect("b's region");
+        let mut out = vec![Completion::default(); 8];
+        for (len, ctx) in [(24usize, 7u64), (5, 11)] {
+            post(a.post_send(to_b, LocalSlice::new(&ma, 8, len).expect("slice"), ctx));
+            let n = a.poll(&mut out).expect("a's poll");
+            assert!(
+                matches!(out[..n], [Completion { ctx: c, kind: CompletionKind::Send }] if c == ctx),
+                "{:?}",
+                &out[..n]
+            );
+            // b's progress takes the message in, unexpected: no receive is posted.
+            for _ in 0..100 {
+                assert_eq!(b.poll(&mut out).expect("b's poll"), 0);
+            }
+            post(b.post_recv(LocalSlice::new(&mb, 0, 64).expect("slice"), ctx + 1));
+            assert_eq!(
+                b.shared.done.borrow().len(),
+                1,
+                "the receive was not finished inside its post"
+            );
+            let n = b.poll(&mut out).expect("b's poll");
+            assert!(
+                matches!(out[..n], [Completion { ctx: c, kind: CompletionKind::Recv { len: l, imm: None } }]
+                    if c == ctx + 1 && l == len),
+                "{:?}",
+                &out[..n]
+            );
         }
     }
 

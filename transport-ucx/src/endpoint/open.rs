@@ -15,6 +15,14 @@ impl Endpoint {
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
+    /// The loaded UCX's major and minor version.
+    fn loaded_version() -> (u32, u32) {
+        let (mut major, mut minor, mut release) = (0, 0, 0);
+        // SAFETY: three valid out pointers.
+        unsafe { sys::ucp_get_version(&mut major, &mut minor, &mut release) };
+        (major, minor)
+    }
+
     pub(super) fn open_ucx(nic: &NicDesc) -> Result<Self> {
         check_options(&crate::INFO, &nic.options)?;
         let peer_errors = match nic.options.get("peer_errors").map(String::as_str) {
@@ -149,6 +157,7 @@ impl Endpoint {
             },
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
+            recv_info_at_once: Self::loaded_version() >= RECV_INFO_SINCE,
             peer_errors,
             name_memory,
             skip_max,

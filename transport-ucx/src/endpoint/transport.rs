@@ -278,6 +278,7 @@ impl Transport for Endpoint {
         // UCP_OP_ATTR_FLAG_MULTI_SEND on both sides; tag_lat on neither): the flag is part of
         // UCX's protocol selection, the receive side of a rendezvous included.
         let stream = self.caps.rx_depth - self.free_rx.len() >= STREAM_RECVS;
+        let at_once = self.recv_info_at_once;
         let Some(s) = self.take_slot(true) else {
             return Ok(Post::QueueFull);
         };
@@ -286,6 +287,9 @@ impl Transport for Endpoint {
         let i = s.index;
         let mut p = Self::params(s);
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
+        if !at_once {
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        }
         if stream {
             p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
         }
