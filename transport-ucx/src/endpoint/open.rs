@@ -144,6 +144,7 @@ impl Endpoint {
             free_tx: (0..tx as u32).rev().collect(),
             free_rx: (tx as u32..(tx + rx) as u32).rev().collect(),
             spent: Vec::with_capacity(tx + rx),
+            instant: Vec::with_capacity(tx + rx),
             caps: Caps::default(),
             grave: Arc::new(Mutex::new(Vec::new())),
             tls: nic.provider.clone().unwrap_or_else(|| "all".into()),
