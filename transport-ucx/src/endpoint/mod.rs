@@ -569,26 +569,37 @@ mod tests {
         assert_eq!(r.expect("post"), Post::Posted);
     }
 
-    /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND): a
-    /// ping-pong's never (ucx_perftest's tag_lat sets it on neither side), a stream's yes
-    /// (tag_bw sets it on both). Over shared memory: two endpoints of this process.
-    #[test]
-    fn only_a_stream_asks_for_bandwidth_protocols() {
-        let nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+    /// Two endpoints of this process over shared memory (`peer_errors=off`, and `opts`), each
+    /// the other's peer: (a, b, a's peer b, b's peer a).
+    fn sm_pair(opts: &[(&str, &str)]) -> (Endpoint, Endpoint, PeerId, PeerId) {
+        let mut nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+        for (k, v) in opts {
+            nic = nic.with_option(*k, *v);
+        }
         let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
         };
         let to_b = a.add_peer(&b.address()).expect("a's peer");
-        b.add_peer(&a.address()).expect("b's peer");
+        let to_a = b.add_peer(&a.address()).expect("b's peer");
+        (a, b, to_b, to_a)
+    }
+
+    /// `len` bytes of host memory registered on `ep`.
+    fn host_region(ep: &mut Endpoint, len: usize) -> UcxMr {
+        ep.register(Memory::Host(HostBuffer::new(len)))
+            .expect("a host region")
+    }
+
+    /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND): a
+    /// ping-pong's never (ucx_perftest's tag_lat sets it on neither side), a stream's yes
+    /// (tag_bw sets it on both). Over shared memory: two endpoints of this process.
+    #[test]
+    fn only_a_stream_asks_for_bandwidth_protocols() {
+        let (mut a, mut b, to_b, _) = sm_pair(&[]);
         // Above sm's eager sizes: a send stays unfinished at UCX until b takes it.
         let len = 4 << 20;
-        let src = a
-            .register(Memory::Host(HostBuffer::new(len)))
-            .expect("a's region");
-        let dst = b
-            .register(Memory::Host(HostBuffer::new(8 * len)))
-            .expect("b's region");
+        let (src, dst) = (host_region(&mut a, len), host_region(&mut b, 8 * len));
         let at = |mr, i: usize| LocalSlice::new(mr, i * len, len).expect("slice");
         // The latency ping-pong posts its third receive beside two (bench-core's lat, AHEAD).
         post(b.post_recv(at(&dst, 0), 0));
@@ -636,9 +647,7 @@ mod tests {
                 nic = nic.with_option("memh", v);
             }
             let mut ep = Endpoint::open(&nic).unwrap_or_else(|e| panic!("UCX over sm: {e}"));
-            let mr = ep
-                .register(Memory::Host(HostBuffer::new(4096)))
-                .expect("a region");
+            let mr = host_region(&mut ep, 4096);
             let field = sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
             let s = &ep.shared.slots[0];
             for p in [
@@ -669,22 +678,9 @@ mod tests {
     #[test]
     fn poll_skips_progress_while_it_has_something_to_report() {
         for (opt, first_progress) in [(None, SKIP_DEFAULT), (Some("5"), 5), (Some("0"), 0)] {
-            let mut nic = NicDesc::provider("sm").with_option("peer_errors", "off");
-            if let Some(v) = opt {
-                nic = nic.with_option("progress_skip", v);
-            }
-            let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
-                (Ok(a), Ok(b)) => (a, b),
-                (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
-            };
-            let to_b = a.add_peer(&b.address()).expect("a's peer");
-            let to_a = b.add_peer(&a.address()).expect("b's peer");
-            let ma = a
-                .register(Memory::Host(HostBuffer::new(64)))
-                .expect("a's region");
-            let mb = b
-                .register(Memory::Host(HostBuffer::new(64)))
-                .expect("b's region");
+            let opts: Vec<(&str, &str)> = opt.map(|v| ("progress_skip", v)).into_iter().collect();
+            let (mut a, mut b, to_b, to_a) = sm_pair(&opts);
+            let (ma, mb) = (host_region(&mut a, 64), host_region(&mut b, 64));
             let at = |mr, off: usize| LocalSlice::new(mr, off, 8).expect("slice");
             post(a.post_recv(at(&ma, 0), 1));
             // Eager: in a's shared-memory FIFO once the post returns.
@@ -716,19 +712,8 @@ mod tests {
     /// (1.13 left the length unwritten, and this reported 0 bytes).
     #[test]
     fn operations_finished_inside_their_post_report_their_context_and_length() {
-        let nic = NicDesc::provider("sm").with_option("peer_errors", "off");
-        let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
-        };
-        let to_b = a.add_peer(&b.address()).expect("a's peer");
-        b.add_peer(&a.address()).expect("b's peer");
-        let ma = a
-            .register(Memory::Host(HostBuffer::new(64)))
-            .expect("a's region");
-        let mb = b
-            .register(Memory::Host(HostBuffer::new(64)))
-            .expect("b's region");
+        let (mut a, mut b, to_b, _) = sm_pair(&[]);
+        let (ma, mb) = (host_region(&mut a, 64), host_region(&mut b, 64));
         let mut out = vec![Completion::default(); 8];
         for (len, ctx) in [(24usize, 7u64), (5, 11)] {
             post(a.post_send(to_b, LocalSlice::new(&ma, 8, len).expect("slice"), ctx));
