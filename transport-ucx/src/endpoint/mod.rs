@@ -151,6 +151,25 @@ struct Slot {
     info: UnsafeCell<sys::ucp_tag_recv_info_t>,
 }
 
+impl Slot {
+    /// What the slot's send, receive, put or immediate reports once it finished with
+    /// `UCS_OK`.
+    #[inline]
+    fn finished(&self) -> CompletionKind {
+        match self.state.get() {
+            State::Send => CompletionKind::Send,
+            State::Recv => CompletionKind::Recv {
+                // SAFETY: written by UCX (inside the post call that returned done, where the
+                // loaded UCX does so: `recv_info_at_once`) or by on_recv, before the slot was
+                // queued; no progress runs while it is read.
+                len: unsafe { (*self.info.get()).length },
+                imm: None,
+            },
+            _ => CompletionKind::Write,
+        }
+    }
+}
+
 /// What UCX's callbacks write, all behind shared references (`Cell`, `RefCell`): the callbacks
 /// run inside `ucp_worker_progress`, called from `poll` and `Drop` while the endpoint holds no
 /// borrow of these.

@@ -441,22 +441,11 @@ impl Transport for Endpoint {
         let take = self.instant.len().min(out.len());
         for (k, o) in out[..take].iter_mut().enumerate() {
             let i = self.instant[k];
+            // A send, receive, put or immediate (flushes take the general path).
             let s = &self.shared.slots[i as usize];
-            let kind = match s.state.get() {
-                State::Send => CompletionKind::Send,
-                State::Recv => CompletionKind::Recv {
-                    // SAFETY: UCX wrote it inside the post call that returned done (a receive
-                    // finishes there only where the loaded UCX writes it: recv_info_at_once);
-                    // no progress runs while it is read.
-                    len: unsafe { (*s.info.get()).length },
-                    imm: None,
-                },
-                // A put, or an immediate (flushes take the general path).
-                _ => CompletionKind::Write,
-            };
             *o = Completion {
                 ctx: s.ctx.get(),
-                kind,
+                kind: s.finished(),
             };
             self.give_back(i);
         }
@@ -509,22 +498,9 @@ impl Transport for Endpoint {
                     };
                     Self::completion_error(op, ctx, st, what)
                 }
-                State::Send => Completion {
+                State::Send | State::Recv | State::Put | State::Notify => Completion {
                     ctx,
-                    kind: CompletionKind::Send,
-                },
-                State::Recv => {
-                    // SAFETY: written by UCX (or on_recv) before the slot was queued; no
-                    // progress runs while it is read.
-                    let len = unsafe { (*s.info.get()).length };
-                    Completion {
-                        ctx,
-                        kind: CompletionKind::Recv { len, imm: None },
-                    }
-                }
-                State::Put | State::Notify => Completion {
-                    ctx,
-                    kind: CompletionKind::Write,
+                    kind: s.finished(),
                 },
                 State::Free => continue,
             };
