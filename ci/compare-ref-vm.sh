@@ -1,13 +1,14 @@
 # Sourced by ci/compare-ref.sh: its VM rows, three stacks on one Soft-RoCE link (rxe0 on veth0
 # 10.99.0.1, rxe1 on veth1 10.99.0.2) in one boot of ci/vm, each against its own tool (what
 # each row runs: compare-ref.sh's header). Uses compare-ref.sh's ROWV, SIZEV, ROUNDS, VMODES,
-# PLAIN_K, VM_BYTES, RESULTS, ROOT, SKIP_VM, VM_REUSE and log, bytes_of, max; appends the rows
-# to RESULTS. Each round runs ours (each mode) and the row's tool once, taking turns going
-# first, so rounds pair up: the median of the rounds' ratios and the rounds ours led.
+# PLAIN_K, VM_BYTES, RESULTS, ROOT, SKIP_VM, VM_REUSE and log, bytes_of, max, vm_row;
+# appends the rows to RESULTS. Each round runs ours (each mode) and the row's tool once,
+# taking turns going first, so rounds pair up: the median of the rounds' ratios and the
+# rounds ours led.
 
 VD=$ROOT/ci/.vm/compare-ref
 VMROWS=()
-for row in "${ROWV[@]}"; do case $row in verbs|fi-verbs|ucx-rc) VMROWS+=("$row") ;; esac; done
+for row in "${ROWV[@]}"; do vm_row "$row" && VMROWS+=("$row"); done
 [ -z "${SKIP_VM:-}" ] || VMROWS=()
 vmrow() { [[ " ${VMROWS[*]} " == *" $1 "* ]]; }
 # ucx-rc runs plain only: ucx_perftest's puts carry no immediate.

@@ -77,7 +77,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 source ci/suspect.sh
 
-ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc
+ALL_ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc
+ROWS=$ALL_ROWS
 SIZES=4K,64K,1M
 ROUNDS=${ROUNDS:-3}
 MODE=both
@@ -101,7 +102,7 @@ while [ $# -gt 0 ]; do
 done
 if [ $QUICK = 1 ]; then
   ROUNDS=1; SIZES=64K; BYTES=$((16 << 20)); SKIP_VM=1; MODE=single
-  [ "$ROWS" = shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
+  [ "$ROWS" = "$ALL_ROWS" ] && ROWS=shm-write,tcp-write,shm-send,tcp-send
 fi
 VMODES=()
 case $MODE in both) MODES=(single paged); VMODES=(single plain paged) ;;
@@ -117,9 +118,12 @@ esac
 PLAIN_K=64
 IFS=, read -r -a ROWV <<< "$ROWS"
 IFS=, read -r -a SIZEV <<< "$SIZES"
-# Rows that run on this host (the others run in the VM, with tools and a build of their own).
-HOST_ROWS=0
-for row in "${ROWV[@]}"; do case $row in verbs|fi-verbs|ucx-rc) ;; *) HOST_ROWS=$((HOST_ROWS + 1)) ;; esac; done
+# The rows that run in the VM (ci/compare-ref-vm.sh), with tools and a build of their own;
+# the others run on this host.
+vm_row() { case $1 in verbs|fi-verbs|ucx-rc) return 0 ;; *) return 1 ;; esac; }
+# Host tools and a host build, unless only VM rows run.
+HOST=$LADDER
+for row in "${ROWV[@]}"; do vm_row "$row" || HOST=1; done
 
 log() { echo "compare-ref: $*" >&2; }
 bytes_of() {  # 4K -> 4096
@@ -129,7 +133,7 @@ bytes_of() {  # 4K -> 4096
 
 # ---- the tools -------------------------------------------------------------------------
 source ci/setup.sh >/dev/null
-if [ $HOST_ROWS = 0 ] && [ $LADDER = 0 ]; then
+if [ $HOST = 0 ]; then
   : # VM rows only: no host tools, no host build
 elif [ -n "$LFV" ]; then
   PREFIX=$(ci/libfabric.sh "$LFV")
@@ -144,7 +148,7 @@ else
 fi
 if [ -n "${RDMA_BENCH:-}" ]; then
   RB=$RDMA_BENCH
-elif [ $HOST_ROWS = 0 ] && [ $LADDER = 0 ]; then
+elif [ $HOST = 0 ]; then
   RB=
 else
   log "building rdma-bench (release)"
@@ -242,7 +246,7 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd median ahead
 : > "$RESULTS"
 for row in "${ROWV[@]}"; do
-  case $row in verbs|fi-verbs|ucx-rc) continue ;; esac
+  vm_row "$row" && continue
   for size in "${SIZEV[@]}"; do
     for mode in "${MODES[@]}"; do
       [ "$mode" = plain ] && [[ $row != *-write ]] && continue
