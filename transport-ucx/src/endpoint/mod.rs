@@ -24,10 +24,12 @@ mod handlers;
 mod open;
 pub(crate) use open::init_context;
 mod region;
+mod requests;
 mod transport;
 
 use region::{region_token, Context, Graveyard, HostRegion, Imported, Mapping, TAKEN};
 pub use region::{UcxKey, UcxMr};
+use requests::Requests;
 
 use handlers::*;
 
@@ -144,7 +146,11 @@ struct Slot {
     seq: Cell<u64>,
     /// An `AM_WRITE_IMM`'s header (valid until that send completes).
     hdr: Cell<[u8; INLINE_HDR]>,
-    /// The request UCX returned, freed when the slot's completion is handled.
+    /// The slot's request in `Shared::requests`, as UCX takes it (`UCP_OP_ATTR_FIELD_REQUEST`):
+    /// every operation that runs in the slot runs in it.
+    request: *mut c_void,
+    /// The request UCX returned for the operation in flight (`request`), null once its
+    /// completion is handled; `Drop` cancels a receive still holding one.
     req: Cell<*mut c_void>,
     status: Cell<sys::ucs_status_t>,
     /// For receives: where UCX writes the tag and length of an immediate completion.
@@ -175,6 +181,9 @@ impl Slot {
 /// borrow of these.
 struct Shared {
     slots: Box<[Slot]>,
+    /// The slots' requests (dropped with `Shared`, after `Endpoint::drop` destroyed the
+    /// worker).
+    _requests: Requests,
     /// Slots whose operation (or step of one) completed, in order.
     done: RefCell<VecDeque<u32>>,
     /// Immediates that arrived.
@@ -204,10 +213,6 @@ pub struct Endpoint {
     /// Free slots: `[0, tx)` for sends and writes, `[tx, tx + rx)` for receives.
     free_tx: Vec<u32>,
     free_rx: Vec<u32>,
-    /// Requests of operations `poll` reported, released at the start of the next `poll`
-    /// (before its progress), not between a completion and the caller's next post: a
-    /// ping-pong answers in between (capacity: one per slot, so no growth).
-    spent: Vec<*mut c_void>,
     /// Slots whose operation UCX finished inside its post call and that need no further step
     /// (a send, a receive, a put, an immediate; not a flush, which sends its immediate next):
     /// `poll` reports them first, without the general path through `Shared::done` (capacity:
@@ -300,6 +305,7 @@ impl Endpoint {
         let s = &self.shared.slots[i as usize];
         match sys::ptr_status(r) {
             Ok(Some(req)) => {
+                debug_assert_eq!(req, s.request, "UCX ran the operation in another request");
                 s.req.set(req);
                 if s.state.get() == State::Send {
                     // A send in progress at UCX: on_send uncounts it.
@@ -331,8 +337,11 @@ impl Endpoint {
     #[inline]
     fn params(s: &Slot) -> sys::ucp_request_param_t {
         let mut p = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_REQUEST,
             user_data: s as *const Slot as *mut c_void,
+            request: s.request,
             ..Default::default()
         };
         p.cb.send = Some(on_send);
@@ -440,16 +449,6 @@ impl Endpoint {
             > self.shared.done.borrow().len() + self.instant.len()
     }
 
-    /// Release the requests `poll` reported last time (see `spent`).
-    #[inline]
-    fn release_spent(&mut self) {
-        for req in self.spent.drain(..) {
-            // SAFETY: each is a request of this worker whose callback ran (its completion was
-            // reported), taken out of its slot when reported, and released once, here.
-            unsafe { sys::ucp_request_free(req) };
-        }
-    }
-
     /// Progress until `req` is done or `limit` passes; frees it.
     fn wait_request(&mut self, req: *mut c_void, limit: Duration) {
         let start = Instant::now();
@@ -532,15 +531,8 @@ impl Drop for Endpoint {
             // SAFETY: the worker is live.
             unsafe { sys::ucp_worker_progress(self.worker) };
         }
-        self.release_spent();
-        for s in self.shared.slots.iter() {
-            let req = s.req.replace(ptr::null_mut());
-            if !req.is_null() {
-                // SAFETY: released once; UCX frees an unfinished one when it ends (and the
-                // worker's destruction ends it).
-                unsafe { sys::ucp_request_free(req) };
-            }
-        }
+        // The slots' requests are the endpoint's memory (`Shared::requests`), never UCX's to
+        // free: an operation still in one ends with the worker below, before that memory goes.
         // No flush of operations still queued in UCX: a flush waits for the peer to progress
         // (a peer in the same thread, both ends of a loopback, does not while this one drops),
         // and UCX 1.13 aborts ("Fatal: unexpected error: Endpoint timeout", ucp_request.inl)

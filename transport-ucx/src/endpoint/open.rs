@@ -86,13 +86,16 @@ impl Endpoint {
         unsafe { sys::ucp_config_release(config) };
         let ctx = ctx?;
         let mut attr = sys::ucp_context_attr_t {
-            field_mask: u64::from(sys::UCP_ATTR_FIELD_MEMORY_TYPES),
+            field_mask: u64::from(
+                sys::UCP_ATTR_FIELD_MEMORY_TYPES | sys::UCP_ATTR_FIELD_REQUEST_SIZE,
+            ),
             ..Default::default()
         };
         // SAFETY: ctx is live; attr is a valid in/out struct.
         let st = unsafe { sys::ucp_context_query(ctx, &mut attr) };
         let cuda = st == sys::UCS_OK && attr.memory_types & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0;
         let ctx = Arc::new(Context { ctx, cuda });
+        check("ucp_context_query", st, "")?;
 
         let wparams = sys::ucp_worker_params_t {
             field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
@@ -106,10 +109,12 @@ impl Endpoint {
 
         let tx = nic.tx_depth.unwrap_or(DEFAULT_TX).clamp(1, 1 << 16);
         let rx = nic.rx_depth.unwrap_or(DEFAULT_RX).clamp(1, 1 << 16);
+        let requests = Requests::new(tx + rx, attr.request_size)?;
         let slots: Box<[Slot]> = (0..tx + rx)
             .map(|i| Slot {
                 shared: Cell::new(ptr::null()),
                 index: i as u32,
+                request: requests.handle(i),
                 state: Cell::new(State::Free),
                 ctx: Cell::new(0),
                 peer: Cell::new(0),
@@ -123,6 +128,7 @@ impl Endpoint {
             .collect();
         let shared = Box::new(Shared {
             slots,
+            _requests: requests,
             done: RefCell::new(VecDeque::with_capacity(tx + rx)),
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
             host_regions: RefCell::new(Vec::new()),
@@ -143,7 +149,6 @@ impl Endpoint {
             shared,
             free_tx: (0..tx as u32).rev().collect(),
             free_rx: (tx as u32..(tx + rx) as u32).rev().collect(),
-            spent: Vec::with_capacity(tx + rx),
             instant: Vec::with_capacity(tx + rx),
             caps: Caps::default(),
             grave: Arc::new(Mutex::new(Vec::new())),

@@ -423,9 +423,6 @@ impl Transport for Endpoint {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        if !self.spent.is_empty() {
-            self.release_spent();
-        }
         if self.progress_due() {
             let worker = self.worker;
             burst(
@@ -468,11 +465,8 @@ impl Transport for Endpoint {
                 break;
             };
             let s = &self.shared.slots[i as usize];
-            let req = s.req.replace(ptr::null_mut());
-            if !req.is_null() {
-                // Its callback ran (that queued the slot): released by the next poll.
-                self.spent.push(req);
-            }
+            // Its callback ran (that queued the slot): UCX is done with the slot's request.
+            s.req.set(ptr::null_mut());
             let (st, ctx, state) = (s.status.get(), s.ctx.get(), s.state.get());
             if state == State::Flush && st == sys::UCS_OK {
                 // Every put posted before this flush is at the target.
