@@ -21,7 +21,7 @@ pub(super) unsafe extern "C" fn on_send(
         let n = &shared.sends_unfinished;
         n.set(n.get().saturating_sub(1));
     }
-    shared.done.borrow_mut().push_back(s.index);
+    shared.done.push(s.index);
 }
 
 /// A receive finished: its length is in `info`.
@@ -41,7 +41,7 @@ pub(super) unsafe extern "C" fn on_recv(
     }
     // SAFETY: as in on_send.
     let shared = unsafe { &*s.shared.get() };
-    shared.done.borrow_mut().push_back(s.index);
+    shared.done.push(s.index);
 }
 
 /// An immediate arrived: its 4-byte header is the value. Runs after the flush that made the

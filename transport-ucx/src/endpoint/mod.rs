@@ -20,6 +20,7 @@ use ucx_sys as sys;
 
 use crate::frame::{self, Kind};
 
+mod done;
 mod handlers;
 mod open;
 pub(crate) use open::init_context;
@@ -27,6 +28,7 @@ mod region;
 mod requests;
 mod transport;
 
+use done::Done;
 use region::{region_token, Context, Graveyard, HostRegion, Imported, Mapping, TAKEN};
 pub use region::{UcxKey, UcxMr};
 use requests::Requests;
@@ -185,7 +187,7 @@ struct Shared {
     /// worker).
     _requests: Requests,
     /// Slots whose operation (or step of one) completed, in order.
-    done: RefCell<VecDeque<u32>>,
+    done: Done,
     /// Immediates that arrived.
     imms: RefCell<VecDeque<u32>>,
     /// Host regions this endpoint registered (start, length): where an `AM_WRITE_IMM` may
@@ -317,7 +319,7 @@ impl Endpoint {
             Ok(None) => {
                 s.status.set(sys::UCS_OK);
                 if s.state.get() == State::Flush {
-                    self.shared.done.borrow_mut().push_back(i);
+                    self.shared.done.push(i);
                 } else {
                     self.instant.push(i);
                 }
@@ -429,7 +431,7 @@ impl Endpoint {
     #[inline]
     fn progress_due(&mut self) -> bool {
         let queued = !self.instant.is_empty()
-            || !self.shared.done.borrow().is_empty()
+            || !self.shared.done.is_empty()
             || !self.shared.imms.borrow().is_empty();
         if queued && self.skipped < self.skip_max {
             self.skipped += 1;
@@ -445,8 +447,7 @@ impl Endpoint {
     /// are queued too).
     #[inline]
     fn tx_unfinished(&self) -> bool {
-        self.caps.tx_depth - self.free_tx.len()
-            > self.shared.done.borrow().len() + self.instant.len()
+        self.caps.tx_depth - self.free_tx.len() > self.shared.done.len() + self.instant.len()
     }
 
     /// Progress until `req` is done or `limit` passes; frees it.
@@ -747,7 +748,7 @@ mod tests {
             let finished = if b.recv_info_at_once {
                 b.instant.len()
             } else {
-                b.shared.done.borrow().len()
+                b.shared.done.len()
             };
             assert_eq!(finished, 1, "the receive was not finished inside its post");
             let n = b.poll(&mut out).expect("b's poll");

@@ -129,7 +129,7 @@ impl Endpoint {
         let shared = Box::new(Shared {
             slots,
             _requests: requests,
-            done: RefCell::new(VecDeque::with_capacity(tx + rx)),
+            done: Done::new(tx + rx),
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
             host_regions: RefCell::new(Vec::new()),
             sends_unfinished: Cell::new(0),

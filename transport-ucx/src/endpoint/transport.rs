@@ -461,7 +461,7 @@ impl Transport for Endpoint {
             n += 1;
         }
         while n < out.len() {
-            let Some(i) = self.shared.done.borrow_mut().pop_front() else {
+            let Some(i) = self.shared.done.pop() else {
                 break;
             };
             let s = &self.shared.slots[i as usize];
