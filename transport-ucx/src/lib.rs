@@ -34,9 +34,12 @@
 //!   queued at once), and at least every 33rd poll (option `progress_skip`); again, up to 8
 //!   calls, while the last call did something and a send, put or flush is still unfinished
 //!   at UCX (option `progress_burst`). Every
-//!   operation takes a slot of a fixed table made at open (the request slab): UCX's callbacks
-//!   write the status into the slot and queue its index; nothing is allocated and no lock is
-//!   taken on the post/poll path (UCX takes its requests from its own pools).
+//!   operation takes a slot of a fixed table made at open (the request slab) and runs in
+//!   that slot's own UCX request (`UCP_OP_ATTR_FIELD_REQUEST`, memory made at open too): UCX's
+//!   callbacks write the status into the slot and queue its index in a ring; nothing is
+//!   allocated or locked on the post/poll path. (The put of a WRITE with immediate, which
+//!   the slot's flush then covers, takes its request from UCX's pool and releases it at
+//!   once.)
 //!
 //! Which transports UCX uses is `NicDesc::provider` (written to the context's `TLS`, as
 //! `UCX_TLS` would be: `sm`, `tcp`, `posix,cma,self`, `rc_verbs`), which NIC

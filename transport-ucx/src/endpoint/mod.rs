@@ -336,6 +336,10 @@ impl Endpoint {
         Err(provider_error(call, st, "the peer may be gone"))
     }
 
+    /// The parameters of an operation in slot `s`: its callback, with the slot as user data,
+    /// run in the slot's own request. Both live as long as the endpoint's `Shared`, which
+    /// outlives the worker, so every post's "the slot outlives the operation" covers the
+    /// request UCX writes into too.
     #[inline]
     fn params(s: &Slot) -> sys::ucp_request_param_t {
         let mut p = sys::ucp_request_param_t {
