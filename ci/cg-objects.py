@@ -15,6 +15,20 @@ the larger's cost minus the smaller's (set-up, warm-up and tear-down cancel):
                                            Ir plus neutral calls) grew most, "IR NAME" a line
   cg-objects.py --calls REGEX SMALL.out LARGE.out   how many more calls the functions whose
                                            name matches REGEX got
+  cg-objects.py --fit TURN MSG FIT SMALL.out LARGE.out [N]   a function's own Ir per
+                                           message (b) and per turn (a) of a polling loop,
+                                           from two profiles whose counts of idle turns differ
+                                           (under valgrind they do, from run to run): turns
+                                           are the calls of the functions matching the regex
+                                           TURN, messages those matching MSG. The functions
+                                           matching FIT (those a turn runs: the loop, its poll
+                                           and progress) are fitted as a x turns + b x
+                                           messages; any other is the plain difference per
+                                           message, a 0 (a fit would turn the small run-to-run
+                                           differences of set-up and timer calls into large
+                                           opposite a and b). Prints the N (default 12) largest
+                                           "b a NAME", then "b a total" and "- - turns/message"
+                                           of each profile
 """
 import re
 import sys
@@ -144,8 +158,45 @@ def calls_main(args):
     return
 
 
+def fit_main(args):
+    turn, msg, fit = (re.compile(a) for a in args[1:4])
+    top = int(args[6]) if len(args) > 6 else 12
+    own_by_fn, turns, msgs = [], [], []
+    for p in args[4:6]:
+        own, calls, nc = defaultdict(int), defaultdict(int), defaultdict(int)
+        parse(p, own, calls, nc)
+        by_fn = defaultdict(int)
+        for (_ob, fn), v in own.items():
+            by_fn[fn] += v
+        own_by_fn.append(by_fn)
+        turns.append(sum(v for k, v in nc.items() if k and turn.search(k)))
+        msgs.append(sum(v for k, v in nc.items() if k and msg.search(k)))
+    (t0, t1), (m0, m1) = turns, msgs
+    if m1 <= m0:
+        sys.exit(f"cg-objects: the second profile has no more messages ({m0}, {m1})")
+    det = t0 * m1 - t1 * m0
+    # Turns in proportion to messages (within 1%): idle cannot be told from work; the plain
+    # difference per message is all there is.
+    proportional = abs(det) <= 0.01 * max(t1 * m0, 1)
+    a0, a1 = own_by_fn
+
+    def fitted(f, s0, s1):
+        if proportional or not fit.search(f):
+            return (s1 - s0) / (m1 - m0), 0.0
+        return (t0 * s1 - t1 * s0) / det, (s0 * m1 - s1 * m0) / det
+
+    rows = [(*fitted(f, a0.get(f, 0), a1.get(f, 0)), f) for f in set(a0) | set(a1)]
+    rows.sort(key=lambda r: -abs(r[0]))
+    for b, a, f in rows[:top]:
+        print(f"{b:.1f} {a:.1f} {f}")
+    print(f"{sum(r[0] for r in rows):.1f} {sum(r[1] for r in rows):.1f} total")
+    print(f"- - turns/message {t0 / m0:.3f} {t1 / m1:.3f}" + (" (proportional)" if proportional else ""))
+
+
 def main():
     args = sys.argv[1:]
+    if args and args[0] == "--fit" and len(args) in (6, 7):
+        return fit_main(args)
     top = None
     if args and args[0] == "--top":
         top, want, args = int(args[1]), args[2], args[3:]
