@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Split a callgrind profile's instructions by object file, for ci/cpu-cost.sh.
+"""Split a callgrind profile's instructions by object file (ci/cpu-cost.sh), or fit them per
+loop turn and per message (--fit, transport-ucx/callgrind.sh).
 
 Each function's own instructions (Ir) go to its object file's group; a call into a
 "neutral" object (libc, the dynamic loader, libgcc, the vDSO) is charged, inclusive, to the
