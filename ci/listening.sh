@@ -10,3 +10,16 @@ listening() {
     awk -v p="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == p {f = 1}
       END {exit !f}'
 }
+
+# wait_listening PORT SECONDS: until a TCP socket listens on PORT, probing every tenth of a
+# second, at most SECONDS; fails if none does. On the host (transport-ucx/shims-test.sh,
+# transport-ucx/callgrind.sh); the VM's run.sh keeps whole-second sleeps (ci/compare-ref-vm.sh).
+wait_listening() {
+  _w=0
+  while [ "$_w" -lt $(($2 * 10)) ]; do
+    listening "$1" && return 0
+    sleep 0.1
+    _w=$((_w + 1))
+  done
+  listening "$1"
+}

@@ -73,8 +73,7 @@ run() {
   env "${env[@]}" timeout 600 "${vs[@]}" "${srv[@]}" > "$out.srv" 2>&1 &
   sp=$!
   # valgrind starts slowly: up to 60 s for the server to listen.
-  for _ in $(seq 600); do listening $PORT && break; sleep 0.1; done
-  listening $PORT || { echo "callgrind: $who's server does not listen on $PORT" >&2
+  wait_listening $PORT 60 || { echo "callgrind: $who's server does not listen on $PORT" >&2
     kill $sp 2>/dev/null; return 1; }
   env "${env[@]}" timeout 600 "${vc[@]}" "${cli[@]}" > "$out.cli" 2>&1 ||
     rc=$?

@@ -18,18 +18,13 @@ ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/written.so" perftest-written.
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/time.so" ucp-time.c -ldl
 B=1088 port=$((22000 + RANDOM % 20000)) bad=0
 source ../ci/listening.sh
-wait_listening() { # PORT: within 10 s
-  local i
-  for i in $(seq 100); do listening "$1" && return 0; sleep 0.1; done
-  return 1
-}
 run() { # SERVER-OFFSET CLIENT-OFFSET -> perftest's logs in $out/srv, $out/cli; the client's status
   local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so")
   port=$((port + 1))
   env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
     > "$out/srv" 2>&1 &
   local s=$! rc=0
-  wait_listening $port || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
+  wait_listening $port 10 || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
   env "${env[@]}" PERFTEST_BUF_OFFSET="$2" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
     127.0.0.1 > "$out/cli" 2>&1 || rc=$?
   # A client stopped by a bad offset leaves the server without a peer: it is not waited for.
