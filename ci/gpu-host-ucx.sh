@@ -49,8 +49,9 @@
 #          both tools' medians, and ours' minimum and maximum, in the log);
 #   best of ROUNDS interleaved rounds, ours / theirs, then the median of the rounds' own
 #   ratios (a round where one tool ran twice as fast as in its others, which both tools have
-#   had on the GPU host and on the dev box, moves a best of rounds but not the median). Both
-#   sides of every run: the same
+#   had on the GPU host and on the dev box, moves a best of rounds but not the median), and
+#   the median's 95% confidence interval (ci/suspect.sh's interval: "level" where it holds
+#   1.0, so these rounds do not tell the tools apart). Both sides of every run: the same
 #   UCX_TLS (UCX_STEP_TLS, default sm,cuda_copy,cuda_ipc,self: UCX_TLS=sm alone leaves
 #   CUDA memory no transport), no peer error handling (perftest's default, without -e:
 #   --nic-opt peer_errors=off), ucx_perftest -m cuda for the GPU table and heap buffers
@@ -323,8 +324,8 @@ run() {
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
-    printf '%-4s %5s %10s %10s %7s %7s %10s  %s\n' row size ours theirs ratio median "ours ahead" \
-      "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios)"
+    printf '%-4s %5s %10s %10s %7s %7s %10s  %-19s %s\n' row size ours theirs ratio median "ours ahead" \
+      "median's 95% CI" "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios; CI: ci/suspect.sh's interval)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
       ab=; [ -n "${UCX_AB:-}" ] && ab=1
@@ -360,8 +361,9 @@ run() {
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
         ratio=$(ratio "$bo" "$bt")
-        printf '%-4s %5s %10.2f %10.2f %7s %7s %10s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
-          "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" "$fail" "$(suspect "$row" "$ratio")"
+        printf '%-4s %5s %10.2f %10.2f %7s %7s %10s  %-19s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
+          "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" "$(interval "$row" "${rr[@]}")" \
+          "$fail" "$(suspect "$row" "$ratio")"
         [ -n "$aa" ] && printf '   aa: theirs/theirs %s, ours/ours %s' "$(spread "${taa[@]}")" "$(spread "${raa[@]}")"
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s; medians: ours / theirs -z %s, ours memh=off / theirs %s' \
           "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \

@@ -26,6 +26,29 @@ median() {
       else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 
+# interval ROW RATIO...: the rounds' ratios' median's 95% confidence interval, "LOW-HIGH", then
+# what it tells: "ahead" (ours better in the whole interval: a rate above 1, a latency below
+# 1), "behind" (worse in the whole interval) or "level" (the interval holds 1: these rounds do
+# not tell the tools apart). Distribution-free: the interval runs from the k-th lowest ratio
+# to the k-th highest, k the largest with at least 95% coverage under the binomial (each
+# round's ratio as likely above the true median as below); "-" below 6 rounds, where none
+# has. On the GPU host each tool against itself reads 0.7-2.0 a round (U57), so a median of
+# 7-9 rounds alone does not say which tool is ahead.
+interval() {
+  local lat=0; [[ $1 == *lat* ]] && lat=1; shift
+  printf '%s\n' "$@" | awk '$1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0' | sort -g |
+    awk -v lat=$lat '{v[NR] = $1} END {
+      n = NR; k = 0; c = 1; cdf = 0
+      for (j = 0; j < n; j++) {  # cdf: P(X <= j), X ~ Binomial(n, 1/2); c: n choose j
+        cdf += c / 2 ^ n; c = c * (n - j) / (j + 1)
+        if (1 - 2 * cdf >= 0.95) k = j + 1; else break
+      }
+      if (k == 0) {print "-"; exit}
+      lo = v[k]; hi = v[n - k + 1]
+      w = (lo > 1) ? (lat ? "behind" : "ahead") : (hi < 1) ? (lat ? "ahead" : "behind") : "level"
+      printf "%.2f-%.2f %s\n", lo, hi, w }'
+}
+
 # round_ratios OURS THEIRS: each round's ours / theirs, one per line; OURS and THEIRS are the
 # rounds' figures in order, separated by spaces, newlines or "/" (a failed round reads "-").
 round_ratios() {
@@ -89,6 +112,13 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     { echo "round_trips: $got, want 20000/4096/2000/50" >&2; bad=1; }
   got="$(median 1.2 0.9 - 1.0)/$(median 4 1 3 2)/$(median - 0)/$(median 10 9.5)"
   [ "$got" = "1.00/2.50/-/9.75" ] || { echo "median: $got, want 1.00/2.50/-/9.75" >&2; bad=1; }
+  got="$(interval tag 9 1 8 2 7 3 6 4 5)/$(interval tag 1.1 1.2 1.3 1.4 1.5)/$(interval lat 1.1 1.2 1.3 1.4 1.5 1.6)"
+  got+="/$(interval tag 0.9 0.95 0.99 0.98 0.97 0.96 - 0.94)/$(interval put $(seq 1 24 | sed 's/$/.5/'))"
+  [ "$got" = "2.00-8.00 ahead/-/1.10-1.60 behind/0.90-0.99 behind/7.50-18.50 ahead" ] ||
+    { echo "interval: $got, want 2.00-8.00 ahead/-/1.10-1.60 behind/0.90-0.99 behind/7.50-18.50 ahead" >&2; bad=1; }
+  got="$(interval tag 0.92 0.96 0.98 1.05 1.21 0.96 1.16 0.93 0.92)/$(interval lat 0.5 0.6 0.7 0.8 0.9 0.95)"
+  [ "$got" = "0.92-1.16 level/0.50-0.95 ahead" ] ||
+    { echo "interval: $got, want 0.92-1.16 level/0.50-0.95 ahead" >&2; bad=1; }
   got=$(round_ratios "3 1/2" "2 2 0" | paste -sd,)
   [ "$got" = "1.50,0.50,-" ] || { echo "round_ratios: $got, want 1.50,0.50,-" >&2; bad=1; }
   got="$(one_figure 0 printf '3.5\n4\n')/$(one_figure "0 -" true)"
@@ -103,6 +133,6 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     { echo "fabtests_gbps/ucx_perftest_gbps: $got, want 20.000/8.389/0.000" >&2; bad=1; }
   got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
   [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, round_ratios, one_figure and above in 5, the two parsers in 3"
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, round_ratios, one_figure and above in 5, the two parsers in 3"
   exit $bad
 fi

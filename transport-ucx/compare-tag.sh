@@ -29,7 +29,8 @@
 # Gbit/s for tag (ours / theirs: higher is better), microseconds for lat (lower is better);
 # each figure the best of ROUNDS (default 3) rounds, the tools interleaved (odd rounds ours
 # first, even rounds theirs first), then the median of the rounds' own ratios (of the means
-# for lat) and the rounds where ours was ahead. tcp runs with UCX_NET_DEVICES=lo and --devices lo.
+# for lat), the rounds where ours was ahead and the median's 95% confidence interval
+# (ci/suspect.sh's interval: "level" where it holds 1.0). tcp runs with UCX_NET_DEVICES=lo and --devices lo.
 # UCX_LIB=DIR runs both against the UCX in DIR (LD_LIBRARY_PATH; e.g. the libucx-cu12 wheel's
 # libucx/lib, whose 1.22 is what the GPU host runs), with UCX_PERFTEST its ucx_perftest.
 # ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
@@ -113,8 +114,8 @@ best() { # ROW: best of the first column (and of the second) of stdin
     END { if (n == 0) print "0 -"; else printf "%s %s\n", a, (m == "" ? "-" : m) }'
 }
 echo "buffers: both tools' $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (ours; perftest's where UCX puts them)"); ucx_perftest's heap, $PERFTEST_BUF; load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-4s %-4s %8s %10s %10s %7s %7s %10s   %s\n' tls row size ours theirs ratio median \
-  "ours ahead" "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
+printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s %s\n' tls row size ours theirs ratio median \
+  "ours ahead" "median's 95% CI" "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
 for tls in "${TLS_LIST[@]}"; do
   for row in "${ROWS[@]}"; do
     for size in "${SIZES[@]}"; do
@@ -135,8 +136,9 @@ for tls in "${TLS_LIST[@]}"; do
       extra=
       [ "$row" = lat ] && extra="   median $om/$tm"
       mapfile -t rr < <(round_ratios "$(cut -d' ' -f1 "$OUT/o")" "$(cut -d' ' -f1 "$OUT/t")")
-      printf '%-4s %-4s %8s %10s %10s %7s %7s %10s%s   rounds: ours %s theirs %s%s\n' "$tls" \
-        "$row" "$size" "$o" "$t" "$ratio" "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" \
+      printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s%s   rounds: ours %s theirs %s%s\n' \
+        "$tls" "$row" "$size" "$o" "$t" "$ratio" "$(median "${rr[@]}")" \
+        "$(above "$row" "${rr[@]}")" "$(interval "$row" "${rr[@]}")" \
         "$extra" "$(cut -d' ' -f1 "$OUT/o" | paste -sd/)" \
         "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)" "$(suspect "$row" "$ratio")"
     done

@@ -28,8 +28,9 @@
 # so with -z (PERFTEST_OPTS=-z: both perftest columns), and without it UCX registers the
 # buffer per put where the put is zero-copy (UCX 1.22's cma).
 # Each figure is the best of ROUNDS runs (default 3), the tools interleaved (odd rounds ours
-# first, even rounds perftest first); beside it the median of the rounds' own ratios and the
-# rounds where ours was ahead, then every round's figures.
+# first, even rounds perftest first); beside it the median of the rounds' own ratios, the
+# rounds where ours was ahead and the median's 95% confidence interval (ci/suspect.sh's
+# interval: "level" where it holds 1.0), then every round's figures.
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
 # whose libraries LD_LIBRARY_PATH picks for both).
 set -euo pipefail
@@ -82,8 +83,8 @@ ours() { # TLS SIZE N
   wait "$srv" || true
 }
 echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-4s %8s %12s %14s %14s %8s %8s %10s\n' tls size "ours Gbit/s" "perftest" "perftest-heap" \
-  ratio median "ours ahead"
+printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
+  "perftest-heap" ratio median "ours ahead" "median's 95% CI"
 for tls in "${TLS_LIST[@]}"; do
   for sn in "${SIZES[@]}"; do
     size=${sn%%:*} n=${sn##*:}
@@ -104,8 +105,9 @@ for tls in "${TLS_LIST[@]}"; do
     # The median of the rounds' own ratios, and in how many rounds ours was ahead: what a
     # claim of "at least 1.0" rests on (a best of rounds moves with one fast round).
     mapfile -t rr < <(round_ratios "${os[*]}" "${refs[*]}")
-    printf '%-4s %8s %12s %14s %14s %8s %8s %10s%s   rounds: ours %s theirs %s\n' "$tls" "$size" \
-      "$o" "$p" "$h" "$r" "$(median "${rr[@]}")" "$(above put "${rr[@]}")" "$(suspect put "$r")" \
-      "$(IFS=/; echo "${os[*]}")" "$(IFS=/; echo "${refs[*]}")"
+    printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %-18s%s   rounds: ours %s theirs %s\n' "$tls" \
+      "$size" "$o" "$p" "$h" "$r" "$(median "${rr[@]}")" "$(above put "${rr[@]}")" \
+      "$(interval put "${rr[@]}")" "$(suspect put "$r")" "$(IFS=/; echo "${os[*]}")" \
+      "$(IFS=/; echo "${refs[*]}")"
   done
 done
