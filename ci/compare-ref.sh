@@ -2,7 +2,8 @@
 # rdma-bench next to the provider's own tools, on the same fabric of this machine: each row
 # runs rdma-bench and the reference tool alternately, ROUNDS times, and keeps the best
 # Gbit/s of each; the table shows ours, theirs and ours / theirs, then the median of the
-# rounds' own ratios and in how many rounds ours led.
+# rounds' own ratios, in how many rounds ours led, and the median's 95% confidence interval
+# (ci/suspect.sh's interval, from 6 rounds: "level" where it holds 1.0).
 #
 #   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 3 rounds, VM rows included
 #   ci/compare-ref.sh --json           one JSON object instead of the table
@@ -243,7 +244,7 @@ theirs() {
 
 max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 
-RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd median ahead
+RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd median ahead interval
 : > "$RESULTS"
 for row in "${ROWV[@]}"; do
   vm_row "$row" && continue
@@ -263,8 +264,9 @@ for row in "${ROWV[@]}"; do
         log "$row $size $mode round $r: ours $o, theirs $t Gbit/s"
         best_o=$(max "$best_o" "$o"); best_t=$(max "$best_t" "$t"); rr+=("$(ratio "$o" "$t")")
       done
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" "$best_t" "$co" \
-        "$ct" "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" >> "$RESULTS"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" "$best_t" \
+        "$co" "$ct" "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" \
+        "$(interval "$row" "${rr[@]}")" >> "$RESULTS"
     done
   done
 done
@@ -295,14 +297,16 @@ if [ $JSON = 1 ]; then
         ref_gbps: (.[4] | tonumber),
         ratio: (if (.[4] | tonumber) > 0 then ((.[3] | tonumber) / (.[4] | tonumber)) else null end),
         median_ratio: (if .[7] == "-" then null else (.[7] | tonumber) end), ours_ahead: .[8],
+        median_interval: (if .[9] == "-" then null else .[9] end),
         ours_cmd: .[5], ref_cmd: .[6]}]}'
 else
-  printf '%-13s %5s %-7s %9s %9s %7s %7s %10s  %s\n' row size mode "ours" "ref" "ratio" median \
-    "ours ahead" "reference (Gbit/s, best of $ROUNDS; median: of the rounds' ratios)"
-  while IFS=$'\t' read -r row size mode o t co ct med ahead; do
+  printf '%-13s %5s %-7s %9s %9s %7s %7s %10s  %-18s %s\n' row size mode "ours" "ref" "ratio" \
+    median "ours ahead" "median's 95% CI" \
+    "reference (Gbit/s, best of $ROUNDS; median: of the rounds' ratios)"
+  while IFS=$'\t' read -r row size mode o t co ct med ahead ci; do
     ratio=$(ratio "$o" "$t")
-    printf '%-13s %5s %-7s %9.2f %9.2f %7s %7s %10s  %s%s\n' "$row" "$size" "$mode" "$o" "$t" \
-      "$ratio" "$med" "$ahead" "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
+    printf '%-13s %5s %-7s %9.2f %9.2f %7s %7s %10s  %-18s %s%s\n' "$row" "$size" "$mode" "$o" \
+      "$t" "$ratio" "$med" "$ahead" "$ci" "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
   done < "$RESULTS"
   if [ $SHOW = 1 ]; then
     echo; echo "commands (last round of each row):"
