@@ -30,7 +30,8 @@
 # each figure the best of ROUNDS (default 3) rounds, the tools interleaved (odd rounds ours
 # first, even rounds theirs first), then the median of the rounds' own ratios (of the means
 # for lat), the rounds where ours was ahead and the median's 95% confidence interval
-# (ci/suspect.sh's interval: "level" where it holds 1.0). tcp runs with UCX_NET_DEVICES=lo and --devices lo.
+# (ci/suspect.sh's interval: "level" where it holds 1.0). tcp runs with UCX_NET_DEVICES=lo
+# and --devices lo.
 # UCX_LIB=DIR runs both against the UCX in DIR (LD_LIBRARY_PATH; e.g. the libucx-cu12 wheel's
 # libucx/lib, whose 1.22 is what the GPU host runs), with UCX_PERFTEST its ucx_perftest.
 # ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
