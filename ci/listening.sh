@@ -13,7 +13,8 @@ listening() {
 
 # wait_listening PORT SECONDS: until a TCP socket listens on PORT, probing every tenth of a
 # second, at most SECONDS; fails if none does. On the host (transport-ucx/shims-test.sh,
-# transport-ucx/callgrind.sh); the VM's run.sh keeps whole-second sleeps (ci/compare-ref-vm.sh).
+# transport-ucx/callgrind.sh) and in the VM (ci/compare-ref-vm.sh's run.sh: Debian 12's
+# busybox sleeps fractions of a second).
 wait_listening() {
   _w=0
   while [ "$_w" -lt $(($2 * 10)) ]; do
