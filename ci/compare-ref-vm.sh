@@ -195,9 +195,7 @@ for row in "${VMROWS[@]}"; do
       for v in "${os[@]}"; do best_o=$(max "$best_o" "$v"); done
       for v in "${ts[@]}"; do best_t=$(max "$best_t" "$v"); done
       mapfile -t rr < <(round_ratios "${os[*]}" "${ts[*]}")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" \
-        "$best_t" "$co" "$ct" "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" \
-        "$(interval "$row" "${rr[@]}")" >> "$RESULTS"
+      result "$row" "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" "${rr[@]}"
     done
   done
 done

@@ -246,6 +246,14 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 
 RESULTS=$OUT/results.tsv   # row size mode ours theirs ours_cmd theirs_cmd median ahead interval
 : > "$RESULTS"
+# result ROW SIZE MODE BEST_OURS BEST_THEIRS OURS_CMD THEIRS_CMD RATIO...: one row of RESULTS
+# from the best figures, the last commands and the rounds' ratios (the host rows here, the VM
+# rows in ci/compare-ref-vm.sh).
+result() {
+  local row=$1 size=$2 mode=$3 o=$4 t=$5 co=$6 ct=$7; shift 7
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$o" "$t" "$co" \
+    "$ct" "$(median "$@")" "$(above "$row" "$@")" "$(interval "$row" "$@")" >> "$RESULTS"
+}
 for row in "${ROWV[@]}"; do
   vm_row "$row" && continue
   for size in "${SIZEV[@]}"; do
@@ -264,9 +272,7 @@ for row in "${ROWV[@]}"; do
         log "$row $size $mode round $r: ours $o, theirs $t Gbit/s"
         best_o=$(max "$best_o" "$o"); best_t=$(max "$best_t" "$t"); rr+=("$(ratio "$o" "$t")")
       done
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$size" "$mode" "$best_o" "$best_t" \
-        "$co" "$ct" "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" \
-        "$(interval "$row" "${rr[@]}")" >> "$RESULTS"
+      result "$row" "$size" "$mode" "$best_o" "$best_t" "$co" "$ct" "${rr[@]}"
     done
   done
 done
