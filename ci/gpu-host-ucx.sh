@@ -87,6 +87,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source ci/suspect.sh
+source ci/listening.sh
 log() { echo "gpu-host ucx: $*" >&2; }
 WHEEL_VER=1.22.0
 
@@ -183,8 +184,8 @@ run() {
     port=$((port + 3))
     timeout 120 "$rb" server --listen 127.0.0.1:$port "${common[@]}" --mem "$mem" \
       --sessions 1 > "$out/srv" 2>&1 &
-    local spid=$! i
-    for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
+    local spid=$!
+    wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
     if timeout 120 "$rb" client --connect 127.0.0.1:$port "${common[@]}" --mem "$mem" \
         --sizes 4K,64K,1M,16M --pages 16 -v > "$out/cli" 2>&1; then
       cat "$out/cli" >&2
@@ -251,8 +252,8 @@ run() {
     case $row in put|tag) ps=("${pin_cli[@]}"); pc=("${pin_srv[@]}") ;; esac
     env "${timer[@]}" timeout 120 "${ps[@]}" "$rb" server --listen 127.0.0.1:$port \
       "${common[@]}" "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
-    local spid=$! i
-    for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
+    local spid=$!
+    wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
     if ! env "${timer[@]}" timeout 120 "${pc[@]}" "$rb" client --connect 127.0.0.1:$port \
         "${common[@]}" "${more[@]}" --mem "$mem" "${args[@]}" --json > "$out/ours.json" \
         2> "$out/ours.err"; then
@@ -287,7 +288,7 @@ run() {
     [ -z "$pre" ] || alloc+=(LD_PRELOAD="$pre")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
     local spid=$!
-    sleep 0.5
+    wait_listening "$port" 30 || true
     if ! env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_cli[@]}" "${cmd[@]}" 127.0.0.1 > "$out/tcli" 2>&1; then
       log "ucx_perftest $t $size failed: $(tail -2 "$out/tcli" | tr '\n' ' ')"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null; echo 0; return

@@ -38,6 +38,7 @@
 # at most LAT_BYTES / SIZE: 4 GiB, so 4096 round trips at 1 MiB).
 set -euo pipefail
 source "$(dirname "$0")/../ci/suspect.sh"
+source "$(dirname "$0")/../ci/listening.sh"
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
@@ -68,7 +69,7 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
     > "$OUT/tsrv" 2>&1 &
   local srv=$!
-  sleep 0.5
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   # Final line: iters, lat 50%, lat avg, lat overall (us), bw avg, overall (MB/s), rates.
   env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
     127.0.0.1 > "$OUT/tcli" 2>&1 || true
@@ -98,7 +99,7 @@ ours() { # ROW TLS SIZE
   esac
   timeout 120 "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!
-  sleep 0.5
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   timeout 120 "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
     2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
   wait "$srv" || true

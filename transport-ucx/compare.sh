@@ -35,6 +35,7 @@
 # whose libraries LD_LIBRARY_PATH picks for both).
 set -euo pipefail
 source "$(dirname "$0")/../ci/suspect.sh"
+source "$(dirname "$0")/../ci/listening.sh"
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
@@ -55,7 +56,7 @@ perftest() { # TLS SIZE N [ENV...]
   env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
     -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
   local srv=$!
-  sleep 0.5
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
     -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
   bw=$(ucx_perftest_gbps "$ERR/out")
@@ -75,7 +76,7 @@ ours() { # TLS SIZE N
   "$B" server --backend ucx --provider "$tls" "${dev[@]}" --listen 127.0.0.1:$PORT \
     --sessions 1 >/dev/null 2>&1 &
   local srv=$!
-  sleep 0.5
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   "$B" client --backend ucx --provider "$tls" "${dev[@]}" --connect 127.0.0.1:$PORT \
     --single-buffer --imm-every 64 --window 32 -s "$size" -n $((n / 64)) \
     --warmup $((n / 640 > 1 ? n / 640 : 1)) --no-verify 2>/dev/null |
