@@ -77,6 +77,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source ci/suspect.sh
+source ci/listening.sh
 
 ALL_ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc
 ROWS=$ALL_ROWS
@@ -234,7 +235,8 @@ theirs() {
   fi
   "${PRIO[@]}" timeout 60 "${srv[@]}" > "$OUT/srv.txt" 2>&1 &
   local spid=$!
-  sleep 0.3
+  # Every server listens on PORT: -E's address exchange, or tcp-send's passive endpoint.
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and fails
   local ok=1
   "${PRIO[@]}" timeout 60 "${cli[@]}" > "$OUT/cli.txt" 2>&1 || ok=0
   wait $spid || ok=0

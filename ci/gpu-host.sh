@@ -60,6 +60,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source ci/suspect.sh
+source ci/listening.sh
 CARRY=$ROOT/gpu-carry
 MODE=${1:-}
 log() { echo "gpu-host: $*" >&2; }
@@ -422,8 +423,8 @@ run() {
       case $row in write|send) ps=("${pin_cli[@]}"); pc=("${pin_srv[@]}") ;; esac
       timeout 120 "${ps[@]}" "$RB" server --listen 127.0.0.1:$port --provider shm \
         --mem "$mem" --sessions 1 "${extra[@]}" > "$out/srv" 2>&1 &
-      local spid=$! i
-      for i in $(seq 50); do grep -q listening "$out/srv" 2>/dev/null && break; sleep 0.1; done
+      local spid=$!
+      wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
       if ! timeout 120 "${pc[@]}" "$RB" client --connect 127.0.0.1:$port --provider shm --mem "$mem" \
           "${args[@]}" "${extra[@]}" --json > "$out/ours.json" 2> "$out/ours.err"; then
         log "rdma-bench $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
@@ -447,7 +448,7 @@ run() {
       esac
       timeout 120 "${pin_srv[@]}" "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
       local spid=$!
-      sleep 0.5
+      wait_listening "$port" 30 || true
       if ! timeout 120 "${pin_cli[@]}" "${tool[@]}" -E=$port -B $((port + 2)) 127.0.0.1 \
           > "$out/tcli" 2>&1; then
         log "${tool[0]} $size failed: $(tail -2 "$out/tcli" | tr '\n' ' ')"

@@ -1,6 +1,7 @@
 # Sourced by scripts that start a server and then its client (ci/verbs-2vm-test.sh,
-# ci/gpu-host-ucx.sh, transport-ucx/shims-test.sh, callgrind.sh, compare.sh and compare-tag.sh,
-# and inside the VM by ci/compare-ref-vm.sh's run.sh: POSIX sh, busybox's awk).
+# ci/compare-ref.sh, ci/gpu-host.sh, ci/gpu-host-ucx.sh, transport-ucx/shims-test.sh,
+# callgrind.sh, compare.sh and compare-tag.sh, and inside the VM by ci/compare-ref-vm.sh's
+# run.sh: POSIX sh, busybox's awk).
 #
 # listening PORT: a TCP socket listens on PORT, on any local address (/proc/net/tcp and tcp6,
 # state 0A). It probes without connecting, so a server that takes one peer is not taken.
@@ -12,9 +13,8 @@ listening() {
 }
 
 # wait_listening PORT SECONDS: until a TCP socket listens on PORT, probing every tenth of a
-# second, at most SECONDS; fails if none does. On the host (transport-ucx/shims-test.sh,
-# transport-ucx/callgrind.sh) and in the VM (ci/compare-ref-vm.sh's run.sh: Debian 12's
-# busybox sleeps fractions of a second).
+# second, at most SECONDS; fails if none does (Debian 12's busybox, in the VM, sleeps
+# fractions of a second too).
 wait_listening() {
   _w=0
   while [ "$_w" -lt $(($2 * 10)) ]; do
