@@ -26,6 +26,15 @@
 //!   `process_vm_writev` each). UCX checks a put's rkey; the token is the handler's check
 //!   instead, so a stale or foreign key writes nothing there (the target drops the message and
 //!   sees no immediate; the initiator is told of success).
+//! - Over tcp (option `write`, `auto`: where every transport named is tcp) every WRITE into
+//!   a host region is such an active message (`AM_WRITE`, or `AM_WRITE_IMM` with its
+//!   immediate), of any size, sent eager: UCX has no RMA over tcp and emulates a put with an
+//!   active message that the target acknowledges, and that acknowledgement, sent to an
+//!   initiator that died with puts in flight, aborts the target's process (`ucs_fatal`
+//!   "unexpected error: Endpoint timeout" under `ucp_put_handler`, UCX 1.13.1 to 1.22).
+//!   Ours' handlers send nothing back. Eager active messages to one peer go on one lane
+//!   (UCX's `MAX_EAGER_RAILS` is 1), in order, so an immediate still comes after every
+//!   earlier WRITE's bytes.
 //! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
 //!   Sends, receives and puts name their region's `ucp_mem_map` handle and memory type
 //!   (option `memh`).
@@ -79,6 +88,17 @@ const OPTIONS: &[OptionInfo] = &[
            none); on by default, off for an A/B against ucx_perftest without -z",
     },
     OptionInfo {
+        key: "write",
+        values: "auto|put|am",
+        help: "how a WRITE into a host region travels: put (ucp_put_nbx; a WRITE with \
+           immediate adds a flush, then the immediate) or am (one active message carrying \
+           the bytes, copied into the region by the target's handler, with the immediate \
+           if any). auto (the default) is am where every transport named is tcp, put \
+           otherwise: over tcp UCX emulates puts with active messages and acknowledges each \
+           with a send that aborts the target's process (ucs_fatal in ucp_put_handler, \
+           UCX 1.13 to 1.22) when the initiator died with puts in flight",
+    },
+    OptionInfo {
         key: "progress_skip",
         values: "0..=1024",
         help: "polls in a row that report what is queued already without calling \
@@ -106,6 +126,15 @@ pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
                 "sm" | "shm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | "mm"
             )
         })
+    })
+}
+
+/// Whether `tls` names tcp only, where UCX has no RMA of its own and emulates puts with
+/// active messages (`write=auto` then sends WRITEs as active messages).
+pub(crate) fn tcp_only(tls: Option<&str>) -> bool {
+    tls.is_some_and(|t| {
+        t.split(',')
+            .all(|x| x.trim().trim_start_matches('^').split(':').next() == Some("tcp"))
     })
 }
 
@@ -178,6 +207,11 @@ mod tests {
         assert!(super::shared_memory_only(Some("posix,cma,self")));
         assert!(!super::shared_memory_only(Some("sm,tcp")));
         assert!(!super::shared_memory_only(None));
+        assert!(super::tcp_only(Some("tcp")));
+        assert!(super::tcp_only(Some("tcp,^tcp:eth0")));
+        assert!(!super::tcp_only(Some("tcp,sm")));
+        assert!(!super::tcp_only(Some("rc_verbs")));
+        assert!(!super::tcp_only(None));
         assert!(super::rc_without_wireup("rc_verbs"));
         assert!(super::rc_without_wireup("rc_mlx5,sm"));
         assert!(!super::rc_without_wireup("rc_verbs,tcp"));

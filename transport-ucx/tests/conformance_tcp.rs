@@ -1,5 +1,6 @@
 //! The shared conformance suite on UCX over tcp only, on the loopback interface
-//! (`TLS=tcp`, `NET_DEVICES=lo`).
+//! (`TLS=tcp`, `NET_DEVICES=lo`): WRITEs as active messages (`write=auto` there), and in
+//! `put` as puts (`write=put`).
 
 use transport_core::{NicDesc, Result, Transport};
 use transport_ucx::Endpoint;
@@ -8,11 +9,37 @@ fn open(_side: usize) -> Result<Endpoint> {
     let mut nic = NicDesc::provider("tcp");
     nic.device = Some("lo".into());
     let ep = Endpoint::open(&nic)?;
-    assert_eq!(ep.runtime().settings["err_mode"], "peer", "auto on tcp");
+    let settings = ep.runtime().settings;
+    assert_eq!(settings["err_mode"], "peer", "auto on tcp");
+    assert_eq!(settings["write"], "am", "auto on tcp");
     Ok(ep)
 }
 
 transport_conformance::suite!(open);
+
+/// The suite again with WRITEs as UCX's puts (emulated over tcp).
+mod put {
+    use transport_core::{NicDesc, Result, Transport};
+    use transport_ucx::Endpoint;
+
+    fn open(_side: usize) -> Result<Endpoint> {
+        let mut nic = NicDesc::provider("tcp").with_option("write", "put");
+        nic.device = Some("lo".into());
+        let ep = Endpoint::open(&nic)?;
+        assert_eq!(ep.runtime().settings["write"], "put");
+        Ok(ep)
+    }
+
+    transport_conformance::suite!(open);
+
+    #[test]
+    fn immediates_many() {
+        let mut p = transport_conformance::connect(&open)
+            .unwrap()
+            .expect("tcp on lo always opens");
+        transport_conformance::immediates_many(&mut p, 5000).unwrap();
+    }
+}
 
 /// Many batched WRITEs with immediates: each exactly once, every byte in place.
 #[test]

@@ -1,5 +1,5 @@
 //! UCX's callbacks: a request finished (send, put, flush, active message, receive), an
-//! immediate or a small WRITE with immediate arrived, a peer failed. Each writes into the
+//! immediate or a WRITE carried whole arrived, a peer failed. Each writes into the
 //! endpoint's slab or queues, nothing else.
 
 use super::*;
@@ -65,12 +65,8 @@ pub(super) unsafe extern "C" fn on_imm(
     sys::UCS_OK
 }
 
-/// A small WRITE with immediate carried whole (`AM_WRITE_IMM`): copy the bytes to the
-/// address its header names, then queue the immediate, so the immediate is never seen before
-/// the bytes. A range outside the host region whose token the header names (or a token of no
-/// region here: a stale or foreign key), a header of another size, more than `INLINE_MAX`
-/// bytes or a rendezvous are dropped (an honest peer checked the range against the key it
-/// imported before sending).
+/// A WRITE with immediate carried whole (`AM_WRITE_IMM`): copy the bytes to the address its
+/// header names, then queue the immediate, so the immediate is never seen before the bytes.
 pub(super) unsafe extern "C" fn on_write_imm(
     arg: *mut c_void,
     header: *const c_void,
@@ -79,15 +75,52 @@ pub(super) unsafe extern "C" fn on_write_imm(
     len: usize,
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    if header_len != INLINE_HDR || header.is_null() || len > INLINE_MAX {
-        return sys::UCS_OK;
+    // SAFETY: UCX's arguments for this handler, passed on as they came.
+    if let Some((shared, imm)) = unsafe { land(arg, header, header_len, data, len, param) } {
+        shared.imms.borrow_mut().push_back(imm);
     }
-    if len > 0 && data.is_null() {
-        return sys::UCS_OK;
+    sys::UCS_OK
+}
+
+/// A WRITE without immediate carried whole (`AM_WRITE`, option `write=am`): copy the bytes
+/// to the address its header names.
+pub(super) unsafe extern "C" fn on_write(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_len: usize,
+    data: *mut c_void,
+    len: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: as in on_write_imm.
+    unsafe { land(arg, header, header_len, data, len, param) };
+    sys::UCS_OK
+}
+
+/// The bytes of an `AM_WRITE` or `AM_WRITE_IMM`, copied to the address its header names;
+/// the endpoint's queues and the header's immediate, or `None` where nothing was written. A
+/// range outside the host region whose token the header names (or a token of no region
+/// here: a stale or foreign key), a header of another size or a rendezvous is dropped (an
+/// honest peer checked the range against the key it imported before sending). Nothing is
+/// sent back.
+///
+/// # Safety
+/// UCX's arguments to an active message handler of this endpoint's worker, whose `arg` is the
+/// endpoint's boxed `Shared`.
+unsafe fn land<'a>(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_len: usize,
+    data: *mut c_void,
+    len: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> Option<(&'a Shared, u32)> {
+    if header_len != INLINE_HDR || header.is_null() || (len > 0 && data.is_null()) {
+        return None;
     }
     // SAFETY: UCX passes a valid param for the call's duration where it passes one.
     if !param.is_null() && unsafe { (*param).recv_attr } & AM_RECV_ATTR_FLAG_RNDV != 0 {
-        return sys::UCS_OK;
+        return None;
     }
     let mut h = [0u8; INLINE_HDR];
     // SAFETY: UCX passes header_len (INLINE_HDR, checked) readable bytes at header.
@@ -109,7 +142,7 @@ pub(super) unsafe extern "C" fn on_write_imm(
                 .is_some_and(|end| end <= r.base + r.len)
     });
     if !fits {
-        return sys::UCS_OK;
+        return None;
     }
     if len > 0 {
         // SAFETY: [addr, addr + len) lies in a host region this endpoint registered (checked
@@ -118,8 +151,7 @@ pub(super) unsafe extern "C" fn on_write_imm(
         // data are len readable bytes UCX passes for the call (not a rendezvous, checked).
         unsafe { ptr::copy_nonoverlapping(data as *const u8, addr as *mut u8, len) };
     }
-    shared.imms.borrow_mut().push_back(imm);
-    sys::UCS_OK
+    Some((shared, imm))
 }
 
 /// A peer's endpoint failed: remember UCX's status; later posts to it are refused.

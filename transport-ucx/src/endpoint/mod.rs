@@ -37,9 +37,14 @@ use handlers::*;
 
 /// The active message id of an immediate.
 const AM_IMM: u32 = 0x1d;
-/// The active message id of a small WRITE with immediate carried whole: the header is the
-/// immediate and the target address, the data the bytes ([`INLINE_MAX`] at most).
+/// The active message id of a WRITE with immediate carried whole: the header is the
+/// immediate, the target address and the region's token, the data the bytes ([`INLINE_MAX`]
+/// at most, or any number with option `write=am`, sent eager: the target assembles a message
+/// of many fragments in a buffer of its size, then the handler copies it into the region).
 const AM_WRITE_IMM: u32 = 0x1e;
+/// The active message id of a WRITE without immediate carried whole (option `write=am`):
+/// the header is `AM_WRITE_IMM`'s, its immediate unused.
+const AM_WRITE: u32 = 0x1f;
 /// Largest WRITE with immediate sent as one active message (host memory on both sides, no
 /// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
 /// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
@@ -229,6 +234,9 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends, receives and puts name their region's memh and memory type (option `memh`).
     name_memory: bool,
+    /// Every WRITE into a host region is an active message carrying its bytes, not a put
+    /// (option `write`; by default where every transport is tcp).
+    am_writes: bool,
     /// The loaded UCX writes a receive's length when it completes inside its post call
     /// ([`RECV_INFO_SINCE`]).
     recv_info_at_once: bool,

@@ -36,6 +36,12 @@ impl Endpoint {
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
         };
+        let am_writes = match nic.options.get("write").map(String::as_str) {
+            None | Some("auto") => crate::tcp_only(nic.provider.as_deref()),
+            Some("am") => true,
+            Some("put") => false,
+            Some(v) => return Err(crate::INFO.unknown_option("write", v)),
+        };
         let skip_max = nic
             .number_option("ucx", "progress_skip", 0..=SKIP_LIMIT)?
             .unwrap_or(SKIP_DEFAULT);
@@ -166,6 +172,7 @@ impl Endpoint {
             recv_info_at_once: Self::loaded_version() >= RECV_INFO_SINCE,
             peer_errors,
             name_memory,
+            am_writes,
             skip_max,
             burst,
             skipped: 0,
@@ -194,6 +201,14 @@ impl Endpoint {
         };
         // SAFETY: as above; on_write_imm reads Shared shared and writes only into host
         // regions this endpoint registered (checked against `host_regions`).
+        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
+        check("ucp_worker_set_am_recv_handler", st, "")?;
+        let hparams = sys::ucp_am_handler_param_t {
+            id: AM_WRITE,
+            cb: Some(on_write),
+            ..hparams
+        };
+        // SAFETY: as for on_write_imm.
         let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
         check("ucp_worker_set_am_recv_handler", st, "")?;
 

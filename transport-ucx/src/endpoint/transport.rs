@@ -338,16 +338,21 @@ impl Transport for Endpoint {
             )));
         }
         let rkey = imp.rkey;
-        // A small WRITE with immediate between host memories, with every earlier put to this
-        // peer known at the target (a flush covering it completed), goes as one active
-        // message: the target's handler copies the bytes, then queues the immediate.
+        // A WRITE between host memories may go as one active message carrying its bytes: the
+        // target's handler copies them, then queues the immediate if any. Every such WRITE
+        // does with option `write=am` (tcp by default), a small one with an immediate does
+        // always; one with an immediate only where every earlier put to this peer is known at
+        // the target (a flush covering it completed).
         let pr = &self.peers[peer.0 as usize];
         let token = imp.host;
-        let inline = imm.is_some()
-            && token.is_some()
-            && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
-            && buf.len <= INLINE_MAX
-            && pr.puts.get() == pr.flushed.get();
+        let host = token.is_some() && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST;
+        let whole = host
+            && match imm {
+                None => self.am_writes,
+                Some(_) => {
+                    (self.am_writes || buf.len <= INLINE_MAX) && pr.puts.get() == pr.flushed.get()
+                }
+            };
         let named = self.name_memory;
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
@@ -356,10 +361,14 @@ impl Transport for Endpoint {
         s.peer.set(peer.0);
         let i = s.index;
         match imm {
-            Some(v) if inline => {
-                s.state.set(State::Notify);
+            _ if whole => {
+                let (id, state) = match imm {
+                    Some(_) => (AM_WRITE_IMM, State::Notify),
+                    None => (AM_WRITE, State::Put),
+                };
+                s.state.set(state);
                 let mut h = [0u8; INLINE_HDR];
-                h[..4].copy_from_slice(&v.to_le_bytes());
+                h[..4].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
                 h[4..12].copy_from_slice(&remote.addr.to_le_bytes());
                 h[12..].copy_from_slice(&token.unwrap_or(0).to_le_bytes());
                 s.hdr.set(h);
@@ -372,7 +381,7 @@ impl Transport for Endpoint {
                 let r = unsafe {
                     sys::ucp_am_send_nbx(
                         ep,
-                        AM_WRITE_IMM,
+                        id,
                         s.hdr.as_ptr() as *const c_void,
                         INLINE_HDR,
                         addr,
@@ -488,7 +497,7 @@ impl Transport for Endpoint {
                         State::Send => (Op::Send, "tagged send"),
                         State::Recv => (Op::Recv, "tagged receive"),
                         State::Notify => (Op::Write, "sending the immediate"),
-                        _ => (Op::Write, "put"),
+                        _ => (Op::Write, "put or active message"),
                     };
                     Self::completion_error(op, ctx, st, what)
                 }
@@ -532,7 +541,16 @@ impl Transport for Endpoint {
         settings.insert("net_devices".into(), self.devices.clone());
         settings.insert(
             "immediate".into(),
-            "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx".into(),
+            if self.am_writes {
+                "ucp_am_send_nbx (with the bytes)"
+            } else {
+                "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx"
+            }
+            .into(),
+        );
+        settings.insert(
+            "write".into(),
+            if self.am_writes { "am" } else { "put" }.into(),
         );
         settings.insert("cuda_memory".into(), self.ctx.cuda.to_string());
         settings.insert(
