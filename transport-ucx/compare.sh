@@ -32,13 +32,19 @@
 # rounds where ours was ahead and the median's 95% confidence interval (ci/suspect.sh's
 # interval: "level" where it holds 1.0), then every round's figures.
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
-# whose libraries LD_LIBRARY_PATH picks for both).
+# whose libraries LD_LIBRARY_PATH picks for both). Ours runs with OURS_OPTS (default
+# "--nic-opt write=put": ucp_put_nbx, as perftest). Over tcp the backend's default
+# (write=auto, OURS_OPTS=) sends each WRITE as one active message carrying the bytes, with
+# nothing sent back; UCX emulates a put there with active messages of at most 8 KiB
+# (UCX_TCP_TX_SEG_SIZE), and the target acknowledges each one (ucp_put_handler), so a 1 MiB
+# put is about 129 messages there and 129 acknowledgements back, which is not like for like.
 set -euo pipefail
 source "$(dirname "$0")/../ci/suspect.sh"
 source "$(dirname "$0")/../ci/listening.sh"
 B=${1:-target/release/rdma-bench}; shift || true
 [ $# -gt 0 ] && TLS_LIST=("$@") || TLS_LIST=(sm tcp)
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
+OURS_OPTS=${OURS_OPTS-"--nic-opt write=put"}
 SIZES=(${SIZES:-4096:1048576 65536:262144 1048576:16384})
 ROUNDS=${ROUNDS:-3}
 best() { awk 'BEGIN {m = 0} $1 + 0 > m {m = $1 + 0} END {printf "%.2f\n", m}'; }
@@ -73,17 +79,17 @@ ours() { # TLS SIZE N
   local tls=$1 size=$2 n=$3 dev=()
   PORT=$((PORT + 1))
   [ "$tls" = tcp ] && dev=(--devices lo)
-  "$B" server --backend ucx --provider "$tls" "${dev[@]}" --listen 127.0.0.1:$PORT \
-    --sessions 1 >/dev/null 2>&1 &
+  "$B" server --backend ucx --provider "$tls" "${dev[@]}" $OURS_OPTS \
+    --listen 127.0.0.1:$PORT --sessions 1 >/dev/null 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
-  "$B" client --backend ucx --provider "$tls" "${dev[@]}" --connect 127.0.0.1:$PORT \
+  "$B" client --backend ucx --provider "$tls" "${dev[@]}" $OURS_OPTS --connect 127.0.0.1:$PORT \
     --single-buffer --imm-every 64 --window 32 -s "$size" -n $((n / 64)) \
     --warmup $((n / 640 > 1 ? n / 640 : 1)) --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
   "perftest-heap" ratio median "ours ahead" "median's 95% CI"
 for tls in "${TLS_LIST[@]}"; do
