@@ -5,49 +5,52 @@
 use transport_core::{NicDesc, Result, Transport};
 use transport_ucx::Endpoint;
 
-fn open(_side: usize) -> Result<Endpoint> {
+/// tcp on lo with option `write` as given (`None`: the default), checked in the endpoint's
+/// settings.
+fn open_with(write: Option<&str>) -> Result<Endpoint> {
     let mut nic = NicDesc::provider("tcp");
+    if let Some(w) = write {
+        nic = nic.with_option("write", w);
+    }
     nic.device = Some("lo".into());
     let ep = Endpoint::open(&nic)?;
     let settings = ep.runtime().settings;
     assert_eq!(settings["err_mode"], "peer", "auto on tcp");
-    assert_eq!(settings["write"], "am", "auto on tcp");
+    assert_eq!(settings["write"], write.unwrap_or("am"), "auto on tcp: am");
     Ok(ep)
+}
+
+fn open(_side: usize) -> Result<Endpoint> {
+    open_with(None)
 }
 
 transport_conformance::suite!(open);
 
+/// Many batched WRITEs with immediates: each exactly once, every byte in place.
+fn many(open: &dyn Fn(usize) -> Result<Endpoint>) {
+    let mut p = transport_conformance::connect(open)
+        .unwrap()
+        .expect("tcp on lo always opens");
+    transport_conformance::immediates_many(&mut p, 5000).unwrap();
+}
+
+#[test]
+fn immediates_many() {
+    many(&open);
+}
+
 /// The suite again with WRITEs as UCX's puts (emulated over tcp).
 mod put {
-    use transport_core::{NicDesc, Result, Transport};
-    use transport_ucx::Endpoint;
-
-    fn open(_side: usize) -> Result<Endpoint> {
-        let mut nic = NicDesc::provider("tcp").with_option("write", "put");
-        nic.device = Some("lo".into());
-        let ep = Endpoint::open(&nic)?;
-        assert_eq!(ep.runtime().settings["write"], "put");
-        Ok(ep)
+    fn open(_side: usize) -> transport_core::Result<transport_ucx::Endpoint> {
+        super::open_with(Some("put"))
     }
 
     transport_conformance::suite!(open);
 
     #[test]
     fn immediates_many() {
-        let mut p = transport_conformance::connect(&open)
-            .unwrap()
-            .expect("tcp on lo always opens");
-        transport_conformance::immediates_many(&mut p, 5000).unwrap();
+        super::many(&open);
     }
-}
-
-/// Many batched WRITEs with immediates: each exactly once, every byte in place.
-#[test]
-fn immediates_many() {
-    let mut p = transport_conformance::connect(&open)
-        .unwrap()
-        .expect("tcp on lo always opens");
-    transport_conformance::immediates_many(&mut p, 5000).unwrap();
 }
 
 /// A peer that went away (its endpoint dropped, its sockets closed): SENDs to it end in an
