@@ -116,26 +116,32 @@ const OPTIONS: &[OptionInfo] = &[
     },
 ];
 
+/// Whether `tls` (UCX_TLS) names transports among `names` only (a `\` prefix and a `:aux`
+/// suffix aside). A list that starts with `^` names the transports UCX must not use, which
+/// says nothing of those it will: not only these.
+fn names_only(tls: Option<&str>, names: &[&str]) -> bool {
+    tls.is_some_and(|t| {
+        !t.trim_start().starts_with('^')
+            && t.split(',').all(|x| {
+                let x = x.trim().trim_start_matches('\\');
+                names.contains(&x.split(':').next().unwrap_or(x))
+            })
+    })
+}
+
 /// Whether `tls` names shared-memory transports only (UCX 1.13 has no peer failure handler
 /// for posix and sysv, so peer error handling finds no transport for messages there).
 pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
-    tls.is_some_and(|t| {
-        t.split(',').all(|x| {
-            matches!(
-                x.trim().trim_start_matches('^'),
-                "sm" | "shm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | "mm"
-            )
-        })
-    })
+    let sm = [
+        "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm",
+    ];
+    names_only(tls, &sm)
 }
 
 /// Whether `tls` names tcp only, where UCX has no RMA of its own and emulates puts with
 /// active messages (`write=auto` then sends WRITEs as active messages).
 pub(crate) fn tcp_only(tls: Option<&str>) -> bool {
-    tls.is_some_and(|t| {
-        t.split(',')
-            .all(|x| x.trim().trim_start_matches('^').split(':').next() == Some("tcp"))
-    })
+    names_only(tls, &["tcp"])
 }
 
 /// Transports that go over the machine's InfiniBand/RoCE NICs; the others (shared memory,
@@ -208,7 +214,9 @@ mod tests {
         assert!(!super::shared_memory_only(Some("sm,tcp")));
         assert!(!super::shared_memory_only(None));
         assert!(super::tcp_only(Some("tcp")));
-        assert!(super::tcp_only(Some("tcp,^tcp:eth0")));
+        assert!(super::tcp_only(Some("tcp,\\tcp")));
+        assert!(!super::tcp_only(Some("^tcp")), "all but tcp");
+        assert!(!super::shared_memory_only(Some("^sm")), "all but sm");
         assert!(!super::tcp_only(Some("tcp,sm")));
         assert!(!super::tcp_only(Some("rc_verbs")));
         assert!(!super::tcp_only(None));

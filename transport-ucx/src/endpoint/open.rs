@@ -178,39 +178,32 @@ impl Endpoint {
             skipped: 0,
         };
 
-        let hparams = sys::ucp_am_handler_param_t {
-            field_mask: u64::from(
-                sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
-            ),
-            id: AM_IMM,
-            flags: sys::UCP_AM_FLAG_WHOLE_MSG,
-            cb: Some(on_imm),
-            arg: sp as *mut c_void,
-        };
-        // SAFETY: worker is live; arg points at the boxed Shared, which lives as long as the
-        // worker (the worker is destroyed first in Drop), and on_imm only reads it shared.
-        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
-        check("ucp_worker_set_am_recv_handler", st, "")?;
-        let hparams = sys::ucp_am_handler_param_t {
-            id: AM_WRITE_IMM,
-            cb: Some(on_write_imm),
-            ..hparams
-        };
-        // SAFETY: as above; on_write_imm reads Shared shared and writes only into host
-        // regions this endpoint registered (checked against `host_regions`).
-        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
-        check("ucp_worker_set_am_recv_handler", st, "")?;
-        let hparams = sys::ucp_am_handler_param_t {
-            id: AM_WRITE,
-            cb: Some(on_write),
-            ..hparams
-        };
-        // SAFETY: as for on_write_imm.
-        let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
-        check("ucp_worker_set_am_recv_handler", st, "")?;
+        // on_imm only reads Shared; on_write and on_write_imm read it shared and write only
+        // into host regions this endpoint registered (checked against `host_regions`).
+        let handlers: [(u32, sys::ucp_am_recv_callback_t); 3] = [
+            (AM_IMM, Some(on_imm)),
+            (AM_WRITE_IMM, Some(on_write_imm)),
+            (AM_WRITE, Some(on_write)),
+        ];
+        for (id, cb) in handlers {
+            let hparams = sys::ucp_am_handler_param_t {
+                field_mask: u64::from(
+                    sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                        | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS
+                        | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                        | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                ),
+                id,
+                flags: sys::UCP_AM_FLAG_WHOLE_MSG,
+                cb,
+                arg: sp as *mut c_void,
+            };
+            // SAFETY: worker is live; arg points at the boxed Shared, which lives as long as
+            // the worker (the worker is destroyed first in Drop), and each handler uses it as
+            // the comment above says.
+            let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
+            check("ucp_worker_set_am_recv_handler", st, "")?;
+        }
 
         let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
         let mut len = 0usize;
