@@ -17,6 +17,10 @@
 #         mid-transfer, end), then a second client must be served; or the server is killed
 #         and the client must exit non-zero naming it.
 #
+# The same trials run over UCX (--backend ucx) on its sm and tcp (on lo), against the system's
+# UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a backtrace) is
+# a defect (signal) whatever its exit status.
+#
 # Counts per provider and libfabric version: survivors that exit 0, that do not name the
 # dead peer, still alive 20 s after the kill, killed by a signal; the slowest survivor. Also
 # defects: "setup" (the job failed before the moment to kill came, or the victim exited by
@@ -33,9 +37,9 @@
 #
 #   ci/kill-soak.sh [--trials N] [--providers "shm tcp"] [--versions "1.17 2.1.0 2.6.0"]
 #                   [--modes "ranks server"] [--phases "before during setup transfer between teardown"]
-#                   [--seed S] [--load N] [--logs DIR] [--no-build]
+#                   [--ucx "sm tcp"] [--seed S] [--load N] [--logs DIR] [--no-build]
 #
-# 1.17 is the system libfabric (Debian 12); other versions come from ci/libfabric.sh (cached
+# --ucx "" soaks no UCX (a build without libucx-dev). 1.17 is the system libfabric (Debian 12); other versions come from ci/libfabric.sh (cached
 # builds) and run with LD_LIBRARY_PATH. KILL_SOAK_BIN=PATH soaks that rdma-bench instead
 # (one version, the system libfabric). Exit status 0 when every defect column is zero.
 set -uo pipefail
@@ -54,6 +58,7 @@ rm -f "$KILL_SOAK_COPY"
 TRIALS=10
 PROVIDERS="shm tcp"
 VERSIONS="1.17 2.1.0 2.6.0"
+UCX_PROVIDERS="sm tcp"
 MODES="ranks server"
 PHASES="before during setup transfer between teardown"
 SEED=$(( $(date +%s) % 1000000 ))
@@ -67,6 +72,7 @@ while [ $# -gt 0 ]; do
     --trials) TRIALS=$2; shift 2 ;;
     --providers) PROVIDERS=$2; shift 2 ;;
     --versions) VERSIONS=$2; shift 2 ;;
+    --ucx) UCX_PROVIDERS=$2; shift 2 ;;
     --modes) MODES=$2; shift 2 ;;
     --phases) PHASES=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
@@ -109,9 +115,22 @@ free_port() {
   done
 }
 log() { echo "kill-soak: $*" >&2; }
+# A provider's own abort (UCX's ucs_fatal): its status may be 1 (libinfinipath's handler).
+ABORTED='Fatal: |==== backtrace|Caught signal'
+aborted() { grep -qE "$ABORTED" "$1"; }
+# nic STACK PROVIDER: the backend's arguments; UCX's tcp is told to stay on lo.
+nic() {
+  echo "${BK[$1]} --provider $2"
+  [ "$2" = tcp ] && [ "${BK[$1]}" = "--backend ucx" ] && echo "--devices lo"
+  return 0
+}
 
 # ---- builds ----------------------------------------------------------------------------------
-declare -A BIN LDP
+# A stack is a libfabric version or UCX ("ucx-<version>"): its binary, library path, the
+# backend's arguments (BK) and its providers (PROVS).
+declare -A BIN LDP BK PROVS
+STACKS=$VERSIONS
+for v in $VERSIONS; do BK[$v]="--backend libfabric"; PROVS[$v]=$PROVIDERS; done
 for v in $VERSIONS; do
   if [ -n "${KILL_SOAK_BIN:-}" ]; then
     # Another build of rdma-bench (e.g. an older commit), against the system libfabric.
@@ -140,6 +159,26 @@ for v in $VERSIONS; do
   got=$(LD_LIBRARY_PATH=${LDP[$v]} "${BIN[$v]}" doctor 2>/dev/null | grep -oE 'libfabric [0-9.]+ \([^)]*\)' | head -1)
   log "libfabric $v: ${BIN[$v]} (${got:-?})"
 done
+
+# After the libfabric builds: this one rebuilds the same target's binary with UCX.
+if [ -n "$UCX_PROVIDERS" ]; then
+  have=$(pkg-config --modversion ucx 2>/dev/null) || { log "no UCX (pkg-config ucx); --ucx \"\" soaks none"; exit 1; }
+  u=ucx-$have
+  STACKS="$STACKS $u"; BK[$u]="--backend ucx"; PROVS[$u]=$UCX_PROVIDERS; LDP[$u]=
+  if [ -n "${KILL_SOAK_BIN:-}" ]; then
+    BIN[$u]=$TMP/rdma-bench-$u; cp "$KILL_SOAK_BIN" "${BIN[$u]}"
+    log "UCX $have: ${BIN[$u]} (a copy of $KILL_SOAK_BIN)"
+  else
+    td=${CARGO_TARGET_DIR:-$ROOT/target}
+    if [ -n "$BUILD" ]; then
+      cargo build -q -p bench-cli --features ucx --bin rdma-bench ||
+        { log "build with UCX failed"; exit 1; }
+    fi
+    [ -x "$td/debug/rdma-bench" ] || { log "no $td/debug/rdma-bench (drop --no-build)"; exit 1; }
+    BIN[$u]=$TMP/rdma-bench-$u; cp "$td/debug/rdma-bench" "${BIN[$u]}"
+    log "UCX $have: ${BIN[$u]}"
+  fi
+fi
 
 for _ in $(seq "$LOAD"); do
   (exec yes >/dev/null) & LOADPIDS+=($!)
@@ -281,7 +320,7 @@ ranks_trial() {
     # CI; 0-8 ms behind a 2 ms poll missed 3 of 15 and 6 of 18; 0-3 ms (below) 3 of 19.
     teardown) delay=$((RANDOM % 4)); trig="rank [0-9]: run 1 done"; n=40 ;;
   esac
-  local args=(run -vv --provider "$prov" --pattern all-to-all --sizes 4K,8K --pages 16 -n "$n"
+  local args=(run -vv $(nic "$v" "$prov") --pattern all-to-all --sizes 4K,8K --pages 16 -n "$n"
     --idle-timeout 5 --rendezvous-timeout 6)
   WRAPPERS=()
   local order=(0 1 2 3)
@@ -340,7 +379,7 @@ ranks_trial() {
     sleep 0.02
   done
   local complete=0
-  grep -q "write over libfabric/" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
+  grep -q "write over [a-z]*/" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
   grep -q "the job is complete" "$dir"/rank*.err 2>/dev/null && complete=1
   local bad=0 what rc at took wd=
   for r in 0 1 2 3; do
@@ -360,6 +399,9 @@ ranks_trial() {
     slowest "$key" "$took" "$what"
     if [ "$rc" -ge 128 ]; then
       defect "$key" signal "$what" "killed by signal $((rc - 128)); stderr: $(tail -c 300 "$dir/rank$r.err" | tr '\n' ' ')"
+      bad=1
+    elif aborted "$dir/rank$r.err"; then
+      defect "$key" signal "$what" "aborted inside the provider (exit $rc): $(grep -m1 -E "$ABORTED" "$dir/rank$r.err")"
       bad=1
     elif [ "$rc" -eq 0 ]; then
       if [ $complete = 1 ]; then bump "$key" completed-survivor; else
@@ -389,7 +431,7 @@ server_trial() {
   WRAPPERS=()
   which=$([ $((idx % 2)) = 0 ] && echo client || echo server)
   local trial="$v/$prov #$idx seed $seed"
-  start srv "$dir" -- server --listen 127.0.0.1:0 --provider "$prov" --idle-timeout 5 ||
+  start srv "$dir" -- server --listen 127.0.0.1:0 $(nic "$v" "$prov") --idle-timeout 5 ||
     { start_failed "$key" "$dir" "$trial" "the server"; return 1; }
   local t0; t0=$(now_ms)
   until grep -q "listening on" "$dir/srv.out" 2>/dev/null; do
@@ -406,7 +448,7 @@ server_trial() {
   long=$((RANDOM % 2))
   local n=100000000; [ $long = 1 ] || n=300
   delay=$((RANDOM % 2500))
-  start cli "$dir" -- client --connect "$addr" --provider "$prov" -s 4K --pages 16 -n "$n" \
+  start cli "$dir" -- client --connect "$addr" $(nic "$v" "$prov") -s 4K --pages 16 -n "$n" \
     --idle-timeout 5 --connect-timeout 10 -v ||
     { start_failed "$key" "$dir" "$trial" "the client"; return 1; }
   t0=$(now_ms)
@@ -432,6 +474,8 @@ server_trial() {
       slowest "$key" "$took" "$what: the client"
       if [ "$rc" -ge 128 ]; then
         defect "$key" signal "$what" "the client died of signal $((rc - 128)): $(tail -c 300 "$dir/cli.err")"; bad=1
+      elif aborted "$dir/cli.err"; then
+        defect "$key" signal "$what" "the client aborted inside the provider (exit $rc): $(grep -m1 -E "$ABORTED" "$dir/cli.err")"; bad=1
       elif [ "$rc" -eq 0 ]; then
         if [ $long = 1 ]; then defect "$key" exit0 "$what" "the client exited 0"; bad=1
         else bump "$key" completed; fi
@@ -448,7 +492,7 @@ server_trial() {
         defect "$key" noname "$what" "the server did not report the lost client within ${LIMIT} s: $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"; bad=1
       fi
     fi
-    start next "$dir" -- client --connect "$addr" --provider "$prov" -s 4K --pages 16 -n 20 \
+    start next "$dir" -- client --connect "$addr" $(nic "$v" "$prov") -s 4K --pages 16 -n 20 \
       --idle-timeout 10 --connect-timeout 10 --verify ||
       { start_failed "$key" "$dir" "$trial" "the next client"; return 1; }
     t0=$(now_ms)
@@ -457,6 +501,8 @@ server_trial() {
       rc=$(rc_of "$dir" srv)
       if [ "$rc" -ge 128 ]; then
         defect "$key" signal "$what" "the server died of signal $((rc - 128)): $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"
+      elif aborted "$dir/srv.err"; then
+        defect "$key" signal "$what" "the server aborted inside the provider (exit $rc): $(grep -m1 -E "$ABORTED" "$dir/srv.err")"
       else
         defect "$key" exit0 "$what" "the server exited ($rc): $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"
       fi
@@ -486,10 +532,10 @@ log "seed $SEED, $TRIALS trial(s) per mode, provider and version; logs of failed
 T0=$SECONDS
 read -ra PH <<<"$PHASES"
 vi=0
-for v in $VERSIONS; do
+for v in $STACKS; do
   B=${BIN[$v]}; LD=${LDP[$v]}
   pi=0
-  for prov in $PROVIDERS; do
+  for prov in ${PROVS[$v]}; do
     for mode in $MODES; do
       for i in $(seq 0 $((TRIALS - 1))); do
         try=0
@@ -525,15 +571,15 @@ for mode in $MODES; do
   echo
   if [ "$mode" = ranks ]; then
     echo "rdma-bench run, 4 ranks, one SIGKILLed (survivors: 3 per trial)"
-    printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %9s  %s\n' version prov trials "exit 0" \
+    printf '%-10s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %9s  %s\n' version prov trials "exit 0" \
       noname "alive$LIMIT" signal setup start watchdog unkilled missed "slowest" "seen: before/during/setup/transfer/between/teardown, complete"
   else
     echo "rdma-bench server/client, the client or the server SIGKILLed"
-    printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %9s  %s\n' version prov trials "exit 0" \
+    printf '%-10s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %9s  %s\n' version prov trials "exit 0" \
       noname "alive$LIMIT" signal "next" start watchdog unkilled missed "slowest" "completed before the kill"
   fi
-  for v in $VERSIONS; do
-    for prov in $PROVIDERS; do
+  for v in $STACKS; do
+    for prov in ${PROVS[$v]}; do
       k=$(row_key "$mode" "$v" "$prov")
       g() { echo "${C[$k|$1]:-0}"; }
       sum=$(( $(g exit0) + $(g noname) + $(g alive) + $(g signal) + $(g setup) + $(g next) +
@@ -543,22 +589,22 @@ for mode in $MODES; do
       total=$((total + sum))
       wdcol=$(g watchdog); [ "$v" != 1.17 ] || wdcol="($wdcol)"
       if [ "$mode" = ranks ]; then
-        printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %8.2fs  %s/%s/%s/%s/%s/%s, %s\n' "$v" "$prov" \
+        printf '%-10s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %8.2fs  %s/%s/%s/%s/%s/%s, %s\n' "$v" "$prov" \
           "$(g trials)" "$(g exit0)" "$(g noname)" "$(g alive)" "$(g signal)" "$(g setup)" \
           "$(g start)" "$wdcol" "$(g unkilled)" "$(g missed)" \
           "$(echo "$(g slow)" | awk '{print $1/1000}')" "$(g phase-before)" "$(g phase-during)" \
           "$(g phase-setup)" "$(g phase-transfer)" "$(g phase-between)" "$(g phase-teardown)" \
           "$(g completed)"
       else
-        printf '%-8s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %8.2fs  %s\n' "$v" "$prov" "$(g trials)" \
+        printf '%-10s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %8.2fs  %s\n' "$v" "$prov" "$(g trials)" \
           "$(g exit0)" "$(g noname)" "$(g alive)" "$(g signal)" "$(g next)" \
           "$(g start)" "$wdcol" "$(g unkilled)" "$(g missed)" \
           "$(echo "$(g slow)" | awk '{print $1/1000}')" "$(g completed)"
       fi
     done
   done
-  for v in $VERSIONS; do
-    for prov in $PROVIDERS; do
+  for v in $STACKS; do
+    for prov in ${PROVS[$v]}; do
       k=$(row_key "$mode" "$v" "$prov")
       [ -n "${C[$k|slowat]:-}" ] && echo "  slowest $v/$prov: ${C[$k|slowat]}"
     done
