@@ -42,6 +42,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source ci/listening.sh
 CARRY=${GPU_CARRY:-$ROOT/gpu-carry}
 B=$CARRY/build/efa-sim
 RC_VERSION=56.1
@@ -260,9 +261,12 @@ run() {
     log "twoproc: rdma-bench server (host 0) + client (host 1) --mem $mem"
     EFA_SIM_STATS=$st EFA_SIM_HOST=0 FI_LOG_LEVEL=warn timeout 300 "$rb" server \
       --listen 127.0.0.1:$p --provider efa --sessions 1 > "$run/server.out" 2>&1 &
-    local spid=$! i
-    for i in $(seq 100); do grep -q listening "$run/server.out" 2>/dev/null && break; sleep 0.1; done
-    if EFA_SIM_STATS=$st EFA_SIM_HOST=1 FI_LOG_LEVEL=warn timeout 290 "$rb" client \
+    local spid=$!
+    if ! wait_listening $p 60; then
+      kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+      tail -10 "$run/server.out" >&2
+      fail "twoproc: the server did not listen on port $p within 60 s"
+    elif EFA_SIM_STATS=$st EFA_SIM_HOST=1 FI_LOG_LEVEL=warn timeout 290 "$rb" client \
         --connect 127.0.0.1:$p --provider efa --mem "$mem" --gpus 0 --nics-per-gpu 4 \
         --sizes 4K,64K,1M,4M --pages 16 -n 3 -v > "$out" 2> "$run/client.err"; then
       local src=0; wait $spid || src=$?
@@ -300,7 +304,13 @@ run() {
       st=$run/ft.stats; rm -f "$st"; p=$((p + 1))
       EFA_SIM_STATS=$st FI_LOG_LEVEL=warn timeout 240 "${cmd[@]}" -p efa -E=$p > "$run/ft.server" 2>&1 &
       local spid=$!
-      sleep 1
+      # The server's out-of-band socket (-E) is up once it listens: no fixed sleep.
+      if ! wait_listening $p 60; then
+        kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+        tail -10 "$run/ft.server" >&2
+        fail "fabtests: $t -p efa: the server did not listen on port $p within 60 s"
+        continue
+      fi
       crc=0; EFA_SIM_STATS=$st FI_LOG_LEVEL=warn timeout 240 "${cmd[@]}" -p efa -E=$p 127.0.0.1 \
         > "$run/ft.client" 2>&1 || crc=$?
       src=0; wait $spid || src=$?

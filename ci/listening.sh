@@ -1,7 +1,7 @@
 # Sourced by scripts that start a server and then its client (ci/verbs-2vm-test.sh,
-# ci/compare-ref.sh, ci/gpu-host.sh, ci/gpu-host-ucx.sh, transport-ucx/shims-test.sh,
-# callgrind.sh, compare.sh and compare-tag.sh, and inside the VM by ci/compare-ref-vm.sh's
-# run.sh: POSIX sh, busybox's awk).
+# ci/compare-ref.sh, ci/gpu-host.sh, ci/gpu-host-ucx.sh, ci/gpu-efa-sim.sh,
+# transport-ucx/shims-test.sh, callgrind.sh, compare.sh and compare-tag.sh, and inside the VM
+# by ci/compare-ref-vm.sh's run.sh: POSIX sh, busybox's awk).
 #
 # listening PORT: a TCP socket listens on PORT, on any local address (/proc/net/tcp and tcp6,
 # state 0A). It probes without connecting, so a server that takes one peer is not taken.
