@@ -37,9 +37,11 @@
 #
 #   ci/kill-soak.sh [--trials N] [--providers "shm tcp"] [--versions "1.17 2.1.0 2.6.0"]
 #                   [--modes "ranks server"] [--phases "before during setup transfer between teardown"]
-#                   [--ucx "sm tcp"] [--seed S] [--load N] [--logs DIR] [--no-build]
+#                   [--ucx "sm tcp"] [--ucx-lib DIR] [--seed S] [--load N] [--logs DIR]
+#                   [--no-build]
 #
-# --ucx "" soaks no UCX (a build without libucx-dev). 1.17 is the system libfabric (Debian 12); other versions come from ci/libfabric.sh (cached
+# --ucx "" soaks no UCX (a build without libucx-dev); --ucx-lib DIR runs the UCX stack with
+# LD_LIBRARY_PATH=DIR (another UCX's libraries, e.g. the 1.22 wheel's). 1.17 is the system libfabric (Debian 12); other versions come from ci/libfabric.sh (cached
 # builds) and run with LD_LIBRARY_PATH. KILL_SOAK_BIN=PATH soaks that rdma-bench instead
 # (one version, the system libfabric). Exit status 0 when every defect column is zero.
 set -uo pipefail
@@ -59,6 +61,7 @@ TRIALS=10
 PROVIDERS="shm tcp"
 VERSIONS="1.17 2.1.0 2.6.0"
 UCX_PROVIDERS="sm tcp"
+UCX_LIB=
 MODES="ranks server"
 PHASES="before during setup transfer between teardown"
 SEED=$(( $(date +%s) % 1000000 ))
@@ -73,6 +76,7 @@ while [ $# -gt 0 ]; do
     --providers) PROVIDERS=$2; shift 2 ;;
     --versions) VERSIONS=$2; shift 2 ;;
     --ucx) UCX_PROVIDERS=$2; shift 2 ;;
+    --ucx-lib) UCX_LIB=$2; shift 2 ;;
     --modes) MODES=$2; shift 2 ;;
     --phases) PHASES=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
@@ -162,12 +166,10 @@ done
 
 # After the libfabric builds: this one rebuilds the same target's binary with UCX.
 if [ -n "$UCX_PROVIDERS" ]; then
-  have=$(pkg-config --modversion ucx 2>/dev/null) || { log "no UCX (pkg-config ucx); --ucx \"\" soaks none"; exit 1; }
-  u=ucx-$have
-  STACKS="$STACKS $u"; BK[$u]="--backend ucx"; PROVS[$u]=$UCX_PROVIDERS; LDP[$u]=
+  pkg-config --exists ucx || { log "no UCX (pkg-config ucx): install libucx-dev, or --ucx \"\""; exit 1; }
+  ub=$TMP/rdma-bench-ucx
   if [ -n "${KILL_SOAK_BIN:-}" ]; then
-    BIN[$u]=$TMP/rdma-bench-$u; cp "$KILL_SOAK_BIN" "${BIN[$u]}"
-    log "UCX $have: ${BIN[$u]} (a copy of $KILL_SOAK_BIN)"
+    cp "$KILL_SOAK_BIN" "$ub"
   else
     td=${CARGO_TARGET_DIR:-$ROOT/target}
     if [ -n "$BUILD" ]; then
@@ -175,9 +177,16 @@ if [ -n "$UCX_PROVIDERS" ]; then
         { log "build with UCX failed"; exit 1; }
     fi
     [ -x "$td/debug/rdma-bench" ] || { log "no $td/debug/rdma-bench (drop --no-build)"; exit 1; }
-    BIN[$u]=$TMP/rdma-bench-$u; cp "$td/debug/rdma-bench" "${BIN[$u]}"
-    log "UCX $have: ${BIN[$u]}"
+    cp "$td/debug/rdma-bench" "$ub"
   fi
+  # The UCX the binary loads (--ucx-lib: another one's libraries, e.g. a wheel's), by its
+  # doctor: a binary built without UCX has none, and soaks nothing.
+  have=$(LD_LIBRARY_PATH=$UCX_LIB "$ub" doctor 2>/dev/null | grep -oE '^ *[a-z]+ +ucx +ucx [0-9.]+' | awk '{print $4}')
+  [ -n "$have" ] || { log "$ub loads no UCX (built without --features ucx?)"; exit 1; }
+  u=ucx-$have
+  STACKS="$STACKS $u"; BK[$u]="--backend ucx"; PROVS[$u]=$UCX_PROVIDERS; LDP[$u]=$UCX_LIB
+  BIN[$u]=$TMP/rdma-bench-$u; mv "$ub" "${BIN[$u]}"
+  log "UCX $have: ${BIN[$u]}${UCX_LIB:+ (LD_LIBRARY_PATH=$UCX_LIB)}"
 fi
 
 for _ in $(seq "$LOAD"); do
