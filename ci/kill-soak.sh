@@ -203,6 +203,9 @@ start() {
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
   (
+    # In the trial's directory: what a process leaves in its working directory (UCX's
+    # libinfinipath writes a backtrace file there when it aborts) goes with the trial's logs.
+    cd "$dir" || exit 1
     env "${envs[@]}" LD_LIBRARY_PATH="$LD" "$B" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
     p=$!
     echo "$p" >"$dir/$name.pid"
