@@ -35,6 +35,12 @@
 //!   Ours' handlers send nothing back. Eager active messages to one peer go on one lane
 //!   (UCX's `MAX_EAGER_RAILS` is 1), in order, so an immediate still comes after every
 //!   earlier WRITE's bytes.
+//! - GPU memory: what landed there by UCX's CPU or CUDA copies (shared memory, tcp,
+//!   cuda_copy, cuda_ipc) is visible once its completion came;
+//!   [`make_gpu_visible`](transport_core::Transport::make_gpu_visible) flushes the NIC's
+//!   GPUDirect RDMA writes (where the GPU needs it) for any other transport list, UCX's
+//!   default (`all`) and lists of exclusions (`^...`) among them: where the node has an
+//!   InfiniBand/RoCE NIC and UCX has CUDA, those may be rc writing GPU memory.
 //! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
 //!   Sends, receives and puts name their region's `ucp_mem_map` handle and memory type
 //!   (option `memh`).
@@ -66,7 +72,7 @@ mod probe;
 pub use endpoint::{Endpoint, UcxKey, UcxMr};
 pub use probe::probe;
 
-use transport_core::{BackendInfo, OptionInfo, ProviderInfo};
+use transport_core::{BackendInfo, Landing, OptionInfo, ProviderInfo};
 
 /// The options of `NicDesc::options`.
 const OPTIONS: &[OptionInfo] = &[
@@ -144,6 +150,33 @@ pub(crate) fn tcp_only(tls: Option<&str>) -> bool {
     names_only(tls, &["tcp"])
 }
 
+/// How bytes land in this endpoint's GPU regions, for `make_gpu_visible`: UCX's CPU and CUDA
+/// copies (shared memory, tcp, cuda_copy, cuda_ipc) have run before their completions; any
+/// other transport may be a NIC writing GPU memory by GPUDirect RDMA (rc, dc, ud; and UCX's
+/// default `all`, or a list of exclusions, which take whichever the node has), whose writes
+/// need the GPU's flush before its next kernel reads them.
+pub(crate) fn landing_for(tls: Option<&str>) -> Landing {
+    let copies = [
+        "sm",
+        "shm",
+        "posix",
+        "sysv",
+        "cma",
+        "knem",
+        "xpmem",
+        "self",
+        "mm",
+        "tcp",
+        "cuda_copy",
+        "cuda_ipc",
+    ];
+    if names_only(tls, &copies) {
+        Landing::ProviderCopy
+    } else {
+        Landing::NicDma
+    }
+}
+
 /// Transports that go over the machine's InfiniBand/RoCE NICs; the others (shared memory,
 /// tcp, CUDA copies) use no NIC of a GPU's group.
 fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
@@ -204,7 +237,7 @@ pub(crate) const INFO: BackendInfo = BackendInfo {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn nic_driver_follows_the_transports() {
+    fn transport_lists_are_read_as_ucx_reads_them() {
         assert_eq!(super::nic_driver(Some("sm")), None);
         assert_eq!(super::nic_driver(Some("tcp")), None);
         assert_eq!(super::nic_driver(None), None);
@@ -218,6 +251,20 @@ mod tests {
         assert!(!super::tcp_only(Some("^tcp")), "all but tcp");
         assert!(!super::shared_memory_only(Some("^sm")), "all but sm");
         assert!(!super::tcp_only(Some("tcp,sm")));
+        use transport_core::Landing::{NicDma, ProviderCopy};
+        for (tls, want) in [
+            (None, NicDma),
+            (Some("all"), NicDma),
+            (Some("^sm"), NicDma),
+            (Some("rc_verbs,tcp"), NicDma),
+            (Some("sm,rc_mlx5,cuda_copy"), NicDma),
+            (Some("gdr_copy,cuda_copy"), NicDma),
+            (Some("sm,cuda_copy,cuda_ipc,self"), ProviderCopy),
+            (Some("tcp"), ProviderCopy),
+            (Some("sm"), ProviderCopy),
+        ] {
+            assert_eq!(super::landing_for(tls), want, "UCX_TLS={tls:?}");
+        }
         assert!(!super::tcp_only(Some("rc_verbs")));
         assert!(!super::tcp_only(None));
         assert!(super::rc_without_wireup("rc_verbs"));

@@ -159,14 +159,9 @@ impl Endpoint {
             caps: Caps::default(),
             grave: Arc::new(Mutex::new(Vec::new())),
             tls: nic.provider.clone().unwrap_or_else(|| "all".into()),
-            // The transports this backend opens move GPU memory with CUDA copies (cuda_copy,
-            // cuda_ipc); a UCX with GPUDirect RDMA (rc with CUDA) would need the NIC's flush.
-            landing: if crate::nic_driver(Some(nic.provider.as_deref().unwrap_or("all"))).is_some()
-            {
-                Landing::NicDma
-            } else {
-                Landing::ProviderCopy
-            },
+            // CUDA copies (cuda_copy, cuda_ipc) need nothing; a NIC's GPUDirect RDMA writes
+            // (rc with a CUDA-enabled UCX, which `all` takes where there is one) the flush.
+            landing: crate::landing_for(nic.provider.as_deref()),
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
             recv_info_at_once: Self::loaded_version() >= RECV_INFO_SINCE,
