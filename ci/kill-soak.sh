@@ -41,9 +41,11 @@
 #                   [--no-build]
 #
 # --ucx "" soaks no UCX (a build without libucx-dev); --ucx-lib DIR runs the UCX stack with
-# LD_LIBRARY_PATH=DIR (another UCX's libraries, e.g. the 1.22 wheel's). 1.17 is the system libfabric (Debian 12); other versions come from ci/libfabric.sh (cached
-# builds) and run with LD_LIBRARY_PATH. KILL_SOAK_BIN=PATH soaks that rdma-bench instead
-# (one version, the system libfabric). Exit status 0 when every defect column is zero.
+# LD_LIBRARY_PATH=DIR (another UCX's libraries, e.g. the 1.22 wheel's). 1.17 is the system
+# libfabric (Debian 12); other versions come from ci/libfabric.sh (cached builds) and run
+# with LD_LIBRARY_PATH. KILL_SOAK_BIN=PATH soaks that rdma-bench instead (against the system
+# libfabric, and UCX where it was built with it). Exit status 0 when every defect column is
+# zero.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -122,15 +122,20 @@ const OPTIONS: &[OptionInfo] = &[
     },
 ];
 
-/// Whether `tls` (UCX_TLS) names transports among `names` only (a `\` prefix and a `:aux`
-/// suffix aside). A list that starts with `^` names the transports UCX must not use, which
-/// says nothing of those it will: not only these.
-fn names_only(tls: Option<&str>, names: &[&str]) -> bool {
+/// UCX's shared-memory transports and their aliases.
+const SHARED_MEMORY: &[&str] = &[
+    "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm",
+];
+
+/// Whether every transport `tls` (UCX_TLS) names is one that `is` takes (a `\` prefix and a
+/// `:aux` suffix aside). A list that starts with `^` names the transports UCX must not use,
+/// which says nothing of those it will: not only these.
+fn names_only(tls: Option<&str>, is: impl Fn(&str) -> bool) -> bool {
     tls.is_some_and(|t| {
         !t.trim_start().starts_with('^')
             && t.split(',').all(|x| {
                 let x = x.trim().trim_start_matches('\\');
-                names.contains(&x.split(':').next().unwrap_or(x))
+                is(x.split(':').next().unwrap_or(x))
             })
     })
 }
@@ -138,16 +143,13 @@ fn names_only(tls: Option<&str>, names: &[&str]) -> bool {
 /// Whether `tls` names shared-memory transports only (UCX 1.13 has no peer failure handler
 /// for posix and sysv, so peer error handling finds no transport for messages there).
 pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
-    let sm = [
-        "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm",
-    ];
-    names_only(tls, &sm)
+    names_only(tls, |t| SHARED_MEMORY.contains(&t))
 }
 
 /// Whether `tls` names tcp only, where UCX has no RMA of its own and emulates puts with
 /// active messages (`write=auto` then sends WRITEs as active messages).
 pub(crate) fn tcp_only(tls: Option<&str>) -> bool {
-    names_only(tls, &["tcp"])
+    names_only(tls, |t| t == "tcp")
 }
 
 /// How bytes land in this endpoint's GPU regions, for `make_gpu_visible`: UCX's CPU and CUDA
@@ -156,21 +158,9 @@ pub(crate) fn tcp_only(tls: Option<&str>) -> bool {
 /// default `all`, or a list of exclusions, which take whichever the node has), whose writes
 /// need the GPU's flush before its next kernel reads them.
 pub(crate) fn landing_for(tls: Option<&str>) -> Landing {
-    let copies = [
-        "sm",
-        "shm",
-        "posix",
-        "sysv",
-        "cma",
-        "knem",
-        "xpmem",
-        "self",
-        "mm",
-        "tcp",
-        "cuda_copy",
-        "cuda_ipc",
-    ];
-    if names_only(tls, &copies) {
+    let copy =
+        |t: &str| SHARED_MEMORY.contains(&t) || matches!(t, "tcp" | "cuda_copy" | "cuda_ipc");
+    if names_only(tls, copy) {
         Landing::ProviderCopy
     } else {
         Landing::NicDma
