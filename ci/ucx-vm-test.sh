@@ -10,7 +10,7 @@
 # rc_verbs,tcp (tcp wires rc up; the debug log must show rc_verbs as the rma lane; write, send,
 # lat and gpu-write, the proxy ring with a CPU producer, run over it, verified); then a
 # server and its clients as processes of their own over rc_verbs,tcp: a client killed
-# mid-transfer (the server must report it and serve the next client, verified), and the
+# mid-transfer (in its second run, past UCX's wire-up) (the server must report it and serve the next client, verified), and the
 # server killed mid-transfer (its client must exit non-zero naming it within 60 s); no process
 # may abort inside UCX. Why not ud_verbs for wire-up: transport-ucx/tests/conformance_rc_verbs.rs.
 #   ci/ucx-vm-test.sh [-- TEST-FILTER ARGS...]   extra args go to the test binary
@@ -78,7 +78,7 @@ T=${VM_TEST_TIMEOUT:-300}
   cat <<'KILLED'
 echo "=== a killed peer over ucx rc_verbs: the server serves the next client, a client whose server died names it"
 SRV="env UCX_NET_DEVICES=rxe0:1,veth0 ./bin/rdma-bench server --backend ucx --provider rc_verbs,tcp --listen 127.0.0.1:7471 --idle-timeout 10"
-CLI="env UCX_NET_DEVICES=rxe1:1,veth1 ./bin/rdma-bench client --backend ucx --provider rc_verbs,tcp --connect 127.0.0.1:7471 --idle-timeout 10 --connect-timeout 30 -s 64K --pages 16"
+CLI="env UCX_NET_DEVICES=rxe1:1,veth1 ./bin/rdma-bench client --backend ucx --provider rc_verbs,tcp --connect 127.0.0.1:7471 --idle-timeout 10 --connect-timeout 30 --pages 16"
 # until_seen FILE PATTERN SECS: until FILE holds PATTERN (0), or SECS ran out (1).
 until_seen() { i=0; while [ $i -lt $(($3 * 10)) ]; do grep -qE "$2" "$1" 2>/dev/null && return 0; sleep 0.1; i=$((i + 1)); done; return 1; }
 # gone PID SECS: until PID ended (0), or SECS ran out (1).
@@ -86,18 +86,22 @@ gone() { i=0; while [ $i -lt $(($2 * 10)) ]; do kill -0 "$1" 2>/dev/null || retu
 aborted() { grep -qE "Fatal: |==== backtrace|Caught signal" "$@"; }
 $SRV > /tmp/srv.out 2> /tmp/srv.err &
 SP=$!
-$CLI -n 100000000 > /tmp/c1.out 2> /tmp/c1.err &
+# Killed once its first run is done (64 KiB), so inside its second (1 MiB, tens of seconds
+# here): mid-transfer, past UCX's wire-up. A peer killed during wire-up can abort the
+# survivor inside UCX 1.13.1 (docs/known-limits.md), which this check does not ask.
+LONG="--sizes 64K,1M -n 100 -v"
+$CLI $LONG > /tmp/c1.out 2> /tmp/c1.err &
 C1=$!
-if until_seen /tmp/srv.err "session 0 from .*: started" 120; then
-  sleep 2; kill -9 $C1
+if until_seen /tmp/c1.err "^rdma-bench: run 0:" 180; then
+  kill -9 $C1
   until_seen /tmp/srv.err "session 0 from .*(failed|gone|closed|abandoned|error)" 60 ||
     { echo "=== FAILED: the server did not report its killed client within 60 s"; fail=1; }
-  timeout 120 $CLI -n 5 --verify > /tmp/c2.out 2> /tmp/c2.err ||
+  timeout 120 $CLI -s 64K -n 5 --verify > /tmp/c2.out 2> /tmp/c2.err ||
     { echo "=== FAILED: the next client after a killed one (rc $?)"; tail -5 /tmp/c2.err; fail=1; }
-  $CLI -n 100000000 > /tmp/c3.out 2> /tmp/c3.err &
+  $CLI $LONG > /tmp/c3.out 2> /tmp/c3.err &
   C3=$!
-  if until_seen /tmp/srv.err "session 2 from .*: started" 120; then
-    sleep 2; kill -9 $SP
+  if until_seen /tmp/c3.err "^rdma-bench: run 0:" 180; then
+    kill -9 $SP
     if ! gone $C3 60; then
       echo "=== FAILED: the client still runs 60 s after its server was killed"; kill -9 $C3; fail=1
     else
@@ -106,10 +110,10 @@ if until_seen /tmp/srv.err "session 0 from .*: started" 120; then
         { echo "=== FAILED: the client whose server died exited $rc without naming it"; tail -5 /tmp/c3.err; fail=1; }
     fi
   else
-    echo "=== FAILED: the third session did not start"; tail -5 /tmp/srv.err; fail=1
+    echo "=== FAILED: the third client's first run did not end"; tail -5 /tmp/srv.err /tmp/c3.err; fail=1
   fi
 else
-  echo "=== FAILED: the first session did not start"; tail -5 /tmp/srv.err /tmp/c1.err; fail=1
+  echo "=== FAILED: the first client's first run did not end"; tail -5 /tmp/srv.err /tmp/c1.err; fail=1
 fi
 kill -9 $SP $C1 $C3 2>/dev/null
 if aborted /tmp/srv.err /tmp/c1.err /tmp/c2.err /tmp/c3.err; then
