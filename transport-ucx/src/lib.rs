@@ -202,6 +202,28 @@ pub(crate) fn rc_without_wireup(tls: &str) -> bool {
     rc && !aux
 }
 
+/// What to say where `ucp_ep_create` over `tls` failed (`unreachable`: with
+/// `UCS_ERR_UNREACHABLE`).
+pub(crate) fn ep_create_hint(tls: &str, unreachable: bool, peer_errors: bool) -> &'static str {
+    if rc_without_wireup(tls) {
+        "no auxiliary wire-up transport: UCX connects rc_verbs (rc_mlx5) endpoints over \
+         another transport that reaches the peer's worker address first (UCX's `no auxiliary \
+         transport ... Unsupported operation`); add one to the transports, e.g. --provider \
+         rc_verbs,tcp or rc_verbs,ud_verbs"
+    } else if unreachable && peer_errors && shared_memory_only(Some(tls)) {
+        "no transport of TLS reaches the peer with peer error handling: UCX 1.13's \
+         shared-memory transports (posix, sysv) have no peer failure handler; add tcp to the \
+         transports or pass the option peer_errors=off or auto (a dead peer then hangs \
+         operations instead of failing them)"
+    } else if unreachable {
+        "no transport of TLS reaches the peer's address: is the peer still running (UCX \
+         cannot connect to a dead one), and are its devices reachable from this node's \
+         (UCX_NET_DEVICES)?"
+    } else {
+        "is the peer's address from a live UCX endpoint, reachable over TLS?"
+    }
+}
+
 fn no_env(_provider: &str) -> &'static [(&'static str, &'static str)] {
     &[]
 }
@@ -264,5 +286,12 @@ mod tests {
         assert!(!super::rc_without_wireup("rc"));
         assert!(!super::rc_without_wireup("sm"));
         assert!(!super::rc_without_wireup("all"));
+        // A peer that died before this side connected to it (seen over rc_verbs,tcp when a
+        // client was killed during its session's setup) is not a shared-memory matter.
+        let sm = "shared-memory transports";
+        assert!(super::ep_create_hint("sm", true, true).contains(sm));
+        assert!(!super::ep_create_hint("rc_verbs,tcp", true, true).contains(sm));
+        assert!(super::ep_create_hint("tcp", true, true).contains("still running"));
+        assert!(super::ep_create_hint("rc_verbs", true, true).contains("auxiliary"));
     }
 }

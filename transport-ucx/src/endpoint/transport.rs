@@ -54,19 +54,8 @@ impl Transport for Endpoint {
         // hash of what a peer's ucp_worker_get_address gave) and outlive the call; the error
         // handler's arg is the boxed Peer, kept (boxed, never moved) until its ep is closed.
         let st = unsafe { sys::ucp_ep_create(self.worker, &params, &mut ep) };
-        let hint = if crate::rc_without_wireup(&self.tls) {
-            "no auxiliary wire-up transport: UCX connects rc_verbs (rc_mlx5) endpoints over \
-             another transport that reaches the peer's worker address first (UCX's `no \
-             auxiliary transport ... Unsupported operation`); add one to the transports, e.g. \
-             --provider rc_verbs,tcp or rc_verbs,ud_verbs"
-        } else if st == sys::UCS_ERR_UNREACHABLE && self.peer_errors {
-            "no transport of TLS reaches the peer with peer error handling: UCX 1.13's \
-             shared-memory transports (posix, sysv) have no peer failure handler; add tcp to \
-             the transports or pass the option peer_errors=off or auto (a dead peer then \
-             hangs operations instead of failing them)"
-        } else {
-            "is the peer's address from a live UCX endpoint, reachable over TLS?"
-        };
+        let hint =
+            crate::ep_create_hint(&self.tls, st == sys::UCS_ERR_UNREACHABLE, self.peer_errors);
         check("ucp_ep_create", st, hint)?;
         let mut peer = peer;
         peer.ep = ep;
