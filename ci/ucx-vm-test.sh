@@ -14,7 +14,8 @@
 # server killed mid-transfer (its client must exit non-zero naming it within 60 s); no process
 # may abort inside UCX. Why not ud_verbs for wire-up: transport-ucx/tests/conformance_rc_verbs.rs.
 #   ci/ucx-vm-test.sh [-- TEST-FILTER ARGS...]   extra args go to the test binary
-# Env: VM_TEST_TIMEOUT (s, per step, default 300), SOFTROCE_TIMEOUT (s, whole VM, default 900).
+# Env: VM_TEST_TIMEOUT (s, per step, default 300), SOFTROCE_TIMEOUT (s, whole VM, default 900),
+# WIREUP_KILLS=N (kill N clients during their setup instead; below).
 # Exit status: 0 all passed; 1 a step failed; 125 the VM failed or timed out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -123,6 +124,48 @@ echo "--- server:"; cat /tmp/srv.err; echo "--- the client whose server died:"; 
 KILLED
   echo 'exit $fail'
 } > "$RUN/run-tests.sh"
+
+# WIREUP_KILLS=N: instead of the above, kill N clients during their sessions' setup (0.1-1.5 s
+# after they started, where UCX wires rc_verbs up over tcp) and count the servers that abort.
+# UCX 1.13.1 does (docs/known-limits.md); a UCX that does not passes.
+if [ -n "${WIREUP_KILLS:-}" ]; then
+  cat > "$RUN/run-tests.sh" <<KILLS
+#!/bin/sh
+export UCX_MODULE_DIR=/mnt/host/lib/ucx N=$WIREUP_KILLS
+KILLS
+  cat >> "$RUN/run-tests.sh" <<'KILLS'
+SRV="env UCX_NET_DEVICES=rxe0:1,veth0 ./bin/rdma-bench server --backend ucx --provider rc_verbs,tcp --listen 127.0.0.1:7471"
+CLI="env UCX_NET_DEVICES=rxe1:1,veth1 ./bin/rdma-bench client --backend ucx --provider rc_verbs,tcp --connect 127.0.0.1:7471 --pages 16 --sizes 64K -n 50"
+echo "=== $N clients killed during their setup over ucx rc_verbs,tcp: the server must survive each"
+k=0; aborts=0; i=0
+serve() { k=$((k + 1)); $SRV > /tmp/s$k.out 2> /tmp/s$k.err & SP=$!; sleep 0.5; }
+serve
+while [ $i -lt $N ]; do
+  i=$((i + 1)); d=$((100 + RANDOM % 1400))
+  $CLI > /tmp/c.out 2> /tmp/c.err & CP=$!
+  sleep "$(awk "BEGIN { print $d / 1000 }")"; kill -9 $CP; wait $CP 2>/dev/null
+  # Until the server ended every session it started (or died): 40 s at most.
+  t=0
+  while kill -0 $SP 2>/dev/null && [ $t -lt 400 ]; do
+    started=$(grep -c ": started$" /tmp/s$k.err)
+    ended=$(grep "^rdma-bench server: session " /tmp/s$k.err | grep -vc ": started$")
+    [ "$started" = "$ended" ] && break
+    sleep 0.1; t=$((t + 1))
+  done
+  if ! kill -0 $SP 2>/dev/null; then
+    aborts=$((aborts + 1))
+    why=$(grep -hE "Assertion|Fatal|Caught signal" /tmp/s$k.err | head -1)
+    echo "kill $i (+$d ms): the server died: $(echo "${why:-$(tail -1 /tmp/s$k.err)}" | cut -c1-200)"
+    serve
+  elif [ $t -ge 400 ]; then
+    echo "kill $i (+$d ms): the server did not end the session within 40 s"; aborts=$((aborts + 1))
+  fi
+done
+kill -9 $SP 2>/dev/null
+echo "=== $N kills: the server died or stuck $aborts times"
+[ $aborts = 0 ]
+KILLS
+fi
 
 set +e
 SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-900} ci/vm/run-vm.sh --share "$RUN" -- sh run-tests.sh

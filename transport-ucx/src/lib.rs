@@ -202,6 +202,14 @@ pub(crate) fn rc_without_wireup(tls: &str) -> bool {
     rc && !aux
 }
 
+/// The loaded UCX's major and minor version.
+pub(crate) fn loaded_version() -> (u32, u32) {
+    let (mut major, mut minor, mut release) = (0, 0, 0);
+    // SAFETY: three valid out pointers.
+    unsafe { ucx_sys::ucp_get_version(&mut major, &mut minor, &mut release) };
+    (major, minor)
+}
+
 /// What to say where `ucp_ep_create` over `tls` failed (`unreachable`: with
 /// `UCS_ERR_UNREACHABLE`).
 pub(crate) fn ep_create_hint(tls: &str, unreachable: bool, peer_errors: bool) -> &'static str {

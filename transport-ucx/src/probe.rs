@@ -67,7 +67,17 @@ pub(crate) struct Opened {
     pub cuda_memory: bool,
     /// What UCX logged while opening it (its warnings, e.g. a device it does not have).
     pub said: Vec<String>,
+    /// The loaded UCX's major and minor version.
+    pub version: (u32, u32),
 }
+
+/// The first UCX that survives a peer dying during wire-up: before it, the purge of a
+/// failed endpoint asserts on a wire-up request (REQ, REP) still queued on the transport that
+/// carries wire-up (`ucp_request.c:684`, "got REQ message", in `ucp_request_send_state_ff`),
+/// and the process aborts. Commit 9ccaf31, "UCP/CORE: Remove assertion for checking
+/// WIREUP_MSGs when purging", in 1.14.0. Reproduced over rc_verbs,tcp in the Soft-RoCE VM: a
+/// client killed during its session's setup aborted the server (docs/known-limits.md).
+const WIREUP_PURGE_SINCE: (u32, u32) = (1, 14);
 
 /// What the user named, with UCX's environment where the command line named nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -235,6 +245,23 @@ pub(crate) fn judge(
         ));
     }
 
+    // rc endpoints are wired up by messages between the two workers (over tcp, ud or dc).
+    if !rc.is_empty() && o.version < WIREUP_PURGE_SINCE {
+        out.push(f(
+            "ucx.dead_peer",
+            FindingStatus::Warn,
+            format!(
+                "UCX {}.{}: a peer that dies while UCX wires up {} with it aborts this process \
+                 (UCX's assertion \"got REQ message\" in ucp_request_send_state_ff, removed in \
+                 1.14): a client killed during its setup can take a server down",
+                o.version.0,
+                o.version.1,
+                list(&mut rc.iter().copied())
+            ),
+            Some("where a process must outlive its peers (a server for many clients), use UCX 1.14 or later"),
+        ));
+    }
+
     if named.gpu_memory {
         let cuda: Vec<&Resource> = o.resources.iter().filter(|r| r.cuda()).collect();
         let ipc = cuda.iter().any(|r| r.tl == "cuda_ipc");
@@ -388,6 +415,7 @@ fn open_quiet(named_tls: Option<&str>, named_devices: Option<&str>) -> Result<Op
         resources: resources(&info),
         cuda_memory,
         said: Vec::new(),
+        version: crate::loaded_version(),
     })
 }
 
@@ -530,6 +558,7 @@ mod tests {
             resources: resources(info),
             cuda_memory: cuda,
             said: Vec::new(),
+            version: (1, 22),
         })
     }
 
@@ -656,6 +685,38 @@ mod tests {
         );
         assert!(find(&f, "ucx.wireup").is_none(), "{f:?}");
         assert_eq!(f.len(), 1, "{f:?}");
+    }
+
+    #[test]
+    fn rc_on_a_ucx_that_aborts_on_a_peer_dying_during_wire_up_warns() {
+        let rctcp = "#      resource 0  :  md 0  dev 0  flags -- rc_verbs/rxe0:1
+#      resource 1  :  md 1  dev 1  flags -- tcp/veth0
+";
+        let judged = |version, info| {
+            let mut o = opened(info, false);
+            if let Ok(o) = &mut o {
+                o.version = version;
+            }
+            judge(
+                &named(Some("rc_verbs,tcp"), &["rxe0:1", "veth0"], false),
+                &o,
+                &["rxe0".into()],
+                false,
+            )
+        };
+        let f = judged((1, 13), rctcp);
+        let w = find(&f, "ucx.dead_peer").expect("a dead-peer warning on 1.13");
+        assert_eq!(w.status, FindingStatus::Warn);
+        assert!(
+            w.summary
+                .starts_with("UCX 1.13: a peer that dies while UCX wires up rc_verbs/rxe0:1"),
+            "{}",
+            w.summary
+        );
+        assert!(find(&judged((1, 14), rctcp), "ucx.dead_peer").is_none());
+        // tcp alone: no such abort in the kill soak's tcp trials on 1.13.1, setup phase included.
+        let tcp = "#      resource 1  :  md 1  dev 1  flags -- tcp/veth0\n";
+        assert!(find(&judged((1, 13), tcp), "ucx.dead_peer").is_none());
     }
 
     #[test]

@@ -15,14 +15,6 @@ impl Endpoint {
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
-    /// The loaded UCX's major and minor version.
-    fn loaded_version() -> (u32, u32) {
-        let (mut major, mut minor, mut release) = (0, 0, 0);
-        // SAFETY: three valid out pointers.
-        unsafe { sys::ucp_get_version(&mut major, &mut minor, &mut release) };
-        (major, minor)
-    }
-
     pub(super) fn open_ucx(nic: &NicDesc) -> Result<Self> {
         check_options(&crate::INFO, &nic.options)?;
         let peer_errors = match nic.options.get("peer_errors").map(String::as_str) {
@@ -164,7 +156,7 @@ impl Endpoint {
             landing: crate::landing_for(nic.provider.as_deref()),
             devices: nic.device.clone().unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
-            recv_info_at_once: Self::loaded_version() >= RECV_INFO_SINCE,
+            recv_info_at_once: crate::loaded_version() >= RECV_INFO_SINCE,
             peer_errors,
             name_memory,
             am_writes,
