@@ -15,7 +15,8 @@
 # may abort inside UCX. Why not ud_verbs for wire-up: transport-ucx/tests/conformance_rc_verbs.rs.
 #   ci/ucx-vm-test.sh [-- TEST-FILTER ARGS...]   extra args go to the test binary
 # Env: VM_TEST_TIMEOUT (s, per step, default 300), SOFTROCE_TIMEOUT (s, whole VM, default 900),
-# WIREUP_KILLS=N (kill N clients during their setup instead; below).
+# WIREUP_KILLS=N (kill N clients during their setup instead; below), UCX_SHARE_LIB=DIR (run
+# another UCX built with verbs instead of Debian's: ci/vm/ucx-share.sh).
 # Exit status: 0 all passed; 1 a step failed; 125 the VM failed or timed out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,8 +126,8 @@ KILLED
   echo 'exit $fail'
 } > "$RUN/run-tests.sh"
 
-# WIREUP_KILLS=N: instead of the above, kill N clients during their sessions' setup (0.1-1.5 s
-# after they started, where UCX wires rc_verbs up over tcp) and count the servers that abort.
+# WIREUP_KILLS=N: instead of the above, kill N clients during their sessions' setup (0.4-0.9 s
+# after their hello, while UCX wires rc_verbs up over tcp) and count the servers that abort.
 # UCX 1.13.1 does (docs/known-limits.md); a UCX that does not passes.
 if [ -n "${WIREUP_KILLS:-}" ]; then
   cat > "$RUN/run-tests.sh" <<KILLS
@@ -136,13 +137,17 @@ KILLS
   cat >> "$RUN/run-tests.sh" <<'KILLS'
 SRV="env UCX_NET_DEVICES=rxe0:1,veth0 ./bin/rdma-bench server --backend ucx --provider rc_verbs,tcp --listen 127.0.0.1:7471"
 CLI="env UCX_NET_DEVICES=rxe1:1,veth1 ./bin/rdma-bench client --backend ucx --provider rc_verbs,tcp --connect 127.0.0.1:7471 --pages 16 --sizes 64K -n 50"
+./bin/rdma-bench doctor --backend ucx --provider rc_verbs,tcp --devices rxe0:1,veth0 | grep -E "ucx"
 echo "=== $N clients killed during their setup over ucx rc_verbs,tcp: the server must survive each"
 k=0; aborts=0; i=0
 serve() { k=$((k + 1)); $SRV > /tmp/s$k.out 2> /tmp/s$k.err & SP=$!; sleep 0.5; }
 serve
 while [ $i -lt $N ]; do
-  i=$((i + 1)); d=$((100 + RANDOM % 1400))
-  $CLI > /tmp/c.out 2> /tmp/c.err & CP=$!
+  i=$((i + 1)); d=$((400 + RANDOM % 500))
+  $CLI -v > /tmp/c.out 2> /tmp/c.err & CP=$!
+  # d ms after the client registered its regions (its first -v line; 20 s at most), about to
+  # say hello: the server then opens its side and wires up to the client.
+  t=0; while ! grep -q "^rdma-bench: " /tmp/c.err && [ $t -lt 200 ]; do sleep 0.1; t=$((t + 1)); done
   sleep "$(awk "BEGIN { print $d / 1000 }")"; kill -9 $CP; wait $CP 2>/dev/null
   # Until the server ended every session it started (or died): 40 s at most.
   t=0
@@ -162,7 +167,8 @@ while [ $i -lt $N ]; do
   fi
 done
 kill -9 $SP 2>/dev/null
-echo "=== $N kills: the server died or stuck $aborts times"
+sessions=$(cat /tmp/s*.err | grep -c ": started$")
+echo "=== $N kills ($sessions of them after the server started the session): the server died or stuck $aborts times"
 [ $aborts = 0 ]
 KILLS
 fi
