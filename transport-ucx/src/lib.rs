@@ -26,8 +26,9 @@
 //!   `process_vm_writev` each). UCX checks a put's rkey; the token is the handler's check
 //!   instead, so a stale or foreign key writes nothing there (the target drops the message and
 //!   sees no immediate; the initiator is told of success).
-//! - Over tcp (option `write`, `auto`: where every transport named is tcp) every WRITE into
-//!   a host region is such an active message (`AM_WRITE`, or `AM_WRITE_IMM` with its
+//! - To a peer UCX would emulate puts to over tcp (option `write`, `auto`: decided per peer
+//!   from its endpoint's lanes, `puts_emulated`) every WRITE into a host region is such an
+//!   active message (`AM_WRITE`, or `AM_WRITE_IMM` with its
 //!   immediate), of any size, sent eager: UCX has no RMA over tcp and emulates a put with an
 //!   active message that the target acknowledges, and that acknowledgement, sent to an
 //!   initiator that died with puts in flight, aborts the target's process (`ucs_fatal`
@@ -99,8 +100,9 @@ const OPTIONS: &[OptionInfo] = &[
         help: "how a WRITE into a host region travels: put (ucp_put_nbx; a WRITE with \
            immediate adds a flush, then the immediate) or am (one active message carrying \
            the bytes, copied into the region by the target's handler, with the immediate \
-           if any). auto (the default) is am where every transport named is tcp, put \
-           otherwise: over tcp UCX emulates puts with active messages and acknowledges each \
+           if any). auto (the default) decides per peer: am where UCX's lanes to the peer \
+           carry no RMA but tcp's (tcp alone; all between nodes without RDMA, or on one node \
+           with peer error handling), put otherwise: there UCX emulates puts with active messages and acknowledges each \
            with a send that aborts the target's process (ucs_fatal in ucp_put_handler, \
            UCX 1.13 to 1.22) when the initiator died with puts in flight",
     },
@@ -144,12 +146,6 @@ fn names_only(tls: Option<&str>, is: impl Fn(&str) -> bool) -> bool {
 /// for posix and sysv, so peer error handling finds no transport for messages there).
 pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
     names_only(tls, |t| SHARED_MEMORY.contains(&t))
-}
-
-/// Whether `tls` names tcp only, where UCX has no RMA of its own and emulates puts with
-/// active messages (`write=auto` then sends WRITEs as active messages).
-pub(crate) fn tcp_only(tls: Option<&str>) -> bool {
-    names_only(tls, |t| t == "tcp")
 }
 
 /// How bytes land in this endpoint's GPU regions, for `make_gpu_visible`: UCX's CPU and CUDA
@@ -210,6 +206,53 @@ pub(crate) fn loaded_version() -> (u32, u32) {
     (major, minor)
 }
 
+/// What `print` writes into a C stream, as a string (`open_memstream`); empty where the
+/// stream could not be opened.
+pub(crate) fn printed(print: impl FnOnce(*mut libc::FILE)) -> String {
+    let mut buf: *mut libc::c_char = std::ptr::null_mut();
+    let mut len: libc::size_t = 0;
+    // SAFETY: buf and len are valid out pointers that live until after fclose.
+    let f = unsafe { libc::open_memstream(&mut buf, &mut len) };
+    if f.is_null() {
+        return String::new();
+    }
+    print(f);
+    // SAFETY: f is open and closed once; fclose sets buf/len to the NUL-terminated text.
+    unsafe { libc::fclose(f) };
+    if buf.is_null() {
+        return String::new();
+    }
+    // SAFETY: buf is the NUL-terminated buffer open_memstream allocated.
+    let s = unsafe { std::ffi::CStr::from_ptr(buf) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: buf was allocated by open_memstream (malloc) and is freed once.
+    unsafe { libc::free(buf.cast()) };
+    s
+}
+
+/// Whether UCX emulates host-memory puts to a peer with active messages, from its endpoint's
+/// lanes (`ucp_ep_print_info`: `lane[0]:  1:tcp/lo.0 md[1] -> ... am am_bw#0 wireup`): no lane
+/// carries RMA (`rma#`, `rma_bw#`), or only tcp and the CUDA copies do. The target then answers
+/// each put from `ucp_put_handler` with a send that aborts its process (ucs_fatal, UCX 1.13
+/// to 1.22) where the initiator died with puts in flight; an active message carrying the
+/// bytes is not answered. With peer error handling, UCX 1.13 and 1.22 reach a peer on the
+/// same node over tcp too where tcp is named (or `all`): shared memory has no peer failure
+/// handler there.
+pub(crate) fn puts_emulated(ep_info: &str) -> bool {
+    !ep_info
+        .lines()
+        .filter_map(|l| l.split_once("lane[").map(|(_, rest)| rest))
+        .filter(|l| l.split_whitespace().any(|w| w.starts_with("rma")))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .any(|rsc| {
+            // `1:tcp/lo.0`: the resource index, the transport, the device.
+            let tl = rsc.split_once(':').map_or(rsc, |(_, t)| t);
+            let tl = tl.split('/').next().unwrap_or(tl);
+            !matches!(tl, "tcp" | "cuda_copy" | "cuda_ipc" | "gdr_copy")
+        })
+}
+
 /// What to say where `ucp_ep_create` over `tls` failed (`unreachable`: with
 /// `UCS_ERR_UNREACHABLE`).
 pub(crate) fn ep_create_hint(tls: &str, unreachable: bool, peer_errors: bool) -> &'static str {
@@ -266,11 +309,8 @@ mod tests {
         assert!(super::shared_memory_only(Some("posix,cma,self")));
         assert!(!super::shared_memory_only(Some("sm,tcp")));
         assert!(!super::shared_memory_only(None));
-        assert!(super::tcp_only(Some("tcp")));
-        assert!(super::tcp_only(Some("tcp,\\tcp")));
-        assert!(!super::tcp_only(Some("^tcp")), "all but tcp");
+        assert!(!super::shared_memory_only(Some("tcp,\\tcp")));
         assert!(!super::shared_memory_only(Some("^sm")), "all but sm");
-        assert!(!super::tcp_only(Some("tcp,sm")));
         use transport_core::Landing::{NicDma, ProviderCopy};
         for (tls, want) in [
             (None, NicDma),
@@ -285,8 +325,6 @@ mod tests {
         ] {
             assert_eq!(super::landing_for(tls), want, "UCX_TLS={tls:?}");
         }
-        assert!(!super::tcp_only(Some("rc_verbs")));
-        assert!(!super::tcp_only(None));
         assert!(super::rc_without_wireup("rc_verbs"));
         assert!(super::rc_without_wireup("rc_mlx5,sm"));
         assert!(!super::rc_without_wireup("rc_verbs,tcp"));
@@ -294,6 +332,29 @@ mod tests {
         assert!(!super::rc_without_wireup("rc"));
         assert!(!super::rc_without_wireup("sm"));
         assert!(!super::rc_without_wireup("all"));
+    }
+
+    #[test]
+    fn puts_are_emulated_where_no_lane_but_tcp_carries_rma() {
+        // Lanes as UCX 1.13.1 and 1.22.0 print them (tcp; sm with peer errors off; rc_verbs
+        // and tcp in the Soft-RoCE VM; a CUDA copy beside tcp).
+        let tcp_113 = "#                 lane[0]:  1:tcp/lo.0 md[1]  -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n";
+        let tcp_122 = "lane[0]:  1:tcp/lo.0 md[0]  -> addr[1].md[0]/tcp/sysdev[255] seg 4294967295 am keepalive wireup\n";
+        let sm = "lane[0]:  0:sysv/memory.0 md[0] -> addr[0].md[0]/sysv/sysdev[255] am am_bw#0
+lane[1]:  1:posix/memory.0 md[1] -> addr[1].md[1]/posix/sysdev[255]
+lane[2]:  2:cma/memory.0 md[2] -> addr[2].md[2]/cma/sysdev[255] rma_bw#0
+";
+        let rc = "lane[0]:  1:rc_verbs/rxe0:1.0 md[1] -> addr[1].md[1]/ib/sysdev[255] rma_bw#0 am am_bw#0
+lane[1]:  0:tcp/veth0.0 md[0] -> addr[0].md[0]/tcp/sysdev[255] keepalive wireup
+";
+        let tcp_put = "lane[0]:  0:tcp/eth0.0 md[0] -> md[0]/tcp rma#0 rma_bw#0 am am_bw#0\n\
+                       lane[1]:  3:cuda_copy/cuda.0 md[3] -> md[3]/cuda_cpy rma_bw#1\n";
+        assert!(super::puts_emulated(tcp_113));
+        assert!(super::puts_emulated(tcp_122));
+        assert!(super::puts_emulated(tcp_put));
+        assert!(!super::puts_emulated(sm));
+        assert!(!super::puts_emulated(rc));
+        assert!(super::puts_emulated(""));
         // A peer that died before this side connected to it (seen over rc_verbs,tcp when a
         // client was killed during its session's setup) is not a shared-memory matter.
         let sm = "shared-memory transports";

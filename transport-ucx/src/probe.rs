@@ -9,7 +9,7 @@
 //! context opened as a run's would be, parsed by [`resources`]. What is judged from them
 //! ([`judge`]) is plain code over plain data, tested with fixtures below.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::ptr;
 
 use transport_core::{mapped_library, Finding, FindingStatus, Probe, ProbeAsk};
@@ -419,29 +419,10 @@ fn open_quiet(named_tls: Option<&str>, named_devices: Option<&str>) -> Result<Op
     })
 }
 
-/// `ucp_context_print_info` into a string (through `open_memstream`).
+/// `ucp_context_print_info` into a string.
 fn print_info(ctx: sys::ucp_context_h) -> String {
-    let mut buf: *mut libc::c_char = ptr::null_mut();
-    let mut len: libc::size_t = 0;
-    // SAFETY: buf and len are valid out pointers that live until after fclose.
-    let f = unsafe { libc::open_memstream(&mut buf, &mut len) };
-    if f.is_null() {
-        return String::new();
-    }
     // SAFETY: ctx is live; f is an open stream (glibc's FILE, which bindgen's FILE is).
-    unsafe { sys::ucp_context_print_info(ctx, f.cast()) };
-    // SAFETY: f is open and closed once; fclose sets buf/len to the NUL-terminated text.
-    unsafe { libc::fclose(f) };
-    if buf.is_null() {
-        return String::new();
-    }
-    // SAFETY: buf is the NUL-terminated buffer open_memstream allocated.
-    let s = unsafe { CStr::from_ptr(buf) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: buf was allocated by open_memstream (malloc) and is freed once.
-    unsafe { libc::free(buf.cast()) };
-    s
+    crate::printed(|f| unsafe { sys::ucp_context_print_info(ctx, f.cast()) })
 }
 
 fn version() -> String {

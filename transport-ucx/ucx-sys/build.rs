@@ -74,7 +74,7 @@ fn main() {
         .allowlist_function("ucp_(get_version|get_version_string|context_query|context_print_info)")
         .allowlist_function("ucp_worker_(create|destroy|progress|get_address|release_address)")
         .allowlist_function("ucp_worker_set_am_recv_handler")
-        .allowlist_function("ucp_ep_(create|close_nbx|flush_nbx|rkey_unpack)")
+        .allowlist_function("ucp_ep_(create|close_nbx|flush_nbx|rkey_unpack|print_info)")
         .allowlist_function("ucp_(mem_map|mem_unmap|rkey_pack|rkey_buffer_release|rkey_destroy)")
         .allowlist_function("ucp_(put_nbx|am_send_nbx|tag_send_nbx|tag_recv_nbx)")
         .allowlist_function("ucp_request_(free|cancel|check_status)")

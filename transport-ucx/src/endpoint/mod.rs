@@ -123,6 +123,19 @@ struct Peer {
     /// equal, every put is at the target and a WRITE with immediate may skip its own flush.
     puts: Cell<u64>,
     flushed: Cell<u64>,
+    /// Every WRITE into a host region of this peer is an active message carrying its bytes,
+    /// not a put (option `write`; by default where UCX would emulate puts to it over tcp:
+    /// [`crate::puts_emulated`]).
+    am_writes: bool,
+}
+
+/// How WRITEs into host regions go (option `write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Write {
+    /// Per peer: active messages where UCX would emulate puts over tcp, puts otherwise.
+    Auto,
+    Am,
+    Put,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,9 +247,8 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends, receives and puts name their region's memh and memory type (option `memh`).
     name_memory: bool,
-    /// Every WRITE into a host region is an active message carrying its bytes, not a put
-    /// (option `write`; by default where every transport is tcp).
-    am_writes: bool,
+    /// How WRITEs into host regions go (option `write`), decided per peer at `add_peer`.
+    write: Write,
     /// The loaded UCX writes a receive's length when it completes inside its post call
     /// ([`RECV_INFO_SINCE`]).
     recv_info_at_once: bool,
@@ -596,17 +608,44 @@ mod tests {
     /// Two endpoints of this process over shared memory (`peer_errors=off`, and `opts`), each
     /// the other's peer: (a, b, a's peer b, b's peer a).
     fn sm_pair(opts: &[(&str, &str)]) -> (Endpoint, Endpoint, PeerId, PeerId) {
-        let mut nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+        let mut all = vec![("peer_errors", "off")];
+        all.extend_from_slice(opts);
+        pair("sm", &all)
+    }
+
+    /// Two endpoints of this process over `tls` with options `opts`, as [`sm_pair`].
+    fn pair(tls: &str, opts: &[(&str, &str)]) -> (Endpoint, Endpoint, PeerId, PeerId) {
+        let mut nic = NicDesc::provider(tls);
         for (k, v) in opts {
             nic = nic.with_option(*k, *v);
         }
         let (mut a, mut b) = match (Endpoint::open(&nic), Endpoint::open(&nic)) {
             (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => panic!("UCX over sm: {e}"),
+            (Err(e), _) | (_, Err(e)) => panic!("UCX over {tls}: {e}"),
         };
         let to_b = a.add_peer(&b.address()).expect("a's peer");
         let to_a = b.add_peer(&a.address()).expect("b's peer");
         (a, b, to_b, to_a)
+    }
+
+    /// `write=auto` decides per peer, from the lanes UCX gave its endpoint: puts where a
+    /// shared-memory transport carries RMA (cma, with peer errors off), active messages
+    /// where UCX would emulate puts over tcp (sm and tcp named: with peer error handling
+    /// UCX reaches this process's other endpoint over tcp alone).
+    #[test]
+    fn write_auto_follows_the_peers_lanes() {
+        let write = |tls, opts: &[(&str, &str)]| {
+            let (a, _b, _, _) = pair(tls, opts);
+            a.runtime().settings["write"].clone()
+        };
+        assert_eq!(write("sm", &[("peer_errors", "off")]), "put");
+        assert_eq!(write("sm,tcp", &[]), "am");
+        assert_eq!(write("sm,tcp", &[("write", "put")]), "put");
+        let a = Endpoint::open(&NicDesc::provider("tcp")).expect("tcp");
+        assert!(
+            a.runtime().settings["write"].starts_with("auto"),
+            "no peer yet"
+        );
     }
 
     /// `len` bytes of host memory registered on `ep`.

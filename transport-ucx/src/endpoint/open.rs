@@ -28,10 +28,10 @@ impl Endpoint {
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
         };
-        let am_writes = match nic.options.get("write").map(String::as_str) {
-            None | Some("auto") => crate::tcp_only(nic.provider.as_deref()),
-            Some("am") => true,
-            Some("put") => false,
+        let write = match nic.options.get("write").map(String::as_str) {
+            None | Some("auto") => Write::Auto,
+            Some("am") => Write::Am,
+            Some("put") => Write::Put,
             Some(v) => return Err(crate::INFO.unknown_option("write", v)),
         };
         let skip_max = nic
@@ -159,7 +159,7 @@ impl Endpoint {
             recv_info_at_once: crate::loaded_version() >= RECV_INFO_SINCE,
             peer_errors,
             name_memory,
-            am_writes,
+            write,
             skip_max,
             burst,
             skipped: 0,

@@ -30,6 +30,7 @@ impl Transport for Endpoint {
             failed: Cell::new(sys::UCS_OK),
             puts: Cell::new(0),
             flushed: Cell::new(0),
+            am_writes: self.write == Write::Am,
         });
         let params = sys::ucp_ep_params_t {
             field_mask: u64::from(
@@ -59,6 +60,11 @@ impl Transport for Endpoint {
         check("ucp_ep_create", st, hint)?;
         let mut peer = peer;
         peer.ep = ep;
+        if self.write == Write::Auto {
+            // SAFETY: ep was just created on this worker; f is an open stream.
+            let lanes = crate::printed(|f| unsafe { sys::ucp_ep_print_info(ep, f.cast()) });
+            peer.am_writes = crate::puts_emulated(&lanes);
+        }
         self.peers.push(peer);
         Ok(PeerId(self.peers.len() as u32 - 1))
     }
@@ -329,7 +335,8 @@ impl Transport for Endpoint {
         let rkey = imp.rkey;
         // A WRITE between host memories may go as one active message carrying its bytes: the
         // target's handler copies them, then queues the immediate if any. Every such WRITE
-        // does with option `write=am` (tcp by default), a small one with an immediate does
+        // does where the peer's WRITEs are active messages (`write=am`; by default where UCX
+        // would emulate puts over tcp), a small one with an immediate does
         // always; one with an immediate only where every earlier put to this peer is known at
         // the target (a flush covering it completed).
         let pr = &self.peers[peer.0 as usize];
@@ -337,9 +344,9 @@ impl Transport for Endpoint {
         let host = token.is_some() && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST;
         let whole = host
             && match imm {
-                None => self.am_writes,
+                None => pr.am_writes,
                 Some(_) => {
-                    (self.am_writes || buf.len <= INLINE_MAX) && pr.puts.get() == pr.flushed.get()
+                    (pr.am_writes || buf.len <= INLINE_MAX) && pr.puts.get() == pr.flushed.get()
                 }
             };
         let named = self.name_memory;
@@ -528,19 +535,28 @@ impl Transport for Endpoint {
         let mut settings = BTreeMap::new();
         settings.insert("tls".into(), self.tls.clone());
         settings.insert("net_devices".into(), self.devices.clone());
+        // Per peer under `write=auto`: what was decided so far ("auto" before any peer).
+        let am = self.peers.iter().filter(|p| p.am_writes).count();
+        let write = match self.write {
+            Write::Am => "am".to_string(),
+            Write::Put => "put".to_string(),
+            Write::Auto if self.peers.is_empty() => {
+                "auto (per peer: am where UCX would emulate puts over tcp, else put)".to_string()
+            }
+            Write::Auto if am == self.peers.len() => "am".to_string(),
+            Write::Auto if am == 0 => "put".to_string(),
+            Write::Auto => format!("am to {am} peers, put to {}", self.peers.len() - am),
+        };
         settings.insert(
             "immediate".into(),
-            if self.am_writes {
-                "ucp_am_send_nbx (with the bytes)"
-            } else {
-                "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx"
+            match write.as_str() {
+                "am" => "ucp_am_send_nbx (with the bytes)",
+                "put" => "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx",
+                _ => "per peer: ucp_am_send_nbx (with the bytes), or ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx",
             }
             .into(),
         );
-        settings.insert(
-            "write".into(),
-            if self.am_writes { "am" } else { "put" }.into(),
-        );
+        settings.insert("write".into(), write);
         settings.insert("cuda_memory".into(), self.ctx.cuda.to_string());
         settings.insert(
             "memh".into(),
