@@ -17,8 +17,9 @@
 #         mid-transfer, end), then a second client must be served; or the server is killed
 #         and the client must exit non-zero naming it.
 #
-# The same trials run over UCX (--backend ucx) on its sm and tcp (on lo), against the system's
-# UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a backtrace) is
+# The same trials run over UCX (--backend ucx) on its sm, tcp (on lo) and all (UCX's default,
+# on lo: with peer error handling it reaches a peer on this node over tcp alone), against the
+# system's UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a backtrace) is
 # a defect (signal) whatever its exit status.
 #
 # Counts per provider and libfabric version: survivors that exit 0, that do not name the
@@ -37,7 +38,7 @@
 #
 #   ci/kill-soak.sh [--trials N] [--providers "shm tcp"] [--versions "1.17 2.1.0 2.6.0"]
 #                   [--modes "ranks server"] [--phases "before during setup transfer between teardown"]
-#                   [--ucx "sm tcp"] [--ucx-lib DIR] [--seed S] [--load N] [--logs DIR]
+#                   [--ucx "sm tcp all"] [--ucx-lib DIR] [--seed S] [--load N] [--logs DIR]
 #                   [--no-build]
 #
 # --ucx "" soaks no UCX (a build without libucx-dev); --ucx-lib DIR runs the UCX stack with
@@ -62,7 +63,7 @@ rm -f "$KILL_SOAK_COPY"
 TRIALS=10
 PROVIDERS="shm tcp"
 VERSIONS="1.17 2.1.0 2.6.0"
-UCX_PROVIDERS="sm tcp"
+UCX_PROVIDERS="sm tcp all"
 UCX_LIB=
 MODES="ranks server"
 PHASES="before during setup transfer between teardown"
@@ -124,10 +125,11 @@ log() { echo "kill-soak: $*" >&2; }
 # A provider's own abort (UCX's ucs_fatal): its status may be 1 (libinfinipath's handler).
 ABORTED='Fatal: |==== backtrace|Caught signal'
 aborted() { grep -qE "$ABORTED" "$1"; }
-# nic STACK PROVIDER: the backend's arguments; UCX's tcp is told to stay on lo.
+# nic STACK PROVIDER: the backend's arguments; UCX's tcp (and all, UCX's default) is told to
+# stay on lo.
 nic() {
   echo "${BK[$1]} --provider $2"
-  [ "$2" = tcp ] && [ "${BK[$1]}" = "--backend ucx" ] && echo "--devices lo"
+  case $2 in tcp|all) [ "${BK[$1]}" = "--backend ucx" ] && echo "--devices lo" ;; esac
   return 0
 }
 

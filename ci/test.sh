@@ -223,7 +223,7 @@ tidy "$SIMT"
 
 step "rdma-bench run under mpirun and srun (ci/launchers-test.sh)" ci/launchers-test.sh
 step "kill soak, short: 6 trials per mode and provider on libfabric $(pkg-config --modversion libfabric) and UCX $(pkg-config --modversion ucx) (ci/kill-soak.sh)" \
-  ci/kill-soak.sh --trials 6 --versions 1.17 --ucx "sm tcp"
+  ci/kill-soak.sh --trials 6 --versions 1.17 --ucx "sm tcp all"
 # Every VM row runs ours and its tool and reads a figure from both (UCX's summary showing
 # rc_verbs for the ucx-rc row, or that row reads 0): 16 MiB a run, TCG-bound, no figure to quote.
 vm_rows() {
