@@ -555,6 +555,13 @@ mod tests {
         f.iter().find(|x| x.id == id)
     }
 
+    /// The warning `id` among `f`, whose summary holds `says`.
+    fn warned(f: &[Finding], id: &str, says: &str) {
+        let w = find(f, id).unwrap_or_else(|| panic!("no {id} in {f:?}"));
+        assert_eq!(w.status, FindingStatus::Warn, "{w:?}");
+        assert!(w.summary.contains(says), "{id}: {}", w.summary);
+    }
+
     #[test]
     fn resource_lines_parse() {
         let r = resources(HERE);
@@ -587,13 +594,10 @@ mod tests {
             &["rxe0".into()],
             false,
         );
-        let w = find(&f, "ucx.fallback").expect("a fallback warning");
-        assert_eq!(w.status, FindingStatus::Warn);
-        assert!(
-            w.summary
-                .contains("RDMA device rxe0:1 named, but UCX has no RDMA transport on it: between nodes it would use tcp/eth0 instead"),
-            "{}",
-            w.summary
+        warned(
+            &f,
+            "ucx.fallback",
+            "RDMA device rxe0:1 named, but UCX has no RDMA transport on it: between nodes it would use tcp/eth0 instead",
         );
         // A device UCX does not have at all (named as `dev:port`), only shared memory left.
         let shm = "#      resource 0  :  md 0  dev 0  flags -- posix/memory\n";
@@ -645,14 +649,10 @@ mod tests {
             &["rxe0".into()],
             false,
         );
-        let w = find(&f, "ucx.wireup").expect("a wire-up warning");
-        assert_eq!(w.status, FindingStatus::Warn);
-        assert!(
-            w.summary.starts_with(
-                "TLS=rc_verbs NET_DEVICES=rxe0:1: rc_verbs/rxe0:1 but no transport to wire it up"
-            ),
-            "{}",
-            w.summary
+        warned(
+            &f,
+            "ucx.wireup",
+            "TLS=rc_verbs NET_DEVICES=rxe0:1: rc_verbs/rxe0:1 but no transport to wire it up",
         );
         assert!(find(&f, "ucx.fallback").is_none(), "{f:?}");
         let rcud = "#      resource 0  :  md 0  dev 0  flags -- rc_verbs/rxe0:1
@@ -686,13 +686,10 @@ mod tests {
             )
         };
         let f = judged((1, 13), rctcp);
-        let w = find(&f, "ucx.dead_peer").expect("a dead-peer warning on 1.13");
-        assert_eq!(w.status, FindingStatus::Warn);
-        assert!(
-            w.summary
-                .starts_with("UCX 1.13: a peer that dies while UCX wires up rc_verbs/rxe0:1"),
-            "{}",
-            w.summary
+        warned(
+            &f,
+            "ucx.dead_peer",
+            "UCX 1.13: a peer that dies while UCX wires up rc_verbs/rxe0:1",
         );
         assert!(find(&judged((1, 14), rctcp), "ucx.dead_peer").is_none());
         // tcp alone: no such abort in the kill soak's tcp trials on 1.13.1, setup phase included.
@@ -720,9 +717,7 @@ mod tests {
             &["mlx5_0".into()],
             false,
         );
-        let w = find(&f, "ucx.cuda").unwrap();
-        assert_eq!(w.status, FindingStatus::Warn);
-        assert!(w.summary.contains("through host buffers"), "{}", w.summary);
+        warned(&f, "ucx.cuda", "through host buffers");
     }
 
     #[test]
@@ -733,9 +728,7 @@ mod tests {
             &[],
             false,
         );
-        let w = find(&f, "ucx.cuda").unwrap();
-        assert_eq!(w.status, FindingStatus::Warn);
-        assert!(w.summary.contains("no CUDA memory domain"), "{}", w.summary);
+        warned(&f, "ucx.cuda", "no CUDA memory domain");
         // Not asked: nothing said about CUDA.
         let f = judge(
             &named(Some("sm"), &[], false),
