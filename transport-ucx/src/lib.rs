@@ -81,9 +81,10 @@ const OPTIONS: &[OptionInfo] = &[
         key: "peer_errors",
         values: "auto|on|off",
         help: "UCP_ERR_HANDLING_MODE_PEER on every peer: a dead peer is an error, not an abort \
-           or a hang. UCX 1.13's shared-memory transports (posix, sysv) cannot do it, so auto \
-           (the default) is off where every transport named is shared memory (sm, posix, \
-           sysv, cma, self), on otherwise; the run record's err_mode says which",
+           or a hang. UCX's shared-memory transports and CUDA copies cannot do it (1.13 and \
+           1.22), so auto (the default) is off where every transport named is one of them \
+           (sm, posix, sysv, cma, self, cuda_copy, cuda_ipc, gdr_copy), on otherwise; the \
+           run record's err_mode says which",
     },
     OptionInfo {
         key: "memh",
@@ -142,10 +143,14 @@ fn names_only(tls: Option<&str>, is: impl Fn(&str) -> bool) -> bool {
     })
 }
 
-/// Whether `tls` names shared-memory transports only (UCX 1.13 has no peer failure handler
-/// for posix and sysv, so peer error handling finds no transport for messages there).
-pub(crate) fn shared_memory_only(tls: Option<&str>) -> bool {
-    names_only(tls, |t| SHARED_MEMORY.contains(&t))
+/// Whether `tls` names only shared-memory transports and CUDA copies: none of them carries
+/// active messages with peer error handling in UCX 1.13 and 1.22 (self, sysv and posix have
+/// no peer failure handler; cma and the CUDA copies no active messages: `select.c`'s "no
+/// active messages transport"), so a peer can only be reached without it.
+pub(crate) fn without_peer_failure(tls: Option<&str>) -> bool {
+    names_only(tls, |t| {
+        SHARED_MEMORY.contains(&t) || matches!(t, "cuda_copy" | "cuda_ipc" | "gdr_copy")
+    })
 }
 
 /// How bytes land in this endpoint's GPU regions, for `make_gpu_visible`: UCX's CPU and CUDA
@@ -261,11 +266,11 @@ pub(crate) fn ep_create_hint(tls: &str, unreachable: bool, peer_errors: bool) ->
          another transport that reaches the peer's worker address first (UCX's `no auxiliary \
          transport ... Unsupported operation`); add one to the transports, e.g. --provider \
          rc_verbs,tcp or rc_verbs,ud_verbs"
-    } else if unreachable && peer_errors && shared_memory_only(Some(tls)) {
-        "no transport of TLS reaches the peer with peer error handling: UCX 1.13's \
-         shared-memory transports (posix, sysv) have no peer failure handler; add tcp to the \
-         transports or pass the option peer_errors=off or auto (a dead peer then hangs \
-         operations instead of failing them)"
+    } else if unreachable && peer_errors && without_peer_failure(Some(tls)) {
+        "no transport of TLS reaches the peer with peer error handling: UCX's shared-memory \
+         transports (self, posix, sysv) have no peer failure handler, and cma and the CUDA \
+         copies carry no active messages; add tcp to the transports or pass the option \
+         peer_errors=off or auto (a dead peer then hangs operations instead of failing them)"
     } else if unreachable {
         "no transport of TLS reaches the peer's address: is the peer still running (UCX \
          cannot connect to a dead one), and are its devices reachable from this node's \
@@ -305,12 +310,18 @@ mod tests {
         assert_eq!(super::nic_driver(Some("tcp")), None);
         assert_eq!(super::nic_driver(None), None);
         assert_eq!(super::nic_driver(Some("sm,rc_verbs")), Some("mlx5"));
-        assert!(super::shared_memory_only(Some("sm")));
-        assert!(super::shared_memory_only(Some("posix,cma,self")));
-        assert!(!super::shared_memory_only(Some("sm,tcp")));
-        assert!(!super::shared_memory_only(None));
-        assert!(!super::shared_memory_only(Some("tcp,\\tcp")));
-        assert!(!super::shared_memory_only(Some("^sm")), "all but sm");
+        assert!(super::without_peer_failure(Some("sm")));
+        assert!(super::without_peer_failure(Some("posix,cma,self")));
+        // The GPU host's list: UCX 1.22 there finds "no active messages transport" with peer
+        // error handling.
+        assert!(super::without_peer_failure(Some(
+            "sm,cuda_copy,cuda_ipc,self"
+        )));
+        assert!(!super::without_peer_failure(Some("sm,tcp")));
+        assert!(!super::without_peer_failure(Some("tcp,cuda_copy")));
+        assert!(!super::without_peer_failure(None));
+        assert!(!super::without_peer_failure(Some("tcp,\\tcp")));
+        assert!(!super::without_peer_failure(Some("^sm")), "all but sm");
         use transport_core::Landing::{NicDma, ProviderCopy};
         for (tls, want) in [
             (None, NicDma),
@@ -355,10 +366,15 @@ lane[1]:  0:tcp/veth0.0 md[0] -> addr[0].md[0]/tcp/sysdev[255] keepalive wireup
         assert!(!super::puts_emulated(sm));
         assert!(!super::puts_emulated(rc));
         assert!(super::puts_emulated(""));
+    }
+
+    #[test]
+    fn an_unreachable_peer_is_blamed_on_shared_memory_only_where_tls_is_local() {
         // A peer that died before this side connected to it (seen over rc_verbs,tcp when a
         // client was killed during its session's setup) is not a shared-memory matter.
         let sm = "shared-memory transports";
         assert!(super::ep_create_hint("sm", true, true).contains(sm));
+        assert!(super::ep_create_hint("sm,cuda_copy,cuda_ipc", true, true).contains(sm));
         assert!(!super::ep_create_hint("rc_verbs,tcp", true, true).contains(sm));
         assert!(super::ep_create_hint("tcp", true, true).contains("still running"));
         assert!(super::ep_create_hint("rc_verbs", true, true).contains("auxiliary"));

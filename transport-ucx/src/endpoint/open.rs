@@ -18,7 +18,7 @@ impl Endpoint {
     pub(super) fn open_ucx(nic: &NicDesc) -> Result<Self> {
         check_options(&crate::INFO, &nic.options)?;
         let peer_errors = match nic.options.get("peer_errors").map(String::as_str) {
-            None | Some("auto") => !crate::shared_memory_only(nic.provider.as_deref()),
+            None | Some("auto") => !crate::without_peer_failure(nic.provider.as_deref()),
             Some("on") => true,
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("peer_errors", v)),
