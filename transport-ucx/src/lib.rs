@@ -130,6 +130,10 @@ const SHARED_MEMORY: &[&str] = &[
     "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm",
 ];
 
+/// UCX's transports that copy to or from GPU memory on this node (CUDA copies, CUDA IPC, and
+/// gdrcopy's CPU copies through the GPU's BAR).
+pub(crate) const CUDA_COPIES: &[&str] = &["cuda_copy", "cuda_ipc", "gdr_copy"];
+
 /// Whether every transport `tls` (UCX_TLS) names is one that `is` takes (a `\` prefix and a
 /// `:aux` suffix aside). A list that starts with `^` names the transports UCX must not use,
 /// which says nothing of those it will: not only these.
@@ -149,7 +153,7 @@ fn names_only(tls: Option<&str>, is: impl Fn(&str) -> bool) -> bool {
 /// active messages transport"), so a peer can only be reached without it.
 pub(crate) fn without_peer_failure(tls: Option<&str>) -> bool {
     names_only(tls, |t| {
-        SHARED_MEMORY.contains(&t) || matches!(t, "cuda_copy" | "cuda_ipc" | "gdr_copy")
+        SHARED_MEMORY.contains(&t) || CUDA_COPIES.contains(&t)
     })
 }
 
@@ -254,7 +258,7 @@ pub(crate) fn puts_emulated(ep_info: &str) -> bool {
             // `1:tcp/lo.0`: the resource index, the transport, the device.
             let tl = rsc.split_once(':').map_or(rsc, |(_, t)| t);
             let tl = tl.split('/').next().unwrap_or(tl);
-            !matches!(tl, "tcp" | "cuda_copy" | "cuda_ipc" | "gdr_copy")
+            tl != "tcp" && !CUDA_COPIES.contains(&tl)
         })
 }
 

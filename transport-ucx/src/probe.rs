@@ -31,7 +31,7 @@ impl Resource {
             .any(|p| self.tl == *p || self.tl.starts_with(&format!("{p}_")))
     }
     fn cuda(&self) -> bool {
-        matches!(self.tl.as_str(), "cuda_copy" | "cuda_ipc" | "gdr_copy")
+        crate::CUDA_COPIES.contains(&self.tl.as_str())
     }
     /// Between nodes: what is neither shared memory nor a GPU copy.
     fn network(&self) -> bool {
