@@ -39,14 +39,15 @@
 #   ci/kill-soak.sh [--trials N] [--providers "shm tcp"] [--versions "1.17 2.1.0 2.6.0"]
 #                   [--modes "ranks server"] [--phases "before during setup transfer between teardown"]
 #                   [--ucx "sm tcp all"] [--ucx-lib DIR] [--seed S] [--load N] [--logs DIR]
-#                   [--no-build]
+#                   [--args "ARGS"] [--no-build]
 #
 # --ucx "" soaks no UCX (a build without libucx-dev); --ucx-lib DIR runs the UCX stack with
 # LD_LIBRARY_PATH=DIR (another UCX's libraries, e.g. the 1.22 wheel's). 1.17 is the system
 # libfabric (Debian 12); other versions come from ci/libfabric.sh (cached builds) and run
 # with LD_LIBRARY_PATH. KILL_SOAK_BIN=PATH soaks that rdma-bench instead (against the system
-# libfabric, and UCX where it was built with it). Exit status 0 when every defect column is
-# zero.
+# libfabric, and UCX where it was built with it). --args "ARGS" gives every rdma-bench process
+# ARGS too (e.g. "--mem cuda" on a GPU host; "--nic-opt write=put"). Exit status 0 when every
+# defect column is zero.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -71,6 +72,7 @@ SEED=$(( $(date +%s) % 1000000 ))
 LOAD=2
 LOGS=
 BUILD=1
+ARGS=
 LIMIT=20   # seconds a survivor may take after the kill
 MISS_RETRIES=5  # tries again of a trial whose victim had exited before its kill
 while [ $# -gt 0 ]; do
@@ -85,6 +87,7 @@ while [ $# -gt 0 ]; do
     --seed) SEED=$2; shift 2 ;;
     --load) LOAD=$2; shift 2 ;;
     --logs) LOGS=$2; shift 2 ;;
+    --args) ARGS=$2; shift 2 ;;
     --no-build) BUILD=; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$ROOT/ci/kill-soak.sh" | sed '$d'; exit 0 ;;
     *) echo "kill-soak: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -125,11 +128,11 @@ log() { echo "kill-soak: $*" >&2; }
 # A provider's own abort (UCX's ucs_fatal): its status may be 1 (libinfinipath's handler).
 ABORTED='Fatal: |==== backtrace|Caught signal'
 aborted() { grep -qE "$ABORTED" "$1"; }
-# nic STACK PROVIDER: the backend's arguments; UCX's tcp (and all, UCX's default) is told to
-# stay on lo.
+# nic STACK PROVIDER: the backend's arguments; UCX's tcp (alone or in a list, and all, UCX's
+# default) is told to stay on lo.
 nic() {
-  echo "${BK[$1]} --provider $2"
-  case $2 in tcp|all) [ "${BK[$1]}" = "--backend ucx" ] && echo "--devices lo" ;; esac
+  echo "${BK[$1]} --provider $2 $ARGS"
+  case ,$2, in *,tcp,*|,all,) [ "${BK[$1]}" = "--backend ucx" ] && echo "--devices lo" ;; esac
   return 0
 }
 
@@ -170,7 +173,8 @@ done
 
 # After the libfabric builds: this one rebuilds the same target's binary with UCX.
 if [ -n "$UCX_PROVIDERS" ]; then
-  pkg-config --exists ucx || { log "no UCX (pkg-config ucx): install libucx-dev, or --ucx \"\""; exit 1; }
+  [ -n "${KILL_SOAK_BIN:-}" ] || pkg-config --exists ucx ||
+    { log "no UCX (pkg-config ucx): install libucx-dev, or --ucx \"\""; exit 1; }
   ub=$TMP/rdma-bench-ucx
   if [ -n "${KILL_SOAK_BIN:-}" ]; then
     cp "$KILL_SOAK_BIN" "$ub"
@@ -197,6 +201,7 @@ for _ in $(seq "$LOAD"); do
   (exec yes >/dev/null) & LOADPIDS+=($!)
 done
 [ "$LOAD" -gt 0 ] && log "load: $LOAD busy loop(s) beside the soak (pids ${LOADPIDS[*]})"
+[ -z "$ARGS" ] || log "every rdma-bench process also gets: $ARGS"
 
 # ---- one process under watch -----------------------------------------------------------------
 # start NAME DIR ENV... -- ARGS...: runs rdma-bench in the background; DIR/NAME.{pid,out,err}

@@ -6,9 +6,9 @@
 //!
 //! - Registration: `ucp_mem_map` (host memory; CUDA memory with `UCS_MEMORY_TYPE_CUDA` where
 //!   the loaded UCX has it, else [`Error::Unsupported`](transport_core::Error::Unsupported)).
-//!   A region's remote key is a byte saying whether it is host memory (then the host
-//!   region's random 8-byte token), then its `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX parses a packed key without knowing
-//!   its length; [`import`](transport_core::Transport::import)
+//!   A region's remote key is a byte saying whether it is host or GPU memory, the region's
+//!   random 8-byte token, then its `ucp_rkey_pack` blob, framed (`frame.rs`) because UCX
+//!   parses a packed key without knowing its length; [`import`](transport_core::Transport::import)
 //!   checks the frame and unpacks it once for the peer (`ucp_ep_rkey_unpack`). The endpoint
 //!   owns the unpacked keys ([`UcxKey`] is a token into its table) and destroys them before
 //!   its `ucp_ep`s.
@@ -27,15 +27,22 @@
 //!   instead, so a stale or foreign key writes nothing there (the target drops the message and
 //!   sees no immediate; the initiator is told of success).
 //! - To a peer UCX would emulate puts to over tcp (option `write`, `auto`: decided per peer
-//!   from its endpoint's lanes, `puts_emulated`) every WRITE into a host region is such an
-//!   active message (`AM_WRITE`, or `AM_WRITE_IMM` with its
-//!   immediate), of any size, sent eager: UCX has no RMA over tcp and emulates a put with an
-//!   active message that the target acknowledges, and that acknowledgement, sent to an
-//!   initiator that died with puts in flight, aborts the target's process (`ucs_fatal`
-//!   "unexpected error: Endpoint timeout" under `ucp_put_handler`, UCX 1.13.1 to 1.22).
-//!   Ours' handlers send nothing back. Eager active messages to one peer go on one lane
-//!   (UCX's `MAX_EAGER_RAILS` is 1), in order, so an immediate still comes after every
-//!   earlier WRITE's bytes.
+//!   from its endpoint's lanes, `puts_emulated`) every WRITE is such an active message
+//!   (`AM_WRITE`, or `AM_WRITE_IMM` with its immediate), of any size: UCX has no RMA over
+//!   tcp and emulates a put with an active message that the target acknowledges, and that
+//!   acknowledgement, sent to an initiator that died with puts in flight, aborts the
+//!   target's process (`ucs_fatal` "unexpected error: Endpoint timeout" under
+//!   `ucp_put_handler`, UCX 1.13.1 to 1.22). Into host memory it is sent eager, and ours'
+//!   handlers send nothing back. Eager active messages to one peer go on one lane (UCX's
+//!   `MAX_EAGER_RAILS` is 1), in order, so an immediate still comes after every earlier
+//!   eager WRITE's bytes. Into GPU memory, which the handler cannot copy into with the CPU,
+//!   it is sent as a rendezvous (`UCP_AM_SEND_FLAG_RNDV`): the handler has UCX receive the
+//!   bytes into the region (`ucp_am_recv_data_nbx`, which stages them through host memory
+//!   with cuda_copy), and queues the immediate once that receive completed. UCX's
+//!   rendezvous answers the initiator (its ready-to-receive or its acknowledgement) with
+//!   sends whose failure UCX handles: it does not abort. A rendezvous naming no region of
+//!   the target is refused, and the initiator's WRITE completes with UCX's "Invalid
+//!   parameter".
 //! - GPU memory: what landed there by UCX's CPU or CUDA copies (shared memory, tcp,
 //!   cuda_copy, cuda_ipc) is visible once its completion came;
 //!   [`make_gpu_visible`](transport_core::Transport::make_gpu_visible) flushes the NIC's
@@ -98,14 +105,16 @@ const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         key: "write",
         values: "auto|put|am",
-        help: "how a WRITE into a host region travels: put (ucp_put_nbx; a WRITE with \
-           immediate adds a flush, then the immediate) or am (one active message carrying \
-           the bytes, copied into the region by the target's handler, with the immediate \
-           if any). auto (the default) decides per peer: am where UCX's lanes to the peer \
+        help: "how a WRITE travels: put (ucp_put_nbx; a WRITE with immediate adds a flush, \
+           then the immediate) or am (one active message carrying the bytes, with the \
+           immediate if any: eager into host memory, copied into the region by the target's \
+           handler; a rendezvous into GPU memory, which the handler has UCX receive into the \
+           region). auto (the default) decides per peer: am where UCX's lanes to the peer \
            carry no RMA but tcp's (tcp alone; all between nodes without RDMA, or on one node \
-           with peer error handling), put otherwise: there UCX emulates puts with active messages and acknowledges each \
-           with a send that aborts the target's process (ucs_fatal in ucp_put_handler, \
-           UCX 1.13 to 1.22) when the initiator died with puts in flight",
+           with peer error handling), put otherwise: there UCX emulates puts with active \
+           messages and acknowledges each with a send that aborts the target's process \
+           (ucs_fatal in ucp_put_handler, UCX 1.13 to 1.22) when the initiator died with \
+           puts in flight",
     },
     OptionInfo {
         key: "progress_skip",

@@ -76,7 +76,7 @@ fn main() {
         .allowlist_function("ucp_worker_set_am_recv_handler")
         .allowlist_function("ucp_ep_(create|close_nbx|flush_nbx|rkey_unpack|print_info)")
         .allowlist_function("ucp_(mem_map|mem_unmap|rkey_pack|rkey_buffer_release|rkey_destroy)")
-        .allowlist_function("ucp_(put_nbx|am_send_nbx|tag_send_nbx|tag_recv_nbx)")
+        .allowlist_function("ucp_(put_nbx|am_send_nbx|am_recv_data_nbx|tag_send_nbx|tag_recv_nbx)")
         .allowlist_function("ucp_request_(free|cancel|check_status)")
         .allowlist_function("ucs_status_string")
         .allowlist_var("UC[PS]_API_(MAJOR|MINOR)")

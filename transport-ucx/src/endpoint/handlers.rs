@@ -1,6 +1,6 @@
 //! UCX's callbacks: a request finished (send, put, flush, active message, receive), an
-//! immediate or a WRITE carried whole arrived, a peer failed. Each writes into the
-//! endpoint's slab or queues, nothing else.
+//! immediate or a WRITE carried whole arrived (or landed, by rendezvous), a peer failed. Each
+//! writes into the endpoint's slab or queues, or has UCX receive into a region, nothing else.
 
 use super::*;
 
@@ -65,8 +65,9 @@ pub(super) unsafe extern "C" fn on_imm(
     sys::UCS_OK
 }
 
-/// A WRITE with immediate carried whole (`AM_WRITE_IMM`): copy the bytes to the address its
-/// header names, then queue the immediate, so the immediate is never seen before the bytes.
+/// A WRITE with immediate carried whole (`AM_WRITE_IMM`): the bytes land at the address its
+/// header names, then the immediate is queued, so the immediate is never seen before the
+/// bytes.
 pub(super) unsafe extern "C" fn on_write_imm(
     arg: *mut c_void,
     header: *const c_void,
@@ -76,14 +77,11 @@ pub(super) unsafe extern "C" fn on_write_imm(
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
     // SAFETY: UCX's arguments for this handler, passed on as they came.
-    if let Some((shared, imm)) = unsafe { land(arg, header, header_len, data, len, param) } {
-        shared.imms.borrow_mut().push_back(imm);
-    }
-    sys::UCS_OK
+    unsafe { land(arg, header, header_len, data, len, param, true) }
 }
 
-/// A WRITE without immediate carried whole (`AM_WRITE`, option `write=am`): copy the bytes
-/// to the address its header names.
+/// A WRITE without immediate carried whole (`AM_WRITE`): the bytes land at the address its
+/// header names.
 pub(super) unsafe extern "C" fn on_write(
     arg: *mut c_void,
     header: *const c_void,
@@ -93,39 +91,45 @@ pub(super) unsafe extern "C" fn on_write(
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
     // SAFETY: as in on_write_imm.
-    unsafe { land(arg, header, header_len, data, len, param) };
-    sys::UCS_OK
+    unsafe { land(arg, header, header_len, data, len, param, false) }
 }
 
-/// The bytes of an `AM_WRITE` or `AM_WRITE_IMM`, copied to the address its header names;
-/// the endpoint's queues and the header's immediate, or `None` where nothing was written. A
-/// range outside the host region whose token the header names (or a token of no region
-/// here: a stale or foreign key), a header of another size or a rendezvous is dropped (an
-/// honest peer checked the range against the key it imported before sending). Nothing is
-/// sent back.
+/// The bytes of an `AM_WRITE` or `AM_WRITE_IMM`, landed at the address its header names, and
+/// its immediate (`with_imm`) queued after them. An eager message into host memory is copied
+/// here; a rendezvous (into any memory: the sender asks for one into GPU memory) UCX
+/// receives into the region (`ucp_am_recv_data_nbx`), and `on_landed` queues the immediate
+/// once it completed. Nothing is sent back but what UCX's rendezvous sends itself. A range
+/// outside the region whose token the header names (or a token of no region here: a stale
+/// or foreign key), a header of another size or an eager message into GPU memory is dropped
+/// (an honest peer checked the range against the key it imported before sending); a
+/// rendezvous so dropped completes the sender's send with `UCS_ERR_INVALID_PARAM`.
 ///
 /// # Safety
 /// UCX's arguments to an active message handler of this endpoint's worker, whose `arg` is the
 /// endpoint's boxed `Shared`.
-unsafe fn land<'a>(
+unsafe fn land(
     arg: *mut c_void,
     header: *const c_void,
     header_len: usize,
     data: *mut c_void,
     len: usize,
     param: *const sys::ucp_am_recv_param_t,
-) -> Option<(&'a Shared, u32)> {
-    if header_len != INLINE_HDR || header.is_null() || (len > 0 && data.is_null()) {
-        return None;
-    }
+    with_imm: bool,
+) -> sys::ucs_status_t {
     // SAFETY: UCX passes a valid param for the call's duration where it passes one.
-    if !param.is_null() && unsafe { (*param).recv_attr } & AM_RECV_ATTR_FLAG_RNDV != 0 {
-        return None;
+    let rndv = !param.is_null() && unsafe { (*param).recv_attr } & AM_RECV_ATTR_FLAG_RNDV != 0;
+    let refused = if rndv {
+        sys::UCS_ERR_INVALID_PARAM
+    } else {
+        sys::UCS_OK
+    };
+    if header_len != INLINE_HDR || header.is_null() || (len > 0 && data.is_null()) {
+        return refused;
     }
     let mut h = [0u8; INLINE_HDR];
     // SAFETY: UCX passes header_len (INLINE_HDR, checked) readable bytes at header.
     unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), INLINE_HDR) };
-    let imm = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+    let imm = with_imm.then(|| u32::from_le_bytes([h[0], h[1], h[2], h[3]]));
     let mut a = [0u8; 8];
     a.copy_from_slice(&h[4..12]);
     let addr = u64::from_le_bytes(a) as usize;
@@ -134,15 +138,44 @@ unsafe fn land<'a>(
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker);
     // no borrow of its RefCells is held while progress runs.
     let shared = unsafe { &*(arg as *const Shared) };
-    let fits = shared.host_regions.borrow().iter().any(|r| {
+    let region = shared.landable.borrow().iter().copied().find(|r| {
         r.token == token
             && addr >= r.base
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= r.base + r.len)
     });
-    if !fits {
-        return None;
+    let Some(region) = region else {
+        return refused;
+    };
+    if rndv {
+        let mut p = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+            user_data: arg,
+            memory_type: region.mtype,
+            ..Default::default()
+        };
+        p.cb.recv_am = Some(on_landed);
+        // SAFETY: the worker is this handler's; data is the rendezvous descriptor UCX passed
+        // (it takes it over); [addr, addr + len) lies in a region this endpoint registered
+        // (checked above) of the memory type named, whose memory stays allocated while it is
+        // in the table (a dropped region's waits in the graveyard until the endpoint goes,
+        // after its worker); the callback's user_data is the boxed Shared, alive with the
+        // worker.
+        let r =
+            unsafe { sys::ucp_am_recv_data_nbx(shared.worker, data, addr as *mut c_void, len, &p) };
+        match sys::ptr_status(r) {
+            Ok(None) => queue(shared, imm),
+            Ok(Some(req)) => shared.landings.borrow_mut().push((req, imm)),
+            // UCX owns the descriptor and completes the sender's send; nothing landed.
+            Err(_) => {}
+        }
+        return sys::UCS_INPROGRESS;
+    }
+    if region.mtype != sys::UCS_MEMORY_TYPE_HOST {
+        return sys::UCS_OK;
     }
     if len > 0 {
         // SAFETY: [addr, addr + len) lies in a host region this endpoint registered (checked
@@ -151,7 +184,38 @@ unsafe fn land<'a>(
         // data are len readable bytes UCX passes for the call (not a rendezvous, checked).
         unsafe { ptr::copy_nonoverlapping(data as *const u8, addr as *mut u8, len) };
     }
-    Some((shared, imm))
+    queue(shared, imm);
+    sys::UCS_OK
+}
+
+/// Queue a landed WRITE's immediate, if it has one.
+fn queue(shared: &Shared, imm: Option<u32>) {
+    if let Some(v) = imm {
+        shared.imms.borrow_mut().push_back(v);
+    }
+}
+
+/// UCX finished receiving a rendezvous WRITE into a region (`land`): queue its immediate
+/// where its bytes are in, and free the request.
+pub(super) unsafe extern "C" fn on_landed(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    _length: usize,
+    user_data: *mut c_void,
+) {
+    // SAFETY: user_data is the endpoint's boxed Shared (given in `land`), alive with the
+    // worker whose progress calls this.
+    let shared = unsafe { &*(user_data as *const Shared) };
+    let mut landings = shared.landings.borrow_mut();
+    if let Some(k) = landings.iter().position(|&(r, _)| r == request) {
+        let (_, imm) = landings.swap_remove(k);
+        drop(landings);
+        if status == sys::UCS_OK {
+            queue(shared, imm);
+        }
+    }
+    // SAFETY: a request ucp_am_recv_data_nbx returned, completed now, freed once.
+    unsafe { sys::ucp_request_free(request) };
 }
 
 /// A peer's endpoint failed: remember UCX's status; later posts to it are refused.

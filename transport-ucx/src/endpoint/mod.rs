@@ -29,7 +29,7 @@ mod requests;
 mod transport;
 
 use done::Done;
-use region::{region_token, Context, Graveyard, HostRegion, Imported, Mapping, TAKEN};
+use region::{region_token, Context, Graveyard, Imported, Landable, Mapping, TAKEN};
 pub use region::{UcxKey, UcxMr};
 use requests::Requests;
 
@@ -39,11 +39,14 @@ use handlers::*;
 const AM_IMM: u32 = 0x1d;
 /// The active message id of a WRITE with immediate carried whole: the header is the
 /// immediate, the target address and the region's token, the data the bytes ([`INLINE_MAX`]
-/// at most, or any number with option `write=am`, sent eager: the target assembles a message
-/// of many fragments in a buffer of its size, then the handler copies it into the region).
+/// at most, or any number to a peer whose WRITEs are active messages). Into host memory it is
+/// sent eager: the target assembles a message of many fragments in a buffer of its size,
+/// then the handler copies it into the region. Into GPU memory it is sent as a rendezvous
+/// (`UCP_AM_SEND_FLAG_RNDV`), which the handler has UCX receive into the region
+/// (`ucp_am_recv_data_nbx`, with a CUDA copy), the immediate queued once that completed.
 const AM_WRITE_IMM: u32 = 0x1e;
-/// The active message id of a WRITE without immediate carried whole (option `write=am`):
-/// the header is `AM_WRITE_IMM`'s, its immediate unused.
+/// The active message id of a WRITE without immediate carried whole: the header is
+/// `AM_WRITE_IMM`'s, its immediate unused.
 const AM_WRITE: u32 = 0x1f;
 /// Largest WRITE with immediate sent as one active message (host memory on both sides, no
 /// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
@@ -52,6 +55,9 @@ const INLINE_MAX: usize = 64;
 /// Header of an `AM_WRITE_IMM`: immediate (4), target address (8) and the target region's
 /// token (8, from its key), little endian.
 const INLINE_HDR: usize = 20;
+/// The first byte of a region's key: host memory, or GPU memory (its token follows).
+const KEY_HOST: u8 = 1;
+const KEY_GPU: u8 = 2;
 /// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
 const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 /// The tag of every SEND (received with a full mask).
@@ -208,9 +214,14 @@ struct Shared {
     done: Done,
     /// Immediates that arrived.
     imms: RefCell<VecDeque<u32>>,
-    /// Host regions this endpoint registered (start, length): where an `AM_WRITE_IMM` may
-    /// write. Changed only by register and deregister (`&mut self`, no progress running).
-    host_regions: RefCell<Vec<HostRegion>>,
+    /// Regions this endpoint registered: where an `AM_WRITE` or `AM_WRITE_IMM` may write.
+    /// Changed only by register and deregister (`&mut self`, no progress running).
+    landable: RefCell<Vec<Landable>>,
+    /// The worker, for the handlers' `ucp_am_recv_data_nbx` (a rendezvous into GPU memory).
+    worker: sys::ucp_worker_h,
+    /// Rendezvous WRITEs UCX is receiving into GPU memory (`ucp_am_recv_data_nbx`'s request)
+    /// and their immediates, queued once the bytes are in: `on_landed` takes them out.
+    landings: RefCell<Vec<(*mut c_void, Option<u32>)>>,
     /// Tagged sends UCX has not finished (posted in progress, their callback not yet run):
     /// a send posted while another is unfinished is one of a stream (`post_send`). Not the
     /// slots `poll` has yet to report: a ping-pong's previous send may be finished at UCX
@@ -652,6 +663,75 @@ mod tests {
     fn host_region(ep: &mut Endpoint, len: usize) -> UcxMr {
         ep.register(Memory::Host(HostBuffer::new(len)))
             .expect("a host region")
+    }
+
+    /// A WRITE into GPU memory to a peer whose WRITEs are active messages (here tcp: UCX would
+    /// emulate puts, whose target answers each and aborts where the initiator died) is sent as
+    /// a rendezvous, which the target's handler has UCX receive into the region
+    /// (`ucp_am_recv_data_nbx`); its immediate is queued once the bytes are in. No GPU here:
+    /// a's import of b's host region is marked GPU memory (so a asks for the rendezvous), and
+    /// b's table entry is of no memory type its handler copies into itself (an eager message
+    /// would be dropped). A token of no region fails the initiator's WRITE: the handler
+    /// refuses the rendezvous, and UCX completes the send with its status.
+    #[test]
+    fn writes_into_gpu_memory_land_by_rendezvous() {
+        let (mut a, mut b, to_b, _) = pair("tcp", &[]);
+        assert_eq!(a.runtime().settings["write"], "am");
+        let len = 256 << 10;
+        let mut src = host_region(&mut a, len);
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
+        src.memory_mut().write_at(0, &pattern).expect("fill");
+        let dst = host_region(&mut b, 2 * len);
+        b.shared.landable.borrow_mut()[0].mtype = sys::UCS_MEMORY_TYPE_UNKNOWN;
+        let region = a.import(to_b, &dst.remote()).expect("import");
+        a.imported[region.key.index as usize].host = false;
+        let mut out = vec![Completion::default(); 8];
+        let mut run = |a: &mut Endpoint, b: &mut Endpoint, off: u64, imm, ctx| {
+            let remote = region.slice(off, len as u64).expect("remote slice");
+            let local = LocalSlice::new(&src, 0, len).expect("slice");
+            post(a.post_write(to_b, local, remote, imm, ctx));
+            let (mut mine, mut theirs) = (None, Vec::new());
+            let t0 = Instant::now();
+            // a's completion, and b's immediate where a's WRITE succeeded.
+            while mine.is_none()
+                || (imm.is_some() && mine == Some(CompletionKind::Write) && theirs.is_empty())
+            {
+                let n = a.poll(&mut out).expect("a's poll");
+                for c in &out[..n] {
+                    assert_eq!(c.ctx, ctx);
+                    mine = Some(c.kind.clone());
+                }
+                let n = b.poll(&mut out).expect("b's poll");
+                theirs.extend(out[..n].iter().map(|c| c.kind.clone()));
+                assert!(t0.elapsed() < Duration::from_secs(20), "no completion");
+            }
+            // What may still arrive at b after a's completion.
+            for _ in 0..200 {
+                let n = b.poll(&mut out).expect("b's poll");
+                theirs.extend(out[..n].iter().map(|c| c.kind.clone()));
+            }
+            (mine.expect("a's completion"), theirs)
+        };
+        let (w, imms) = run(&mut a, &mut b, 0, Some(9), 1);
+        assert_eq!(w, CompletionKind::Write);
+        assert_eq!(imms, [CompletionKind::RemoteWrite { imm: 9 }]);
+        let (w, imms) = run(&mut a, &mut b, len as u64, None, 2);
+        assert_eq!((w, imms), (CompletionKind::Write, vec![]));
+        let landed = dst.memory().host().expect("host").as_slice();
+        assert!(
+            landed[..len] == pattern[..],
+            "the WRITE with immediate's bytes"
+        );
+        assert!(landed[len..] == pattern[..], "the WRITE's bytes");
+        assert!(b.shared.landings.borrow().is_empty());
+        // A stale or foreign token: nothing lands, no immediate, and a is told.
+        a.imported[region.key.index as usize].token ^= 1;
+        let (w, imms) = run(&mut a, &mut b, 0, Some(10), 3);
+        assert!(
+            matches!(&w, CompletionKind::Error(e) if e.code == i32::from(sys::UCS_ERR_INVALID_PARAM)),
+            "{w:?}"
+        );
+        assert!(imms.is_empty(), "{imms:?}");
     }
 
     /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND): a

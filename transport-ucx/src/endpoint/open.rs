@@ -129,7 +129,9 @@ impl Endpoint {
             _requests: requests,
             done: Done::new(tx + rx),
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
-            host_regions: RefCell::new(Vec::new()),
+            landable: RefCell::new(Vec::new()),
+            worker,
+            landings: RefCell::new(Vec::with_capacity(tx + rx)),
             sends_unfinished: Cell::new(0),
         });
         let sp: *const Shared = &*shared;
@@ -166,7 +168,7 @@ impl Endpoint {
         };
 
         // on_imm only reads Shared; on_write and on_write_imm read it shared and write only
-        // into host regions this endpoint registered (checked against `host_regions`).
+        // into regions this endpoint registered (checked against `landable`).
         let handlers: [(u32, sys::ucp_am_recv_callback_t); 3] = [
             (AM_IMM, Some(on_imm)),
             (AM_WRITE_IMM, Some(on_write_imm)),

@@ -1,6 +1,6 @@
 //! Registered memory: the UCP context regions map into, a region (`UcxMr`) and its
-//! `ucp_mem_map` handle, the keys a peer's regions are imported as, and the host regions an
-//! inline WRITE with immediate may land in.
+//! `ucp_mem_map` handle, the keys a peer's regions are imported as, and the regions a WRITE
+//! carried as an active message may land in.
 
 use std::ptr;
 use std::sync::{Arc, Mutex, Weak};
@@ -120,20 +120,25 @@ pub(super) struct Imported {
     pub(super) addr: u64,
     pub(super) len: u64,
     pub(super) rkey: sys::ucp_rkey_h,
-    /// The peer registered the region as host memory (the key's first byte says so): its
-    /// token, which a WRITE carried as an active message must name.
-    pub(super) host: Option<u64>,
+    /// The region's token, which a WRITE carried as an active message must name.
+    pub(super) token: u64,
+    /// The peer registered the region as host memory (else GPU memory, into which an active
+    /// message's bytes land only through a rendezvous: `AM_WRITE`).
+    pub(super) host: bool,
 }
 
-/// A host region this endpoint registered, as an `AM_WRITE_IMM` may write into it.
+/// A region this endpoint registered, as an `AM_WRITE` or `AM_WRITE_IMM` may write into it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HostRegion {
+pub(super) struct Landable {
     pub(super) base: usize,
     pub(super) len: usize,
     /// Travels in the region's key; a WRITE carried as an active message must name it. UCX
     /// checks a put's rkey; the handler, which writes by address, checks this instead, so a
     /// stale or foreign key does not write here (a guard against mistakes, not an attacker).
     pub(super) token: u64,
+    /// What `ucp_mem_map` was told the memory is: the handler copies into host memory itself,
+    /// and has UCX receive a rendezvous into any memory (`ucp_am_recv_data_nbx`).
+    pub(super) mtype: sys::ucs_memory_type_t,
 }
 
 /// A token for a region: unpredictable across regions and processes (`RandomState` draws its

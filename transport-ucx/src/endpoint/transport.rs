@@ -117,14 +117,16 @@ impl Transport for Endpoint {
         let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
         // SAFETY: buf came from ucp_rkey_pack; released once.
         unsafe { sys::ucp_rkey_buffer_release(buf) };
-        // The key's first byte says whether the region is host memory; a host region's
-        // token follows it (a peer then may carry a small WRITE with immediate into it as one
-        // active message, naming the token); UCX's packed key comes last.
-        let host = (mtype == sys::UCS_MEMORY_TYPE_HOST).then(region_token);
-        let head: Vec<u8> = match host {
-            Some(t) => [&[1u8][..], &t.to_le_bytes()].concat(),
-            None => vec![0],
+        // The key's first byte says whether the region is host memory (1) or GPU memory (2);
+        // the region's token follows it (a peer then may carry a WRITE into it as one active
+        // message, naming the token); UCX's packed key comes last.
+        let token = region_token();
+        let kind = if mtype == sys::UCS_MEMORY_TYPE_HOST {
+            KEY_HOST
+        } else {
+            KEY_GPU
         };
+        let head = [&[kind][..], &token.to_le_bytes()].concat();
         let key = KeyBytes::new(frame::wrap(Kind::Rkey, &[&head[..], &packed[..]].concat()))
             .map_err(|_| {
                 Error::Unsupported(format!(
@@ -133,13 +135,12 @@ impl Transport for Endpoint {
                 KeyBytes::MAX_LEN
             ))
             })?;
-        if let Some(token) = host {
-            self.shared.host_regions.borrow_mut().push(HostRegion {
-                base,
-                len: mem.len(),
-                token,
-            });
-        }
+        self.shared.landable.borrow_mut().push(Landable {
+            base,
+            len: mem.len(),
+            token,
+            mtype,
+        });
         Ok(UcxMr {
             remote: RemoteMr {
                 addr: base as u64,
@@ -165,7 +166,7 @@ impl Transport for Endpoint {
         check("ucp_mem_unmap", mr.map.unmap(), "")?;
         // A region dropped instead stays in the table: its memory stays allocated (the
         // graveyard) until the endpoint goes.
-        let mut regions = self.shared.host_regions.borrow_mut();
+        let mut regions = self.shared.landable.borrow_mut();
         if let Some(k) = regions
             .iter()
             .position(|r| (r.base, r.len) == (mr.base, mr.len))
@@ -179,19 +180,17 @@ impl Transport for Endpoint {
     fn import(&mut self, peer: PeerId, mr: &RemoteMr) -> Result<RemoteRegion<UcxKey>> {
         let ep = self.peer(peer)?.ep;
         let framed = frame::unwrap(Kind::Rkey, mr.key.as_bytes(), "remote key")?;
-        // The first byte: host memory (1, its token's 8 bytes next) or not (0); UCX's packed
-        // key follows.
-        let (host, packed) = match framed.split_first() {
-            Some((&0, rest)) if !rest.is_empty() => (None, rest),
-            Some((&1, rest)) if rest.len() > 8 => {
+        // The first byte: host memory (1) or GPU memory (2), the region's token's 8 bytes
+        // next; UCX's packed key follows.
+        let (host, token, packed) = match framed.split_first() {
+            Some((&kind, rest)) if (kind == KEY_HOST || kind == KEY_GPU) && rest.len() > 8 => {
                 let mut t = [0u8; 8];
                 t.copy_from_slice(&rest[..8]);
-                (Some(u64::from_le_bytes(t)), &rest[8..])
+                (kind == KEY_HOST, u64::from_le_bytes(t), &rest[8..])
             }
             _ => {
                 return Err(bad_key(
-                    "the remote key has no memory-type byte (and host token) before UCX's \
-                     packed key"
+                    "the remote key has no memory-type byte and token before UCX's packed key"
                         .into(),
                 ))
             }
@@ -222,6 +221,7 @@ impl Transport for Endpoint {
                     addr: mr.addr,
                     len: mr.len,
                     rkey,
+                    token,
                     host,
                 });
                 Ok(r)
@@ -333,22 +333,27 @@ impl Transport for Endpoint {
             )));
         }
         let rkey = imp.rkey;
-        // A WRITE between host memories may go as one active message carrying its bytes: the
-        // target's handler copies them, then queues the immediate if any. Every such WRITE
-        // does where the peer's WRITEs are active messages (`write=am`; by default where UCX
-        // would emulate puts over tcp), a small one with an immediate does
-        // always; one with an immediate only where every earlier put to this peer is known at
-        // the target (a flush covering it completed).
+        // A WRITE may go as one active message carrying its bytes: the target's handler lands
+        // them, then queues the immediate if any. Every WRITE to a peer whose WRITEs are
+        // active messages does (`write=am`; by default where UCX would emulate puts over tcp,
+        // whose target answers each put and aborts where the initiator died): eager into host
+        // memory, as a rendezvous into GPU memory. A small one with an immediate between host
+        // memories does always, where every earlier put to this peer is known at the target
+        // (a flush covering it completed).
         let pr = &self.peers[peer.0 as usize];
-        let token = imp.host;
-        let host = token.is_some() && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST;
-        let whole = host
-            && match imm {
-                None => pr.am_writes,
-                Some(_) => {
-                    (pr.am_writes || buf.len <= INLINE_MAX) && pr.puts.get() == pr.flushed.get()
-                }
-            };
+        let token = imp.token;
+        let rndv = !imp.host;
+        let flushed = pr.puts.get() == pr.flushed.get();
+        let whole = match imm {
+            None => pr.am_writes,
+            Some(_) => {
+                flushed
+                    && (pr.am_writes
+                        || (imp.host
+                            && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
+                            && buf.len <= INLINE_MAX))
+            }
+        };
         let named = self.name_memory;
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
@@ -366,14 +371,20 @@ impl Transport for Endpoint {
                 let mut h = [0u8; INLINE_HDR];
                 h[..4].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
                 h[4..12].copy_from_slice(&remote.addr.to_le_bytes());
-                h[12..].copy_from_slice(&token.unwrap_or(0).to_le_bytes());
+                h[12..].copy_from_slice(&token.to_le_bytes());
                 s.hdr.set(h);
                 let mut p = Self::params(s);
                 p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
-                p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+                p.flags = if rndv {
+                    sys::UCP_AM_SEND_FLAG_RNDV
+                } else {
+                    sys::UCP_AM_SEND_FLAG_EAGER
+                };
+                Self::set_memory(named, &mut p, buf.mr);
                 // SAFETY: ep is live; the header is the slot's `hdr`, unchanged until the send
                 // completes (the slot is busy until then); the data is the local range, in a
-                // region of this endpoint (checked) kept alive until the completion.
+                // region of this endpoint (checked) kept alive until the completion, and so
+                // its mapping (the memh named in p).
                 let r = unsafe {
                     sys::ucp_am_send_nbx(
                         ep,
