@@ -93,6 +93,8 @@ while [ $# -gt 0 ]; do
     *) echo "kill-soak: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+# Absolute: each process starts in its trial's directory.
+[ -z "$UCX_LIB" ] || UCX_LIB=$(cd "$UCX_LIB" && pwd) || { log "no directory $UCX_LIB"; exit 2; }
 # No launcher variables of a surrounding job: the ranks take torchrun-style ones.
 while read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(OMPI_|PMIX_|SLURM_|PMI_)')
 export FI_TCP_IFACE=lo
