@@ -129,13 +129,13 @@ struct Peer {
     /// equal, every put is at the target and a WRITE with immediate may skip its own flush.
     puts: Cell<u64>,
     flushed: Cell<u64>,
-    /// Every WRITE into a host region of this peer is an active message carrying its bytes,
-    /// not a put (option `write`; by default where UCX would emulate puts to it over tcp:
-    /// [`crate::puts_emulated`]).
+    /// Every WRITE to this peer is an active message carrying its bytes (a rendezvous into
+    /// GPU memory), not a put (option `write`; by default where UCX would emulate puts to it
+    /// over tcp: [`crate::puts_emulated`]).
     am_writes: bool,
 }
 
-/// How WRITEs into host regions go (option `write`).
+/// How WRITEs go (option `write`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Write {
     /// Per peer: active messages where UCX would emulate puts over tcp, puts otherwise.
@@ -220,7 +220,8 @@ struct Shared {
     /// The worker, for the handlers' `ucp_am_recv_data_nbx` (a rendezvous into GPU memory).
     worker: sys::ucp_worker_h,
     /// Rendezvous WRITEs UCX is receiving into GPU memory (`ucp_am_recv_data_nbx`'s request)
-    /// and their immediates, queued once the bytes are in: `on_landed` takes them out.
+    /// and their immediates, queued once the bytes are in: `on_landed` takes them out. Room
+    /// for a slab's worth is made at open; more grows it (many peers' WRITEs at once).
     landings: RefCell<Vec<(*mut c_void, Option<u32>)>>,
     /// Tagged sends UCX has not finished (posted in progress, their callback not yet run):
     /// a send posted while another is unfinished is one of a stream (`post_send`). Not the
@@ -258,7 +259,7 @@ pub struct Endpoint {
     peer_errors: bool,
     /// Sends, receives and puts name their region's memh and memory type (option `memh`).
     name_memory: bool,
-    /// How WRITEs into host regions go (option `write`), decided per peer at `add_peer`.
+    /// How WRITEs go (option `write`), decided per peer at `add_peer`.
     write: Write,
     /// The loaded UCX writes a receive's length when it completes inside its post call
     /// ([`RECV_INFO_SINCE`]).
