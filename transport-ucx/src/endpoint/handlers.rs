@@ -4,6 +4,29 @@
 
 use super::*;
 
+/// The active message id of an immediate.
+pub(super) const AM_IMM: u32 = 0x1d;
+/// The active message id of a WRITE with immediate carried whole: the header is the
+/// immediate, the target address and the region's token, the data the bytes ([`INLINE_MAX`]
+/// at most, or any number to a peer whose WRITEs are active messages). Into host memory it is
+/// sent eager: the target assembles a message of many fragments in a buffer of its size,
+/// then the handler copies it into the region. Into GPU memory it is sent as a rendezvous
+/// (`UCP_AM_SEND_FLAG_RNDV`), which the handler has UCX receive into the region
+/// (`ucp_am_recv_data_nbx`, with a CUDA copy), the immediate queued once that completed.
+pub(super) const AM_WRITE_IMM: u32 = 0x1e;
+/// The active message id of a WRITE without immediate carried whole: the header is
+/// `AM_WRITE_IMM`'s, its immediate unused.
+pub(super) const AM_WRITE: u32 = 0x1f;
+/// Largest WRITE with immediate sent as one active message (host memory on both sides, no
+/// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
+/// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
+pub(super) const INLINE_MAX: usize = 64;
+/// Header of an `AM_WRITE_IMM`: immediate (4), target address (8) and the target region's
+/// token (8, from its key), little endian.
+pub(super) const INLINE_HDR: usize = 20;
+/// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
+pub(super) const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
+
 /// A send, put, flush or active message finished (or failed): note it in its slot and queue
 /// the slot.
 pub(super) unsafe extern "C" fn on_send(

@@ -1,7 +1,7 @@
 //! The endpoint: a UCP context and worker, its peers, its regions, the keys it imported, and
 //! the request slab its operations run in. `open.rs` opens it, `region.rs` holds registered
 //! memory and imported keys, `transport.rs` is the trait (registration, keys, posting,
-//! polling), `handlers.rs` UCX's callbacks into the slab.
+//! polling), `handlers.rs` UCX's callbacks into the slab and the active messages they take.
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -29,37 +29,14 @@ mod requests;
 mod transport;
 
 use done::Done;
-use region::{region_token, Context, Graveyard, Imported, Landable, Mapping, TAKEN};
+use region::{
+    region_token, Context, Graveyard, Imported, Landable, Mapping, KEY_GPU, KEY_HOST, TAKEN,
+};
 pub use region::{UcxKey, UcxMr};
 use requests::Requests;
 
 use handlers::*;
 
-/// The active message id of an immediate.
-const AM_IMM: u32 = 0x1d;
-/// The active message id of a WRITE with immediate carried whole: the header is the
-/// immediate, the target address and the region's token, the data the bytes ([`INLINE_MAX`]
-/// at most, or any number to a peer whose WRITEs are active messages). Into host memory it is
-/// sent eager: the target assembles a message of many fragments in a buffer of its size,
-/// then the handler copies it into the region. Into GPU memory it is sent as a rendezvous
-/// (`UCP_AM_SEND_FLAG_RNDV`), which the handler has UCX receive into the region
-/// (`ucp_am_recv_data_nbx`, with a CUDA copy), the immediate queued once that completed.
-const AM_WRITE_IMM: u32 = 0x1e;
-/// The active message id of a WRITE without immediate carried whole: the header is
-/// `AM_WRITE_IMM`'s, its immediate unused.
-const AM_WRITE: u32 = 0x1f;
-/// Largest WRITE with immediate sent as one active message (host memory on both sides, no
-/// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
-/// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
-const INLINE_MAX: usize = 64;
-/// Header of an `AM_WRITE_IMM`: immediate (4), target address (8) and the target region's
-/// token (8, from its key), little endian.
-const INLINE_HDR: usize = 20;
-/// The first byte of a region's key: host memory, or GPU memory (its token follows).
-const KEY_HOST: u8 = 1;
-const KEY_GPU: u8 = 2;
-/// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
-const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 /// The tag of every SEND (received with a full mask).
 const SEND_TAG: u64 = 0x7263_6d61_5f73_6e64;
 /// Receives in flight from which the next one is posted as one of a stream

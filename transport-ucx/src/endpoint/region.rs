@@ -8,6 +8,10 @@ use std::sync::{Arc, Mutex, Weak};
 use transport_core::{Memory, MemoryMut, MemoryRegion, RemoteMr};
 use ucx_sys as sys;
 
+/// The first byte of a region's key: host memory, or GPU memory (its token follows).
+pub(super) const KEY_HOST: u8 = 1;
+pub(super) const KEY_GPU: u8 = 2;
+
 /// The UCP context; shared by the endpoint and its regions so that a region outliving its
 /// endpoint still unmaps into a live context.
 pub(super) struct Context {
