@@ -49,7 +49,8 @@
 #      rdma-bench --backend ucx against ucx_perftest), gpuwrite2p runs ci/gpu-write-2p.sh
 #      (issue 27's gpu-write between rdma-bench server and client, host and GPU memory),
 #      gpuwrite2p-ucx the same on the UCX backend (the wheel's UCX; UCX_STEP_TLS as the ucx
-#      step's)),
+#      step's), ucxkill the kill soak over UCX's tcp with GPU memory, UCX's puts against the
+#      default (KILL_TRIALS, KILL_SEED)),
 #      PROXY_TESTS (the proxy step's tests, space-separated names of gpu_proxy's tests;
 #      default all), JOBS (nproc);
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
@@ -163,6 +164,30 @@ run() {
   if [[ ,$steps, == *,efasim,* ]]; then
     ci/gpu-efa-sim.sh run || status=1
     [ "$steps" != efasim ] || return $status
+  fi
+  # ucxkill: a dead peer over UCX's tcp with GPU memory (ci/kill-soak.sh, 4 ranks on GPU 0,
+  # one SIGKILLed mid-transfer; UCX 1.22 from the wheel over tcp,cuda_copy). First with UCX's
+  # puts (--nic-opt write=put), whose target answers each put: survivors are expected to
+  # abort, which shows the exposure (not counted); then the default, a rendezvous active
+  # message per WRITE into GPU memory: every defect column must be zero (KILL_TRIALS, 10).
+  if [[ ,$steps, == *,ucxkill,* ]]; then
+    local ucxlib
+    if ucxlib=$(CARRY=$CARRY ci/gpu-host-ucx.sh unpack); then
+      local soak=(env KILL_SOAK_BIN="$CARRY/bin/rdma-bench-ucx" ci/kill-soak.sh --no-build
+        --versions "" --ucx tcp,cuda_copy --ucx-lib "$ucxlib" --modes ranks --phases transfer
+        --seed "${KILL_SEED:-5}")
+      log "ucxkill: UCX's puts into GPU memory, --nic-opt write=put (expected to FAIL)"
+      if "${soak[@]}" --trials 5 --args "--mem cuda --nic-opt write=put" >&2; then
+        log "ucxkill: no survivor aborted with UCX's puts: the exposure was not shown this time"
+      else
+        log "ucxkill: EXPOSURE SHOWN with UCX's puts"
+      fi
+      log "ucxkill: the default, rendezvous active messages (must PASS)"
+      "${soak[@]}" --trials "${KILL_TRIALS:-10}" --args "--mem cuda" >&2 || status=1
+    else
+      status=1
+    fi
+    [ "$steps" != ucxkill ] || return $status
   fi
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
   lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
