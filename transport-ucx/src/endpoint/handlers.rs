@@ -84,7 +84,7 @@ pub(super) unsafe extern "C" fn on_imm(
     let imm = unsafe { ptr::read_unaligned(header as *const u32) };
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker).
     let shared = unsafe { &*(arg as *const Shared) };
-    shared.imms.borrow_mut().push_back(u32::from_le(imm));
+    queue(shared, Some(u32::from_le(imm)));
     sys::UCS_OK
 }
 
@@ -121,7 +121,8 @@ pub(super) unsafe extern "C" fn on_write(
 /// its immediate (`with_imm`) queued after them. An eager message into host memory is copied
 /// here; a rendezvous (into any memory: the sender asks for one into GPU memory) UCX
 /// receives into the region (`ucp_am_recv_data_nbx`), and `on_landed` queues the immediate
-/// once it completed. Nothing is sent back but what UCX's rendezvous sends itself. A range
+/// once it completed. Every immediate waits behind the rendezvous that arrived before it
+/// (`Landings`). Nothing is sent back but what UCX's rendezvous sends itself. A range
 /// outside the region whose token the header names (or a token of no region here: a stale
 /// or foreign key), a header of another size or an eager message into GPU memory is dropped
 /// (an honest peer checked the range against the key it imported before sending); a
@@ -191,7 +192,7 @@ unsafe fn land(
             unsafe { sys::ucp_am_recv_data_nbx(shared.worker, data, addr as *mut c_void, len, &p) };
         match sys::ptr_status(r) {
             Ok(None) => queue(shared, imm),
-            Ok(Some(req)) => shared.landings.borrow_mut().push((req, imm)),
+            Ok(Some(req)) => shared.landings.borrow_mut().begin(req, imm),
             // UCX owns the descriptor and completes the sender's send; nothing landed.
             Err(_) => {}
         }
@@ -211,15 +212,17 @@ unsafe fn land(
     sys::UCS_OK
 }
 
-/// Queue a landed WRITE's immediate, if it has one.
+/// Queue the immediate, if any, of a WRITE whose bytes are in: behind any rendezvous that
+/// arrived before it and is still landing (`Landings`).
 fn queue(shared: &Shared, imm: Option<u32>) {
     if let Some(v) = imm {
-        shared.imms.borrow_mut().push_back(v);
+        let mut imms = shared.imms.borrow_mut();
+        shared.landings.borrow_mut().arrived(v, &mut imms);
     }
 }
 
-/// UCX finished receiving a rendezvous WRITE into a region (`land`): queue its immediate
-/// where its bytes are in, and free the request.
+/// UCX finished receiving a rendezvous WRITE into a region (`land`): release its immediate
+/// where its bytes are in, and those held behind it, in order (`Landings`); free the request.
 pub(super) unsafe extern "C" fn on_landed(
     request: *mut c_void,
     status: sys::ucs_status_t,
@@ -229,14 +232,12 @@ pub(super) unsafe extern "C" fn on_landed(
     // SAFETY: user_data is the endpoint's boxed Shared (given in `land`), alive with the
     // worker whose progress calls this.
     let shared = unsafe { &*(user_data as *const Shared) };
-    let mut landings = shared.landings.borrow_mut();
-    if let Some(k) = landings.iter().position(|&(r, _)| r == request) {
-        let (_, imm) = landings.swap_remove(k);
-        drop(landings);
-        if status == sys::UCS_OK {
-            queue(shared, imm);
-        }
-    }
+    let mut imms = shared.imms.borrow_mut();
+    let landed = status == sys::UCS_OK;
+    shared
+        .landings
+        .borrow_mut()
+        .finish(request, landed, &mut imms);
     // SAFETY: a request ucp_am_recv_data_nbx returned, completed now, freed once.
     unsafe { sys::ucp_request_free(request) };
 }

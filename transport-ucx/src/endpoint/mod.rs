@@ -22,6 +22,7 @@ use crate::frame::{self, Kind};
 
 mod done;
 mod handlers;
+mod landings;
 mod open;
 pub(crate) use open::init_context;
 mod region;
@@ -29,6 +30,7 @@ mod requests;
 mod transport;
 
 use done::Done;
+use landings::Landings;
 use region::{
     region_token, Context, Graveyard, Imported, Landable, Mapping, KEY_GPU, KEY_HOST, TAKEN,
 };
@@ -197,9 +199,10 @@ struct Shared {
     /// The worker, for the handlers' `ucp_am_recv_data_nbx` (a rendezvous into GPU memory).
     worker: sys::ucp_worker_h,
     /// Rendezvous WRITEs UCX is receiving into GPU memory (`ucp_am_recv_data_nbx`'s request)
-    /// and their immediates, queued once the bytes are in: `on_landed` takes them out. Room
-    /// for a slab's worth is made at open; more grows it (many peers' WRITEs at once).
-    landings: RefCell<Vec<(*mut c_void, Option<u32>)>>,
+    /// and the immediates that arrived after them, released into `imms` in arrival order once
+    /// the bytes before them are in (`landings.rs`). Room for a slab's worth is made at open;
+    /// more grows it (many peers' WRITEs at once).
+    landings: RefCell<Landings>,
     /// Tagged sends UCX has not finished (posted in progress, their callback not yet run):
     /// a send posted while another is unfinished is one of a stream (`post_send`). Not the
     /// slots `poll` has yet to report: a ping-pong's previous send may be finished at UCX

@@ -131,7 +131,7 @@ impl Endpoint {
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
             landable: RefCell::new(Vec::new()),
             worker,
-            landings: RefCell::new(Vec::with_capacity(tx + rx)),
+            landings: RefCell::new(Landings::with_capacity(tx + rx)),
             sends_unfinished: Cell::new(0),
         });
         let sp: *const Shared = &*shared;
