@@ -26,8 +26,10 @@
 //!   `process_vm_writev` each). UCX checks a put's rkey; the token is the handler's check
 //!   instead, so a stale or foreign key writes nothing there (the target drops the message and
 //!   sees no immediate; the initiator is told of success).
-//! - To a peer UCX would emulate puts to over tcp (option `write`, `auto`: decided per peer
-//!   from its endpoint's lanes, `puts_emulated`) every WRITE is such an active message
+//! - Where UCX would emulate the put (option `write`, `auto`: decided per peer and pair of
+//!   memories from its endpoint's lanes, `puts_emulated`: every WRITE over tcp alone, and
+//!   WRITEs into or out of GPU memory where no lane reaches both memories, as within one
+//!   process over shared memory) a WRITE is such an active message
 //!   (`AM_WRITE`, or `AM_WRITE_IMM` with its immediate), of any size: UCX has no RMA over
 //!   tcp and emulates a put with an active message that the target acknowledges, and that
 //!   acknowledgement, sent to an initiator that died with puts in flight, aborts the
@@ -111,12 +113,15 @@ const OPTIONS: &[OptionInfo] = &[
            then the immediate) or am (one active message carrying the bytes, with the \
            immediate if any: eager into host memory, copied into the region by the target's \
            handler; a rendezvous into GPU memory, which the handler has UCX receive into the \
-           region). auto (the default) decides per peer: am where UCX's lanes to the peer \
-           carry no RMA but tcp's (tcp alone; all between nodes without RDMA, or on one node \
-           with peer error handling), put otherwise: there UCX emulates puts with active \
-           messages and acknowledges each with a send that aborts the target's process \
-           (ucs_fatal in ucp_put_handler, UCX 1.13 to 1.22) when the initiator died with \
-           puts in flight",
+           region). auto (the default) decides per peer and pair of memories: am where UCX \
+           would emulate the put, put otherwise. UCX emulates every put where its lanes to \
+           the peer carry no RMA but tcp's (tcp alone; all between nodes without RDMA, or on \
+           one node with peer error handling), and puts into or out of GPU memory where no \
+           lane reaches both memories (cuda_ipc between GPU memories of two processes, or \
+           an InfiniBand/RoCE NIC): it sends an active message per fragment and acknowledges \
+           each with a send that aborts the target's process (ucs_fatal in ucp_put_handler, \
+           UCX 1.13 to 1.22) when the initiator died with puts in flight, and within one \
+           process it carried 5 Gbit/s into GPU memory over shared memory",
     },
     OptionInfo {
         key: "progress_skip",
@@ -251,26 +256,50 @@ pub(crate) fn printed(print: impl FnOnce(*mut libc::FILE)) -> String {
     s
 }
 
-/// Whether UCX emulates host-memory puts to a peer with active messages, from its endpoint's
-/// lanes (`ucp_ep_print_info`: `lane[0]:  1:tcp/lo.0 md[1] -> ... am am_bw#0 wireup`): no lane
-/// carries RMA (`rma#`, `rma_bw#`), or only tcp and the CUDA copies do. The target then answers
-/// each put from `ucp_put_handler` with a send that aborts its process (ucs_fatal, UCX 1.13
-/// to 1.22) where the initiator died with puts in flight; an active message carrying the
-/// bytes is not answered. With peer error handling, UCX 1.13 and 1.22 reach a peer on the
+/// The index of a WRITE's pair of memories in [`puts_emulated`]'s answer (and a peer's
+/// `am_writes`): from GPU memory or host memory, into GPU memory or host memory.
+pub(crate) const fn write_kind(from_gpu: bool, into_gpu: bool) -> usize {
+    ((from_gpu as usize) << 1) | into_gpu as usize
+}
+
+/// Which of a peer's puts UCX would emulate with active messages, by the memories on each
+/// side (indexed by [`write_kind`]), from its endpoint's lanes (`ucp_ep_print_info`:
+/// `lane[0]:  1:tcp/lo.0 md[1] -> ... am am_bw#0 wireup`) that carry RMA (`rma#`,
+/// `rma_bw#`):
+/// - host memory into host memory: real where any of them is neither tcp nor a CUDA copy
+///   (cma, a NIC);
+/// - GPU memory into GPU memory: real over cuda_ipc (which UCX 1.22 does not use within one
+///   process: "same process") or a NIC (rc, dc; with GPUDirect RDMA, as before);
+/// - host memory into GPU memory or back: real over a NIC only (cma moves host memory only,
+///   cuda_ipc GPU memory only).
+///
+/// Elsewhere UCX's protocol is "software emulation": an active message per fragment that the
+/// target answers from `ucp_put_handler`, with a send that aborts its process (ucs_fatal, UCX
+/// 1.13 to 1.22) where the initiator died with puts in flight (an active message carrying
+/// the bytes is not answered), and that over shared memory within one process carried 5
+/// Gbit/s into GPU memory where a rendezvous active message carried 66-181
+/// (docs/measurements.md). With peer error handling, UCX 1.13 and 1.22 reach a peer on the
 /// same node over tcp too where tcp is named (or `all`): shared memory has no peer failure
 /// handler there.
-pub(crate) fn puts_emulated(ep_info: &str) -> bool {
-    !ep_info
+pub(crate) fn puts_emulated(ep_info: &str) -> [bool; 4] {
+    let (mut host, mut ipc, mut nic) = (false, false, false);
+    let rma_lanes = ep_info
         .lines()
         .filter_map(|l| l.split_once("lane[").map(|(_, rest)| rest))
         .filter(|l| l.split_whitespace().any(|w| w.starts_with("rma")))
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .any(|rsc| {
-            // `1:tcp/lo.0`: the resource index, the transport, the device.
-            let tl = rsc.split_once(':').map_or(rsc, |(_, t)| t);
-            let tl = tl.split('/').next().unwrap_or(tl);
-            tl != "tcp" && !CUDA_COPIES.contains(&tl)
-        })
+        .filter_map(|l| l.split_whitespace().nth(1));
+    for rsc in rma_lanes {
+        // `1:tcp/lo.0`: the resource index, the transport, the device.
+        let tl = rsc.split_once(':').map_or(rsc, |(_, t)| t);
+        let tl = tl.split('/').next().unwrap_or(tl);
+        host |= tl != "tcp" && !CUDA_COPIES.contains(&tl);
+        ipc |= tl == "cuda_ipc";
+        nic |= tl.starts_with("rc") || tl.starts_with("dc");
+    }
+    let mut emulated = [!nic; 4];
+    emulated[write_kind(false, false)] = !host;
+    emulated[write_kind(true, true)] = !(ipc || nic);
+    emulated
 }
 
 /// What to say where `ucp_ep_create` over `tls` failed (`unreachable`: with
@@ -361,26 +390,38 @@ mod tests {
     }
 
     #[test]
-    fn puts_are_emulated_where_no_lane_but_tcp_carries_rma() {
+    fn puts_are_emulated_where_no_lane_reaches_both_memories() {
         // Lanes as UCX 1.13.1 and 1.22.0 print them (tcp; sm with peer errors off; rc_verbs
-        // and tcp in the Soft-RoCE VM; a CUDA copy beside tcp).
+        // and tcp in the Soft-RoCE VM; a CUDA copy beside tcp; shared memory with the CUDA
+        // transports, between two processes and within one, where cuda_ipc is unreachable).
         let tcp_113 = "#                 lane[0]:  1:tcp/lo.0 md[1]  -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n";
         let tcp_122 = "lane[0]:  1:tcp/lo.0 md[0]  -> addr[1].md[0]/tcp/sysdev[255] seg 4294967295 am keepalive wireup\n";
         let sm = "lane[0]:  0:sysv/memory.0 md[0] -> addr[0].md[0]/sysv/sysdev[255] am am_bw#0
 lane[1]:  1:posix/memory.0 md[1] -> addr[1].md[1]/posix/sysdev[255]
 lane[2]:  2:cma/memory.0 md[2] -> addr[2].md[2]/cma/sysdev[255] rma_bw#0
 ";
+        let sm_ipc = format!(
+            "{sm}lane[3]:  4:cuda_ipc/cuda.0 md[4] -> addr[3].md[4]/cuda_ipc/sysdev[0] rma_bw#1\n\
+             lane[4]:  3:cuda_copy/cuda.0 md[3] -> addr[2].md[3]/cuda_cpy/sysdev[255] rma_bw#2\n"
+        );
+        let sm_one = format!(
+            "{sm}lane[3]:  3:cuda_copy/cuda.0 md[3] -> addr[2].md[3]/cuda_cpy/sysdev[255] rma_bw#1\n"
+        );
         let rc = "lane[0]:  1:rc_verbs/rxe0:1.0 md[1] -> addr[1].md[1]/ib/sysdev[255] rma_bw#0 am am_bw#0
 lane[1]:  0:tcp/veth0.0 md[0] -> addr[0].md[0]/tcp/sysdev[255] keepalive wireup
 ";
         let tcp_put = "lane[0]:  0:tcp/eth0.0 md[0] -> md[0]/tcp rma#0 rma_bw#0 am am_bw#0\n\
                        lane[1]:  3:cuda_copy/cuda.0 md[3] -> md[3]/cuda_cpy rma_bw#1\n";
-        assert!(super::puts_emulated(tcp_113));
-        assert!(super::puts_emulated(tcp_122));
-        assert!(super::puts_emulated(tcp_put));
-        assert!(!super::puts_emulated(sm));
-        assert!(!super::puts_emulated(rc));
-        assert!(super::puts_emulated(""));
+        // [host into host, host into GPU, GPU into host, GPU into GPU]
+        assert_eq!(super::puts_emulated(tcp_113), [true; 4]);
+        assert_eq!(super::puts_emulated(tcp_122), [true; 4]);
+        assert_eq!(super::puts_emulated(tcp_put), [true; 4]);
+        assert_eq!(super::puts_emulated(sm), [false, true, true, true]);
+        assert_eq!(super::puts_emulated(&sm_ipc), [false, true, true, false]);
+        assert_eq!(super::puts_emulated(&sm_one), [false, true, true, true]);
+        assert_eq!(super::puts_emulated(rc), [false; 4]);
+        assert_eq!(super::puts_emulated(""), [true; 4]);
+        assert_eq!(super::write_kind(true, false), 2);
     }
 
     #[test]

@@ -108,16 +108,17 @@ struct Peer {
     /// equal, every put is at the target and a WRITE with immediate may skip its own flush.
     puts: Cell<u64>,
     flushed: Cell<u64>,
-    /// Every WRITE to this peer is an active message carrying its bytes (a rendezvous into
-    /// GPU memory), not a put (option `write`; by default where UCX would emulate puts to it
-    /// over tcp: [`crate::puts_emulated`]).
-    am_writes: bool,
+    /// By the memories of a WRITE ([`crate::write_kind`]): WRITEs to this peer between these
+    /// are active messages carrying their bytes (a rendezvous into GPU memory), not puts
+    /// (option `write`; by default where UCX would emulate the put: [`crate::puts_emulated`]).
+    am_writes: [bool; 4],
 }
 
 /// How WRITEs go (option `write`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Write {
-    /// Per peer: active messages where UCX would emulate puts over tcp, puts otherwise.
+    /// Per peer and pair of memories: active messages where UCX would emulate the put, puts
+    /// otherwise.
     Auto,
     Am,
     Put,
@@ -620,17 +621,22 @@ mod tests {
         (a, b, to_b, to_a)
     }
 
-    /// `write=auto` decides per peer, from the lanes UCX gave its endpoint: puts where a
-    /// shared-memory transport carries RMA (cma, with peer errors off), active messages
-    /// where UCX would emulate puts over tcp (sm and tcp named: with peer error handling
-    /// UCX reaches this process's other endpoint over tcp alone).
+    /// `write=auto` decides per peer and pair of memories, from the lanes UCX gave its
+    /// endpoint: puts between host memories where a shared-memory transport carries RMA (cma,
+    /// with peer errors off), active messages into and out of GPU memory there (no cuda_ipc
+    /// lane: this box has no CUDA, and UCX 1.22 has none within one process), and every WRITE
+    /// an active message where UCX would emulate puts over tcp (sm and tcp named: with peer
+    /// error handling UCX reaches this process's other endpoint over tcp alone).
     #[test]
     fn write_auto_follows_the_peers_lanes() {
         let write = |tls, opts: &[(&str, &str)]| {
             let (a, _b, _, _) = pair(tls, opts);
             a.runtime().settings["write"].clone()
         };
-        assert_eq!(write("sm", &[("peer_errors", "off")]), "put");
+        assert_eq!(
+            write("sm", &[("peer_errors", "off")]),
+            "am host to GPU, GPU to host, GPU to GPU, put otherwise"
+        );
         assert_eq!(write("sm,tcp", &[]), "am");
         assert_eq!(write("sm,tcp", &[("write", "put")]), "put");
         let a = Endpoint::open(&NicDesc::provider("tcp")).expect("tcp");

@@ -30,7 +30,7 @@ impl Transport for Endpoint {
             failed: Cell::new(sys::UCS_OK),
             puts: Cell::new(0),
             flushed: Cell::new(0),
-            am_writes: self.write == Write::Am,
+            am_writes: [self.write == Write::Am; 4],
         });
         let params = sys::ucp_ep_params_t {
             field_mask: u64::from(
@@ -334,25 +334,22 @@ impl Transport for Endpoint {
         }
         let rkey = imp.rkey;
         // A WRITE may go as one active message carrying its bytes: the target's handler lands
-        // them, then queues the immediate if any. Every WRITE to a peer whose WRITEs are
-        // active messages does (`write=am`; by default where UCX would emulate puts over tcp,
-        // whose target answers each put and aborts where the initiator died): eager into host
+        // them, then queues the immediate if any. Every WRITE to a peer whose WRITEs between
+        // these memories are active messages does (`write=am`; by default where UCX would
+        // emulate the put: over tcp, whose target answers each put and aborts where the
+        // initiator died, and into or out of GPU memory where no lane reaches both): eager into host
         // memory, as a rendezvous into GPU memory. A small one with an immediate between host
         // memories does always, where every earlier put to this peer is known at the target
         // (a flush covering it completed).
         let pr = &self.peers[peer.0 as usize];
         let token = imp.token;
         let rndv = !imp.host;
+        let from_host = buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST;
+        let am = pr.am_writes[crate::write_kind(!from_host, rndv)];
         let flushed = pr.puts.get() == pr.flushed.get();
         let whole = match imm {
-            None => pr.am_writes,
-            Some(_) => {
-                flushed
-                    && (pr.am_writes
-                        || (imp.host
-                            && buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST
-                            && buf.len <= INLINE_MAX))
-            }
+            None => am,
+            Some(_) => flushed && (am || (imp.host && from_host && buf.len <= INLINE_MAX)),
         };
         let named = self.name_memory;
         let Some(s) = self.take_slot(false) else {
@@ -547,16 +544,30 @@ impl Transport for Endpoint {
         settings.insert("tls".into(), self.tls.clone());
         settings.insert("net_devices".into(), self.devices.clone());
         // Per peer under `write=auto`: what was decided so far ("auto" before any peer).
-        let am = self.peers.iter().filter(|p| p.am_writes).count();
         let write = match self.write {
             Write::Am => "am".to_string(),
             Write::Put => "put".to_string(),
-            Write::Auto if self.peers.is_empty() => {
-                "auto (per peer: am where UCX would emulate puts over tcp, else put)".to_string()
+            Write::Auto if self.peers.is_empty() => "auto (per peer and memories: am where \
+                 UCX would emulate the put, else put)"
+                .to_string(),
+            Write::Auto => {
+                let mut seen: Vec<(String, usize)> = Vec::new();
+                for p in &self.peers {
+                    let d = writes_described(p.am_writes);
+                    match seen.iter_mut().find(|(s, _)| *s == d) {
+                        Some((_, n)) => *n += 1,
+                        None => seen.push((d, 1)),
+                    }
+                }
+                match &seen[..] {
+                    [(d, _)] => d.clone(),
+                    _ => seen
+                        .iter()
+                        .map(|(d, n)| format!("{d} to {n} peer(s)"))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                }
             }
-            Write::Auto if am == self.peers.len() => "am".to_string(),
-            Write::Auto if am == 0 => "put".to_string(),
-            Write::Auto => format!("am to {am} peers, put to {}", self.peers.len() - am),
         };
         settings.insert(
             "immediate".into(),
@@ -589,4 +600,18 @@ impl Transport for Endpoint {
             settings,
         }
     }
+}
+
+/// What a peer's WRITEs are, by memories (`Peer::am_writes`): `put`, `am`, or which are
+/// active messages.
+fn writes_described(am: [bool; 4]) -> String {
+    const KINDS: [&str; 4] = ["host to host", "host to GPU", "GPU to host", "GPU to GPU"];
+    if am == [false; 4] {
+        return "put".into();
+    }
+    if am == [true; 4] {
+        return "am".into();
+    }
+    let kinds: Vec<&str> = (0..4).filter(|&k| am[k]).map(|k| KINDS[k]).collect();
+    format!("am {}, put otherwise", kinds.join(", "))
 }
