@@ -13,6 +13,7 @@
 #       `pip download libucx-cu12==1.22.0 --no-deps` into that folder.
 #   ci/gpu-host-ucx.sh unpack   the wheel's UCX into CARRY/build/ucx; prints its lib directory
 #       (ci/gpu-host.sh's gpuwrite2p-ucx step puts it on LD_LIBRARY_PATH).
+#   ci/gpu-host-ucx.sh mixed    only the mixed-memory check of run (CARRY as run's).
 #   ci/gpu-host-ucx.sh run      (ci/gpu-host.sh run calls it for STEPS=...,ucx,...) with
 #       CARRY, MEM, ROUNDS, SIZES, BYTES, CORES as ci/gpu-host.sh documents them (server,
 #       client; in the put and tag rows the second core is the sender's for both tools:
@@ -34,7 +35,11 @@
 # The step (run) prints:
 #   ucx_info -v and the transports of ucx_info -d (expect cuda_copy, cuda_ipc, cma, posix,
 #   sysv, tcp on the GPU host); rdma-bench-ucx client/server with --mem cuda (then host),
-#   sizes 4K,64K,1M,16M, 16 pages, "every byte verified"; then one table per memory:
+#   sizes 4K,64K,1M,16M, 16 pages, "every byte verified"; then, where MEM holds cuda, the
+#   two memories mixed (`mixed` below; MIXED=0 skips it): write and send at 4K,64K,1M from a
+#   server with one memory to a client with the other, both pairings, over the step's
+#   transports and over tcp,cuda_copy (MIXED_TLS, space-separated lists), every byte
+#   verified; then one table per memory:
 #     put  rdma-bench --workload write --single-buffer --imm-every 64 --window 32 (naming the
 #          region's memh, as the tag row's sends do) against
 #          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, 32 outstanding: perftest's
@@ -157,6 +162,43 @@ unpack() {  # the wheel's UCX into CARRY/build/ucx (once per ucx.tar.xz); prints
   echo "$ucx/libucx/lib"
 }
 
+# Two processes whose memories differ: the server's buffers fixed to one memory (--mem on
+# the server), the client's the other, both pairings. The server is the source of the WRITEs
+# and SENDs, the client their target (it verifies every byte), so they run from GPU memory
+# into host memory and from host memory into GPU memory. Over the step's transports WRITEs
+# are UCX's puts; over tcp,cuda_copy (peer error handling on, as by default) they are ours'
+# active messages: into GPU memory a rendezvous, from GPU memory an eager message that UCX
+# packs with cuda_copy. Needs LD_LIBRARY_PATH set (run does it).
+mixed() {
+  local rb=$1 tls_list=$2 out=$3 port=$((20000 + RANDOM % 20000)) status=0 tls sm cm w extra
+  for tls in $tls_list; do
+    extra=(); [[ $tls == *tcp* ]] || extra=(--nic-opt peer_errors=off)
+    for pair in host,cuda cuda,host; do
+      sm=${pair%,*}; cm=${pair#*,}; port=$((port + 3))
+      log "mixed memory over $tls: server $sm memory, client $cm memory, every byte verified"
+      timeout 180 "$rb" server --listen 127.0.0.1:$port --backend ucx --provider "$tls" \
+        "${extra[@]}" --mem "$sm" --sessions 2 > "$out/srv" 2>&1 &
+      local spid=$!
+      wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
+      for w in write send; do
+        local sz=(--sizes 4K,64K,1M); [ "$w" = write ] && sz+=(--pages 16)
+        if timeout 120 "$rb" client --connect 127.0.0.1:$port --backend ucx --provider "$tls" \
+            "${extra[@]}" --mem "$cm" --workload "$w" "${sz[@]}" > "$out/cli" 2>&1 &&
+            grep -q "$cm memory.*every byte verified" "$out/cli"; then
+          grep "every byte verified" "$out/cli" | head -1 | sed 's/^/  /' >&2
+          grep -E '^ *[0-9]+(\.[0-9]+)? *[KMG]?i?B? ' "$out/cli" | head -4 | sed 's/^/    /' >&2 || true
+          log "mixed $tls $w, $sm memory to $cm memory: PASS"
+        else
+          cat "$out/cli" >&2
+          log "FAILED: mixed memory over $tls, server $sm, client $cm, workload $w"; status=1
+        fi
+      done
+      wait $spid 2>/dev/null || { sed 's/^/  server: /' "$out/srv" >&2; log "FAILED: the server exited non-zero"; status=1; }
+    done
+  done
+  return $status
+}
+
 run() {
   local carry=${CARRY:?} rb=$CARRY/bin/rdma-bench-ucx ucx=$CARRY/build/ucx status=0 lib
   lib=$(unpack) || return 1
@@ -200,6 +242,8 @@ run() {
     fi
     wait $spid 2>/dev/null || { log "FAILED: the server exited non-zero"; status=1; }
   done
+  [ "${MIXED:-1}" = 0 ] || [[ $mems != *cuda* ]] ||
+    mixed "$rb" "${MIXED_TLS:-$tls tcp,cuda_copy}" "$out" || status=1
 
   local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))}
   lat_n() { round_trips "$1" "$([ "$2" = host ] && echo 20000 || echo 2000)"; }  # BYTES MEM
@@ -385,5 +429,7 @@ case ${1:-} in
   pack) pack "$2" "$3" ;;
   unpack) unpack ;;
   run) run ;;
+  mixed) CARRY=$(realpath "${CARRY:?}") && lib=$(unpack) && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} &&
+    out=$(mktemp -d) && mixed "$CARRY/bin/rdma-bench-ucx" "${MIXED_TLS:-sm,cuda_copy,cuda_ipc,self tcp,cuda_copy}" "$out" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
 esac
