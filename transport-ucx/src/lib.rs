@@ -302,6 +302,37 @@ pub(crate) fn puts_emulated(ep_info: &str) -> [bool; 4] {
     emulated
 }
 
+/// What `write=auto` decided for these peers' WRITEs (each peer's [`puts_emulated`] answer),
+/// for the runtime settings: `put`, `am`, which pairs of memories go as active messages, or
+/// each of those with its number of peers; "auto" before any peer.
+pub(crate) fn auto_writes(peers: impl Iterator<Item = [bool; 4]>) -> String {
+    const KINDS: [&str; 4] = ["host to host", "host to GPU", "GPU to host", "GPU to GPU"];
+    let described = |am: [bool; 4]| match am {
+        [false, false, false, false] => "put".to_string(),
+        [true, true, true, true] => "am".to_string(),
+        _ => {
+            let kinds: Vec<&str> = (0..4).filter(|&k| am[k]).map(|k| KINDS[k]).collect();
+            format!("am {}, put otherwise", kinds.join(", "))
+        }
+    };
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for d in peers.map(described) {
+        match seen.iter_mut().find(|(s, _)| *s == d) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((d, 1)),
+        }
+    }
+    match &seen[..] {
+        [] => "auto (per peer and memories: am where UCX would emulate the put, else put)".into(),
+        [(d, _)] => d.clone(),
+        _ => seen
+            .iter()
+            .map(|(d, n)| format!("{d} to {n} peer(s)"))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
 /// What to say where `ucp_ep_create` over `tls` failed (`unreachable`: with
 /// `UCS_ERR_UNREACHABLE`).
 pub(crate) fn ep_create_hint(tls: &str, unreachable: bool, peer_errors: bool) -> &'static str {
@@ -422,6 +453,13 @@ lane[1]:  0:tcp/veth0.0 md[0] -> addr[0].md[0]/tcp/sysdev[255] keepalive wireup
         assert_eq!(super::puts_emulated(rc), [false; 4]);
         assert_eq!(super::puts_emulated(""), [true; 4]);
         assert_eq!(super::write_kind(true, false), 2);
+        let said = |p: &[[bool; 4]]| super::auto_writes(p.iter().copied());
+        assert!(said(&[]).starts_with("auto"));
+        assert_eq!(said(&[[true; 4], [true; 4]]), "am");
+        assert_eq!(
+            said(&[[false, true, true, true], [false; 4]]),
+            "am host to GPU, GPU to host, GPU to GPU, put otherwise to 1 peer(s); put to 1 peer(s)"
+        );
     }
 
     #[test]

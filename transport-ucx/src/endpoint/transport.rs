@@ -547,27 +547,7 @@ impl Transport for Endpoint {
         let write = match self.write {
             Write::Am => "am".to_string(),
             Write::Put => "put".to_string(),
-            Write::Auto if self.peers.is_empty() => "auto (per peer and memories: am where \
-                 UCX would emulate the put, else put)"
-                .to_string(),
-            Write::Auto => {
-                let mut seen: Vec<(String, usize)> = Vec::new();
-                for p in &self.peers {
-                    let d = writes_described(p.am_writes);
-                    match seen.iter_mut().find(|(s, _)| *s == d) {
-                        Some((_, n)) => *n += 1,
-                        None => seen.push((d, 1)),
-                    }
-                }
-                match &seen[..] {
-                    [(d, _)] => d.clone(),
-                    _ => seen
-                        .iter()
-                        .map(|(d, n)| format!("{d} to {n} peer(s)"))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                }
-            }
+            Write::Auto => crate::auto_writes(self.peers.iter().map(|p| p.am_writes)),
         };
         settings.insert(
             "immediate".into(),
@@ -600,18 +580,4 @@ impl Transport for Endpoint {
             settings,
         }
     }
-}
-
-/// What a peer's WRITEs are, by memories (`Peer::am_writes`): `put`, `am`, or which are
-/// active messages.
-fn writes_described(am: [bool; 4]) -> String {
-    const KINDS: [&str; 4] = ["host to host", "host to GPU", "GPU to host", "GPU to GPU"];
-    if am == [false; 4] {
-        return "put".into();
-    }
-    if am == [true; 4] {
-        return "am".into();
-    }
-    let kinds: Vec<&str> = (0..4).filter(|&k| am[k]).map(|k| KINDS[k]).collect();
-    format!("am {}, put otherwise", kinds.join(", "))
 }
