@@ -537,6 +537,16 @@ fn compare_libfabric_shm_with_ucx_sm() {
     assert_eq!(rec[1]["pair"], "ucx:sm");
     assert_eq!(rec[1]["backend"]["library"], "ucx", "{:#}", rec[1]);
     assert_eq!(rec[0]["backend"]["library"], "libfabric", "{:#}", rec[0]);
+    // Both sides' records say how UCX's WRITEs went to the peer (write=auto decides per peer
+    // once it is added): over shared memory, puts between host memories (cma), active
+    // messages into and out of GPU memory (no cuda_ipc lane within one process).
+    let decided = "am host to GPU, GPU to host, GPU to GPU, put otherwise";
+    assert_eq!(
+        rec[1]["backend"]["settings"]["write"], decided,
+        "{:#}",
+        rec[1]
+    );
+    assert_eq!(rec[1]["peer"]["settings"]["write"], decided, "{:#}", rec[1]);
     // The table, too.
     let o = run(
         &[

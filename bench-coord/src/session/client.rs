@@ -238,6 +238,12 @@ pub(crate) fn greet<T: Transport>(
     side.connect(welcome.nics)?;
     // The server announced its endpoints before its welcome: take that in now.
     side.settle()?;
+    // This side's record, read again now that its peers are added: a backend may decide per
+    // peer (UCX's write=auto), and the record says what it decided.
+    let facts = match side.runtime() {
+        Some(r) => cfg.facts.with_backend(r),
+        None => facts,
+    };
     Ok((facts, peer))
 }
 
