@@ -10,6 +10,12 @@
 //! waits for it: immediates are released in the order their WRITEs arrived, each once every
 //! landing that arrived before it is in. Nothing here allocates while no more than the
 //! room made at open is in flight.
+//!
+//! The order is the endpoint's, across its peers: an immediate from one peer may wait for
+//! another's landing. A landing from a peer that died ends with UCX's error where peer error
+//! handling is on (the kill soak over tcp with GPU memory: docs/ranks.md), which releases what
+//! waits behind it; without it a dead peer's landing never ends and what waits behind it
+//! waits too, as every operation with that peer hangs then (`peer_errors=off`).
 
 use std::collections::VecDeque;
 use std::ffi::c_void;

@@ -337,10 +337,10 @@ impl Transport for Endpoint {
         // them, then queues the immediate if any. Every WRITE to a peer whose WRITEs between
         // these memories are active messages does (`write=am`; by default where UCX would
         // emulate the put: over tcp, whose target answers each put and aborts where the
-        // initiator died, and into or out of GPU memory where no lane reaches both): eager into host
-        // memory, as a rendezvous into GPU memory. A small one with an immediate between host
-        // memories does always, where every earlier put to this peer is known at the target
-        // (a flush covering it completed).
+        // initiator died, and into or out of GPU memory where no lane reaches both): eager
+        // into host memory, as a rendezvous into GPU memory. A small one with an immediate
+        // between host memories does always, where every earlier put to this peer is known
+        // at the target (a flush covering it completed).
         let pr = &self.peers[peer.0 as usize];
         let token = imp.token;
         let rndv = !imp.host;
