@@ -188,15 +188,18 @@ pub(crate) fn landing_for(tls: Option<&str>) -> Landing {
     }
 }
 
-/// Transports that go over the machine's InfiniBand/RoCE NICs; the others (shared memory,
-/// tcp, CUDA copies) use no NIC of a GPU's group.
+/// Whether UCX's transport (or alias) `t` goes over the machine's InfiniBand/RoCE NICs (rc,
+/// ud, dc and their variants, `ib`); the others (shared memory, tcp, CUDA copies) use no NIC.
+fn on_nic(t: &str) -> bool {
+    t.starts_with("rc") || t.starts_with("ud") || t.starts_with("dc") || t == "ib"
+}
+
+/// The NIC driver of a provider naming a transport that goes over a NIC ([`on_nic`]); the
+/// others use no NIC of a GPU's group.
 fn nic_driver(provider: Option<&str>) -> Option<&'static str> {
     let p = provider?;
     p.split(',')
-        .any(|t| {
-            let t = t.trim().trim_start_matches('^');
-            t.starts_with("rc") || t.starts_with("ud") || t.starts_with("dc") || t == "ib"
-        })
+        .any(|t| on_nic(t.trim().trim_start_matches('^')))
         .then_some("mlx5")
 }
 
@@ -276,9 +279,9 @@ pub(crate) const fn write_kind(from_gpu: bool, into_gpu: bool) -> usize {
 /// Elsewhere UCX's protocol is "software emulation": an active message per fragment that the
 /// target answers from `ucp_put_handler`, with a send that aborts its process (ucs_fatal, UCX
 /// 1.13 to 1.22) where the initiator died with puts in flight (an active message carrying
-/// the bytes is not answered), and that over shared memory within one process carried 5
-/// Gbit/s into GPU memory where a rendezvous active message carried 66-181
-/// (docs/measurements.md). With peer error handling, UCX 1.13 and 1.22 reach a peer on the
+/// the bytes is not answered), and that over shared memory within one process carried 5-6
+/// Gbit/s into GPU memory where a rendezvous active message carried 57-253 (64 KiB to 1 MiB,
+/// docs/measurements.md). With peer error handling, UCX 1.13 and 1.22 reach a peer on the
 /// same node over tcp too where tcp is named (or `all`): shared memory has no peer failure
 /// handler there.
 pub(crate) fn puts_emulated(ep_info: &str) -> [bool; 4] {
@@ -294,7 +297,7 @@ pub(crate) fn puts_emulated(ep_info: &str) -> [bool; 4] {
         let tl = tl.split('/').next().unwrap_or(tl);
         host |= tl != "tcp" && !CUDA_COPIES.contains(&tl);
         ipc |= tl == "cuda_ipc";
-        nic |= tl.starts_with("rc") || tl.starts_with("dc");
+        nic |= on_nic(tl);
     }
     let mut emulated = [!nic; 4];
     emulated[write_kind(false, false)] = !host;

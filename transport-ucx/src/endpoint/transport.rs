@@ -343,9 +343,9 @@ impl Transport for Endpoint {
         // at the target (a flush covering it completed).
         let pr = &self.peers[peer.0 as usize];
         let token = imp.token;
-        let rndv = !imp.host;
+        let into_gpu = !imp.host;
         let from_host = buf.mr.mtype == sys::UCS_MEMORY_TYPE_HOST;
-        let am = pr.am_writes[crate::write_kind(!from_host, rndv)];
+        let am = pr.am_writes[crate::write_kind(!from_host, into_gpu)];
         let flushed = pr.puts.get() == pr.flushed.get();
         let whole = match imm {
             None => am,
@@ -372,7 +372,7 @@ impl Transport for Endpoint {
                 s.hdr.set(h);
                 let mut p = Self::params(s);
                 p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
-                p.flags = if rndv {
+                p.flags = if into_gpu {
                     sys::UCP_AM_SEND_FLAG_RNDV
                 } else {
                     sys::UCP_AM_SEND_FLAG_EAGER
@@ -554,7 +554,7 @@ impl Transport for Endpoint {
             match write.as_str() {
                 "am" => "ucp_am_send_nbx (with the bytes)",
                 "put" => "ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx",
-                _ => "per peer: ucp_am_send_nbx (with the bytes), or ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx",
+                _ => "per peer and memories: ucp_am_send_nbx (with the bytes), or ucp_put_nbx, ucp_ep_flush_nbx, ucp_am_send_nbx",
             }
             .into(),
         );
