@@ -14,7 +14,8 @@
 #   SKIP_EFA_SIM=1 ci/test.sh               without the simulated EFA device step (ci/efa-sim.sh)
 #
 # Each step runs to its end whatever the others did; the last line counts the steps that
-# passed, failed and did not run, and names those that did not run. A step that did not run
+# passed, failed and did not run, and names those that did not run; above it, the last 40
+# lines (FAILED_TAIL) each failed step printed. A step that did not run
 # is not a pass: under CI=1 (.ci/run sets it) a step CI is expected to run that did not (a
 # SKIP_* variable, a missing tarball, a shorter LIBFABRIC_VERSIONS) fails the run. The GPU
 # tests run only on the GPU host (ci/gpu-host.sh run); they are listed as not run here.
@@ -50,10 +51,11 @@ FREE_START=$(free_kb) FREE_LOW=$(free_kb)
 tidy() { # tidy DIR...: remove a step's own target directory (CI=1 or TIDY=1)
   [ -z "$TIDY" ] || rm -rf "$@"
 }
-PASSED=() FAILED=() NOT_RUN=() NOT_RUN_WHY=() MUST_RUN=() CASE_SKIPS=()
+PASSED=() FAILED=() FAILED_OUT=() NOT_RUN=() NOT_RUN_WHY=() MUST_RUN=() CASE_SKIPS=()
 RDMA_BENCH_SKIP_LOG=$(mktemp /tmp/ci-test-skips.XXXXXX)
 export RDMA_BENCH_SKIP_LOG
-trap 'rm -f "$RDMA_BENCH_SKIP_LOG"' EXIT
+STEP_LOGS=$(mktemp -d /tmp/ci-test-steps.XXXXXX)
+trap 'rm -rf "$RDMA_BENCH_SKIP_LOG" "$STEP_LOGS"' EXIT
 
 # step NAME CMD [ARGS...]: run CMD (a function or a command) in a subshell with errexit on.
 step() {
@@ -64,8 +66,14 @@ step() {
   echo
   echo "==> $name ($((SECONDS - t0)) s, $(human "$free") free)"
   before=$(wc -l <"$RDMA_BENCH_SKIP_LOG")
+  # The step's output goes to the log as before and into a file of its own too, through a
+  # tee the step does not wait for (a VM or daemon the step leaves running may hold the pipe).
+  local out
+  out=$(mktemp "$STEP_LOGS/step.XXXXXX")
+  exec 3>&1 4>&2 > >(tee -a "$out") 2>&1
   (set -e; "$@")
   rc=$?
+  exec 1>&3 2>&4 3>&- 4>&-
   free=$(free_kb)
   [ "$free" -ge "$FREE_LOW" ] || FREE_LOW=$free
   if [ $rc -eq 0 ]; then
@@ -74,6 +82,7 @@ step() {
     local why="exit $rc"
     [ "$free" -ge 1048576 ] || why+="; disk nearly full: $(human "$free") free"
     FAILED+=("$name ($why)")
+    FAILED_OUT+=("$out")
     echo "==> FAILED: $name ($why)"
   fi
   # Test cases that noted a skip during this step, by reason.
@@ -258,6 +267,7 @@ fi
 not_run "GPU tests (transport-efa gpu, gpu_ipc; bench-core's GPU buffers)" \
   "no GPU on a CI host; ci/gpu-host.sh run on the GPU host runs them"
 
+FAILED_TAIL=${FAILED_TAIL:-40}
 # ---- summary -----------------------------------------------------------------------------------
 echo
 echo "==> summary ($((SECONDS - t0)) s; disk: $(human "$FREE_START") free at the start, $(human "$FREE_LOW") at the lowest)"
@@ -273,6 +283,12 @@ if [ -n "$CI_RUN" ] && [ ${#MUST_RUN[@]} -gt 0 ]; then
   verdict=FAILED
   ci_note="; under CI=1 these must run: $(join "${MUST_RUN[@]}")"
 fi
+# What a failed step printed last, again here: whoever reads only the end of the log (a CI
+# page showing its tail) sees why, not only that.
+for i in "${!FAILED[@]}"; do
+  echo "==> the last $FAILED_TAIL lines of: ${FAILED[i]}"
+  tail -n "$FAILED_TAIL" "${FAILED_OUT[i]}" | cut -c1-400
+done
 not_run_names=$(join "${NOT_RUN[@]}")
 echo "ci/test.sh: ${#PASSED[@]} passed, ${#FAILED[@]} failed, ${#NOT_RUN[@]} not run${not_run_names:+ ($not_run_names)}$ci_note: $verdict"
 [ "$verdict" = PASSED ]
