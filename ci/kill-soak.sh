@@ -473,8 +473,8 @@ server_trial() {
   local n=100000000; [ $long = 1 ] || n=300
   delay=$((RANDOM % 2500))
   # A try again after a short client ended before its kill: kill within the life that client
-  # had. At 0-2500 ms, 3 in 10 of the client trials' tries missed (42 of 141 trials on this
-  # box missed once, 12 twice, 2 three times), so six in a row (a defect, "unkilled") would
+  # had. At 0-2500 ms, 3 in 10 of the client trials' tries missed (of 141 trials on this box,
+  # 42 missed at least once, 12 at least twice, 2 three times), so six in a row (a defect, "unkilled") would
   # come in about one CI run in a hundred (15 client trials a run).
   [ $long = 1 ] || [ -z "$SHORT_LIFE" ] || delay=$((RANDOM % SHORT_LIFE))
   start cli "$dir" -- client --connect "$addr" $(nic "$v" "$prov") -s 4K --pages 16 -n "$n" \
