@@ -19,8 +19,9 @@
 #
 # The same trials run over UCX (--backend ucx) on its sm, tcp (on lo) and all (UCX's default,
 # on lo: with peer error handling it reaches a peer on this node over tcp alone), against the
-# system's UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a backtrace) is
-# a defect (signal) whatever its exit status.
+# system's UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a
+# backtrace) is a defect (signal) whatever its exit status, but for UCX before 1.14's abort
+# at wire-up (known_abort below: counted under the table).
 #
 # Counts per provider and libfabric version: survivors that exit 0, that do not name the
 # dead peer, still alive 20 s after the kill, killed by a signal; the slowest survivor. Also
@@ -131,6 +132,18 @@ log() { echo "kill-soak: $*" >&2; }
 # A provider's own abort (UCX's ucs_fatal): its status may be 1 (libinfinipath's handler).
 ABORTED='Fatal: |==== backtrace|Caught signal'
 aborted() { grep -qE "$ABORTED" "$1"; }
+# UCX before 1.14 asserts in a survivor whose peer died while their endpoints wired up
+# (docs/known-limits.md): "got REQ message" (ucp_request.c, over rc) or, over tcp, in
+# ucp_wireup_ep_pending_purge when the wire-up message being sent meets the dead peer (1 of
+# 672 trials on 1.13.1, ranks killed in setup). No backend can avoid it; on those versions it
+# is counted ("wire-up aborts" under the table), not a defect; from 1.14 on it is one. known_abort KEY VERSION ERRFILE: 0 where it was that.
+WIREUP_ABORT='got REQ message|wireup_ep\.c:[0-9]+ +Assertion .wireup_ep->pending_count == 0'
+known_abort() {
+  case $2 in ucx-1.[0-9].* | ucx-1.1[0-3].*) ;; *) return 1 ;; esac
+  grep -qE "$WIREUP_ABORT" "$3" || return 1
+  bump "$1" wireup
+  log "  $2's wire-up abort (not a defect before 1.14): $(grep -m1 -E "$WIREUP_ABORT" "$3")"
+}
 # nic STACK PROVIDER: the backend's arguments; UCX's tcp (alone or in a list, and all, UCX's
 # default) is told to stay on lo.
 nic() {
@@ -424,6 +437,7 @@ ranks_trial() {
     if [ "$rc" -ge 128 ]; then
       defect "$key" signal "$what" "killed by signal $((rc - 128)); stderr: $(tail -c 300 "$dir/rank$r.err" | tr '\n' ' ')"
       bad=1
+    elif known_abort "$key" "$v" "$dir/rank$r.err"; then :
     elif aborted "$dir/rank$r.err"; then
       defect "$key" signal "$what" "aborted inside the provider (exit $rc): $(grep -m1 -E "$ABORTED" "$dir/rank$r.err")"
       bad=1
@@ -508,6 +522,7 @@ server_trial() {
       slowest "$key" "$took" "$what: the client"
       if [ "$rc" -ge 128 ]; then
         defect "$key" signal "$what" "the client died of signal $((rc - 128)): $(tail -c 300 "$dir/cli.err")"; bad=1
+      elif known_abort "$key" "$v" "$dir/cli.err"; then :
       elif aborted "$dir/cli.err"; then
         defect "$key" signal "$what" "the client aborted inside the provider (exit $rc): $(grep -m1 -E "$ABORTED" "$dir/cli.err")"; bad=1
       elif [ "$rc" -eq 0 ]; then
@@ -535,12 +550,15 @@ server_trial() {
       rc=$(rc_of "$dir" srv)
       if [ "$rc" -ge 128 ]; then
         defect "$key" signal "$what" "the server died of signal $((rc - 128)): $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"
+        bad=1
+      elif known_abort "$key" "$v" "$dir/srv.err"; then :
       elif aborted "$dir/srv.err"; then
         defect "$key" signal "$what" "the server aborted inside the provider (exit $rc): $(grep -m1 -E "$ABORTED" "$dir/srv.err")"
+        bad=1
       else
         defect "$key" exit0 "$what" "the server exited ($rc): $(tail -c 300 "$dir/srv.err" | tr '\n' ' ')"
+        bad=1
       fi
-      bad=1
     elif ! ended "$dir" next; then
       snapshot "$(pid_of "$dir" srv)" "$dir/srv.stuck"
       defect "$key" alive "$what" "the next client still runs after 60 s: $(tail -c 300 "$dir/next.err" | tr '\n' ' ')"; bad=1
@@ -641,6 +659,8 @@ for mode in $MODES; do
     for prov in ${PROVS[$v]}; do
       k=$(row_key "$mode" "$v" "$prov")
       [ -n "${C[$k|slowat]:-}" ] && echo "  slowest $v/$prov: ${C[$k|slowat]}"
+      [ -z "${C[$k|wireup]:-}" ] ||
+        echo "  wire-up aborts $v/$prov: ${C[$k|wireup]} survivor(s), UCX before 1.14 (docs/known-limits.md), not a defect"
     done
   done
 done
