@@ -116,6 +116,16 @@ fn all_to_all_over_ucx_sm_and_tcp() {
             assert_eq!(r["rx_bytes"], 3 * PER_PEER, "{prov:?}: {r}");
         }
         assert_eq!(run["bytes"], 12 * PER_PEER);
+        // The record says what `write=auto` decided for the peers, read after they were added
+        // (before, ranks sent theirs before connecting, and it said "auto"), and every rank
+        // decided the same.
+        let rec = &v["record"];
+        let write = rec["backend"]["settings"]["write"].as_str().unwrap_or("");
+        if prov[1] == "tcp" {
+            assert_eq!(write, "am", "UCX emulates puts over tcp: {rec:#}");
+        }
+        assert!(!write.is_empty() && !write.starts_with("auto"), "{rec:#}");
+        assert!(rec["ranks"].is_null(), "the ranks' facts differ: {rec:#}");
     }
 }
 

@@ -3,9 +3,9 @@
 //!
 //! [`Facts`] are one process's: rdma-bench's version and commit, the host, its kernel and
 //! instance type, the CUDA driver and GPUs with GPU memory, and the backend's [`Runtime`]
-//! (library, version, provider, fabric or device, firmware). Each side sends its own to its
-//! peer (the session's hello and welcome, a rank's links), and a [`Record`] puts this
-//! process's next to the others', with the command line and the time.
+//! (library, version, provider, fabric or device, firmware). The server sends its own to the
+//! client in its welcome, each rank to rank 0 with its first result, and a [`Record`] puts
+//! this process's next to the others', with the command line and the time.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -27,7 +27,7 @@ pub struct Facts {
     pub instance: Option<String>,
     /// With GPU memory: the CUDA driver and the GPUs used.
     pub cuda: Option<Cuda>,
-    /// What the backend runs on (its first NIC); `None` before any endpoint is open.
+    /// What the backend runs on ([`endpoints_runtime`]); `None` before any endpoint is open.
     pub backend: Option<Runtime>,
 }
 
@@ -61,6 +61,54 @@ impl Facts {
             ..self.clone()
         }
     }
+}
+
+/// One backend record for all of a process's endpoints (`None` without any): the first
+/// endpoint's, with each setting on which they differ listed by value, in the order first
+/// seen, with how many endpoints have it (`put (3 endpoints); am (1 endpoint)`), since a
+/// backend may decide per peer (UCX's `write=auto`). The device stays the first endpoint's
+/// (the results name every NIC). A listing that would pass `max_len` bytes (the most a peer
+/// accepts: `proto::MAX_NAME`) ends with the number of values left out.
+pub fn endpoints_runtime(
+    all: impl IntoIterator<Item = Runtime>,
+    max_len: usize,
+) -> Option<Runtime> {
+    let all: Vec<Runtime> = all.into_iter().collect();
+    let mut merged = all.first()?.clone();
+    let keys: std::collections::BTreeSet<&String> =
+        all.iter().flat_map(|r| r.settings.keys()).collect();
+    for k in keys {
+        let mut seen: Vec<(&str, usize)> = Vec::new();
+        for r in &all {
+            let v = r.settings.get(k).map_or("-", String::as_str);
+            match seen.iter_mut().find(|(s, _)| *s == v) {
+                Some((_, n)) => *n += 1,
+                None => seen.push((v, 1)),
+            }
+        }
+        if let [(v, _)] = seen[..] {
+            merged.settings.insert(k.clone(), v.to_string());
+            continue;
+        }
+        let mut text = String::new();
+        for (i, (v, n)) in seen.iter().enumerate() {
+            let item = format!(
+                "{}{v} ({n} endpoint{})",
+                if i == 0 { "" } else { "; " },
+                if *n == 1 { "" } else { "s" }
+            );
+            let rest = seen.len() - i;
+            // Room for the note of what is left out after this one.
+            let note = format!("; {rest} more values");
+            if text.len() + item.len() + note.len() > max_len {
+                text.push_str(&note);
+                break;
+            }
+            text.push_str(&item);
+        }
+        merged.settings.insert(k.clone(), text);
+    }
+    Some(merged)
 }
 
 /// One compare pair's backends: the client side's and the server side's (both in this
@@ -275,5 +323,39 @@ mod tests {
         // Missing fields from a peer read as defaults.
         let f: Facts = serde_json::from_str(r#"{"host":"h"}"#).unwrap();
         assert_eq!((f.host.as_str(), f.backend.is_none()), ("h", true));
+    }
+
+    /// Settings the endpoints share read as one value; one they differ on lists each value
+    /// with its count, within what a peer accepts.
+    #[test]
+    fn endpoints_runtime_lists_what_differs() {
+        let ep = |dev: &str, kv: &[(&str, &str)]| Runtime {
+            backend: "ucx".into(),
+            device: dev.into(),
+            settings: kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Runtime::default()
+        };
+        const MAX: usize = 256;
+        assert!(endpoints_runtime(Vec::new(), MAX).is_none());
+        let one = ep("lo", &[("write", "am"), ("tls", "tcp")]);
+        assert_eq!(endpoints_runtime([one.clone()], MAX), Some(one.clone()));
+        let all = [
+            one.clone(),
+            ep("eth0", &[("write", "put"), ("tls", "tcp")]),
+            ep("lo", &[("write", "am"), ("tls", "tcp"), ("memh", "on")]),
+        ];
+        let m = endpoints_runtime(all, MAX).unwrap();
+        assert_eq!(m.device, "lo");
+        assert_eq!(m.settings["tls"], "tcp");
+        assert_eq!(m.settings["write"], "am (2 endpoints); put (1 endpoint)");
+        assert_eq!(m.settings["memh"], "- (2 endpoints); on (1 endpoint)");
+        // 64 endpoints, each with its own long value: the listing stops within MAX.
+        let long = (0..64).map(|i| ep("d", &[("write", &format!("{i:0>40}"))]));
+        let w = &endpoints_runtime(long, MAX).unwrap().settings["write"];
+        assert!(w.len() <= MAX, "{} bytes: {w}", w.len());
+        assert!(w.ends_with("; 60 more values"), "{w}");
     }
 }

@@ -20,7 +20,7 @@ use crate::buffers;
 pub const GPU_MIN_REGION: usize = 64 * 1024;
 use crate::config::MemKind;
 use crate::error::{Error, Result, TransportContext};
-use crate::proto::{NicWire, CTRL_LEN, MAX_NICS, MRS_PER_NIC};
+use crate::proto::{NicWire, CTRL_LEN, MAX_NAME, MAX_NICS, MRS_PER_NIC};
 use crate::record::Facts;
 use crate::topo_glue::Hints;
 
@@ -385,9 +385,10 @@ impl<T: Transport> Side<T> {
         Ok(())
     }
 
-    /// What the backend runs on, from the first NIC (`None` without NICs).
+    /// What the backend runs on, over all NICs (`None` without NICs):
+    /// [`crate::record::endpoints_runtime`].
     pub fn runtime(&self) -> Option<transport_core::Runtime> {
-        self.eps.first().map(Transport::runtime)
+        crate::record::endpoints_runtime(self.eps.iter().map(Transport::runtime), MAX_NAME)
     }
 
     /// The provider actually opened (first NIC).

@@ -11,8 +11,8 @@ use bench_core::buffers::PageLayout;
 use bench_core::config::Pattern;
 use bench_core::error::{Error, Result};
 use bench_core::plan::Plan;
-use bench_core::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, VERSION};
-use bench_core::record::{Facts, RankFacts, Record};
+use bench_core::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, MAX_NAME, VERSION};
+use bench_core::record::{endpoints_runtime, Facts, RankFacts, Record};
 use bench_core::side::SideCfg;
 use bench_core::workload::ranks::{self as data, Link, Phase};
 
@@ -148,10 +148,6 @@ fn ranks_main<T: Transport>(
     let mine = Links {
         rank,
         links: data::wire(links),
-        facts: Some(Box::new(match links.first() {
-            Some(l) => cfg.facts.with_backend(l.ep.runtime()),
-            None => cfg.facts.clone(),
-        })),
     };
     let ends = coord.exchange(mine, j.timeout)?;
     for (k, e) in ends.iter().enumerate() {
@@ -164,6 +160,14 @@ fn ranks_main<T: Transport>(
         }
     }
     data::connect(links, ends)?;
+    // Read once the peers are added: a backend may decide per peer (UCX's write=auto), and
+    // the record says what it decided. Rank 0 gets it with run 0's result.
+    let mut facts = Some(Box::new(
+        match endpoints_runtime(links.iter().map(|l| l.ep.runtime()), MAX_NAME) {
+            Some(r) => cfg.facts.with_backend(r),
+            None => cfg.facts.clone(),
+        },
+    ));
     let names: Vec<String> = (0..nics)
         .map(|n| {
             links
@@ -228,6 +232,7 @@ fn ranks_main<T: Transport>(
             nics: names.clone(),
             links: data::link_stats(links, &out),
             cores: out.cores.clone(),
+            facts: facts.take(),
         };
         if cfg.verbose > 0 {
             eprintln!(
@@ -248,19 +253,24 @@ fn ranks_main<T: Transport>(
         return Ok(None);
     };
     let mut rep = build(j, T::BACKEND, &provider, &hub.members, &results);
-    rep.record = record(&hub.facts);
+    rep.record = results.first().and_then(|all| record(all));
     Ok(Some(rep))
 }
 
-/// The job's run record: rank 0's facts, and each other rank's where they differ from them.
-fn record(facts: &[(u32, Facts)]) -> Option<Record> {
-    let (_, first) = facts.iter().find(|(r, _)| *r == 0)?;
+/// The job's run record, from run 0's results: rank 0's facts, and each other rank's where
+/// they differ from them.
+fn record(run0: &[RankDone]) -> Option<Record> {
+    let facts: Vec<(u32, &Facts)> = run0
+        .iter()
+        .filter_map(|d| Some((d.rank, d.facts.as_deref()?)))
+        .collect();
+    let first = facts.iter().find(|(r, _)| *r == 0)?.1;
     let mut rec = Record::now(first.clone());
     rec.ranks = facts
         .iter()
-        .filter(|(r, f)| *r != 0 && f != first)
-        .map(|(r, f)| RankFacts {
-            rank: *r,
+        .filter(|(r, f)| *r != 0 && *f != first)
+        .map(|&(rank, f)| RankFacts {
+            rank,
             facts: f.clone(),
         })
         .collect();
@@ -312,11 +322,21 @@ mod tests {
             rdma_bench: "0.1.0".into(),
             ..Facts::default()
         };
-        let all = vec![(0, f("a")), (1, f("a")), (2, f("b")), (3, f("a"))];
+        let done = |rank: u32, host: &str| RankDone {
+            rank,
+            facts: Some(Box::new(f(host))),
+            ..RankDone::default()
+        };
+        let mut all = vec![done(0, "a"), done(1, "a"), done(2, "b"), done(3, "a")];
         let r = record(&all).unwrap();
         assert_eq!(r.this.host, "a");
         assert_eq!(r.ranks.len(), 1);
         assert_eq!((r.ranks[0].rank, r.ranks[0].facts.host.as_str()), (2, "b"));
         assert!(record(&all[1..]).is_none(), "no rank 0, no record");
+        all[2].facts = None;
+        assert!(
+            record(&all).unwrap().ranks.is_empty(),
+            "a rank without facts"
+        );
     }
 }

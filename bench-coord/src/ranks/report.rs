@@ -375,6 +375,7 @@ mod tests {
             nics: vec!["a".into(), "b".into()],
             links,
             cores: vec![],
+            facts: None,
         }
     }
 

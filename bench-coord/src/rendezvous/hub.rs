@@ -12,7 +12,6 @@ use crate::launch::Rendezvous;
 use bench_core::ctrl::{Ctrl, CtrlOpts, Liveness, Watchdog, IO_TIMEOUT};
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::proto::{self, Frame, Join, LinkWire, Links, Msg};
-use bench_core::record::Facts;
 
 /// How long rank 0 keeps answering late ranks after the rendezvous failed.
 const LINGER: Duration = Duration::from_secs(10);
@@ -128,8 +127,6 @@ pub struct Hub {
     /// now fails nothing.
     pub(super) complete: Arc<AtomicBool>,
     pub members: Vec<Member>,
-    /// Each rank's run-record facts, as its links said (this rank's included), by rank.
-    pub facts: Vec<(u32, Facts)>,
 }
 
 /// Listen where the other ranks will look for rank 0: the rendezvous address where it is
@@ -266,7 +263,6 @@ impl Hub {
             writers: Arc::new(Mutex::new((0..world).map(|_| None).collect())),
             live: Liveness::default(),
             failed: Arc::new(Mutex::new(None)),
-            facts: Vec::new(),
             complete: Arc::new(AtomicBool::new(false)),
             members: vec![Member {
                 rank: 0,
@@ -531,7 +527,6 @@ mod tests {
             Links {
                 rank: 0,
                 links: vec![link(1, 0, false), link(2, 0, false)],
-                facts: None,
             },
         );
         all.insert(
@@ -539,7 +534,6 @@ mod tests {
             Links {
                 rank: 1,
                 links: vec![link(0, 0, true)],
-                facts: None,
             },
         );
         all.insert(
@@ -547,7 +541,6 @@ mod tests {
             Links {
                 rank: 2,
                 links: vec![link(0, 0, true)],
-                facts: None,
             },
         );
         let r1 = route(1, &all[&1].links, &all).unwrap();

@@ -60,9 +60,6 @@ impl Coord {
                 let world = h.ctrls.len() as u32;
                 let mut all: HashMap<u32, Links> = rest.into_iter().collect();
                 all.insert(0, mine);
-                h.facts = (0..world)
-                    .filter_map(|r| Some((r, *all.get(&r)?.facts.clone()?)))
-                    .collect();
                 for r in 1..world {
                     let routed = route(r, &all[&r].links, &all)?;
                     h.send(
@@ -70,7 +67,6 @@ impl Coord {
                         &Msg::Links(Links {
                             rank: r,
                             links: routed,
-                            facts: None,
                         }),
                     )?;
                 }

@@ -197,10 +197,6 @@ pub(crate) fn greet<T: Transport>(
     ctrl: &mut Ctrl,
     len: usize,
 ) -> Result<(Facts, Option<Facts>)> {
-    let facts = match side.runtime() {
-        Some(r) => cfg.facts.with_backend(r),
-        None => cfg.facts.clone(),
-    };
     let hello = Hello {
         magic: MAGIC.into(),
         version: VERSION,
@@ -211,7 +207,6 @@ pub(crate) fn greet<T: Transport>(
         mem: cfg.mem,
         buf_offset: cfg.buf_offset,
         nics: side.wire(),
-        facts: Some(Box::new(facts.clone())),
     };
     ctrl.send(&Msg::Hello(hello))?;
     let welcome: Welcome = match ctrl.recv(PREPARE_TIMEOUT, "the server's welcome")? {
@@ -238,11 +233,11 @@ pub(crate) fn greet<T: Transport>(
     side.connect(welcome.nics)?;
     // The server announced its endpoints before its welcome: take that in now.
     side.settle()?;
-    // This side's record, read again now that its peers are added: a backend may decide per
-    // peer (UCX's write=auto), and the record says what it decided.
+    // This side's record, read now that its peers are added: a backend may decide per peer
+    // (UCX's write=auto), and the record says what it decided.
     let facts = match side.runtime() {
         Some(r) => cfg.facts.with_backend(r),
-        None => facts,
+        None => cfg.facts.clone(),
     };
     Ok((facts, peer))
 }

@@ -203,7 +203,6 @@ mod tests {
             mem,
             buf_offset: 0,
             nics: Vec::new(),
-            facts: None,
         }
     }
 

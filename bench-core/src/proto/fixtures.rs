@@ -45,7 +45,6 @@ pub(crate) fn hello() -> Hello {
         mem: MemKind::Host,
         buf_offset: 0,
         nics: vec![nic(0), nic(1)],
-        facts: Some(Box::new(facts())),
     }
 }
 
@@ -147,7 +146,6 @@ pub(super) fn links() -> Links {
     Links {
         rank: 1,
         links: vec![link(true), link(false)],
-        facts: Some(Box::new(facts())),
     }
 }
 
@@ -167,5 +165,6 @@ pub(super) fn rank_done() -> RankDone {
             seconds: 0.25,
         }],
         cores: vec![3],
+        facts: Some(Box::new(facts())),
     }
 }

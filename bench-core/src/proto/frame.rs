@@ -329,7 +329,6 @@ mod tests {
                     }),
                     max_write_size: mr_len,
                 }).collect(),
-                facts: None,
             };
             let _ = decode_body(&serde_json::to_vec(&Msg::Links(l)).unwrap());
             let mut d = rank_done();

@@ -38,8 +38,10 @@ pub const MAGIC: &str = "rdma-bench";
 /// workload's source turns by one slot per repeat, which the target's check relies on; 3: a
 /// region's key is bytes, sent as a hex string, where it was a number, and every phase of
 /// write, rate, send and `rdma-bench run` ends with the target's delivery acknowledgement,
-/// which the initiator waits for, and sending links carry a region).
-pub const VERSION: u32 = 3;
+/// which the initiator waits for, and sending links carry a region; 4: a rank's run-record
+/// facts come with its result of run 0, read after it connected, not with its links, and a
+/// client's hello carries none, since the server keeps no record).
+pub const VERSION: u32 = 4;
 /// Largest frame accepted.
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest endpoint address accepted.

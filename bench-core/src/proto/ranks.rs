@@ -4,8 +4,9 @@
 //! share), then `Links` (one entry per endpoint it opened for a peer). Rank 0 checks every
 //! `Join` against its own, answers each rank with `Links` (the peer ends of its endpoints, in
 //! the same order), and from then on releases `Barrier`s and collects a `RankDone` per rank
-//! and run. A rank that fails sends `Error`; rank 0 then sends every other rank `Abort`
-//! naming it, and so when a rank's control connection closes without `Bye`.
+//! and run (run 0's with the rank's run-record facts). A rank that fails sends `Error`; rank
+//! 0 then sends every other rank `Abort` naming it, and so when a rank's control connection
+//! closes without `Bye`.
 
 use serde::{Deserialize, Serialize};
 use transport_core::RemoteMr;
@@ -82,9 +83,6 @@ pub struct LinkWire {
 pub struct Links {
     pub rank: u32,
     pub links: Vec<LinkWire>,
-    /// What the rank is and runs on (rank to rank 0 only), for the job's run record.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub facts: Option<Box<Facts>>,
 }
 
 /// What one link measured in the timed phase.
@@ -110,4 +108,9 @@ pub struct RankDone {
     pub nics: Vec<String>,
     pub links: Vec<LinkStats>,
     pub cores: Vec<u32>,
+    /// What the rank is and runs on, for the job's run record: in its result of run 0 only,
+    /// read once its endpoints were connected, since a backend may decide per peer (UCX's
+    /// `write=auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<Box<Facts>>,
 }

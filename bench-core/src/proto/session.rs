@@ -39,9 +39,6 @@ pub struct Hello {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub buf_offset: u32,
     pub nics: Vec<NicWire>,
-    /// What the client is and runs on (its run record's facts, with its backend's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub facts: Option<Box<Facts>>,
 }
 
 /// Server's answer to a good `Hello`.

@@ -119,7 +119,6 @@ pub fn validate(msg: &Msg) -> Result<()> {
             check_name("backend", &h.backend)?;
             check_name("provider", &h.provider)?;
             check_nics(&h.nics)?;
-            check_facts(h.facts.as_deref())?;
             let want = (h.gpus as u64).checked_mul(h.nics_per_gpu as u64);
             if h.gpus == 0 || h.nics_per_gpu == 0 || want != Some(h.nics.len() as u64) {
                 return Err(proto(format!(
@@ -239,7 +238,6 @@ pub fn validate(msg: &Msg) -> Result<()> {
                     l.links.len()
                 )));
             }
-            check_facts(l.facts.as_deref())?;
             for (i, k) in l.links.iter().enumerate() {
                 check_name("NIC name", &k.name)?;
                 if k.peer >= MAX_RANKS || k.nic as usize >= MAX_NICS {
@@ -274,6 +272,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
             if d.cores.len() > MAX_NICS {
                 return Err(proto("rank result lists too many cores"));
             }
+            check_facts(d.facts.as_deref())?;
             for n in &d.nics {
                 check_name("NIC name", n)?;
             }
@@ -438,16 +437,12 @@ mod tests {
                 b.settings.insert("k".into(), "x".repeat(MAX_NAME + 1));
             }),
         ];
-        validate(&Msg::Hello(hello())).unwrap();
-        validate(&Msg::Links(links())).unwrap();
+        validate(&Msg::RankDone(rank_done())).unwrap();
         for (what, f) in &bad {
-            let mut h = hello();
-            f(h.facts.as_mut().unwrap());
-            let e = validate(&Msg::Hello(h)).unwrap_err().to_string();
+            let mut d = rank_done();
+            f(d.facts.as_mut().unwrap());
+            let e = validate(&Msg::RankDone(d)).unwrap_err().to_string();
             assert!(e.contains(what), "{what}: {e}");
-            let mut l = links();
-            f(l.facts.as_mut().unwrap());
-            assert!(validate(&Msg::Links(l)).is_err(), "{what}");
             let w = Msg::Welcome(crate::proto::Welcome {
                 magic: MAGIC.into(),
                 version: VERSION,
@@ -461,11 +456,12 @@ mod tests {
             });
             assert!(validate(&w).is_err(), "{what}");
         }
-        // A hello without facts (a peer that sends none) reads as `None`.
-        let mut v = serde_json::to_value(Msg::Hello(hello())).unwrap();
+        // A result without facts (any run but the first, or a peer that sends none) reads as
+        // `None`.
+        let mut v = serde_json::to_value(Msg::RankDone(rank_done())).unwrap();
         v.as_object_mut().unwrap().remove("facts").unwrap();
         match serde_json::from_value::<Msg>(v).unwrap() {
-            Msg::Hello(h) => assert!(h.facts.is_none()),
+            Msg::RankDone(d) => assert!(d.facts.is_none()),
             m => panic!("{}", m.kind()),
         }
     }
