@@ -650,6 +650,19 @@ mod ucx {
         );
         assert!(check(&v, "ucx.fallback").is_none(), "{}", o.stdout);
         assert!(check(&v, "ucx.cuda").is_none(), "{}", o.stdout);
+        // A UCX before 1.18 can abort a process whose peer dies during wire-up over tcp
+        // (Debian 12's 1.13.1 does, in the kill soak): the doctor says so.
+        let minor: u32 = u["summary"].as_str().unwrap()["ucx 1.".len()..]
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("no UCX version in {u}"));
+        let dead = check(&v, "ucx.dead_peer");
+        assert_eq!(dead.is_some(), minor < 18, "UCX 1.{minor}: {}", o.stdout);
+        if let Some(d) = dead {
+            assert_eq!(d["status"], "warn", "{d}");
+            assert!(d["summary"].as_str().unwrap().contains("over tcp"), "{d}");
+        }
     }
 
     #[test]
