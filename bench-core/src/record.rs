@@ -99,7 +99,10 @@ pub fn endpoints_runtime(
             );
             let rest = seen.len() - i;
             // Room for the note of what is left out after this one.
-            let note = format!("; {rest} more values");
+            let note = match i {
+                0 => format!("{rest} values, too long to list"),
+                _ => format!("; {rest} more value{}", if rest == 1 { "" } else { "s" }),
+            };
             if text.len() + item.len() + note.len() > max_len {
                 text.push_str(&note);
                 break;
@@ -357,5 +360,11 @@ mod tests {
         let w = &endpoints_runtime(long, MAX).unwrap().settings["write"];
         assert!(w.len() <= MAX, "{} bytes: {w}", w.len());
         assert!(w.ends_with("; 60 more values"), "{w}");
+        // A first value too long: only how many there are.
+        let two = [("x".repeat(300)), "y".into()].map(|v| ep("d", &[("write", &v)]));
+        assert_eq!(
+            endpoints_runtime(two, MAX).unwrap().settings["write"],
+            "2 values, too long to list"
+        );
     }
 }
