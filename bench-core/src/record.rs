@@ -54,10 +54,10 @@ impl Facts {
         }
     }
 
-    /// These facts with the backend's.
-    pub fn with_backend(&self, backend: Runtime) -> Facts {
+    /// These facts with the backend's (`None`: no endpoint is open).
+    pub fn with_backend(&self, backend: Option<Runtime>) -> Facts {
         Facts {
-            backend: Some(backend),
+            backend,
             ..self.clone()
         }
     }
@@ -315,11 +315,11 @@ mod tests {
         assert!(rows
             .iter()
             .any(|(k, v, p)| k == "rdma-bench" && v == "1.2.3 (abc)" && p.is_none()));
-        r.peer = Some(f.with_backend(Runtime {
+        r.peer = Some(f.with_backend(Some(Runtime {
             backend: "x".into(),
             device: "d0".into(),
             ..Runtime::default()
-        }));
+        })));
         let rows = r.rows();
         let dev = rows.iter().find(|(k, _, _)| k == "backend").unwrap();
         assert_eq!((dev.1.as_str(), dev.2.as_deref()), ("-", Some("x")));

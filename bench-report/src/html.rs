@@ -349,8 +349,8 @@ mod tests {
         };
         let mut me = Facts::here("0.1.0", "abc123");
         me.host = "node<a>".into();
-        let mut r = Record::now(me.with_backend(rt("rdmap0")));
-        let mut other = me.with_backend(rt("rdmap1"));
+        let mut r = Record::now(me.with_backend(Some(rt("rdmap0"))));
+        let mut other = me.with_backend(Some(rt("rdmap1")));
         other.host = "node-b".into();
         r.peer = Some(other.clone());
         r.pairs.push(PairRecord {

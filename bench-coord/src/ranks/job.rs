@@ -162,12 +162,8 @@ fn ranks_main<T: Transport>(
     data::connect(links, ends)?;
     // Read once the peers are added: a backend may decide per peer (UCX's write=auto), and
     // the record says what it decided. Rank 0 gets it with run 0's result.
-    let mut facts = Some(Box::new(
-        match endpoints_runtime(links.iter().map(|l| l.ep.runtime()), MAX_NAME) {
-            Some(r) => cfg.facts.with_backend(r),
-            None => cfg.facts.clone(),
-        },
-    ));
+    let runtime = endpoints_runtime(links.iter().map(|l| l.ep.runtime()), MAX_NAME);
+    let mut facts = Some(Box::new(cfg.facts.with_backend(runtime)));
     let names: Vec<String> = (0..nics)
         .map(|n| {
             links

@@ -235,11 +235,7 @@ pub(crate) fn greet<T: Transport>(
     side.settle()?;
     // This side's record, read now that its peers are added: a backend may decide per peer
     // (UCX's write=auto), and the record says what it decided.
-    let facts = match side.runtime() {
-        Some(r) => cfg.facts.with_backend(r),
-        None => cfg.facts.clone(),
-    };
-    Ok((facts, peer))
+    Ok((cfg.facts.with_backend(side.runtime()), peer))
 }
 
 fn request(plan: &Plan, p: &Planned, id: u32, count: u64, shifts: u64) -> Request {

@@ -192,7 +192,9 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
     side.connect(hello.nics)?;
     // Read once the client's endpoints are added: a backend may decide per peer (UCX's
     // write=auto), and the record says what it decided.
-    let facts = side.runtime().map(|r| Box::new(scfg.facts.with_backend(r)));
+    let facts = side
+        .runtime()
+        .map(|r| Box::new(scfg.facts.with_backend(Some(r))));
     ctrl.send(&Msg::Welcome(Welcome {
         magic: MAGIC.into(),
         version: VERSION,
