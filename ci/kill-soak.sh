@@ -21,7 +21,7 @@
 # on lo: with peer error handling it reaches a peer on this node over tcp alone), against the
 # system's UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a
 # backtrace) is a defect (signal) whatever its exit status, but for the aborts at wire-up of
-# UCX before 1.18 (known_abort below: counted under the table).
+# a UCX whose doctor warns of them (known_abort below: counted under the table).
 #
 # Counts per provider and libfabric version: survivors that exit 0, that do not name the
 # dead peer, still alive 20 s after the kill, killed by a signal; the slowest survivor. Also
@@ -133,24 +133,18 @@ log() { echo "kill-soak: $*" >&2; }
 ABORTED='Fatal: |==== backtrace|Caught signal'
 aborted() { grep -qE "$ABORTED" "$1"; }
 # UCX built with assertions (Debian's is) can assert in a survivor whose peer died while
-# their endpoints wired up (docs/known-limits.md): "got REQ message" (ucp_request.c, over rc)
-# before 1.14; over tcp, where UCX purges the failed endpoint (wireup_ep.c's pending_count,
-# and tcp_ep.c's on 1.16), before 1.18 (ranks killed during setup, 80 each: 5 on 1.13.1, 6
-# on 1.14.0, 1 on 1.16.0, none on 1.18.0 or 1.22.0). No backend can avoid it; on those versions
-# it is counted ("wire-up aborts" under the table), not a defect; from then on it is one.
+# their endpoints wired up (docs/known-limits.md): "got REQ message" (ucp_request.c, over rc),
+# or, over tcp, where UCX purges the failed endpoint (wireup_ep.c's pending_count, and
+# tcp_ep.c's on 1.16). No backend can avoid it. On a UCX whose doctor warns of it
+# (ucx.dead_peer: the versions are transport-ucx/src/probe.rs's), it is counted ("wire-up
+# aborts" under the table), not a defect; on any other it is one.
 # known_abort KEY VERSION ERRFILE: 0 where it was that.
-WIREUP_RC='got REQ message'
-WIREUP_TCP='wireup_ep\.c:[0-9]+ +Assertion .wireup_ep->pending_count == 0|tcp_ep\.c:[0-9]+ +Assertion .!\(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX\)'
+declare -A WIREUP_KNOWN
+WIREUP_ABORT='got REQ message|wireup_ep\.c:[0-9]+ +Assertion .wireup_ep->pending_count == 0|tcp_ep\.c:[0-9]+ +Assertion .!\(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX\)'
 known_abort() {
-  local pat
-  case $2 in
-    ucx-1.[0-9].* | ucx-1.1[0-3].*) pat="$WIREUP_RC|$WIREUP_TCP" ;;
-    ucx-1.1[4-7].*) pat=$WIREUP_TCP ;;
-    *) return 1 ;;
-  esac
-  grep -qE "$pat" "$3" || return 1
+  [ -n "${WIREUP_KNOWN[$2]:-}" ] && grep -qE "$WIREUP_ABORT" "$3" || return 1
   bump "$1" wireup
-  log "  $2's wire-up abort (not a defect on this UCX): $(grep -m1 -E "$pat" "$3")"
+  log "  $2's wire-up abort (ucx.dead_peer: not a defect on this UCX): $(grep -m1 -E "$WIREUP_ABORT" "$3")"
 }
 # nic STACK PROVIDER: the backend's arguments; UCX's tcp (alone or in a list, and all, UCX's
 # default) is told to stay on lo.
@@ -212,10 +206,15 @@ if [ -n "$UCX_PROVIDERS" ]; then
     cp "$td/debug/rdma-bench" "$ub"
   fi
   # The UCX the binary loads (--ucx-lib: another one's libraries, e.g. a wheel's), by its
-  # doctor: a binary built without UCX has none, and soaks nothing.
-  have=$(LD_LIBRARY_PATH=$UCX_LIB "$ub" doctor 2>/dev/null | grep -oE '^ *[a-z]+ +ucx +ucx [0-9.]+' | awk '{print $4}')
+  # doctor: a binary built without UCX has none, and soaks nothing. The doctor also says
+  # whether this UCX aborts at wire-up (ucx.dead_peer; known_abort).
+  doc=$(LD_LIBRARY_PATH=$UCX_LIB "$ub" doctor 2>/dev/null)
+  have=$(grep -oE '^ *[a-z]+ +ucx +ucx [0-9.]+' <<<"$doc" | awk '{print $4}')
   [ -n "$have" ] || { log "$ub loads no UCX (built without --features ucx?)"; exit 1; }
   u=ucx-$have
+  if grep -qE '^ *WARN +ucx\.dead_peer ' <<<"$doc"; then
+    WIREUP_KNOWN[$u]=1; log "UCX $have: the doctor warns of its wire-up aborts (ucx.dead_peer)"
+  fi
   STACKS="$STACKS $u"; BK[$u]="--backend ucx"; PROVS[$u]=$UCX_PROVIDERS; LDP[$u]=$UCX_LIB
   BIN[$u]=$TMP/rdma-bench-$u; mv "$ub" "${BIN[$u]}"
   log "UCX $have: ${BIN[$u]}${UCX_LIB:+ (LD_LIBRARY_PATH=$UCX_LIB)}"
@@ -496,8 +495,8 @@ server_trial() {
   delay=$((RANDOM % 2500))
   # A try again after a short client ended before its kill: kill within the life that client
   # had. At 0-2500 ms, 3 in 10 of the client trials' tries missed (of 141 trials on this box,
-  # 42 missed at least once, 12 at least twice, 2 three times), so six in a row (a defect, "unkilled") would
-  # come in about one CI run in a hundred (15 client trials a run).
+  # 42 missed at least once, 12 at least twice, 2 three times), so six in a row (a defect,
+  # "unkilled") would come in about one CI run in a hundred (15 client trials a run).
   [ $long = 1 ] || [ -z "$SHORT_LIFE" ] || delay=$((RANDOM % SHORT_LIFE))
   start cli "$dir" -- client --connect "$addr" $(nic "$v" "$prov") -s 4K --pages 16 -n "$n" \
     --idle-timeout 5 --connect-timeout 10 -v ||
@@ -668,7 +667,7 @@ for mode in $MODES; do
       k=$(row_key "$mode" "$v" "$prov")
       [ -n "${C[$k|slowat]:-}" ] && echo "  slowest $v/$prov: ${C[$k|slowat]}"
       [ -z "${C[$k|wireup]:-}" ] ||
-        echo "  wire-up aborts $v/$prov: ${C[$k|wireup]} survivor(s), UCX before 1.18 (docs/known-limits.md), not a defect"
+        echo "  wire-up aborts $v/$prov: ${C[$k|wireup]} survivor(s), the doctor's ucx.dead_peer (docs/known-limits.md), not a defect"
     done
   done
 done
