@@ -253,16 +253,21 @@ for s in "verbs tests inside the Soft-RoCE VM|ci/verbs-vm-test.sh" \
   fi
 done
 # A server whose clients die during UCX's wire-up: UCX built with assertions aborts it over rc
-# before 1.14, over tcp (which wires rc up on Soft-RoCE) before 1.18 (known-limits).
+# before 1.14, over tcp (which wires rc up on Soft-RoCE) before the bound the doctor warns by
+# (TCP_WIREUP_PURGE_SINCE in transport-ucx/src/probe.rs, read from there; known-limits).
 ucx_v=$(pkg-config --modversion ucx 2>/dev/null || true)
+since=$(sed -nE 's/^const TCP_WIREUP_PURGE_SINCE: \(u32, u32\) = \(([0-9]+), ([0-9]+)\);.*/\1.\2/p' \
+  transport-ucx/src/probe.rs)
 wireup="UCX over rc_verbs: 30 clients killed during wire-up, the server survives each (WIREUP_KILLS=30 ci/ucx-vm-test.sh)"
-if [ -n "${SKIP_VM:-}" ]; then
+if [ -z "$since" ]; then
+  step "$wireup: its UCX bound, TCP_WIREUP_PURGE_SINCE, is in transport-ucx/src/probe.rs" false
+elif [ -n "${SKIP_VM:-}" ]; then
   not_run "$wireup" "SKIP_VM is set"
 elif [ -n "${UCX_SHARE_LIB:-}" ] ||
-     { [ -n "$ucx_v" ] && [ "$(printf '%s\n' 1.18 "$ucx_v" | sort -V | head -n1)" = 1.18 ]; }; then
+     { [ -n "$ucx_v" ] && [ "$(printf '%s\n' "$since" "$ucx_v" | sort -V | head -n1)" = "$since" ]; }; then
   step "$wireup" env WIREUP_KILLS=30 ci/ucx-vm-test.sh
 else
-  not_run "$wireup" "UCX ${ucx_v:-(none)} here aborts there, as UCX before 1.18 built with assertions can (docs/known-limits.md); UCX_SHARE_LIB=<a UCX 1.18+ lib dir> runs it"
+  not_run "$wireup" "UCX ${ucx_v:-(none)} here aborts there, as UCX before $since built with assertions can (docs/known-limits.md); UCX_SHARE_LIB=<a UCX $since+ lib dir> runs it"
 fi
 # Never run here: no GPU. The GPU host runs them with REQUIRE_CUDA_PROVIDER=1.
 not_run "GPU tests (transport-efa gpu, gpu_ipc; bench-core's GPU buffers)" \
