@@ -43,6 +43,10 @@ for side in srv cli; do
   grep -q "^ucp-time: .*$want" "$out/$side" ||
     { echo "shims-test: $side: no ucp-time line with $want" >&2; grep ucp-time "$out/$side" >&2; bad=1; }
 done
+# The receiver's receives: all 4000 and the warm-up's, some of them perhaps done at once.
+read -r nrecv nonce < <(sed -nE 's/^ucp-time: .* recv [0-9.]+ ns\/call \(([0-9]+), ([0-9]+) done at once\).*/\1 \2/p' "$out/srv")
+[ -n "${nrecv:-}" ] && [ "$nrecv" -ge 4000 ] && [ "$nonce" -le "$nrecv" ] ||
+  { echo "shims-test: srv: ucp-time's receives are not 4000 or more, each done at once or not" >&2; grep ucp-time "$out/srv" >&2; bad=1; }
 rc=0; run $B 4096 || rc=$?
 [ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
   { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
