@@ -2,14 +2,15 @@
  *
  * Wraps ucp_tag_send_nbx, ucp_tag_recv_nbx and ucp_worker_progress, counts their calls (and
  * the sends that returned a request: UCX could not send at once, e.g. a full shared-memory
- * FIFO; and the receives done at once: their message had arrived before them, unexpected,
- * which costs UCX a copy more), and adds up the time spent inside each with the TSC (rdtsc before and after each
- * call; the TSC rate is calibrated against CLOCK_MONOTONIC over the process's life). At exit,
- * a process that made at least 1000 tag calls prints one line to stderr:
+ * FIFO; and the receives done at once: their eager message had arrived before them,
+ * unexpected, which costs UCX a copy more), and adds up the time spent inside each with the
+ * TSC (rdtsc before and after each call; the TSC rate is calibrated against CLOCK_MONOTONIC
+ * over the process's life). At exit, a process that made at least 1000 tag calls prints one
+ * line to stderr:
  *
  *   ucp-time: src%4096 OFF, dst%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call
- *   (CALLS, REQ requests), recv NS ns/call (CALLS, DONE done at once), progress NS ns/call (CALLS, WORK with
- *   work) = NS ns/msg, rest NS ns/msg
+ *   (CALLS, REQ requests), recv NS ns/call (CALLS, DONE done at once), progress NS ns/call
+ *   (CALLS, WORK with work) = NS ns/msg, rest NS ns/msg
  *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
  * per message outside the three calls (its own loop, and the time between calls); src%4096 and
@@ -34,7 +35,8 @@
 
 typedef void *P;
 
-static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, i_recv, first, last;
+static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, i_recv;
+static uint64_t first, last;
 static uintptr_t src0, dst0;
 static struct timespec t0;
 
@@ -105,8 +107,8 @@ __attribute__((destructor)) static void report(void)
     double msgs = n_send > n_recv ? n_send : n_recv;
     fprintf(stderr,
             "ucp-time: src%%4096 %lu, dst%%4096 %lu, %.0f msgs, span %.1f ms, %.1f ns/msg: send %.1f ns/call "
-            "(%lu, %lu requests), recv %.1f ns/call (%lu, %lu done at once), progress %.1f ns/call (%lu, %lu with "
-            "work) = %.1f ns/msg, rest %.1f ns/msg\n",
+            "(%lu, %lu requests), recv %.1f ns/call (%lu, %lu done at once), progress %.1f ns/call "
+            "(%lu, %lu with work) = %.1f ns/msg, rest %.1f ns/msg\n",
             (unsigned long)(src0 & 4095), (unsigned long)(dst0 & 4095), msgs, span / 1e6, span / msgs,
             n_send ? c_send / ghz / n_send : 0, (unsigned long)n_send, (unsigned long)r_send,
             n_recv ? c_recv / ghz / n_recv : 0, (unsigned long)n_recv, (unsigned long)i_recv,
