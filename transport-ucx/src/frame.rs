@@ -30,6 +30,13 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The origin of a worker: the hash of its address (the payload of its address frame), which
+/// its active messages carry and by which a target tells its initiators apart
+/// (`endpoint/landings.rs`).
+pub(crate) fn origin(address: &[u8]) -> u64 {
+    fnv1a(address)
+}
+
 /// `payload` framed as `kind`.
 pub(crate) fn wrap(kind: Kind, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER + payload.len());

@@ -41,8 +41,9 @@
 //!   it is sent as a rendezvous (`UCP_AM_SEND_FLAG_RNDV`): the handler has UCX receive the
 //!   bytes into the region (`ucp_am_recv_data_nbx`, which stages them through host memory
 //!   with cuda_copy), and queues the immediate once that receive completed and every
-//!   rendezvous that arrived before it landed too (any immediate waits behind those: the
-//!   initiator may see a rendezvous WRITE complete while the target still copies it). UCX's
+//!   rendezvous of the same initiator that arrived before it landed too (any immediate waits
+//!   behind its own initiator's: the initiator may see a rendezvous WRITE complete while the
+//!   target still copies it; each active message names its initiator's worker). UCX's
 //!   rendezvous answers the initiator (its ready-to-receive or its acknowledgement) with
 //!   sends whose failure UCX handles: it does not abort. A rendezvous naming no region of
 //!   the target is refused, and the initiator's WRITE completes with UCX's "Invalid

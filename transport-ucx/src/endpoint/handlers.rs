@@ -4,15 +4,19 @@
 
 use super::*;
 
-/// The active message id of an immediate.
+/// The active message id of an immediate; its header is the immediate (4) and the
+/// initiator's origin (8, `frame::origin`), little endian.
 pub(super) const AM_IMM: u32 = 0x1d;
+/// Header of an `AM_IMM`.
+pub(super) const IMM_HDR: usize = 12;
 /// The active message id of a WRITE with immediate carried whole: the header is the
-/// immediate, the target address and the region's token, the data the bytes ([`INLINE_MAX`]
-/// at most, or any number to a peer whose WRITEs are active messages). Into host memory it is
-/// sent eager: the target assembles a message of many fragments in a buffer of its size,
-/// then the handler copies it into the region. Into GPU memory it is sent as a rendezvous
-/// (`UCP_AM_SEND_FLAG_RNDV`), which the handler has UCX receive into the region
-/// (`ucp_am_recv_data_nbx`, with a CUDA copy), the immediate queued once that completed.
+/// immediate, the target address, the region's token and the initiator's origin, the data
+/// the bytes ([`INLINE_MAX`] at most, or any number to a peer whose WRITEs are active
+/// messages). Into host memory it is sent eager: the target assembles a message of many
+/// fragments in a buffer of its size, then the handler copies it into the region. Into GPU
+/// memory it is sent as a rendezvous (`UCP_AM_SEND_FLAG_RNDV`), which the handler has UCX
+/// receive into the region (`ucp_am_recv_data_nbx`, with a CUDA copy), the immediate queued
+/// once that completed.
 pub(super) const AM_WRITE_IMM: u32 = 0x1e;
 /// The active message id of a WRITE without immediate carried whole: the header is
 /// `AM_WRITE_IMM`'s, its immediate unused.
@@ -21,9 +25,9 @@ pub(super) const AM_WRITE: u32 = 0x1f;
 /// put of this peer unflushed): UCX 1.22 runs every put into heap memory over cma, one
 /// process_vm_writev per put, which an 8-byte credit WRITE paid on every 64 messages.
 pub(super) const INLINE_MAX: usize = 64;
-/// Header of an `AM_WRITE_IMM`: immediate (4), target address (8) and the target region's
-/// token (8, from its key), little endian.
-pub(super) const INLINE_HDR: usize = 20;
+/// Header of an `AM_WRITE_IMM`: immediate (4), target address (8), the target region's token
+/// (8, from its key) and the initiator's origin (8, `frame::origin`), little endian.
+pub(super) const INLINE_HDR: usize = 28;
 /// `UCP_AM_RECV_ATTR_FLAG_RNDV` (ucp.h: `UCS_BIT(17)` in 1.13 and 1.22; not in the bindings).
 pub(super) const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 
@@ -67,8 +71,8 @@ pub(super) unsafe extern "C" fn on_recv(
     shared.done.push(s.index);
 }
 
-/// An immediate arrived: its 4-byte header is the value. Runs after the flush that made the
-/// WRITE's bytes visible here had completed at the initiator.
+/// An immediate arrived: its header is the value and the initiator's origin. Runs after the
+/// flush that made the WRITE's bytes visible here had completed at the initiator.
 pub(super) unsafe extern "C" fn on_imm(
     arg: *mut c_void,
     header: *const c_void,
@@ -77,14 +81,16 @@ pub(super) unsafe extern "C" fn on_imm(
     _len: usize,
     _param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    if header_len != 4 || header.is_null() {
+    if header_len != IMM_HDR || header.is_null() {
         return sys::UCS_OK;
     }
-    // SAFETY: UCX passes header_len (4, checked) readable bytes; read unaligned.
-    let imm = unsafe { ptr::read_unaligned(header as *const u32) };
+    let mut h = [0u8; IMM_HDR];
+    // SAFETY: UCX passes header_len (IMM_HDR, checked) readable bytes at header.
+    unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), IMM_HDR) };
+    let (imm, origin) = imm_header(&h);
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker).
     let shared = unsafe { &*(arg as *const Shared) };
-    queue(shared, Some(u32::from_le(imm)));
+    queue(shared, origin, Some(imm));
     sys::UCS_OK
 }
 
@@ -154,11 +160,9 @@ unsafe fn land(
     // SAFETY: UCX passes header_len (INLINE_HDR, checked) readable bytes at header.
     unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), INLINE_HDR) };
     let imm = with_imm.then(|| u32::from_le_bytes([h[0], h[1], h[2], h[3]]));
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&h[4..12]);
-    let addr = u64::from_le_bytes(a) as usize;
-    a.copy_from_slice(&h[12..20]);
-    let token = u64::from_le_bytes(a);
+    let addr = le64(&h[4..12]) as usize;
+    let token = le64(&h[12..20]);
+    let origin = le64(&h[20..28]);
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker);
     // no borrow of its RefCells is held while progress runs.
     let shared = unsafe { &*(arg as *const Shared) };
@@ -191,8 +195,8 @@ unsafe fn land(
         let r =
             unsafe { sys::ucp_am_recv_data_nbx(shared.worker, data, addr as *mut c_void, len, &p) };
         match sys::ptr_status(r) {
-            Ok(None) => queue(shared, imm),
-            Ok(Some(req)) => shared.landings.borrow_mut().begin(req, imm),
+            Ok(None) => queue(shared, origin, imm),
+            Ok(Some(req)) => shared.landings.borrow_mut().begin(origin, req, imm),
             // UCX owns the descriptor and completes the sender's send; nothing landed.
             Err(_) => {}
         }
@@ -208,16 +212,28 @@ unsafe fn land(
         // data are len readable bytes UCX passes for the call (not a rendezvous, checked).
         unsafe { ptr::copy_nonoverlapping(data as *const u8, addr as *mut u8, len) };
     }
-    queue(shared, imm);
+    queue(shared, origin, imm);
     sys::UCS_OK
 }
 
-/// Queue the immediate, if any, of a WRITE whose bytes are in: behind any rendezvous that
-/// arrived before it and is still landing (`Landings`).
-fn queue(shared: &Shared, imm: Option<u32>) {
+/// The little-endian u64 in `b` (8 bytes).
+fn le64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    u64::from_le_bytes(a)
+}
+
+/// An `AM_IMM`'s header: the immediate and the initiator's origin.
+fn imm_header(h: &[u8; IMM_HDR]) -> (u32, u64) {
+    (u32::from_le_bytes([h[0], h[1], h[2], h[3]]), le64(&h[4..]))
+}
+
+/// Queue the immediate, if any, of a WRITE from `origin` whose bytes are in: behind any
+/// rendezvous of that initiator that arrived before it and is still landing (`Landings`).
+fn queue(shared: &Shared, origin: u64, imm: Option<u32>) {
     if let Some(v) = imm {
         let mut imms = shared.imms.borrow_mut();
-        shared.landings.borrow_mut().arrived(v, &mut imms);
+        shared.landings.borrow_mut().arrived(origin, v, &mut imms);
     }
 }
 

@@ -55,6 +55,9 @@ const STREAM_RECVS: usize = 4;
 /// its callback instead (`UCP_OP_ATTR_FLAG_NO_IMM_CMPL`), which carries the length.
 const RECV_INFO_SINCE: (u32, u32) = (1, 16);
 const DEFAULT_TX: usize = 1024;
+/// Most entries (landings and immediates held behind them) made room for per initiator
+/// (`landings.rs`).
+const LANDING_ROOM: usize = 256;
 const DEFAULT_RX: usize = 1024;
 /// Immediates kept before `poll` hands them out; more only where the application does not
 /// poll (the queue then grows, off the normal path).
@@ -146,8 +149,9 @@ struct Slot {
     state: Cell<State>,
     ctx: Cell<u64>,
     peer: Cell<u32>,
-    /// The active message's header: the immediate (valid until that send completes).
-    imm: Cell<u32>,
+    /// The `AM_IMM`'s header: the immediate and this endpoint's origin (valid until that send
+    /// completes).
+    imm: Cell<[u8; IMM_HDR]>,
     /// A flush's count of the peer's puts before it (`Peer::puts`).
     seq: Cell<u64>,
     /// An `AM_WRITE_IMM`'s header (valid until that send completes).
@@ -200,9 +204,10 @@ struct Shared {
     /// The worker, for the handlers' `ucp_am_recv_data_nbx` (a rendezvous into GPU memory).
     worker: sys::ucp_worker_h,
     /// Rendezvous WRITEs UCX is receiving into GPU memory (`ucp_am_recv_data_nbx`'s request)
-    /// and the immediates that arrived after them, released into `imms` in arrival order once
-    /// the bytes before them are in (`landings.rs`). Room for a slab's worth is made at open;
-    /// more grows it (many peers' WRITEs at once).
+    /// and the immediates that arrived after them from the same initiator, released into
+    /// `imms` in arrival order once that initiator's bytes before them are in (`landings.rs`).
+    /// A queue per peer is made at `add_peer`, with room for a slab's worth (at most
+    /// [`LANDING_ROOM`]); more grows it.
     landings: RefCell<Landings>,
     /// Tagged sends UCX has not finished (posted in progress, their callback not yet run):
     /// a send posted while another is unfinished is one of a stream (`post_send`). Not the
@@ -214,6 +219,9 @@ struct Shared {
 /// One endpoint: a UCP context and worker.
 pub struct Endpoint {
     id: u32,
+    /// This worker's origin (`frame::origin` of its address), in every `AM_IMM`, `AM_WRITE`
+    /// and `AM_WRITE_IMM` it sends.
+    origin: u64,
     ctx: Arc<Context>,
     worker: sys::ucp_worker_h,
     address: Vec<u8>,
@@ -401,7 +409,8 @@ impl Endpoint {
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
         s.state.set(State::Notify);
-        // SAFETY: ep is a live endpoint of this worker; the header is the slot's `imm`, which
+        // SAFETY: ep is a live endpoint of this worker; the header is the slot's `imm` (IMM_HDR
+        // bytes), which
         // stays valid and unchanged until the send completes (the slot is busy until then);
         // no data; the callback's user_data is the slot, alive as long as the endpoint.
         let r = unsafe {
@@ -409,7 +418,7 @@ impl Endpoint {
                 ep,
                 AM_IMM,
                 s.imm.as_ptr() as *const c_void,
-                4,
+                IMM_HDR,
                 ptr::null(),
                 0,
                 &p,
@@ -719,6 +728,113 @@ mod tests {
             "{w:?}"
         );
         assert!(imms.is_empty(), "{imms:?}");
+    }
+
+    /// An immediate waits for its own initiator's landings only (`landings.rs`). Over tcp, a's
+    /// rendezvous WRITE into b's "GPU" region (as above) cannot land while a does not progress:
+    /// a's WRITE with immediate behind it waits, and c's, sent while a's lands, does not.
+    #[test]
+    fn an_immediate_waits_for_its_own_initiators_landings_only() {
+        let (mut a, mut b, a_to_b, _) = pair("tcp", &[]);
+        let mut c = Endpoint::open(&NicDesc::provider("tcp")).expect("tcp");
+        let c_to_b = c.add_peer(&b.address()).expect("c's peer");
+        b.add_peer(&c.address()).expect("b's peer");
+        let len = 256 << 10;
+        let mut src = host_region(&mut a, len);
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 5 + i / 4093) as u8).collect();
+        src.memory_mut().write_at(0, &pattern).expect("fill");
+        let (small_a, small_c) = (host_region(&mut a, 8), host_region(&mut c, 8));
+        let gpu = host_region(&mut b, len);
+        let host = host_region(&mut b, 16);
+        b.shared.landable.borrow_mut()[0].mtype = sys::UCS_MEMORY_TYPE_UNKNOWN;
+        let to_gpu = a.import(a_to_b, &gpu.remote()).expect("import");
+        a.imported[to_gpu.key.index as usize].host = false;
+        let a_host = a.import(a_to_b, &host.remote()).expect("import");
+        let c_host = c.import(c_to_b, &host.remote()).expect("import");
+        let mut out = vec![Completion::default(); 8];
+        let mut imms = Vec::new();
+        let mut poll = |ep: &mut Endpoint, imms: &mut Vec<u32>| {
+            let n = ep.poll(&mut out).expect("poll");
+            for c in &out[..n] {
+                match c.kind {
+                    CompletionKind::RemoteWrite { imm } => imms.push(imm),
+                    CompletionKind::Write => {}
+                    ref k => panic!("{k:?}"),
+                }
+            }
+        };
+        let small = |mr, ep: &mut Endpoint, to, remote: &RemoteRegion<UcxKey>, off, imm| {
+            let r = remote.slice(off, 8).expect("remote slice");
+            post(ep.post_write(
+                to,
+                LocalSlice::new(mr, 0, 8).expect("slice"),
+                r,
+                Some(imm),
+                0,
+            ));
+        };
+        // Both initiators' connections up first: one WRITE with immediate each.
+        small(&small_a, &mut a, a_to_b, &a_host, 0, 1);
+        small(&small_c, &mut c, c_to_b, &c_host, 8, 2);
+        let t0 = Instant::now();
+        while imms.len() < 2 {
+            poll(&mut a, &mut Vec::new());
+            poll(&mut c, &mut Vec::new());
+            poll(&mut b, &mut imms);
+            assert!(t0.elapsed() < Duration::from_secs(20), "{imms:?}");
+        }
+        for _ in 0..100 {
+            poll(&mut a, &mut Vec::new());
+            poll(&mut c, &mut Vec::new());
+        }
+        imms.clear();
+        // a's rendezvous, and a's WRITE with immediate 5 behind it; a progresses no more.
+        let whole = LocalSlice::new(&src, 0, len).expect("slice");
+        let into = to_gpu.slice(0, len as u64).expect("remote slice");
+        post(a.post_write(a_to_b, whole, into, None, 1));
+        small(&small_a, &mut a, a_to_b, &a_host, 0, 5);
+        while b.shared.landings.borrow().is_empty() {
+            poll(&mut b, &mut imms);
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "a's rendezvous never began"
+            );
+        }
+        small(&small_c, &mut c, c_to_b, &c_host, 8, 7);
+        while imms.is_empty() {
+            poll(&mut c, &mut Vec::new());
+            poll(&mut b, &mut imms);
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "c's immediate waits (behind a's landing?)"
+            );
+        }
+        // Time for a's immediate to show, were it not held.
+        for _ in 0..2000 {
+            poll(&mut c, &mut Vec::new());
+            poll(&mut b, &mut imms);
+        }
+        assert_eq!(
+            imms,
+            [7],
+            "c's immediate at once, a's held behind a's landing"
+        );
+        while imms.len() < 2 {
+            poll(&mut a, &mut Vec::new());
+            poll(&mut b, &mut imms);
+            assert!(t0.elapsed() < Duration::from_secs(20), "{imms:?}");
+        }
+        assert_eq!(imms, [7, 5]);
+        let l = b.shared.landings.borrow();
+        assert!(l.is_empty());
+        assert_eq!(
+            l.initiators(),
+            2,
+            "a's and c's origins as b computed them at add_peer"
+        );
+        drop(l);
+        let landed = gpu.memory().host().expect("host").as_slice();
+        assert!(landed[..] == pattern[..], "a's rendezvous WRITE's bytes");
     }
 
     /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND): a

@@ -116,7 +116,7 @@ impl Endpoint {
                 state: Cell::new(State::Free),
                 ctx: Cell::new(0),
                 peer: Cell::new(0),
-                imm: Cell::new(0),
+                imm: Cell::new([0; IMM_HDR]),
                 seq: Cell::new(0),
                 hdr: Cell::new([0; INLINE_HDR]),
                 req: Cell::new(ptr::null_mut()),
@@ -131,7 +131,7 @@ impl Endpoint {
             imms: RefCell::new(VecDeque::with_capacity(IMM_QUEUE)),
             landable: RefCell::new(Vec::new()),
             worker,
-            landings: RefCell::new(Landings::with_capacity(tx + rx)),
+            landings: RefCell::new(Landings::with_capacity((tx + rx).min(LANDING_ROOM))),
             sends_unfinished: Cell::new(0),
         });
         let sp: *const Shared = &*shared;
@@ -144,6 +144,7 @@ impl Endpoint {
             ctx,
             worker,
             address: Vec::new(),
+            origin: 0,
             peers: Vec::new(),
             imported: Vec::new(),
             shared,
@@ -204,6 +205,7 @@ impl Endpoint {
         // SAFETY: addr came from ucp_worker_get_address on this worker; released once.
         unsafe { sys::ucp_worker_release_address(ep.worker, addr) };
         ep.address = frame::wrap(Kind::Address, &bytes);
+        ep.origin = frame::origin(&bytes);
 
         ep.caps = Caps {
             max_msg_size: 1 << 30,

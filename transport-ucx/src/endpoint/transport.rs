@@ -25,6 +25,8 @@ impl Transport for Endpoint {
 
     fn add_peer(&mut self, addr: &EndpointAddr) -> Result<PeerId> {
         let worker_addr = frame::unwrap(Kind::Address, &addr.0, "worker address")?;
+        // Its WRITEs' landings and immediates queue apart from other initiators'.
+        let origin = frame::origin(worker_addr);
         let peer = Box::new(Peer {
             ep: ptr::null_mut(),
             failed: Cell::new(sys::UCS_OK),
@@ -66,6 +68,7 @@ impl Transport for Endpoint {
             peer.am_writes = crate::puts_emulated(&lanes);
         }
         self.peers.push(peer);
+        self.shared.landings.borrow_mut().add(origin);
         Ok(PeerId(self.peers.len() as u32 - 1))
     }
 
@@ -351,7 +354,7 @@ impl Transport for Endpoint {
             None => am,
             Some(_) => flushed && (am || (imp.host && from_host && buf.len <= INLINE_MAX)),
         };
-        let named = self.name_memory;
+        let (named, origin) = (self.name_memory, self.origin);
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -368,7 +371,8 @@ impl Transport for Endpoint {
                 let mut h = [0u8; INLINE_HDR];
                 h[..4].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
                 h[4..12].copy_from_slice(&remote.addr.to_le_bytes());
-                h[12..].copy_from_slice(&token.to_le_bytes());
+                h[12..20].copy_from_slice(&token.to_le_bytes());
+                h[20..].copy_from_slice(&origin.to_le_bytes());
                 s.hdr.set(h);
                 let mut p = Self::params(s);
                 p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
@@ -409,7 +413,10 @@ impl Transport for Endpoint {
             }
             Some(v) => {
                 s.state.set(State::Flush);
-                s.imm.set(v.to_le());
+                let mut h = [0u8; IMM_HDR];
+                h[..4].copy_from_slice(&v.to_le_bytes());
+                h[4..].copy_from_slice(&origin.to_le_bytes());
+                s.imm.set(h);
                 let no_cb = Self::put_params(named, None, buf.mr);
                 // SAFETY: as for the put above; no callback: the request (if any) is freed at
                 // once and UCX releases it when it completes; the flush below reports it.
