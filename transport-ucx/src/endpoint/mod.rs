@@ -409,10 +409,10 @@ impl Endpoint {
         p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
         s.state.set(State::Notify);
-        // SAFETY: ep is a live endpoint of this worker; the header is the slot's `imm` (IMM_HDR
-        // bytes), which
-        // stays valid and unchanged until the send completes (the slot is busy until then);
-        // no data; the callback's user_data is the slot, alive as long as the endpoint.
+        // SAFETY: ep is a live endpoint of this worker; the header is the slot's `imm`
+        // (IMM_HDR bytes), which stays valid and unchanged until the send completes (the slot
+        // is busy until then); no data; the callback's user_data is the slot, alive as long
+        // as the endpoint.
         let r = unsafe {
             sys::ucp_am_send_nbx(
                 ep,
@@ -788,12 +788,14 @@ mod tests {
             poll(&mut c, &mut Vec::new());
         }
         imms.clear();
-        // a's rendezvous, and a's WRITE with immediate 5 behind it; a progresses no more.
+        // a's rendezvous, and a's WRITE with immediate 5 behind it. a progresses until b began
+        // receiving the rendezvous, no more: its bytes move only once a answers b.
         let whole = LocalSlice::new(&src, 0, len).expect("slice");
         let into = to_gpu.slice(0, len as u64).expect("remote slice");
         post(a.post_write(a_to_b, whole, into, None, 1));
         small(&small_a, &mut a, a_to_b, &a_host, 0, 5);
         while b.shared.landings.borrow().is_empty() {
+            poll(&mut a, &mut Vec::new());
             poll(&mut b, &mut imms);
             assert!(
                 t0.elapsed() < Duration::from_secs(20),
