@@ -87,7 +87,7 @@ pub(super) unsafe extern "C" fn on_imm(
     let mut h = [0u8; IMM_HDR];
     // SAFETY: UCX passes header_len (IMM_HDR, checked) readable bytes at header.
     unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), IMM_HDR) };
-    let (imm, origin) = imm_header(&h);
+    let (imm, origin) = read_imm_header(&h);
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker).
     let shared = unsafe { &*(arg as *const Shared) };
     queue(shared, origin, Some(imm));
@@ -159,10 +159,8 @@ unsafe fn land(
     let mut h = [0u8; INLINE_HDR];
     // SAFETY: UCX passes header_len (INLINE_HDR, checked) readable bytes at header.
     unsafe { ptr::copy_nonoverlapping(header as *const u8, h.as_mut_ptr(), INLINE_HDR) };
-    let imm = with_imm.then(|| u32::from_le_bytes([h[0], h[1], h[2], h[3]]));
-    let addr = le64(&h[4..12]) as usize;
-    let token = le64(&h[12..20]);
-    let origin = le64(&h[20..28]);
+    let (imm, addr, token, origin) = read_write_header(&h);
+    let (imm, addr) = (with_imm.then_some(imm), addr as usize);
     // SAFETY: arg is the endpoint's boxed Shared (set with the handler, alive with the worker);
     // no borrow of its RefCells is held while progress runs.
     let shared = unsafe { &*(arg as *const Shared) };
@@ -216,16 +214,50 @@ unsafe fn land(
     sys::UCS_OK
 }
 
-/// The little-endian u64 in `b` (8 bytes).
+// The two headers' layouts, written by the initiator's post and read by these handlers.
+
+/// An `AM_IMM`'s header: immediate `imm` from `origin`.
+pub(super) fn imm_header(imm: u32, origin: u64) -> [u8; IMM_HDR] {
+    let mut h = [0u8; IMM_HDR];
+    h[..4].copy_from_slice(&imm.to_le_bytes());
+    h[4..].copy_from_slice(&origin.to_le_bytes());
+    h
+}
+
+/// An `AM_IMM`'s immediate and origin.
+fn read_imm_header(h: &[u8; IMM_HDR]) -> (u32, u64) {
+    (le32(&h[..4]), le64(&h[4..]))
+}
+
+/// An `AM_WRITE` or `AM_WRITE_IMM`'s header: immediate `imm` (unused in `AM_WRITE`), the
+/// target address `addr` in the region of token `token`, from `origin`.
+pub(super) fn write_header(imm: u32, addr: u64, token: u64, origin: u64) -> [u8; INLINE_HDR] {
+    let mut h = [0u8; INLINE_HDR];
+    h[..4].copy_from_slice(&imm.to_le_bytes());
+    h[4..12].copy_from_slice(&addr.to_le_bytes());
+    h[12..20].copy_from_slice(&token.to_le_bytes());
+    h[20..].copy_from_slice(&origin.to_le_bytes());
+    h
+}
+
+/// An `AM_WRITE` or `AM_WRITE_IMM`'s immediate, address, token and origin.
+fn read_write_header(h: &[u8; INLINE_HDR]) -> (u32, u64, u64, u64) {
+    (
+        le32(&h[..4]),
+        le64(&h[4..12]),
+        le64(&h[12..20]),
+        le64(&h[20..]),
+    )
+}
+
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
 fn le64(b: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
     u64::from_le_bytes(a)
-}
-
-/// An `AM_IMM`'s header: the immediate and the initiator's origin.
-fn imm_header(h: &[u8; IMM_HDR]) -> (u32, u64) {
-    (u32::from_le_bytes([h[0], h[1], h[2], h[3]]), le64(&h[4..]))
 }
 
 /// Queue the immediate, if any, of a WRITE from `origin` whose bytes are in: behind any
@@ -267,4 +299,21 @@ pub(super) unsafe extern "C" fn on_peer_error(
     // SAFETY: arg is the peer's boxed `Peer`, which lives until after its ucp_ep is closed.
     let p = unsafe { &*(arg as *const Peer) };
     p.failed.set(status);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a post writes, a handler reads back, field by field.
+    #[test]
+    fn headers_read_back_what_was_written() {
+        let origin = 0x0102_0304_0506_0708;
+        assert_eq!(
+            read_imm_header(&imm_header(0xdead_beef, origin)),
+            (0xdead_beef, origin)
+        );
+        let h = write_header(7, 0x7f00_0000_1000, 0xabcd, origin);
+        assert_eq!(read_write_header(&h), (7, 0x7f00_0000_1000, 0xabcd, origin));
+    }
 }

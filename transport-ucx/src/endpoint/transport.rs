@@ -368,12 +368,8 @@ impl Transport for Endpoint {
                     None => (AM_WRITE, State::Put),
                 };
                 s.state.set(state);
-                let mut h = [0u8; INLINE_HDR];
-                h[..4].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
-                h[4..12].copy_from_slice(&remote.addr.to_le_bytes());
-                h[12..20].copy_from_slice(&token.to_le_bytes());
-                h[20..].copy_from_slice(&origin.to_le_bytes());
-                s.hdr.set(h);
+                s.hdr
+                    .set(write_header(imm.unwrap_or(0), remote.addr, token, origin));
                 let mut p = Self::params(s);
                 p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
                 p.flags = if into_gpu {
@@ -413,10 +409,7 @@ impl Transport for Endpoint {
             }
             Some(v) => {
                 s.state.set(State::Flush);
-                let mut h = [0u8; IMM_HDR];
-                h[..4].copy_from_slice(&v.to_le_bytes());
-                h[4..].copy_from_slice(&origin.to_le_bytes());
-                s.imm.set(h);
+                s.imm.set(imm_header(v, origin));
                 let no_cb = Self::put_params(named, None, buf.mr);
                 // SAFETY: as for the put above; no callback: the request (if any) is freed at
                 // once and UCX releases it when it completes; the flush below reports it.
