@@ -25,7 +25,9 @@
 # lat  ours: --workload lat --op send -s SIZE -n LAT_ITERS: tag ping-pong; one-way = the sum of
 #           the timed round trips / iters / 2 (the mean), and the median round trip / 2.
 #      perftest -t tag_lat -s SIZE -n LAT_ITERS -w LAT_ITERS/10: its "overall" latency (the
-#           mean, half a round trip) and its "50%" column.
+#           mean, half a round trip) and its "50%" column, which is the median of its last
+#           2048 round trips only (libperf's TIMING_QUEUE_SIZE), not of all of them as ours':
+#           the ratio is of the means; the medians are printed beside it, not compared.
 # Gbit/s for tag (ours / theirs: higher is better), microseconds for lat (lower is better);
 # each figure the best of ROUNDS (default 3) rounds, the tools interleaved (odd rounds ours
 # first, even rounds theirs first), then the median of the rounds' own ratios (of the means

@@ -7,7 +7,9 @@
 #                       a bad B must stop perftest with exit 2;
 #   ucp-time.c          must print its line in both: the sender's src%4096 and the receiver's
 #                       dst%4096 are B (a multiple of 64: UCX 1.13 rounds a mapping's start
-#                       down to 16 bytes, and perftest sends from where UCX says it starts).
+#                       down to 16 bytes, and perftest sends from where UCX says it starts);
+#                       in a ping-pong (tag_lat) both sides must count react for most round
+#                       trips.
 #   transport-ucx/shims-test.sh        (ci/test.sh runs it)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -47,8 +49,23 @@ done
 read -r nrecv nonce < <(sed -nE 's/^ucp-time: .* recv [0-9.]+ ns\/call \(([0-9]+), ([0-9]+) done at once\).*/\1 \2/p' "$out/srv")
 [ -n "${nrecv:-}" ] && [ "$nrecv" -ge 4000 ] && [ "$nonce" -le "$nrecv" ] ||
   { echo "shims-test: srv: ucp-time's receives are not 4000 or more, each done at once or not" >&2; grep ucp-time "$out/srv" >&2; bad=1; }
+# A ping-pong: each side answers what a progress call handed it, so ucp-time's react (the
+# tool's time from that call to its answer) is counted for most of the 2000 round trips.
+port=$((port + 1))
+env UCX_TLS=posix,self LD_PRELOAD="$out/time.so" timeout 60 "$PERF" -t tag_lat -s 64 -n 2000 \
+  -p $port > "$out/lsrv" 2>&1 &
+s=$!
+wait_listening $port 10 || echo "shims-test: ucx_perftest's tag_lat server does not listen on $port" >&2
+env UCX_TLS=posix,self LD_PRELOAD="$out/time.so" timeout 60 "$PERF" -t tag_lat -s 64 -n 2000 \
+  -p $port 127.0.0.1 > "$out/lcli" 2>&1 || bad=1
+wait $s || bad=1
+for side in lsrv lcli; do
+  n=$(sed -nE 's/^ucp-time: .*, idle [0-9.]+ ns each\).* react [0-9.]+ ns \(([0-9]+)\)$/\1/p' "$out/$side")
+  [ -n "$n" ] && [ "$n" -ge 1000 ] ||
+    { echo "shims-test: $side: ucp-time counted no react for most of 2000 round trips" >&2; cat "$out/$side" >&2; bad=1; }
+done
 rc=0; run $B 4096 || rc=$?
 [ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
   { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
-[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset; a bad offset stopped perftest"
+[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset and counted a ping-pong's reactions; a bad offset stopped perftest"
 exit $bad

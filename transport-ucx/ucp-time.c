@@ -10,11 +10,19 @@
  *
  *   ucp-time: src%4096 OFF, dst%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call
  *   (CALLS, REQ requests), recv NS ns/call (CALLS, DONE done at once), progress NS ns/call
- *   (CALLS, WORK with work) = NS ns/msg, rest NS ns/msg
+ *   (CALLS, WORK with work, NS ns each, idle NS ns each) = NS ns/msg, rest NS ns/msg;
+ *   react NS ns (N)
  *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
- * per message outside the three calls (its own loop, and the time between calls); src%4096 and
- * dst%4096 are the first send's and the first receive's buffer addresses modulo the page size.
+ * per message outside the three calls (its own loop, and the time between calls; for a
+ * process whose setup makes wrapped calls, its setup too); src%4096 and dst%4096 are the
+ * first send's and the first receive's buffer addresses modulo the page size. A progress
+ * call "with work" returned non-zero (it handled an arrival or a completion), an idle one
+ * returned 0: in a ping-pong the idle calls are the spin, and their time one turn of the
+ * wait. "react" is the tool's own time on a ping-pong's path: from the end of a progress call
+ * with work to the start of the next ucp_tag_send_nbx, averaged over the sends that had
+ * such a call before them (what the tool's loop does between UCX handing it the message and
+ * its answer; a receive it posts in between counts too).
  * It takes no header: the three prototypes are spelled with void pointers, so it builds where
  * UCX's headers are not installed (the GPU host's wheel ships none of them):
  *
@@ -36,6 +44,7 @@
 typedef void *P;
 
 static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, i_recv;
+static uint64_t c_work, c_react, n_react, work_end;
 static uint64_t first, last;
 static uintptr_t src0, dst0;
 static struct timespec t0;
@@ -62,7 +71,11 @@ unsigned ucp_worker_progress(P worker)
     mark(a);
     c_prog += b - a;
     n_prog++;
-    if (r != 0) w_prog++;
+    if (r != 0) {
+        w_prog++;
+        c_work += b - a;
+        work_end = b;
+    }
     return r;
 }
 
@@ -75,6 +88,11 @@ P ucp_tag_send_nbx(P ep, const void *buf, size_t len, uint64_t tag, const void *
     P r = real(ep, buf, len, tag, param);
     uint64_t b = __rdtsc();
     mark(a);
+    if (work_end != 0) {
+        c_react += a - work_end;
+        n_react++;
+        work_end = 0;
+    }
     c_send += b - a;
     if (n_send++ == 0) src0 = (uintptr_t)buf;
     if (IS_REQ(r)) r_send++;
@@ -108,10 +126,14 @@ __attribute__((destructor)) static void report(void)
     fprintf(stderr,
             "ucp-time: src%%4096 %lu, dst%%4096 %lu, %.0f msgs, span %.1f ms, %.1f ns/msg: send %.1f ns/call "
             "(%lu, %lu requests), recv %.1f ns/call (%lu, %lu done at once), progress %.1f ns/call "
-            "(%lu, %lu with work) = %.1f ns/msg, rest %.1f ns/msg\n",
+            "(%lu, %lu with work, %.1f ns each, idle %.1f ns each) = %.1f ns/msg, rest %.1f ns/msg; "
+            "react %.1f ns (%lu)\n",
             (unsigned long)(src0 & 4095), (unsigned long)(dst0 & 4095), msgs, span / 1e6, span / msgs,
             n_send ? c_send / ghz / n_send : 0, (unsigned long)n_send, (unsigned long)r_send,
             n_recv ? c_recv / ghz / n_recv : 0, (unsigned long)n_recv, (unsigned long)i_recv,
             n_prog ? c_prog / ghz / n_prog : 0, (unsigned long)n_prog, (unsigned long)w_prog,
-            c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog) / ghz) / msgs);
+            w_prog ? c_work / ghz / w_prog : 0,
+            n_prog > w_prog ? (c_prog - c_work) / ghz / (n_prog - w_prog) : 0,
+            c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog) / ghz) / msgs,
+            n_react ? c_react / ghz / n_react : 0, (unsigned long)n_react);
 }
