@@ -8,7 +8,9 @@
 # ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every 64
 #        --window 32 -s SIZE -n N/64 --warmup N/640: N puts, one in 64 followed by the flush
 #        and the immediate (every figure to delivery: the clock stops at the last immediate),
-#        at most 32 outstanding and N/10 warm-up puts, as perftest.
+#        at most 32 outstanding and N/10 warm-up puts, as perftest; no peer error handling
+#        (--nic-opt peer_errors=off), as perftest without -e (the backend's default, auto, is
+#        on over tcp).
 # ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
 # default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
 # by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
@@ -79,11 +81,12 @@ ours() { # TLS SIZE N
   local tls=$1 size=$2 n=$3 dev=()
   PORT=$((PORT + 1))
   [ "$tls" = tcp ] && dev=(--devices lo)
-  "$B" server --backend ucx --provider "$tls" "${dev[@]}" $OURS_OPTS \
+  "$B" server --backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off $OURS_OPTS \
     --listen 127.0.0.1:$PORT --sessions 1 >/dev/null 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
-  "$B" client --backend ucx --provider "$tls" "${dev[@]}" $OURS_OPTS --connect 127.0.0.1:$PORT \
+  "$B" client --backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off $OURS_OPTS \
+    --connect 127.0.0.1:$PORT \
     --single-buffer --imm-every 64 --window 32 -s "$size" -n $((n / 64)) \
     --warmup $((n / 640 > 1 ? n / 640 : 1)) --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
