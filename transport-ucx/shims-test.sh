@@ -20,15 +20,15 @@ ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/written.so" perftest-written.
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/time.so" ucp-time.c -ldl
 B=1088 port=$((22000 + RANDOM % 20000)) bad=0
 source ../ci/listening.sh
-run() { # SERVER-OFFSET CLIENT-OFFSET -> perftest's logs in $out/srv, $out/cli; the client's status
+run() { # SERVER-OFFSET CLIENT-OFFSET [TEST N] (default tag_bw 4000) -> perftest's logs in
+  # $out/srv, $out/cli; the client's status
   local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so")
-  port=$((port + 1))
-  env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
-    > "$out/srv" 2>&1 &
+  local t=(-t "${3:-tag_bw}" -s 4096 -n "${4:-4000}" -p $((port += 1)))
+  env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" "${t[@]}" > "$out/srv" 2>&1 &
   local s=$! rc=0
   wait_listening $port 10 || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
-  env "${env[@]}" PERFTEST_BUF_OFFSET="$2" timeout 60 "$PERF" -t tag_bw -s 4096 -n 4000 -p $port \
-    127.0.0.1 > "$out/cli" 2>&1 || rc=$?
+  env "${env[@]}" PERFTEST_BUF_OFFSET="$2" timeout 60 "$PERF" "${t[@]}" 127.0.0.1 \
+    > "$out/cli" 2>&1 || rc=$?
   # A client stopped by a bad offset leaves the server without a peer: it is not waited for.
   if [ $rc = 0 ]; then wait $s || rc=$?; else kill $s 2>/dev/null; wait $s 2>/dev/null || true; fi
   return $rc
@@ -51,15 +51,8 @@ read -r nrecv nonce < <(sed -nE 's/^ucp-time: .* recv [0-9.]+ ns\/call \(([0-9]+
   { echo "shims-test: srv: ucp-time's receives are not 4000 or more, each done at once or not" >&2; grep ucp-time "$out/srv" >&2; bad=1; }
 # A ping-pong: each side answers what a progress call handed it, so ucp-time's react (the
 # tool's time from that call to its answer) is counted for most of the 2000 round trips.
-port=$((port + 1))
-env UCX_TLS=posix,self LD_PRELOAD="$out/time.so" timeout 60 "$PERF" -t tag_lat -s 64 -n 2000 \
-  -p $port > "$out/lsrv" 2>&1 &
-s=$!
-wait_listening $port 10 || echo "shims-test: ucx_perftest's tag_lat server does not listen on $port" >&2
-env UCX_TLS=posix,self LD_PRELOAD="$out/time.so" timeout 60 "$PERF" -t tag_lat -s 64 -n 2000 \
-  -p $port 127.0.0.1 > "$out/lcli" 2>&1 || bad=1
-wait $s || bad=1
-for side in lsrv lcli; do
+run $B $B tag_lat 2000 || { echo "shims-test: ucx_perftest -t tag_lat failed" >&2; bad=1; }
+for side in srv cli; do
   n=$(sed -nE 's/^ucp-time: .*, idle [0-9.]+ ns each\).* react [0-9.]+ ns \(([0-9]+)\)$/\1/p' "$out/$side")
   [ -n "$n" ] && [ "$n" -ge 1000 ] ||
     { echo "shims-test: $side: ucp-time counted no react for most of 2000 round trips" >&2; cat "$out/$side" >&2; bad=1; }
