@@ -214,11 +214,8 @@ run() {
   local tls=${UCX_STEP_TLS:-sm,cuda_copy,cuda_ipc,self}
   local common=(--backend ucx --provider "$tls" --nic-opt peer_errors=off ${UCX_OURS_OPTS:-})
   local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
-  local cores pin_srv=() pin_cli=()
-  cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
-  if [ "$cores" != none ] && command -v taskset >/dev/null; then
-    pin_srv=(taskset -c "${cores%,*}"); pin_cli=(taskset -c "${cores#*,}")
-  fi
+  local pin_srv=() pin_cli=()
+  pin_sides; pin_srv=("${PIN_SRV[@]}") pin_cli=("${PIN_CLI[@]}")
 
   # Two processes, every byte verified (the client verifies by default).
   for mem in "${memv[@]}"; do
@@ -368,7 +365,7 @@ run() {
   local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob
   for mem in "${memv[@]}"; do
     echo
-    echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $cores), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
+    echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $PIN_CORES), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
     printf '%-4s %5s %10s %10s %7s %7s %10s  %-19s %s\n' row size ours theirs ratio median "ours ahead" \
       "median's 95% CI" "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios; CI: ci/suspect.sh's interval)"
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"

@@ -405,15 +405,12 @@ run() {
   if [[ ,$steps, == *,table,* ]]; then
     local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
     local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
-    local mem dev=() cores pin_srv=() pin_cli=() ftw=${FT_WINDOW:-64}
+    local mem dev=() pin_srv=() pin_cli=() ftw=${FT_WINDOW:-64}
     # Each side of every run, ours and theirs, on a core of its own (CORES=server,client;
     # CORES=none: wherever the scheduler puts them). Unpinned, two busy-polling processes
     # that the scheduler happens to stack on one core, or on two hyperthreads of one, read
     # 4x slower round trips: the 4 KiB latency moved between 0.47 and 2.0 us between rounds.
-    cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
-    if [ "$cores" != none ] && command -v taskset >/dev/null; then
-      pin_srv=(taskset -c "${cores%,*}"); pin_cli=(taskset -c "${cores#*,}")
-    fi
+    pin_sides; pin_srv=("${PIN_SRV[@]}") pin_cli=("${PIN_CLI[@]}")
     IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
     IFS=, read -r -a memv <<< "$mems"
     # ours ROW SIZE -> figure (Gbit/s, or one-way us for lat)
@@ -494,7 +491,7 @@ run() {
     for mem in "${memv[@]}"; do
       dev=(); [ "$mem" = cuda ] && dev=(-D cuda)
       echo
-      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${cores}), $(nproc) cores; fabtests ${dev[*]:-without -D}, -W $ftw"
+      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${PIN_CORES}), $(nproc) cores; fabtests ${dev[*]:-without -D}, -W $ftw"
       printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
       IFS=, read -r -a rowv <<< "${ROWS:-write,send,lat}"
       for row in "${rowv[@]}"; do

@@ -72,6 +72,21 @@ ucx_perftest_gbps() {
   awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$1"
 }
 
+# pin_sides: sets PIN_SRV and PIN_CLI, the prefixes that put a comparison's server and client
+# each on a core of its own, the same for both tools, and PIN_CORES ("server,client", or
+# none): CORES=server,client (default 1,3 with 4 or more CPUs, else 0,1; none, or a single
+# CPU: wherever the scheduler puts them). Unpinned, two busy-polling processes that the
+# scheduler stacks on one core read several times slower. Where one tool's sender is its
+# server and the other's is its client, the caller swaps them, so that both tools' senders
+# run on the same core.
+pin_sides() {
+  local cores=${CORES:-$([ "$(nproc)" -ge 4 ] && echo 1,3 || echo 0,1)}
+  PIN_SRV=() PIN_CLI=() PIN_CORES=none
+  if [ "$cores" != none ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+    PIN_SRV=(taskset -c "${cores%,*}") PIN_CLI=(taskset -c "${cores#*,}") PIN_CORES=$cores
+  fi
+}
+
 # above ROW RATIO...: "K of N" rounds where ours did better (a rate above 1, a latency below 1).
 above() {
   local row=$1; shift
@@ -133,6 +148,11 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     { echo "fabtests_gbps/ucx_perftest_gbps: $got, want 20.000/8.389/0.000" >&2; bad=1; }
   got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
   [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, round_ratios, one_figure and above in 5, the two parsers in 3"
+  got=$(CORES=0,1 pin_sides; echo "${PIN_SRV[*]}/${PIN_CLI[*]}/$PIN_CORES")
+  got+="|$(CORES=none pin_sides; echo "${#PIN_SRV[@]}${#PIN_CLI[@]}/$PIN_CORES")"
+  want="taskset -c 0/taskset -c 1/0,1|00/none"
+  [ "$(nproc)" -ge 2 ] || want="/" want+="/none|00/none"
+  [ "$got" = "$want" ] || { echo "pin_sides: $got, want $want" >&2; bad=1; }
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, round_ratios, one_figure and above in 5, the two parsers in 3, pin_sides in 2"
   exit $bad
 fi

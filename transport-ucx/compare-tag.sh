@@ -33,7 +33,10 @@
 # first, even rounds theirs first), then the median of the rounds' own ratios (of the means
 # for lat), the rounds where ours was ahead and the median's 95% confidence interval
 # (ci/suspect.sh's interval: "level" where it holds 1.0). tcp runs with UCX_NET_DEVICES=lo
-# and --devices lo.
+# and --devices lo. Each side runs on a core of its own (pin_sides in ci/suspect.sh:
+# CORES=server,client, default 0,1 here), as ci/gpu-host-ucx.sh runs them: for tag the
+# senders of both tools on one core (ours' server sends, perftest's client does, so ours' two
+# sides take the other's core), for lat the servers on one and the clients on the other.
 # UCX_LIB=DIR runs both against the UCX in DIR (LD_LIBRARY_PATH; e.g. the libucx-cu12 wheel's
 # libucx/lib, whose 1.22 is what the GPU host runs), with UCX_PERFTEST its ucx_perftest.
 # ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
@@ -50,6 +53,7 @@ IFS=, read -r -a ROWS <<< "${ROWS:-tag,lat}"
 ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824}
 PORT=${PORT:-$((21000 + RANDOM % 20000))}
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
+pin_sides
 PERFTEST_BUF=${PERFTEST_BUF:-written} BUF_OFFSET=${BUF_OFFSET:-0}
 case $PERFTEST_BUF in
   written) ${CC:-cc} -O2 -shared -fPIC -o "$OUT/written.so" "$(dirname "$0")/perftest-written.c" -ldl
@@ -68,13 +72,13 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
   [ "$row" = lat ] && t=tag_lat || t=tag_bw
   PORT=$((PORT + 1))
   local env=(UCX_TLS="$tls" UCX_NET_DEVICES=lo UCX_ALLOC_PRIO=heap "${PRELOAD[@]}")
-  env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
-    > "$OUT/tsrv" 2>&1 &
+  env "${env[@]}" timeout 120 "${PIN_SRV[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
+    -w $((n / 10)) -p $PORT -f > "$OUT/tsrv" 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   # Final line: iters, lat 50%, lat avg, lat overall (us), bw avg, overall (MB/s), rates.
-  env "${env[@]}" timeout 120 "$PERFTEST" -t $t -s "$size" -n "$n" -w $((n / 10)) -p $PORT -f \
-    127.0.0.1 > "$OUT/tcli" 2>&1 || true
+  env "${env[@]}" timeout 120 "${PIN_CLI[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
+    -w $((n / 10)) -p $PORT -f 127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
   if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$OUT/tcli" "$OUT/tsrv"; then
     echo "compare-tag: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
@@ -99,10 +103,13 @@ ours() { # ROW TLS SIZE
           --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
     lat) args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
   esac
-  timeout 120 "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
+  # The sender on the senders' core (tag): ours' server sends, perftest's client does.
+  local ps=("${PIN_SRV[@]}") pc=("${PIN_CLI[@]}")
+  [ "$row" = tag ] && ps=("${PIN_CLI[@]}") pc=("${PIN_SRV[@]}")
+  timeout 120 "${ps[@]}" "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
-  timeout 120 "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
+  timeout 120 "${pc[@]}" "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
     2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
   wait "$srv" || true
   if [ "$row" = lat ]; then
@@ -117,7 +124,7 @@ best() { # ROW: best of the first column (and of the second) of stdin
       if ($2 != "-" && (m == "" || $2 < m)) m = $2 }
     END { if (n == 0) print "0 -"; else printf "%s %s\n", a, (m == "" ? "-" : m) }'
 }
-echo "buffers: both tools' $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (ours; perftest's where UCX puts them)"); ucx_perftest's heap, $PERFTEST_BUF; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "buffers: both tools' $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (ours; perftest's where UCX puts them)"); ucx_perftest's heap, $PERFTEST_BUF; servers on CPU ${PIN_SRV[2]:-any}, clients on CPU ${PIN_CLI[2]:-any} (ours' swapped for tag); load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s %s\n' tls row size ours theirs ratio median \
   "ours ahead" "median's 95% CI" "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
 for tls in "${TLS_LIST[@]}"; do

@@ -33,6 +33,10 @@
 # first, even rounds perftest first); beside it the median of the rounds' own ratios, the
 # rounds where ours was ahead and the median's 95% confidence interval (ci/suspect.sh's
 # interval: "level" where it holds 1.0), then every round's figures.
+# Each side runs on a core of its own, the writers of both tools on one core and their targets
+# on the other (pin_sides in ci/suspect.sh: CORES=server,client, default 0,1 here; ours'
+# server writes, perftest's client does, so ours' two sides take the other's core), as
+# ci/gpu-host-ucx.sh runs them.
 # tcp runs with UCX_NET_DEVICES=lo. UCX_PERFTEST names another ucx_perftest (with the UCX
 # whose libraries LD_LIBRARY_PATH picks for both). Ours runs with OURS_OPTS (default
 # "--nic-opt write=put": ucp_put_nbx, as perftest). Over tcp the backend's default
@@ -52,6 +56,7 @@ ROUNDS=${ROUNDS:-3}
 best() { awk 'BEGIN {m = 0} $1 + 0 > m {m = $1 + 0} END {printf "%.2f\n", m}'; }
 PORT=${PORT:-13400}
 HEAP=(UCX_ALLOC_PRIO=heap) SO=
+pin_sides
 ERR=$(mktemp -d); trap 'rm -rf "$ERR" ${SO:+"$SO"}' EXIT
 if [ "${PERFTEST_BUF:-written}" = written ]; then
   SO=$(mktemp --suffix=.so)
@@ -61,12 +66,12 @@ fi
 perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3 bw; shift 3
   PORT=$((PORT + 1))
-  env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
-    -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
+  env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "${PIN_SRV[@]}" "$PERFTEST" -t ucp_put_bw -s "$size" \
+    -n "$n" -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
-  env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "$PERFTEST" -t ucp_put_bw -s "$size" -n "$n" \
-    -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
+  env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "${PIN_CLI[@]}" "$PERFTEST" -t ucp_put_bw -s "$size" \
+    -n "$n" -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
   bw=$(ucx_perftest_gbps "$ERR/out")
   wait "$srv" || true
   # A heap run that the shim did not mark compared against the zero page: no figure.
@@ -81,18 +86,18 @@ ours() { # TLS SIZE N
   local tls=$1 size=$2 n=$3 dev=()
   PORT=$((PORT + 1))
   [ "$tls" = tcp ] && dev=(--devices lo)
-  "$B" server --backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off $OURS_OPTS \
-    --listen 127.0.0.1:$PORT --sessions 1 >/dev/null 2>&1 &
+  "${PIN_CLI[@]}" "$B" server --backend ucx --provider "$tls" "${dev[@]}" \
+    --nic-opt peer_errors=off $OURS_OPTS --listen 127.0.0.1:$PORT --sessions 1 >/dev/null 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
-  "$B" client --backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off $OURS_OPTS \
-    --connect 127.0.0.1:$PORT \
+  "${PIN_SRV[@]}" "$B" client --backend ucx --provider "$tls" "${dev[@]}" \
+    --nic-opt peer_errors=off $OURS_OPTS --connect 127.0.0.1:$PORT \
     --single-buffer --imm-every 64 --window 32 -s "$size" -n $((n / 64)) \
     --warmup $((n / 640 > 1 ? n / 640 : 1)) --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; writers on CPU ${PIN_CLI[2]:-any}, targets on CPU ${PIN_SRV[2]:-any}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
   "perftest-heap" ratio median "ours ahead" "median's 95% CI"
 for tls in "${TLS_LIST[@]}"; do
