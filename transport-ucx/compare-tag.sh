@@ -124,7 +124,7 @@ best() { # ROW: best of the first column (and of the second) of stdin
       if ($2 != "-" && (m == "" || $2 < m)) m = $2 }
     END { if (n == 0) print "0 -"; else printf "%s %s\n", a, (m == "" ? "-" : m) }'
 }
-echo "buffers: both tools' $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (ours; perftest's where UCX puts them)"); ucx_perftest's heap, $PERFTEST_BUF; servers on CPU ${PIN_SRV[2]:-any}, clients on CPU ${PIN_CLI[2]:-any} (ours' swapped for tag); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "buffers: both tools' $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (ours; perftest's where UCX puts them)"); ucx_perftest's heap, $PERFTEST_BUF; cores $PIN_CORES (server,client; ours' swapped for tag, both senders on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s %s\n' tls row size ours theirs ratio median \
   "ours ahead" "median's 95% CI" "(tag: Gbit/s; lat: one-way us, mean, then median ours/theirs)"
 for tls in "${TLS_LIST[@]}"; do

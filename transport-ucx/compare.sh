@@ -97,7 +97,7 @@ ours() { # TLS SIZE N
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; writers on CPU ${PIN_CLI[2]:-any}, targets on CPU ${PIN_SRV[2]:-any}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; cores $PIN_CORES (server,client: perftest's; ours' swapped, both writers on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
   "perftest-heap" ratio median "ours ahead" "median's 95% CI"
 for tls in "${TLS_LIST[@]}"; do
