@@ -9,7 +9,9 @@
 #                       dst%4096 are B (a multiple of 64: UCX 1.13 rounds a mapping's start
 #                       down to 16 bytes, and perftest sends from where UCX says it starts);
 #                       in a ping-pong (tag_lat) both sides must count react for most round
-#                       trips.
+#                       trips; it must count the calls that lack UCP_OP_ATTR_FLAG_MULTI_SEND:
+#                       none of tag_bw's sends and ucp_put_bw's puts (perftest's stream tests
+#                       set it), every tag_lat send (its ping-pongs do not), and time the puts.
 #   transport-ucx/shims-test.sh        (ci/test.sh runs it)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -49,6 +51,12 @@ done
 read -r nrecv nonce < <(sed -nE 's/^ucp-time: .* recv [0-9.]+ ns\/call \(([0-9]+), ([0-9]+) done at once\).*/\1 \2/p' "$out/srv")
 [ -n "${nrecv:-}" ] && [ "$nrecv" -ge 4000 ] && [ "$nonce" -le "$nrecv" ] ||
   { echo "shims-test: srv: ucp-time's receives are not 4000 or more, each done at once or not" >&2; grep ucp-time "$out/srv" >&2; bad=1; }
+# The bandwidth flag: perftest's stream sends carry it, all of them.
+plain() { # SIDE FIELD -> ucp-time's count of FIELD (sends, receives, puts) without the flag
+  sed -nE "s/^ucp-time: .*without the bandwidth flag: ([0-9]+) sends, ([0-9]+) receives, ([0-9]+) puts;.*/\\$2/p" "$out/$1"
+}
+[ "$(plain cli 1)" = 0 ] ||
+  { echo "shims-test: cli: tag_bw's sends counted without the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
 # A ping-pong: each side answers what a progress call handed it, so ucp-time's react (the
 # tool's time from that call to its answer) is counted for most of the 2000 round trips.
 run $B $B tag_lat 2000 || { echo "shims-test: ucx_perftest -t tag_lat failed" >&2; bad=1; }
@@ -56,9 +64,17 @@ for side in srv cli; do
   n=$(sed -nE 's/^ucp-time: .*, idle [0-9.]+ ns each\).* react [0-9.]+ ns \(([0-9]+)\)$/\1/p' "$out/$side")
   [ -n "$n" ] && [ "$n" -ge 1000 ] ||
     { echo "shims-test: $side: ucp-time counted no react for most of 2000 round trips" >&2; cat "$out/$side" >&2; bad=1; }
+  # tag_lat's sends ask for no bandwidth protocol: every one counted.
+  n=$(plain $side 1); [ -n "$n" ] && [ "$n" -ge 2000 ] ||
+    { echo "shims-test: $side: ucp-time counted ${n:-no} tag_lat sends without the bandwidth flag, not 2000 or more" >&2; bad=1; }
 done
+# Puts: timed and counted, each with the flag (ucp_put_bw is a stream test).
+run $B $B ucp_put_bw 4000 || { echo "shims-test: ucx_perftest -t ucp_put_bw failed" >&2; bad=1; }
+n=$(sed -nE 's/^ucp-time: .* put [0-9.]+ ns\/call \(([0-9]+)\);.*/\1/p' "$out/cli")
+[ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain cli 3)" = 0 ] ||
+  { echo "shims-test: cli: ucp-time did not count 4000 or more ucp_put_bw puts, each with the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
 rc=0; run $B 4096 || rc=$?
 [ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
   { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
-[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset and counted a ping-pong's reactions; a bad offset stopped perftest"
+[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts; a bad offset stopped perftest"
 exit $bad

@@ -1,20 +1,24 @@
 /* LD_PRELOAD shim: where a tag stream's time goes, per process, for any UCP program.
  *
- * Wraps ucp_tag_send_nbx, ucp_tag_recv_nbx and ucp_worker_progress, counts their calls (and
- * the sends that returned a request: UCX could not send at once, e.g. a full shared-memory
- * FIFO; and the receives done at once: their eager message had arrived before them,
- * unexpected, which costs UCX a copy more), and adds up the time spent inside each with the
+ * Wraps ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_put_nbx and ucp_worker_progress, counts their
+ * calls (and the sends that returned a request: UCX could not send at once, e.g. a full
+ * shared-memory FIFO; the receives done at once: their eager message had arrived before them,
+ * unexpected, which costs UCX a copy more; and the sends, receives and puts whose parameters
+ * lack UCP_OP_ATTR_FLAG_MULTI_SEND, which UCX 1.22 weighs when it picks a protocol: perftest's
+ * stream tests set it on every call, its ping-pongs on none), and adds up the time spent
+ * inside each with the
  * TSC (rdtsc before and after each call; the TSC rate is calibrated against CLOCK_MONOTONIC
- * over the process's life). At exit, a process that made at least 1000 tag calls prints one
- * line to stderr:
+ * over the process's life). At exit, a process that made at least 1000 tag or put calls
+ * prints one line to stderr:
  *
  *   ucp-time: src%4096 OFF, dst%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call
  *   (CALLS, REQ requests), recv NS ns/call (CALLS, DONE done at once), progress NS ns/call
  *   (CALLS, WORK with work, NS ns each, idle NS ns each) = NS ns/msg, rest NS ns/msg;
+ *   put NS ns/call (CALLS); without the bandwidth flag: S sends, R receives, P puts;
  *   react NS ns (N)
  *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
- * per message outside the three calls (its own loop, and the time between calls; for a
+ * per message outside the four calls (its own loop, and the time between calls; for a
  * process whose setup makes wrapped calls, its setup too); src%4096 and dst%4096 are the
  * first send's and the first receive's buffer addresses modulo the page size. A progress
  * call "with work" returned non-zero (it handled an arrival or a completion), an idle one
@@ -23,8 +27,10 @@
  * with work to the start of the next ucp_tag_send_nbx, averaged over the sends that had
  * such a call before them (what the tool's loop does between UCX handing it the message and
  * its answer; a receive it posts in between counts too).
- * It takes no header: the three prototypes are spelled with void pointers, so it builds where
- * UCX's headers are not installed (the GPU host's wheel ships none of them):
+ * It takes no header: the four prototypes are spelled with void pointers, and the flag is
+ * read from the first field of the parameters (ucp_request_param_t's uint32_t op_attr_mask,
+ * the first field in 1.13 and 1.22), so it builds where UCX's headers are not installed (the
+ * GPU host's wheel ships none of them):
  *
  *   cc -O2 -shared -fPIC -o ucp-time.so transport-ucx/ucp-time.c -ldl
  *   LD_PRELOAD=$PWD/ucp-time.so rdma-bench server ...   (and ucx_perftest ..., each side)
@@ -45,12 +51,17 @@ typedef void *P;
 
 static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, i_recv;
 static uint64_t c_work, c_react, n_react, work_end;
+static uint64_t c_put, n_put, p_send, p_recv, p_put;
 static uint64_t first, last;
 static uintptr_t src0, dst0;
 static struct timespec t0;
 
 /* A returned pointer that is a request, not NULL (done) or an error status. */
 #define IS_REQ(r) ((r) != NULL && (uintptr_t)(r) < (uintptr_t)-100)
+/* UCP_OP_ATTR_FLAG_MULTI_SEND (ucp.h: UCS_BIT(19) in 1.13 and 1.22). */
+#define MULTI_SEND (1u << 19)
+/* The call's parameters lack the bandwidth flag. */
+#define PLAIN(param) (param == NULL || !(*(const uint32_t *)(param) & MULTI_SEND))
 
 static inline void mark(uint64_t t)
 {
@@ -96,6 +107,7 @@ P ucp_tag_send_nbx(P ep, const void *buf, size_t len, uint64_t tag, const void *
     c_send += b - a;
     if (n_send++ == 0) src0 = (uintptr_t)buf;
     if (IS_REQ(r)) r_send++;
+    if (PLAIN(param)) p_send++;
     return r;
 }
 
@@ -111,22 +123,40 @@ P ucp_tag_recv_nbx(P worker, void *buf, size_t len, uint64_t tag, uint64_t mask,
     c_recv += b - a;
     if (n_recv++ == 0) dst0 = (uintptr_t)buf;
     if (r == NULL) i_recv++;
+    if (PLAIN(param)) p_recv++;
+    return r;
+}
+
+P ucp_put_nbx(P ep, const void *buf, size_t len, uint64_t raddr, P rkey, const void *param)
+{
+    static P (*real)(P, const void *, size_t, uint64_t, P, const void *);
+    if (real == NULL)
+        real = (P (*)(P, const void *, size_t, uint64_t, P, const void *))dlsym(RTLD_NEXT, "ucp_put_nbx");
+    uint64_t a = __rdtsc();
+    P r = real(ep, buf, len, raddr, rkey, param);
+    uint64_t b = __rdtsc();
+    mark(a);
+    c_put += b - a;
+    n_put++;
+    if (PLAIN(param)) p_put++;
     return r;
 }
 
 __attribute__((destructor)) static void report(void)
 {
     struct timespec t1;
-    if (n_send + n_recv < 1000) return;
+    if (n_send + n_recv + n_put < 1000) return;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
     double ghz = (double)(__rdtsc() - first) / ns;
     double span = (last - first) / ghz;
     double msgs = n_send > n_recv ? n_send : n_recv;
+    if (n_put > msgs) msgs = n_put;
     fprintf(stderr,
             "ucp-time: src%%4096 %lu, dst%%4096 %lu, %.0f msgs, span %.1f ms, %.1f ns/msg: send %.1f ns/call "
             "(%lu, %lu requests), recv %.1f ns/call (%lu, %lu done at once), progress %.1f ns/call "
             "(%lu, %lu with work, %.1f ns each, idle %.1f ns each) = %.1f ns/msg, rest %.1f ns/msg; "
+            "put %.1f ns/call (%lu); without the bandwidth flag: %lu sends, %lu receives, %lu puts; "
             "react %.1f ns (%lu)\n",
             (unsigned long)(src0 & 4095), (unsigned long)(dst0 & 4095), msgs, span / 1e6, span / msgs,
             n_send ? c_send / ghz / n_send : 0, (unsigned long)n_send, (unsigned long)r_send,
@@ -134,6 +164,7 @@ __attribute__((destructor)) static void report(void)
             n_prog ? c_prog / ghz / n_prog : 0, (unsigned long)n_prog, (unsigned long)w_prog,
             w_prog ? c_work / ghz / w_prog : 0,
             n_prog > w_prog ? (c_prog - c_work) / ghz / (n_prog - w_prog) : 0,
-            c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog) / ghz) / msgs,
-            n_react ? c_react / ghz / n_react : 0, (unsigned long)n_react);
+            c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog + c_put) / ghz) / msgs,
+            n_put ? c_put / ghz / n_put : 0, (unsigned long)n_put, (unsigned long)p_send,
+            (unsigned long)p_recv, (unsigned long)p_put, n_react ? c_react / ghz / n_react : 0, (unsigned long)n_react);
 }
