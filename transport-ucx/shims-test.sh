@@ -12,8 +12,13 @@
 #                       trips; it must count the calls that lack UCP_OP_ATTR_FLAG_MULTI_SEND:
 #                       none of tag_bw's sends and ucp_put_bw's puts (perftest's stream tests
 #                       set it), every tag_lat send (its ping-pongs do not), and time the puts.
-#   transport-ucx/shims-test.sh        (ci/test.sh runs it)
+# With RDMA_BENCH (an rdma-bench built with the ucx feature; ci/test.sh passes its debug build),
+# ours under ucp-time too: its stream sends and puts ask for UCX's bandwidth protocols as
+# perftest's do, all but each phase's first (transport-ucx/src/endpoint/stream.rs), its
+# ping-pong's sends none.
+#   [RDMA_BENCH=target/debug/rdma-bench] transport-ucx/shims-test.sh        (ci/test.sh runs it)
 set -euo pipefail
+[ -z "${RDMA_BENCH:-}" ] || RDMA_BENCH=$(realpath "$RDMA_BENCH")
 cd "$(dirname "$0")"
 PERF=${UCX_PERFTEST:-$(command -v ucx_perftest || true)}
 [ -n "$PERF" ] || { echo "shims-test: no ucx_perftest (apt-get install ucx-utils)" >&2; exit 1; }
@@ -73,8 +78,45 @@ run $B $B ucp_put_bw 4000 || { echo "shims-test: ucx_perftest -t ucp_put_bw fail
 n=$(sed -nE 's/^ucp-time: .* put [0-9.]+ ns\/call \(([0-9]+)\);.*/\1/p' "$out/cli")
 [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain cli 3)" = 0 ] ||
   { echo "shims-test: cli: ucp-time did not count 4000 or more ucp_put_bw puts, each with the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
+if [ -n "${RDMA_BENCH:-}" ]; then
+  ours() { # ARGS (the client's) -> ours' logs in $out/osrv (the active side: sender, writer), $out/ocli
+    local p=$((port += 1)) env=(LD_PRELOAD="$out/time.so") s rc=0
+    local c=(--backend ucx --provider sm --nic-opt peer_errors=off)
+    env "${env[@]}" timeout 60 "$RDMA_BENCH" server "${c[@]}" --listen 127.0.0.1:$p --sessions 1 > "$out/osrv" 2>&1 &
+    s=$!
+    wait_listening $p 10 || echo "shims-test: rdma-bench's server does not listen on $p" >&2
+    env "${env[@]}" timeout 60 "$RDMA_BENCH" client "${c[@]}" --connect 127.0.0.1:$p -s 4096 --no-verify "$@" \
+      > "$out/ocli" 2>&1 || rc=$?
+    wait $s || rc=$?
+    [ $rc = 0 ] || { echo "shims-test: rdma-bench $* failed ($rc)" >&2; cat "$out/osrv" "$out/ocli" >&2; bad=1; }
+  }
+  calls() { # SIDE KIND (send, put) -> ucp-time's count of those calls
+    sed -nE "s/^ucp-time: .* $2 [0-9.]+ ns\/call \(([0-9]+)[,)].*/\1/p" "$out/$1"
+  }
+  # A stream of sends (warm-up, then the timed phase: one stream, credits come back as
+  # immediates): its first send alone without the flag.
+  ours --workload send --single-buffer --window 32 -n 4000 --warmup 2
+  n=$(calls osrv send)
+  [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain osrv 1)" = 1 ] ||
+    { echo "shims-test: ours' stream of sends: ${n:-no} sends, $(plain osrv 1) without the bandwidth flag, not 4000 or more and 1" >&2; grep ucp-time "$out/osrv" >&2; bad=1; }
+  # Puts: each phase's first puts before the receiver's acknowledgement, the rest with it.
+  ours --workload write --single-buffer --imm-every 64 --window 32 -n 64 --warmup 2
+  n=$(calls osrv put)
+  [ -n "$n" ] && [ "$n" -ge 4096 ] && [ "$(plain osrv 3)" -le 2 ] ||
+    { echo "shims-test: ours' stream of puts: ${n:-no} puts, $(plain osrv 3) without the bandwidth flag, not 4096 or more and at most 2" >&2; grep ucp-time "$out/osrv" >&2; bad=1; }
+  # A ping-pong: no send asks.
+  ours --workload lat --op send -n 2000
+  for side in osrv ocli; do
+    n=$(calls $side send)
+    [ -n "$n" ] && [ "$n" -ge 2000 ] && [ "$(plain $side 1)" = "$n" ] ||
+      { echo "shims-test: ours' ping-pong ($side): ${n:-no} sends, $(plain $side 1) without the bandwidth flag, not 2000 or more, all" >&2; grep ucp-time "$out/$side" >&2; bad=1; }
+  done
+else
+  echo "shims-test: RDMA_BENCH unset: ours' calls were not checked" >&2
+fi
+also=; [ -z "${RDMA_BENCH:-}" ] || also=" (in rdma-bench too)"
 rc=0; run $B 4096 || rc=$?
 [ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
   { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
-[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts; a bad offset stopped perftest"
+[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts$also; a bad offset stopped perftest"
 exit $bad

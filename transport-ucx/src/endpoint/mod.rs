@@ -27,6 +27,7 @@ mod open;
 pub(crate) use open::init_context;
 mod region;
 mod requests;
+mod stream;
 mod transport;
 
 use done::Done;
@@ -36,18 +37,12 @@ use region::{
 };
 pub use region::{UcxKey, UcxMr};
 use requests::Requests;
+use stream::Streams;
 
 use handlers::*;
 
 /// The tag of every SEND (received with a full mask).
 const SEND_TAG: u64 = 0x7263_6d61_5f73_6e64;
-/// Receives in flight from which the next one is posted as one of a stream
-/// (`UCP_OP_ATTR_FLAG_MULTI_SEND`, `post_recv`). The latency ping-pong keeps two posted ahead
-/// and posts its third beside them (bench-core's `lat`, `AHEAD`): with a threshold of two its
-/// receives took the flag, and on the H200 a 4 KiB round trip's half from GPU memory read
-/// 17 us through UCX's staged rendezvous against `tag_lat`'s 150 through cuda_ipc (run U12),
-/// not like for like. The send workload keeps up to 256.
-const STREAM_RECVS: usize = 4;
 /// The first UCX whose `ucp_tag_recv_nbx` writes `recv_info` when a receive completes inside
 /// the call (its message had arrived before it): commit df0798c, "UCP/TAG: Populate tag_info
 /// on immediate completion", in 1.16.0. Before it the length is left unwritten (Debian 12's
@@ -210,9 +205,7 @@ struct Shared {
     /// [`LANDING_ROOM`]); more grows it.
     landings: RefCell<Landings>,
     /// Tagged sends UCX has not finished (posted in progress, their callback not yet run):
-    /// a send posted while another is unfinished is one of a stream (`post_send`). Not the
-    /// slots `poll` has yet to report: a ping-pong's previous send may be finished at UCX
-    /// and still wait there.
+    /// a send posted while another is unfinished is one of a stream (`stream.rs`).
     sends_unfinished: Cell<u32>,
 }
 
@@ -260,6 +253,8 @@ pub struct Endpoint {
     burst: u32,
     /// Polls in a row that did not progress the worker.
     skipped: u32,
+    /// Which sends and puts are one of a stream (`stream.rs`).
+    streams: Streams,
     /// How peers' bytes land in GPU memory over `tls`, decided once at open (the ping-pong
     /// asks on every round trip).
     landing: Landing,
@@ -839,49 +834,88 @@ mod tests {
         assert!(landed[..] == pattern[..], "a's rendezvous WRITE's bytes");
     }
 
-    /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND): a
-    /// ping-pong's never (ucx_perftest's tag_lat sets it on neither side), a stream's yes
-    /// (tag_bw sets it on both). Over shared memory: two endpoints of this process.
+    /// Which posts ask UCX for its bandwidth protocols (UCP_OP_ATTR_FLAG_MULTI_SEND,
+    /// `stream.rs`): a ping-pong's never (ucx_perftest's tag_lat and ucp_put_lat set it on
+    /// neither side), a stream's yes (tag_bw and ucp_put_bw set it on every call), its sends
+    /// and puts too where UCX finished each inside its post call (eager sends, cma puts). Over
+    /// shared memory: two endpoints of this process; what `poll` reports ends a stream.
     #[test]
     fn only_a_stream_asks_for_bandwidth_protocols() {
-        let (mut a, mut b, to_b, _) = sm_pair(&[]);
+        let (mut a, mut b, to_b, to_a) = sm_pair(&[]);
         // Above sm's eager sizes: a send stays unfinished at UCX until b takes it.
         let len = 4 << 20;
         let (src, dst) = (host_region(&mut a, len), host_region(&mut b, 8 * len));
+        let (bsrc, adst) = (host_region(&mut b, 4096), host_region(&mut a, 4096));
         let at = |mr, i: usize| LocalSlice::new(mr, i * len, len).expect("slice");
+        let mut out = vec![Completion::default(); 8];
+        // Poll both until `done` holds of a's and b's completions so far.
+        let mut until =
+            |a: &mut Endpoint, b: &mut Endpoint, done: &dyn Fn(&[CompletionKind]) -> bool| {
+                let (mut seen, t0) = (Vec::new(), Instant::now());
+                while !done(&seen) {
+                    for ep in [&mut *a, &mut *b] {
+                        let n = ep.poll(&mut out).expect("poll");
+                        seen.extend(out[..n].iter().map(|c| c.kind.clone()));
+                    }
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(10),
+                        "never done: {seen:?}"
+                    );
+                }
+            };
         // The latency ping-pong posts its third receive beside two (bench-core's lat, AHEAD).
         post(b.post_recv(at(&dst, 0), 0));
         post(b.post_recv(at(&dst, 1), 1));
         assert!(
-            b.caps.rx_depth - b.free_rx.len() < STREAM_RECVS,
+            !stream::recv_is_stream(b.caps.rx_depth - b.free_rx.len()),
             "a ping-pong's receive would ask for bandwidth protocols"
         );
         // A stream's window of receives does.
         post(b.post_recv(at(&dst, 2), 2));
         post(b.post_recv(at(&dst, 3), 3));
-        assert!(b.caps.rx_depth - b.free_rx.len() >= STREAM_RECVS);
-        // A lone send: nothing of a's unfinished before it; unfinished after it until b took
-        // it, and a send posted then is one of a stream.
-        assert_eq!(a.shared.sends_unfinished.get(), 0);
+        assert!(stream::recv_is_stream(b.caps.rx_depth - b.free_rx.len()));
+        // A lone send: no stream's. Unfinished at UCX until b took it.
+        assert!(!a.streams.next_send(a.shared.sends_unfinished.get() > 0));
         post(a.post_send(to_b, at(&src, 0), 10));
         assert_eq!(
             a.shared.sends_unfinished.get(),
             1,
             "a rendezvous send in flight"
         );
-        let mut out = vec![Completion::default(); 8];
-        let t0 = Instant::now();
-        while a.shared.sends_unfinished.get() > 0 {
-            a.poll(&mut out).expect("a's poll");
-            b.poll(&mut out).expect("b's poll");
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the send never finished"
-            );
-        }
-        // Finished at UCX, though a's poll may not have reported it yet: a ping-pong's next
-        // send is no stream's.
+        until(&mut a, &mut b, &|k| k.contains(&CompletionKind::Send));
+        // Finished at UCX and reported: a send posted now, with no answer between, is one
+        // of a stream.
         assert_eq!(a.shared.sends_unfinished.get(), 0);
+        assert!(a.streams.next_send(false), "a stream's second send");
+        // b answers: a's next send, after a's poll reported the receive, is no stream's.
+        post(a.post_recv(LocalSlice::new(&adst, 0, 4096).expect("slice"), 20));
+        assert!(!b.streams.next_send(false), "b has only received");
+        post(b.post_send(to_a, LocalSlice::new(&bsrc, 0, 4096).expect("slice"), 30));
+        let recv =
+            |k: &[CompletionKind]| k.iter().any(|k| matches!(k, CompletionKind::Recv { .. }));
+        until(&mut a, &mut b, &recv);
+        assert!(
+            !a.streams.next_send(false),
+            "a ping-pong's send after the answer"
+        );
+        // WRITEs: the first no stream's, the next one is; an immediate reported ends it.
+        let bdst = b
+            .import(to_a, &adst.remote())
+            .expect("b imports a's region");
+        let adst_b = a.import(to_b, &dst.remote()).expect("a imports b's region");
+        assert!(!a.streams.next_write());
+        let w = |r: &RemoteRegion<UcxKey>| r.slice(0, 4096).expect("remote slice");
+        let small = LocalSlice::new(&src, 0, 4096).expect("slice");
+        post(a.post_write(to_b, small, w(&adst_b), None, 40));
+        assert!(a.streams.next_write(), "a stream's second WRITE");
+        let from_b = LocalSlice::new(&bsrc, 0, 4096).expect("slice");
+        post(b.post_write(to_a, from_b, w(&bdst), Some(7), 50));
+        let imm = |k: &[CompletionKind]| k.contains(&CompletionKind::RemoteWrite { imm: 7 });
+        until(&mut a, &mut b, &imm);
+        assert!(
+            !a.streams.next_write(),
+            "a ping-pong's WRITE after the immediate"
+        );
     }
 
     /// Puts name their region's memh (option `memh`, on by default), the one before a WRITE's

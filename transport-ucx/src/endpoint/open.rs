@@ -166,6 +166,7 @@ impl Endpoint {
             skip_max,
             burst,
             skipped: 0,
+            streams: Streams::default(),
         };
 
         // on_imm only reads Shared; on_write and on_write_imm read it shared and write only

@@ -240,16 +240,10 @@ impl Transport for Endpoint {
     fn post_send(&mut self, peer: PeerId, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
         let ep = self.peer(peer)?.ep;
         let addr = self.local(&buf)?;
-        // Another send of this endpoint unfinished at UCX: the send is one of a stream, and
-        // UCX may choose for bandwidth (UCP_OP_ATTR_FLAG_MULTI_SEND, as ucx_perftest's tag_bw
-        // sends; a ping-pong's lone send keeps the latency protocols, as tag_lat's). UCX 1.22
-        // on an H200, 4 KiB from GPU memory: a rendezvous staged through host fragments with
-        // cuda_copy under the flag, a cuda_ipc zero-copy rendezvous per message without it
-        // (UCX_PROTO_INFO=y, run U6). Counted at UCX (`sends_unfinished`), not by the slots
-        // `poll` has yet to report: a ping-pong that posts its next send before its poll
-        // reported the last one's end took the flag (run U12: 17 us a 4 KiB round trip's half
-        // from GPU memory, against tag_lat's 150 without it).
-        let stream = self.shared.sends_unfinished.get() > 0;
+        // One of a stream (stream.rs): UCX may choose for bandwidth, as for tag_bw's sends; a
+        // ping-pong's send keeps the latency protocols, as tag_lat's. (A post refused below as
+        // QueueFull counts as posted: it is retried, and only a stream fills the queue.)
+        let stream = self.streams.send(self.shared.sends_unfinished.get() > 0);
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -257,9 +251,7 @@ impl Transport for Endpoint {
         s.ctx.set(ctx);
         let i = s.index;
         let mut p = Self::params(s);
-        if stream {
-            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
-        }
+        stream::ask(&mut p, stream);
         Self::set_memory(self.name_memory, &mut p, buf.mr);
         // SAFETY: ep is live; [addr, addr + len) lies in a region this endpoint registered
         // (checked), which the caller keeps alive until the completion, and so its mapping
@@ -270,12 +262,10 @@ impl Transport for Endpoint {
 
     fn post_recv(&mut self, buf: LocalSlice<'_, UcxMr>, ctx: u64) -> Result<Post> {
         let addr = self.local(&buf)?;
-        // Receives kept posted by the handful (STREAM_RECVS or more others in flight: a
-        // stream's window, not a ping-pong's) ask for UCX's bandwidth protocols too, as
-        // ucx_perftest's tag_bw receives do (its fill_common_params sets
-        // UCP_OP_ATTR_FLAG_MULTI_SEND on both sides; tag_lat on neither): the flag is part of
-        // UCX's protocol selection, the receive side of a rendezvous included.
-        let stream = self.caps.rx_depth - self.free_rx.len() >= STREAM_RECVS;
+        // Receives kept posted by the handful ask for UCX's bandwidth protocols too, as
+        // tag_bw's do in UCX 1.22 (stream.rs): the flag is part of UCX's protocol selection,
+        // the receive side of a rendezvous included.
+        let stream = stream::recv_is_stream(self.caps.rx_depth - self.free_rx.len());
         let at_once = self.recv_info_at_once;
         let Some(s) = self.take_slot(true) else {
             return Ok(Post::QueueFull);
@@ -288,9 +278,7 @@ impl Transport for Endpoint {
         if !at_once {
             p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
         }
-        if stream {
-            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
-        }
+        stream::ask(&mut p, stream);
         p.cb.recv = Some(on_recv);
         p.recv_info.tag_info = s.info.get();
         Self::set_memory(self.name_memory, &mut p, buf.mr);
@@ -355,6 +343,8 @@ impl Transport for Endpoint {
             Some(_) => flushed && (am || (imp.host && from_host && buf.len <= INLINE_MAX)),
         };
         let (named, origin) = (self.name_memory, self.origin);
+        // A put of a stream asks for UCX's bandwidth protocols, as ucp_put_bw's (stream.rs).
+        let stream = self.streams.write();
         let Some(s) = self.take_slot(false) else {
             return Ok(Post::QueueFull);
         };
@@ -397,7 +387,8 @@ impl Transport for Endpoint {
             }
             None => {
                 s.state.set(State::Put);
-                let p = Self::put_params(named, Some(s), buf.mr);
+                let mut p = Self::put_params(named, Some(s), buf.mr);
+                stream::ask(&mut p, stream);
                 // SAFETY: ep and rkey are live (the rkey was unpacked for this ep and is
                 // destroyed only with the endpoint); the local range lies in a region of this
                 // endpoint, and so in its mapping (the memh named in p), alive until the
@@ -410,7 +401,8 @@ impl Transport for Endpoint {
             Some(v) => {
                 s.state.set(State::Flush);
                 s.imm.set(imm_header(v, origin));
-                let no_cb = Self::put_params(named, None, buf.mr);
+                let mut no_cb = Self::put_params(named, None, buf.mr);
+                stream::ask(&mut no_cb, stream);
                 // SAFETY: as for the put above; no callback: the request (if any) is freed at
                 // once and UCX releases it when it completes; the flush below reports it.
                 let r = unsafe { sys::ucp_put_nbx(ep, addr, buf.len, remote.addr, rkey, &no_cb) };
@@ -453,6 +445,9 @@ impl Transport for Endpoint {
             let i = self.instant[k];
             // A send, receive, put or immediate (flushes take the general path).
             let s = &self.shared.slots[i as usize];
+            if s.state.get() == State::Recv {
+                self.streams.received();
+            }
             *o = Completion {
                 ctx: s.ctx.get(),
                 kind: s.finished(),
@@ -471,6 +466,7 @@ impl Transport for Endpoint {
                 ctx: 0,
                 kind: CompletionKind::RemoteWrite { imm },
             };
+            self.streams.notified();
             n += 1;
         }
         while n < out.len() {
@@ -505,7 +501,14 @@ impl Transport for Endpoint {
                     };
                     Self::completion_error(op, ctx, st, what)
                 }
-                State::Send | State::Recv | State::Put | State::Notify => Completion {
+                State::Recv => {
+                    self.streams.received();
+                    Completion {
+                        ctx,
+                        kind: s.finished(),
+                    }
+                }
+                State::Send | State::Put | State::Notify => Completion {
                     ctx,
                     kind: s.finished(),
                 },
