@@ -78,6 +78,9 @@
 #   UCX_OURS_B="RDMA-BENCH FLAGS": each round also runs ours with those flags (e.g.
 #   "--nic-opt progress_burst=1"), last in the round; each cell's line gets its best and
 #   the median of the rounds' ratios of ours against it (an A/B of ours' options).
+#   UCX_OURS_B_BIN=PATH (in the carry, e.g. bin/rdma-bench-ucx-old, an earlier build copied
+#   there after the pack): ours-B runs that binary (with UCX_OURS_B's flags, if any): an A/B
+#   of two builds in the same rounds.
 #   UCX_AA=1: each round also runs each tool a second time (the put and tag rows), and each
 #   cell's line gets the A/A columns: the median of the rounds' ratios of perftest against
 #   itself and of ours against itself, with their lowest and highest. What an A/B ratio can
@@ -85,8 +88,8 @@
 #   log line also gets the steal time (ms, /proc/stat) of the whole round.
 #   UCX_TIME=1: both tools' four processes of every run load bin/ucp-time.so
 #   (transport-ucx/ucp-time.c), and the log gets each one's line: the time inside
-#   ucp_tag_send_nbx, ucp_tag_recv_nbx and ucp_worker_progress per call and per message (it
-#   times only those three: the put row prints none).
+#   ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_put_nbx and ucp_worker_progress per call and per
+#   message, and the calls of each kind without UCP_OP_ATTR_FLAG_MULTI_SEND.
 # Exit status: 0 when every run worked and every byte was verified; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -245,6 +248,8 @@ run() {
   local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))}
   lat_n() { round_trips "$1" "$([ "$2" = host ] && echo 20000 || echo 2000)"; }  # BYTES MEM
   local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
+  local rbb=${UCX_OURS_B_BIN:+$carry/$UCX_OURS_B_BIN}
+  [ -z "$rbb" ] || [ -x "$rbb" ] || { log "no $rbb (UCX_OURS_B_BIN): copy a build there after the pack"; return 1; }
   local timer=() timed=
   if [ -n "${UCX_TIME:-}" ]; then
     timed=$carry/bin/ucp-time.so
@@ -262,15 +267,15 @@ run() {
   # UCX_STEP_LOGS: UCX logs (UCX_PROTO_INFO's tables too) into files of their own, not into
   # the stdout the figures are read from (its writes interleave with ours mid-line there).
   [ -z "${UCX_STEP_LOGS:-}" ] || export UCX_LOG_FILE=$out/ucxlog.%p
-  proto_logs() {  # WHO MEM: UCX's tables of tag protocols from MEM (cuda, host) in the last run's logs
+  proto_logs() {  # WHO MEM: UCX's tables of tag and put protocols from MEM (cuda, host) in the last run's logs
     local m='(cuda|GPU)'; [ "${2:-cuda}" = host ] && m='host'
     awk -v who="$1" -v m="$m" '{sub(/^\[[^]]*\] \[[^]]*\] */, "")} /\+--/ {next} / cfg#[0-9]+ *\|/ {t = $0; keep = 0; next}
-      $0 ~ ("tagged message.*" m) {keep = 1; print "  " who ": " t}
+      $0 ~ ("(tagged message|remote memory write).*" m) {keep = 1; print "  " who ": " t}
       keep {print "  " who ": " $0}' "$out"/ucxlog.* 2>/dev/null | cut -c1-200 | head -60 >&2 || true
     rm -f "$out"/ucxlog.*
   }
-  ours() {  # ROW SIZE MEM [RDMA-BENCH FLAGS] -> Gbit/s, or one-way us for lat
-    local row=$1 size=$2 mem=$3 b n args more=(${4:-})
+  ours() {  # ROW SIZE MEM [RDMA-BENCH FLAGS [BINARY]] -> Gbit/s, or one-way us for lat
+    local row=$1 size=$2 mem=$3 b n args more=(${4:-}) bin=${5:-$rb}
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in
@@ -291,11 +296,11 @@ run() {
     # (its server is group index 0, the receiving side), so ours' two sides swap cores there.
     local ps=("${pin_srv[@]}") pc=("${pin_cli[@]}")
     case $row in put|tag) ps=("${pin_cli[@]}"); pc=("${pin_srv[@]}") ;; esac
-    env "${timer[@]}" timeout 120 "${ps[@]}" "$rb" server --listen 127.0.0.1:$port \
+    env "${timer[@]}" timeout 120 "${ps[@]}" "$bin" server --listen 127.0.0.1:$port \
       "${common[@]}" "${more[@]}" --mem "$mem" --sessions 1 > "$out/srv" 2>&1 &
     local spid=$!
     wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
-    if ! env "${timer[@]}" timeout 120 "${pc[@]}" "$rb" client --connect 127.0.0.1:$port \
+    if ! env "${timer[@]}" timeout 120 "${pc[@]}" "$bin" client --connect 127.0.0.1:$port \
         "${common[@]}" "${more[@]}" --mem "$mem" "${args[@]}" --json > "$out/ours.json" \
         2> "$out/ours.err"; then
       log "rdma-bench-ucx $row $size failed: $(tail -2 "$out/ours.err" | tr '\n' ' ')"
@@ -371,7 +376,7 @@ run() {
     IFS=, read -r -a rowv <<< "${ROWS_UCX:-put,tag,lat}"
     for row in "${rowv[@]}"; do
       ab=; [ -n "${UCX_AB:-}" ] && ab=1
-      ob=; [ -n "${UCX_OURS_B:-}" ] && ob=1
+      ob=; [ -n "${UCX_OURS_B:-}${UCX_OURS_B_BIN:-}" ] && ob=1
       for size in "${sizes[@]}"; do
         if [ $((SECONDS - t0)) -ge "$budget" ]; then
           printf '%-4s %5s SKIPPED (budget: %ss of UCX_STEP_BUDGET=%s spent)\n' "$row" "$size" $((SECONDS - t0)) "$budget"
@@ -395,7 +400,7 @@ run() {
             rz+=("$(ratio "$o" "$t2")"); rm+=("$(ratio "$o2" "$t")")
           fi
           if [ -n "$ob" ]; then
-            obv=$(ours $row "$size" "$mem" "$UCX_OURS_B"); bob=$(best $row "$bob" "$obv")
+            obv=$(ours $row "$size" "$mem" "${UCX_OURS_B:-}" "$rbb"); bob=$(best $row "$bob" "$obv")
             rob+=("$(ratio "$o" "$obv")")
           fi
           log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}; steal $(( $(steal_ms) - st )) ms"
@@ -410,7 +415,7 @@ run() {
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s; medians: ours / theirs -z %s, ours memh=off / theirs %s' \
           "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \
           "$(median "${rz[@]}")" "$(median "${rm[@]}")"
-        [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "$UCX_OURS_B" \
+        [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "${UCX_OURS_B_BIN:-}${UCX_OURS_B:+ $UCX_OURS_B}" \
           "$bob" "$(median "${rob[@]}")"
         echo
       done
