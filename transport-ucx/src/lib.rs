@@ -56,7 +56,9 @@
 //!   InfiniBand/RoCE NIC and UCX has CUDA, those may be rc writing GPU memory.
 //! - SEND/RECV: tagged messages (`ucp_tag_send_nbx`, `ucp_tag_recv_nbx` from any peer).
 //!   Sends, receives and puts name their region's `ucp_mem_map` handle and memory type
-//!   (option `memh`).
+//!   (option `memh`). Those of a stream ask for UCX's bandwidth protocols
+//!   (`UCP_OP_ATTR_FLAG_MULTI_SEND`), as `ucx_perftest`'s stream tests do on every call; a
+//!   ping-pong's do not (`endpoint/stream.rs`).
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress` when
 //!   it has nothing queued to report (an operation UCX finished inside its post call is
 //!   queued at once), and at least every 33rd poll (option `progress_skip`); again, up to 8
