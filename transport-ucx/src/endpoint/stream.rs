@@ -4,11 +4,12 @@
 //! 4 KiB from GPU memory goes as a rendezvous staged through host fragments with cuda_copy
 //! under it, as a cuda_ipc zero-copy rendezvous per message without it, run U6; over shared
 //! memory the eager sizes move). ucx_perftest's stream tests (`tag_bw`, `ucp_put_bw`) set it
-//! on every send, receive and put, its ping-pongs (`tag_lat`, `ucp_put_lat`) on none; so does
-//! this backend:
+//! on every send and put (and receive, since 1.22's perftest), its ping-pongs (`tag_lat`,
+//! `ucp_put_lat`) on none; so does this backend:
 //! - a send is one of a stream when a send came before it and `poll` reported no receive
 //!   since (a ping-pong's send answers a receive; a stream's follows the last send), or while
-//!   another send is unfinished at UCX;
+//!   another send is unfinished at UCX (counted there, not by the slots `poll` has yet to
+//!   report: a ping-pong's last send may be finished at UCX and still wait to be reported);
 //! - a put is one of a stream when a WRITE came before it and `poll` reported no immediate
 //!   since (a ping-pong of WRITEs answers each immediate);
 //! - a receive is one of a stream when [`STREAM_RECVS`] or more others are in flight.
