@@ -10,7 +10,9 @@
 #       (cuda_copy, cuda_ipc), ucm_cuda, cma and perftest_cuda, ucx_info, ucx_perftest, the
 #       bundled libcudart and libgomp), stripped, in the wheel's layout (their RPATHs are
 #       $ORIGIN-relative). The wheel: $UCX_WHEEL, else ~/.cache/rdma-bench/ucx-wheel/, else
-#       `pip download libucx-cu12==1.22.0 --no-deps` into that folder.
+#       `pip download libucx-cu12==1.22.0 --no-deps` into that folder. With OURS_B_REV=REV
+#       (a commit), also that commit's rdma-bench into CARRY/bin/rdma-bench-ucx-b (built in a
+#       git worktree), for run's UCX_OURS_B_BIN=bin/rdma-bench-ucx-b.
 #   ci/gpu-host-ucx.sh unpack   the wheel's UCX into CARRY/build/ucx; prints its lib directory
 #       (ci/gpu-host.sh's gpuwrite2p-ucx step puts it on LD_LIBRARY_PATH).
 #   ci/gpu-host-ucx.sh mixed    only the mixed-memory check of run (CARRY as run's).
@@ -78,9 +80,9 @@
 #   UCX_OURS_B="RDMA-BENCH FLAGS": each round also runs ours with those flags (e.g.
 #   "--nic-opt progress_burst=1"), last in the round; each cell's line gets its best and
 #   the median of the rounds' ratios of ours against it (an A/B of ours' options).
-#   UCX_OURS_B_BIN=PATH (in the carry, e.g. bin/rdma-bench-ucx-old, an earlier build copied
-#   there after the pack): ours-B runs that binary (with UCX_OURS_B's flags, if any): an A/B
-#   of two builds in the same rounds.
+#   UCX_OURS_B_BIN=PATH (in the carry: bin/rdma-bench-ucx-b, which the pack builds from
+#   OURS_B_REV, or any build copied there): ours-B runs that binary (with UCX_OURS_B's flags,
+#   if any): an A/B of two builds in the same rounds.
 #   UCX_AA=1: each round also runs each tool a second time (the put and tag rows), and each
 #   cell's line gets the A/A columns: the median of the rounds' ratios of perftest against
 #   itself and of ours against itself, with their lowest and highest. What an A/B ratio can
@@ -98,6 +100,17 @@ source ci/suspect.sh
 source ci/listening.sh
 log() { echo "gpu-host ucx: $*" >&2; }
 WHEEL_VER=1.22.0
+
+pack_b() {  # TARGET_DIR CARRY REV: REV's rdma-bench-ucx into CARRY/bin/rdma-bench-ucx-b
+  local wt; wt=$(mktemp -d)
+  git worktree add -q --detach "$wt" "$3" || { rm -rf "$wt"; log "OURS_B_REV=$3: no such commit"; return 1; }
+  log "building $3 ($(git rev-parse --short "$3")) as rdma-bench-ucx-b"
+  (cd "$wt" && cargo build --release -q -p bench-cli --bin rdma-bench --features ucx --target-dir "$1-b") &&
+    cp "$1-b/release/rdma-bench" "$2/bin/rdma-bench-ucx-b" && strip "$2/bin/rdma-bench-ucx-b"
+  local rc=$?
+  git worktree remove --force "$wt"
+  return $rc
+}
 
 wheel() {
   local dir=${UCX_WHEEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-bench/ucx-wheel} w
@@ -118,6 +131,8 @@ pack() {
   cargo build --release -q -p bench-cli --bin rdma-bench --features ucx --target-dir "$td"
   cp "$td/release/rdma-bench" "$carry/bin/rdma-bench-ucx"
   strip "$carry/bin/rdma-bench-ucx"
+  rm -f "$carry/bin/rdma-bench-ucx-b"
+  [ -z "${OURS_B_REV:-}" ] || pack_b "$td" "$carry" "$OURS_B_REV"
   ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/perftest-written.so" transport-ucx/perftest-written.c -ldl
   ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/ucp-time.so" transport-ucx/ucp-time.c -ldl
   w=$(wheel)
@@ -249,7 +264,7 @@ run() {
   lat_n() { round_trips "$1" "$([ "$2" = host ] && echo 20000 || echo 2000)"; }  # BYTES MEM
   local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
   local rbb=${UCX_OURS_B_BIN:+$carry/$UCX_OURS_B_BIN}
-  [ -z "$rbb" ] || [ -x "$rbb" ] || { log "no $rbb (UCX_OURS_B_BIN): copy a build there after the pack"; return 1; }
+  [ -z "$rbb" ] || [ -x "$rbb" ] || { log "no $rbb (UCX_OURS_B_BIN): OURS_B_REV=REV ci/gpu-host.sh pack builds bin/rdma-bench-ucx-b"; return 1; }
   local timer=() timed=
   if [ -n "${UCX_TIME:-}" ]; then
     timed=$carry/bin/ucp-time.so

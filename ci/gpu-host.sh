@@ -7,6 +7,8 @@
 #                         host runs into gpu-carry/ (git-ignored): rdma-bench and the GPU test
 #                         binaries built against libfabric 2.6.0's headers, the shared
 #                         libraries a bare host may lack, and libfabric-2.6.0.tar.xz
+#                         (OURS_B_REV=REV: also commit REV's UCX build, for an A/B of two
+#                         builds: ci/gpu-host-ucx.sh's UCX_OURS_B_BIN)
 #   ci/gpu-host.sh run    on the GPU host (a CUDA toolkit, no Rust), from the checkout with
 #                         gpu-carry/ beside it: build libfabric 2.6.0 with CUDA and its
 #                         fabtests (cached in gpu-carry/build), run the GPU tests with
