@@ -105,9 +105,9 @@ pack_b() {  # TARGET_DIR CARRY REV: REV's rdma-bench-ucx into CARRY/bin/rdma-ben
   local wt; wt=$(mktemp -d)
   git worktree add -q --detach "$wt" "$3" || { rm -rf "$wt"; log "OURS_B_REV=$3: no such commit"; return 1; }
   log "building $3 ($(git rev-parse --short "$3")) as rdma-bench-ucx-b"
+  local rc=0
   (cd "$wt" && cargo build --release -q -p bench-cli --bin rdma-bench --features ucx --target-dir "$1-b") &&
-    cp "$1-b/release/rdma-bench" "$2/bin/rdma-bench-ucx-b" && strip "$2/bin/rdma-bench-ucx-b"
-  local rc=$?
+    cp "$1-b/release/rdma-bench" "$2/bin/rdma-bench-ucx-b" && strip "$2/bin/rdma-bench-ucx-b" || rc=$?
   git worktree remove --force "$wt"
   return $rc
 }
