@@ -60,6 +60,9 @@ read -r nrecv nonce < <(sed -nE 's/^ucp-time: .* recv [0-9.]+ ns\/call \(([0-9]+
 plain() { # SIDE FIELD -> ucp-time's count of FIELD (sends, receives, puts) without the flag
   sed -nE "s/^ucp-time: .*without the bandwidth flag: ([0-9]+) sends, ([0-9]+) receives, ([0-9]+) puts;.*/\\$2/p" "$out/$1"
 }
+calls() { # SIDE KIND (send, put) -> ucp-time's count of those calls
+  sed -nE "s/^ucp-time: .* $2 [0-9.]+ ns\/call \(([0-9]+)[,)].*/\1/p" "$out/$1"
+}
 [ "$(plain cli 1)" = 0 ] ||
   { echo "shims-test: cli: tag_bw's sends counted without the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
 # A ping-pong: each side answers what a progress call handed it, so ucp-time's react (the
@@ -75,7 +78,7 @@ for side in srv cli; do
 done
 # Puts: timed and counted, each with the flag (ucp_put_bw is a stream test).
 run $B $B ucp_put_bw 4000 || { echo "shims-test: ucx_perftest -t ucp_put_bw failed" >&2; bad=1; }
-n=$(sed -nE 's/^ucp-time: .* put [0-9.]+ ns\/call \(([0-9]+)\);.*/\1/p' "$out/cli")
+n=$(calls cli put)
 [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain cli 3)" = 0 ] ||
   { echo "shims-test: cli: ucp-time did not count 4000 or more ucp_put_bw puts, each with the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
 if [ -n "${RDMA_BENCH:-}" ]; then
@@ -89,9 +92,6 @@ if [ -n "${RDMA_BENCH:-}" ]; then
       > "$out/ocli" 2>&1 || rc=$?
     wait $s || rc=$?
     [ $rc = 0 ] || { echo "shims-test: rdma-bench $* failed ($rc)" >&2; cat "$out/osrv" "$out/ocli" >&2; bad=1; }
-  }
-  calls() { # SIDE KIND (send, put) -> ucp-time's count of those calls
-    sed -nE "s/^ucp-time: .* $2 [0-9.]+ ns\/call \(([0-9]+)[,)].*/\1/p" "$out/$1"
   }
   # A stream of sends (warm-up, then the timed phase: one stream, credits come back as
   # immediates): its first send alone without the flag.
