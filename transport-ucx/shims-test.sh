@@ -15,7 +15,7 @@
 # With RDMA_BENCH (an rdma-bench built with the ucx feature; ci/test.sh passes its debug build),
 # ours under ucp-time too: its stream sends and puts ask for UCX's bandwidth protocols as
 # perftest's do, all but each phase's first (transport-ucx/src/endpoint/stream.rs), its
-# ping-pong's sends none.
+# ping-pong's sends none; with --nic-opt multi_send=off no stream send asks.
 #   [RDMA_BENCH=target/debug/rdma-bench] transport-ucx/shims-test.sh        (ci/test.sh runs it)
 set -euo pipefail
 [ -z "${RDMA_BENCH:-}" ] || RDMA_BENCH=$(realpath "$RDMA_BENCH")
@@ -82,10 +82,11 @@ n=$(calls cli put)
 [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain cli 3)" = 0 ] ||
   { echo "shims-test: cli: ucp-time did not count 4000 or more ucp_put_bw puts, each with the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
 if [ -n "${RDMA_BENCH:-}" ]; then
+  srv=() # the server's own flags for the next run
   ours() { # ARGS (the client's) -> ours' logs in $out/osrv (the active side: sender, writer), $out/ocli
     local p=$((port += 1)) env=(LD_PRELOAD="$out/time.so") s rc=0
     local c=(--backend ucx --provider sm --nic-opt peer_errors=off)
-    env "${env[@]}" timeout 60 "$RDMA_BENCH" server "${c[@]}" --listen 127.0.0.1:$p --sessions 1 > "$out/osrv" 2>&1 &
+    env "${env[@]}" timeout 60 "$RDMA_BENCH" server "${c[@]}" "${srv[@]}" --listen 127.0.0.1:$p --sessions 1 > "$out/osrv" 2>&1 &
     s=$!
     wait_listening $p 10 || echo "shims-test: rdma-bench's server does not listen on $p" >&2
     env "${env[@]}" timeout 60 "$RDMA_BENCH" client "${c[@]}" --connect 127.0.0.1:$p -s 4096 --no-verify "$@" \
@@ -99,6 +100,13 @@ if [ -n "${RDMA_BENCH:-}" ]; then
   n=$(calls osrv send)
   [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain osrv 1)" = 1 ] ||
     { echo "shims-test: ours' stream of sends: ${n:-no} sends, $(plain osrv 1) without the bandwidth flag, not 4000 or more and 1" >&2; grep ucp-time "$out/osrv" >&2; bad=1; }
+  # The same stream with --nic-opt multi_send=off: no send asks.
+  srv=(--nic-opt multi_send=off)
+  ours --workload send --single-buffer --window 32 -n 4000 --warmup 2
+  srv=()
+  n=$(calls osrv send)
+  [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain osrv 1)" = "$n" ] ||
+    { echo "shims-test: ours' stream of sends with multi_send=off: ${n:-no} sends, $(plain osrv 1) without the bandwidth flag, not 4000 or more, all" >&2; grep ucp-time "$out/osrv" >&2; bad=1; }
   # Puts: each phase's first puts before the receiver's acknowledgement, the rest with it.
   ours --workload write --single-buffer --imm-every 64 --window 32 -n 64 --warmup 2
   n=$(calls osrv put)

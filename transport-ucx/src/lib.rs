@@ -110,6 +110,15 @@ const OPTIONS: &[OptionInfo] = &[
            none); on by default, off for an A/B against ucx_perftest without -z",
     },
     OptionInfo {
+        key: "multi_send",
+        values: "stream|off",
+        help: "which sends, receives and puts ask UCX for its bandwidth protocols \
+           (UCP_OP_ATTR_FLAG_MULTI_SEND, part of UCX 1.22's protocol selection; 1.13 reads it \
+           only with UCX_PROTO_ENABLE=y): stream (the default) those of a stream, as \
+           ucx_perftest's tag_bw and ucp_put_bw do on every call, and none of a ping-pong; \
+           off: none, for an A/B of UCX's choices",
+    },
+    OptionInfo {
         key: "write",
         values: "auto|put|am",
         help: "how a WRITE travels: put (ucp_put_nbx; a WRITE with immediate adds a flush, \

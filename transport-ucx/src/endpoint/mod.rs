@@ -918,6 +918,26 @@ mod tests {
         );
     }
 
+    /// Option `multi_send`: `off` opens an endpoint none of whose calls asks for UCX's
+    /// bandwidth protocols (an A/B of UCX's choices); a value it does not know is an error.
+    #[test]
+    fn multi_send_off_asks_for_nothing() {
+        let nic = |v: &str| {
+            NicDesc::provider("sm")
+                .with_option("peer_errors", "off")
+                .with_option("multi_send", v)
+        };
+        let ep = Endpoint::open(&nic("stream")).unwrap_or_else(|e| panic!("UCX over sm: {e}"));
+        assert!(ep.streams.next_send(true) && ep.streams.recv(stream::STREAM_RECVS));
+        let mut ep = Endpoint::open(&nic("off")).unwrap_or_else(|e| panic!("UCX over sm: {e}"));
+        assert!(!ep.streams.send(true) && !ep.streams.send(false) && !ep.streams.write());
+        assert!(!ep.streams.write() && !ep.streams.recv(usize::MAX));
+        let e = Endpoint::open(&nic("always"))
+            .err()
+            .expect("multi_send=always refused");
+        assert!(e.to_string().contains("multi_send"), "{e}");
+    }
+
     /// Puts name their region's memh (option `memh`, on by default), the one before a WRITE's
     /// flush too: without it UCX 1.22 makes a memory handle per put, a calloc and a free on the
     /// post path (docs/measurements.md, U59).

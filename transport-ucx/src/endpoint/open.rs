@@ -28,6 +28,11 @@ impl Endpoint {
             Some("off") => false,
             Some(v) => return Err(crate::INFO.unknown_option("memh", v)),
         };
+        let multi_send = match nic.options.get("multi_send").map(String::as_str) {
+            None | Some("stream") => true,
+            Some("off") => false,
+            Some(v) => return Err(crate::INFO.unknown_option("multi_send", v)),
+        };
         let write = match nic.options.get("write").map(String::as_str) {
             None | Some("auto") => Write::Auto,
             Some("am") => Write::Am,
@@ -166,7 +171,7 @@ impl Endpoint {
             skip_max,
             burst,
             skipped: 0,
-            streams: Streams::default(),
+            streams: Streams::new(multi_send),
         };
 
         // on_imm only reads Shared; on_write and on_write_imm read it shared and write only

@@ -24,20 +24,31 @@ use ucx_sys as sys;
 pub(super) const STREAM_RECVS: usize = 4;
 
 /// What came since the last send and the last WRITE (see the module's text).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Streams {
     /// A send was posted and no receive was reported since.
     send: bool,
     /// A WRITE was posted and no immediate was reported since.
     write: bool,
+    /// Streams ask at all (option `multi_send`; off: no call asks, for an A/B).
+    asks: bool,
 }
 
 impl Streams {
+    /// Streams that ask for UCX's bandwidth protocols where `asks`, or never.
+    pub(super) fn new(asks: bool) -> Self {
+        Self {
+            send: false,
+            write: false,
+            asks,
+        }
+    }
+
     /// Whether a send posted now is one of a stream; `unfinished`: another send of this
     /// endpoint is unfinished at UCX.
     #[inline]
     pub(super) fn next_send(&self, unfinished: bool) -> bool {
-        unfinished || self.send
+        self.asks && (unfinished || self.send)
     }
 
     /// A send is posted: whether it is one of a stream.
@@ -51,7 +62,7 @@ impl Streams {
     /// Whether a WRITE posted now is one of a stream.
     #[inline]
     pub(super) fn next_write(&self) -> bool {
-        self.write
+        self.asks && self.write
     }
 
     /// A WRITE is posted: whether its put is one of a stream.
@@ -60,6 +71,12 @@ impl Streams {
         let stream = self.next_write();
         self.write = true;
         stream
+    }
+
+    /// Whether a receive posted with `in_flight` others in flight is one of a stream.
+    #[inline]
+    pub(super) fn recv(&self, in_flight: usize) -> bool {
+        self.asks && recv_is_stream(in_flight)
     }
 
     /// `poll` reported a receive: the next send may answer it.
@@ -95,7 +112,7 @@ mod tests {
 
     #[test]
     fn a_ping_pong_never_a_stream_always_after_its_first() {
-        let mut s = Streams::default();
+        let mut s = Streams::new(true);
         // A ping-pong: each post answers the peer's.
         for _ in 0..3 {
             assert!(!s.send(false), "a ping-pong's send");
@@ -105,7 +122,7 @@ mod tests {
         }
         // A stream: every send after the first, whatever finished at UCX; immediates do not
         // end a stream of sends (the send workload's credits), nor receives one of WRITEs.
-        let mut s = Streams::default();
+        let mut s = Streams::new(true);
         assert!(!s.send(false));
         assert!(s.send(false));
         s.notified();
@@ -117,6 +134,11 @@ mod tests {
         s.received();
         assert!(s.next_send(true) && !s.next_send(false));
         assert!(!recv_is_stream(STREAM_RECVS - 1) && recv_is_stream(STREAM_RECVS));
+        // Option multi_send=off: no call asks, whatever came before it.
+        let mut s = Streams::new(false);
+        assert!(!s.send(false) && !s.send(true) && !s.next_send(true));
+        assert!(!s.write() && !s.write());
+        assert!(!s.recv(STREAM_RECVS) && !s.recv(usize::MAX));
         let mut p = sys::ucp_request_param_t::default();
         ask(&mut p, false);
         assert_eq!(p.op_attr_mask, 0);

@@ -265,7 +265,7 @@ impl Transport for Endpoint {
         // Receives kept posted by the handful ask for UCX's bandwidth protocols too, as
         // tag_bw's do in UCX 1.22 (stream.rs): the flag is part of UCX's protocol selection,
         // the receive side of a rendezvous included.
-        let stream = stream::recv_is_stream(self.caps.rx_depth - self.free_rx.len());
+        let stream = self.streams.recv(self.caps.rx_depth - self.free_rx.len());
         let at_once = self.recv_info_at_once;
         let Some(s) = self.take_slot(true) else {
             return Ok(Post::QueueFull);
