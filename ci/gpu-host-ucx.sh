@@ -68,6 +68,9 @@
 #   BUF_OFFSET (default 0; a multiple of 64): both tools' host buffers that many bytes into a
 #   page (ours --buf-offset; perftest's placed by perftest-written.so, PERFTEST_BUF_OFFSET), as
 #   like for like as the window (docs/measurements.md, "The page-aligned penalty, explained").
+#   CUDA_BUF_OFFSET (default unset: where cuMemAlloc puts them): ours' GPU regions that many
+#   bytes into a page (perftest's receive buffer shares a cuMemAlloc chunk with its send
+#   buffer and sits 512 bytes into its page; ucp-time prints both tools' offsets).
 #   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
 #   both tools chose).
 #   UCX_AB=1: every row also runs ours with --nic-opt memh=off and perftest with -z (and
@@ -79,7 +82,8 @@
 #   started by then print SKIPPED (budget), and the step fails.
 #   UCX_OURS_B="RDMA-BENCH FLAGS": each round also runs ours with those flags (e.g.
 #   "--nic-opt progress_burst=1"), last in the round; each cell's line gets its best and
-#   the median of the rounds' ratios of ours against it (an A/B of ours' options).
+#   the median of the rounds' ratios of ours against it (an A/B of ours' options; a
+#   --buf-offset among them goes to ours-B's client only, which places both sides' regions).
 #   UCX_OURS_B_BIN=PATH (in the carry: bin/rdma-bench-ucx-b, which the pack builds from
 #   OURS_B_REV, or any build copied there): ours-B runs that binary (with UCX_OURS_B's flags,
 #   if any): an A/B of two builds in the same rounds.
@@ -243,13 +247,17 @@ run() {
       --sessions 1 > "$out/srv" 2>&1 &
     local spid=$!
     wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
+    local place=() at=
+    [ "$mem" = cuda ] && [ -n "${CUDA_BUF_OFFSET:-}" ] && at=$CUDA_BUF_OFFSET place=(--buf-offset "$at")
     if timeout 120 "$rb" client --connect 127.0.0.1:$port "${common[@]}" --mem "$mem" \
-        --sizes 4K,64K,1M,16M --pages 16 -v > "$out/cli" 2>&1; then
+        --sizes 4K,64K,1M,16M --pages 16 "${place[@]}" -v > "$out/cli" 2>&1; then
       cat "$out/cli" >&2
-      if grep -q "$mem memory.*every byte verified" "$out/cli"; then
-        log "$mem memory: PASS (every byte verified)"
-      else
+      if ! grep -q "$mem memory.*every byte verified" "$out/cli"; then
         log "FAILED: $mem memory: the client did not say every byte verified"; status=1
+      elif [ -n "$at" ] && ! grep -q "starting $at bytes into a page" "$out/cli"; then
+        log "FAILED: $mem memory: the client's regions do not start $at bytes into a page"; status=1
+      else
+        log "$mem memory: PASS (every byte verified${at:+, regions $at bytes into a page})"
       fi
     else
       cat "$out/cli" >&2; sed 's/^/  server: /' "$out/srv" >&2
@@ -290,7 +298,13 @@ run() {
     rm -f "$out"/ucxlog.*
   }
   ours() {  # ROW SIZE MEM [RDMA-BENCH FLAGS [BINARY]] -> Gbit/s, or one-way us for lat
-    local row=$1 size=$2 mem=$3 b n args more=(${4:-}) bin=${5:-$rb}
+    local row=$1 size=$2 mem=$3 b n args more=() place=() bin=${5:-$rb} f
+    # A --buf-offset among the flags is the client's (its hello places the server's regions).
+    local flags=(${4:-})
+    for ((f = 0; f < ${#flags[@]}; f++)); do
+      if [ "${flags[f]}" = --buf-offset ]; then place=(--buf-offset "${flags[f + 1]:-}"); f=$((f + 1))
+      else more+=("${flags[f]}"); fi
+    done
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in
@@ -307,6 +321,8 @@ run() {
     esac
     # The client's flag: the server places its regions as the client's hello says.
     [ "$mem" = host ] && args+=(--buf-offset "${BUF_OFFSET:-0}")
+    [ "$mem" = cuda ] && [ -n "${CUDA_BUF_OFFSET:-}" ] && args+=(--buf-offset "$CUDA_BUF_OFFSET")
+    args+=("${place[@]}")
     # The sender on the sender's core: ours' server sends (put, tag), perftest's client does
     # (its server is group index 0, the receiving side), so ours' two sides swap cores there.
     local ps=("${pin_srv[@]}") pc=("${pin_cli[@]}")

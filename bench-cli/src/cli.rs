@@ -178,10 +178,10 @@ pub struct WorkloadArgs {
     /// default spreads the work over pages or receive slots that do not stay in cache.
     #[arg(long)]
     pub single_buffer: bool,
-    /// Start each data region this many bytes into a page (0-4095, host memory), on both
-    /// sides: the server places its own as the client does, to place them as another tool
-    /// does (ucx_perftest's heap buffers start off the page; rdma-bench's start on it by
-    /// default).
+    /// Start each data region this many bytes into a 4 KiB page (0-4095, host or GPU memory),
+    /// on both sides: the server places its own as the client does, to place them as another
+    /// tool does (ucx_perftest's heap buffers start off the page, its GPU receive buffer 512
+    /// bytes in; rdma-bench's start on it by default, GPU regions where cuMemAlloc puts them).
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
     pub buf_offset: u32,
     /// write and rate: one immediate per K passes over the page set. With --single-buffer,

@@ -44,8 +44,8 @@ pub struct SideCfg {
     pub gpus: Vec<usize>,
     pub nics_per_gpu: usize,
     pub mem: MemKind,
-    /// Bytes into a page where each data region starts (`--buf-offset`, host memory; the
-    /// server takes the client's from its hello).
+    /// Bytes into a page where each data region starts (`--buf-offset`, host or GPU memory;
+    /// the server takes the client's from its hello).
     pub buf_offset: u32,
     pub verbose: u8,
     pub idle: Duration,
@@ -90,7 +90,7 @@ impl SideCfg {
         if self.gpus.len() * self.nics_per_gpu > MAX_NICS {
             return Err(Error::Usage(format!("more than {MAX_NICS} NICs in total")));
         }
-        buffers::check_page_offset(self.mem, self.buf_offset)?;
+        buffers::check_page_offset(self.buf_offset)?;
         let (n, here) = self.gpus_here()?;
         if let Some(&g) = self.gpus.iter().find(|&&g| g >= n) {
             return Err(Error::Usage(format!(
@@ -297,8 +297,8 @@ impl<T: Transport> Side<T> {
         Ok(())
     }
 
-    /// How many bytes into its page the first NIC's data region starts (`--buf-offset`; 0 for
-    /// GPU memory and before [`Side::register`]).
+    /// How many bytes into its page the first NIC's data region starts (`--buf-offset`; 0
+    /// before [`Side::register`]).
     pub fn data_page_offset(&self) -> usize {
         self.data
             .first()

@@ -235,6 +235,33 @@ fn gpu_buffers_carry_sync_memops_and_a_flush_plan() {
     }
 }
 
+/// `--buf-offset` on GPU memory (`GpuBuffer::alloc_at_page_offset`): the region starts that
+/// many bytes into a 4 KiB page, is as long as asked, carries SYNC_MEMOPS, and its bytes are
+/// written and read back there; 0 is `alloc`'s placement, and a page or more is refused.
+#[test]
+fn gpu_regions_start_where_alloc_at_page_offset_puts_them() {
+    if !gpu_present() {
+        return;
+    }
+    let len = 3 * 4096 + 100;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    for skew in [0usize, 512, 4095] {
+        let g = GpuBuffer::alloc_at_page_offset(0, len, skew).expect("cuMemAlloc");
+        if skew > 0 {
+            assert_eq!(g.device_ptr() % 4096, skew as u64, "{g:?}");
+        }
+        assert_eq!(g.len(), len);
+        assert!(g.sync_memops().expect("pointer attribute"), "skew {skew}");
+        let mut m = Memory::Gpu(g);
+        m.write_at(0, &data).expect("write into the region");
+        let mut back = vec![0u8; len];
+        m.read_at(0, &mut back).expect("read the region back");
+        assert!(back == data, "skew {skew}: the bytes read back differ");
+    }
+    let e = GpuBuffer::alloc_at_page_offset(0, 64, 4096).expect_err("a page in is refused");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+}
+
 /// What a consumer calls after a GPU region's completions, through the trait: over shm (CUDA
 /// copies) it succeeds at once.
 #[test]

@@ -11,55 +11,50 @@ use crate::error::{Error, Result, TransportContext};
 const STAGE: usize = 4 << 20;
 
 /// Allocate `len` zeroed bytes of `kind` memory on GPU `ordinal` (ignored for host memory),
-/// starting `page_offset` bytes into a page (`--buf-offset`, host memory only: GPU memory
-/// with an offset is a usage error).
+/// starting `page_offset` bytes into a page (`--buf-offset`; for GPU memory 0 leaves the
+/// region where `cuMemAlloc` puts it).
 pub fn alloc(kind: MemKind, ordinal: usize, len: usize, page_offset: u32) -> Result<Memory> {
-    check_page_offset(kind, page_offset)?;
+    check_page_offset(page_offset)?;
     match kind {
         MemKind::Host => Ok(Memory::Host(HostBuffer::at_page_offset(
             len,
             page_offset as usize,
         ))),
-        MemKind::Cuda => alloc_gpu(ordinal, len),
+        MemKind::Cuda => alloc_gpu(ordinal, len, page_offset as usize),
     }
 }
 
 /// Most bytes `--buf-offset` may place a region into its page.
 pub const MAX_PAGE_OFFSET: u32 = transport_core::PAGE as u32 - 1;
 
-/// `--buf-offset` for `kind` memory: at most [`MAX_PAGE_OFFSET`], and host memory only.
-pub fn check_page_offset(kind: MemKind, page_offset: u32) -> Result<()> {
+/// `--buf-offset`: at most [`MAX_PAGE_OFFSET`] bytes into a page, host or GPU memory
+/// (`HostBuffer::at_page_offset`, `GpuBuffer::alloc_at_page_offset`).
+pub fn check_page_offset(page_offset: u32) -> Result<()> {
     if page_offset > MAX_PAGE_OFFSET {
         return Err(Error::Usage(format!(
             "--buf-offset {page_offset}: at most {MAX_PAGE_OFFSET} (bytes into a page)"
         )));
     }
-    if page_offset > 0 && kind == MemKind::Cuda {
-        return Err(Error::Usage(format!(
-            "--buf-offset {page_offset} places host buffers that many bytes into a page; \
-             --mem cuda regions start where the CUDA allocator puts them: leave --buf-offset out"
-        )));
-    }
     Ok(())
 }
 
-/// How many bytes into its page a region starts (host memory; 0 for GPU memory).
+/// How many bytes into its (4 KiB) page a region starts, in host or GPU memory.
 pub fn page_offset(m: &Memory) -> usize {
     match m {
         Memory::Host(h) => h.as_ptr() as usize % transport_core::PAGE,
-        Memory::Gpu(_) => 0,
+        Memory::Gpu(g) => (g.device_ptr() % transport_core::PAGE as u64) as usize,
     }
 }
 
 #[cfg(feature = "cuda")]
-fn alloc_gpu(ordinal: usize, len: usize) -> Result<Memory> {
-    transport_core::GpuBuffer::alloc(ordinal, len)
+fn alloc_gpu(ordinal: usize, len: usize, offset: usize) -> Result<Memory> {
+    transport_core::GpuBuffer::alloc_at_page_offset(ordinal, len, offset)
         .map(Memory::Gpu)
-        .ctx(|| format!("allocating {len} bytes on GPU {ordinal}"))
+        .ctx(|| format!("allocating {len} bytes on GPU {ordinal}, {offset} bytes into a page"))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn alloc_gpu(_ordinal: usize, _len: usize) -> Result<Memory> {
+fn alloc_gpu(_ordinal: usize, _len: usize, _offset: usize) -> Result<Memory> {
     Err(Error::Unavailable(
         "--mem cuda: this rdma-bench was built without the `cuda` feature".into(),
     ))

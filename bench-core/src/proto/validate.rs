@@ -134,7 +134,7 @@ pub fn validate(msg: &Msg) -> Result<()> {
                 }
             }
             // The same bound the client's flag has.
-            crate::buffers::check_page_offset(h.mem, h.buf_offset)
+            crate::buffers::check_page_offset(h.buf_offset)
                 .map_err(|e| proto(format!("hello: {e}")))
         }
         Msg::Welcome(w) => {
@@ -466,9 +466,9 @@ mod tests {
         }
     }
 
-    /// A hello may place the regions anywhere in a host page, and nowhere else.
+    /// A hello may place the regions anywhere in a page, host or GPU memory, and nowhere else.
     #[test]
-    fn a_hello_offsets_host_regions_inside_one_page() {
+    fn a_hello_offsets_regions_inside_one_page() {
         use crate::config::MemKind;
         let with = |off: u32, mem: MemKind| {
             let mut h = hello();
@@ -477,11 +477,12 @@ mod tests {
             validate(&Msg::Hello(h))
         };
         with(0, MemKind::Cuda).unwrap();
+        with(512, MemKind::Cuda).unwrap();
         with(4095, MemKind::Host).unwrap();
         for (off, mem) in [
             (4096, MemKind::Host),
             (u32::MAX, MemKind::Host),
-            (64, MemKind::Cuda),
+            (4096, MemKind::Cuda),
         ] {
             let e = with(off, mem).unwrap_err().to_string();
             assert!(e.contains("bytes into a page"), "{off} {mem}: {e}");

@@ -144,6 +144,32 @@ impl GpuBuffer {
         Self::alloc_with(ordinal, len, true)
     }
 
+    /// [`GpuBuffer::alloc`] of a region of `len` bytes that starts `skew` bytes into a 4 KiB
+    /// page (`skew` below [`crate::PAGE`]; 0: [`GpuBuffer::alloc`], where `cuMemAlloc` puts
+    /// it), to place a region where another tool's sits: `ucx_perftest`'s receive buffer
+    /// shares a `cuMemAlloc` chunk with its send buffer and starts 512 bytes into a page. One
+    /// `cuMemAlloc` of up to a page more; the bytes around the region are not handed out, and
+    /// the allocation is freed whole on drop.
+    pub fn alloc_at_page_offset(ordinal: usize, len: usize, skew: usize) -> Result<Self> {
+        if skew == 0 {
+            return Self::alloc(ordinal, len);
+        }
+        let page = crate::PAGE;
+        let total = (skew < page)
+            .then(|| len.checked_add(page - 1 + skew))
+            .flatten()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "a GPU region of {len} bytes {skew} bytes into a page: at most {} bytes in",
+                    page - 1
+                ))
+            })?;
+        let mut b = Self::alloc_with(ordinal, total, true)?;
+        b.ptr = b.ptr.next_multiple_of(page as u64) + skew as u64;
+        b.len = len;
+        Ok(b)
+    }
+
     /// [`GpuBuffer::alloc`] without `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`: memory on which a
     /// provider's synchronous CUDA copy may still be running when it returns. Only for
     /// the test that shows what the attribute is for (`transport-efa`'s
