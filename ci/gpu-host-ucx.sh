@@ -70,7 +70,9 @@
 #   like for like as the window (docs/measurements.md, "The page-aligned penalty, explained").
 #   CUDA_BUF_OFFSET (default unset: where cuMemAlloc puts them): ours' GPU regions that many
 #   bytes into a page (perftest's receive buffer shares a cuMemAlloc chunk with its send
-#   buffer and sits 512 bytes into its page; ucp-time prints both tools' offsets).
+#   buffer and sits 512 bytes into its page; ucp-time prints both tools' offsets). The
+#   client/server check places its regions by these two as well, and wants the client to say
+#   so ("starting N bytes into a page").
 #   UCX_STEP_LOGS=1: each run's UCX output on stderr (with UCX_PROTO_INFO=y: the protocols
 #   both tools chose).
 #   UCX_AB=1: every row also runs ours with --nic-opt memh=off and perftest with -z (and
@@ -103,6 +105,10 @@ ROOT=$PWD
 source ci/suspect.sh
 source ci/listening.sh
 log() { echo "gpu-host ucx: $*" >&2; }
+# buf_offset MEM: how many bytes into a page ours' regions of MEM start (--buf-offset, the
+# client's flag): host BUF_OFFSET (0), as perftest's host buffers are placed; cuda
+# CUDA_BUF_OFFSET, empty where unset (where cuMemAlloc puts them).
+buf_offset() { if [ "$1" = host ]; then echo "${BUF_OFFSET:-0}"; else echo "${CUDA_BUF_OFFSET:-}"; fi; }
 WHEEL_VER=1.22.0
 
 pack_b() {  # TARGET_DIR CARRY REV: REV's rdma-bench-ucx into CARRY/bin/rdma-bench-ucx-b
@@ -247,8 +253,8 @@ run() {
       --sessions 1 > "$out/srv" 2>&1 &
     local spid=$!
     wait_listening "$port" 30 || true  # past that the client runs anyway, and reports
-    local place=() at=
-    [ "$mem" = cuda ] && [ -n "${CUDA_BUF_OFFSET:-}" ] && at=$CUDA_BUF_OFFSET place=(--buf-offset "$at")
+    local place=() at; at=$(buf_offset "$mem")
+    [ -z "$at" ] || place=(--buf-offset "$at")
     if timeout 120 "$rb" client --connect 127.0.0.1:$port "${common[@]}" --mem "$mem" \
         --sizes 4K,64K,1M,16M --pages 16 "${place[@]}" -v > "$out/cli" 2>&1; then
       cat "$out/cli" >&2
@@ -319,9 +325,10 @@ run() {
       lat) n=$(lat_n "$b" "$mem")
         args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
     esac
-    # The client's flag: the server places its regions as the client's hello says.
-    [ "$mem" = host ] && args+=(--buf-offset "${BUF_OFFSET:-0}")
-    [ "$mem" = cuda ] && [ -n "${CUDA_BUF_OFFSET:-}" ] && args+=(--buf-offset "$CUDA_BUF_OFFSET")
+    # The client's flag: the server places its regions as the client's hello says. One from
+    # the flags (ours-B's) stands instead of the memory's.
+    local at; at=$(buf_offset "$mem")
+    [ ${#place[@]} -gt 0 ] || [ -z "$at" ] || place=(--buf-offset "$at")
     args+=("${place[@]}")
     # The sender on the sender's core: ours' server sends (put, tag), perftest's client does
     # (its server is group index 0, the receiving side), so ours' two sides swap cores there.

@@ -7,8 +7,8 @@
  * lack UCP_OP_ATTR_FLAG_MULTI_SEND, which UCX 1.22 weighs when it picks a protocol: perftest's
  * stream tests set it on every call, its ping-pongs on none), and adds up the time spent
  * inside each with the TSC (rdtsc before and after each call; the TSC rate is calibrated
- * against CLOCK_MONOTONIC over the process's life). At exit, a process that made at least 1000 tag or put calls
- * prints one line to stderr:
+ * against CLOCK_MONOTONIC over the process's life). At exit, a process that made at least
+ * 1000 tag or put calls prints one line to stderr:
  *
  *   ucp-time: src%4096 OFF, dst%4096 OFF, N msgs, span MS ms, NS ns/msg: send NS ns/call
  *   (CALLS, REQ requests), recv NS ns/call (CALLS, DONE done at once), progress NS ns/call
