@@ -97,7 +97,8 @@
 #   UCX_TIME=1: both tools' four processes of every run load bin/ucp-time.so
 #   (transport-ucx/ucp-time.c), and the log gets each one's line: the time inside
 #   ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_put_nbx and ucp_worker_progress per call and per
-#   message, and the calls of each kind without UCP_OP_ATTR_FLAG_MULTI_SEND.
+#   message, and the calls of each kind without UCP_OP_ATTR_FLAG_MULTI_SEND; and the CUDA
+#   driver calls UCX made, per message and function, with the time inside one.
 # Exit status: 0 when every run worked and every byte was verified; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -289,6 +290,9 @@ run() {
     [ -n "$timed" ] || return 0
     log "  $1 server: $(grep -o 'ucp-time: .*' "$2" | cut -c11- || echo none)"
     log "  $1 client: $(grep -o 'ucp-time: .*' "$3" | cut -c11- || echo none)"
+    # UCX's CUDA driver calls, where it made any.
+    log "  $1 server cuda: $(grep -o 'ucp-time-cuda: .*' "$2" | cut -c16- || echo none)"
+    log "  $1 client cuda: $(grep -o 'ucp-time-cuda: .*' "$3" | cut -c16- || echo none)"
   }
   IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
   [ "${PERFTEST_BUF:-written}" = untouched ] || [ -f "$written" ] ||

@@ -11,7 +11,10 @@
 #                       in a ping-pong (tag_lat) both sides must count react for most round
 #                       trips; it must count the calls that lack UCP_OP_ATTR_FLAG_MULTI_SEND:
 #                       none of tag_bw's sends and ucp_put_bw's puts (perftest's stream tests
-#                       set it), every tag_lat send (its ping-pongs do not), and time the puts.
+#                       set it), every tag_lat send (its ping-pongs do not), and time the puts;
+#                       and, on stand-ins for libcuda and a UCX module that calls it
+#                       (ucp-time-fake.c), count the CUDA driver calls a send makes and hand
+#                       each to libcuda with its arguments.
 # With RDMA_BENCH (an rdma-bench built with the ucx feature; ci/test.sh passes its debug build),
 # ours under ucp-time too: its stream sends and puts ask for UCX's bandwidth protocols as
 # perftest's do, all but each phase's first (transport-ucx/src/endpoint/stream.rs), its
@@ -122,9 +125,23 @@ if [ -n "${RDMA_BENCH:-}" ]; then
 else
   echo "shims-test: RDMA_BENCH unset: ours' calls were not checked" >&2
 fi
+# The CUDA driver calls: stand-ins for libcuda, a module of UCX loaded with RTLD_LOCAL that
+# calls it, and ucp_tag_send_nbx (ucp-time-fake.c). Each of 2000 sends makes three driver
+# calls; ucp-time must count each once and hand each to libcuda with its arguments.
+fk=$out/fake; mkdir "$fk"
+cf=(${CC:-cc} -O2 -Wall -Werror)
+"${cf[@]}" -shared -fPIC -DFAKE_CUDA -Wl,-soname,libcuda.so.1 -o "$fk/libcuda.so.1" ucp-time-fake.c
+"${cf[@]}" -shared -fPIC -DFAKE_MOD -o "$fk/libfakemod.so" ucp-time-fake.c -L"$fk" -l:libcuda.so.1
+"${cf[@]}" -shared -fPIC -DFAKE_UCP -o "$fk/libfakeucp.so" ucp-time-fake.c -ldl
+"${cf[@]}" -o "$fk/fake" ucp-time-fake.c -L"$fk" -lfakeucp -ldl
+LD_LIBRARY_PATH=$fk LD_PRELOAD=$out/time.so "$fk/fake" 2000 > "$fk/out" 2>&1 ||
+  { echo "shims-test: the fake CUDA program failed under ucp-time:" >&2; cat "$fk/out" >&2; bad=1; }
+want="^ucp-time-cuda: 3.00 calls/msg, [0-9.]+ ns/msg: cuCtxPushCurrent 1.000/msg [0-9]+ ns; cuCtxPopCurrent 1.000/msg [0-9]+ ns; cuMemcpyAsync 1.000/msg [0-9]+ ns;$"
+grep -qE "$want" "$fk/out" && grep -qx "fake libcuda: 6000 calls with the arguments sent" "$fk/out" ||
+  { echo "shims-test: ucp-time did not count and forward 3 CUDA calls a send, 2000 sends:" >&2; cat "$fk/out" >&2; bad=1; }
 also=; [ -z "${RDMA_BENCH:-}" ] || also=" (in rdma-bench too)"
 rc=0; run $B 4096 || rc=$?
 [ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
   { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
-[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts$also; a bad offset stopped perftest"
+[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts$also, and counted and forwarded CUDA driver calls; a bad offset stopped perftest"
 exit $bad

@@ -16,6 +16,13 @@
  *   put NS ns/call (CALLS); without the bandwidth flag: S sends, R receives, P puts;
  *   react NS ns (N)
  *
+ * Where the process's UCX made CUDA driver calls (its CUDA transports link libcuda.so.1 and
+ * call it directly), a second line follows with the calls a message of each function it
+ * made, and the mean time inside one (a tool's own CUDA calls through dlsym'd pointers, as
+ * rdma-bench's through cudarc, are not seen):
+ *
+ *   ucp-time-cuda: C calls/msg, NS ns/msg: cuCtxPushCurrent C/msg NS ns; ...
+ *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
  * per message outside the four calls (its own loop, and the time between calls; for a
  * process whose setup makes wrapped calls, its setup too); src%4096 and dst%4096 are the
@@ -40,6 +47,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -141,6 +149,69 @@ P ucp_put_nbx(P ep, const void *buf, size_t len, uint64_t raddr, P rkey, const v
     return r;
 }
 
+/* CUDA driver calls UCX makes (its CUDA transports link libcuda.so.1 and call it directly, so
+ * a preloaded definition takes their calls; a tool's own calls through dlsym'd pointers, as
+ * cudarc's, are not seen). Each wrapper forwards to libcuda's own function, found through the
+ * handle of the libcuda already loaded (UCX loads its CUDA module, and so libcuda, as a local
+ * dependency, where RTLD_NEXT does not reach), and counts the calls and the TSC cycles inside.
+ * Counters are plain: the stream's calls come from the one thread that posts and polls. */
+enum { CU_PUSH, CU_POP, CU_RETAIN, CU_RELEASE, CU_CURRENT, CU_ID, CU_STATE, CU_ATTR, CU_ATTRS,
+       CU_RANGE, CU_COPY, CU_DTOD, CU_HTOD, CU_RECORD, CU_QUERY, CU_SYNC, CU_CALLBACK, CU_N };
+static const char *const cu_name[CU_N] = {
+    "cuCtxPushCurrent", "cuCtxPopCurrent", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",
+    "cuCtxGetCurrent", "cuCtxGetId", "cuDevicePrimaryCtxGetState", "cuPointerGetAttribute",
+    "cuPointerGetAttributes", "cuMemGetAddressRange", "cuMemcpyAsync", "cuMemcpyDtoDAsync",
+    "cuMemcpyHtoD", "cuEventRecord", "cuEventQuery", "cuStreamSynchronize", "cuStreamAddCallback"};
+static uint64_t cu_n[CU_N], cu_c[CU_N];
+
+static void *cu_real(const char *sym)
+{
+    static void *lib;
+    void *f = NULL;
+    if (lib == NULL) lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (lib != NULL) f = dlsym(lib, sym);
+    if (f == NULL) f = dlsym(RTLD_NEXT, sym);
+    if (f == NULL) {
+        fprintf(stderr, "ucp-time: %s called, and no libcuda defines it\n", sym);
+        abort();
+    }
+    return f;
+}
+
+/* int SYM PARAMS, forwarding ARGS, counted under K. */
+#define CU_WRAP(K, SYM, PARAMS, ARGS)                                       \
+    int SYM PARAMS                                                          \
+    {                                                                       \
+        static int(*real) PARAMS;                                           \
+        if (real == NULL) *(void **)&real = cu_real(#SYM);                  \
+        uint64_t a = __rdtsc();                                             \
+        int r = real ARGS;                                                  \
+        cu_c[K] += __rdtsc() - a;                                           \
+        cu_n[K]++;                                                          \
+        return r;                                                           \
+    }
+CU_WRAP(CU_PUSH, cuCtxPushCurrent_v2, (P ctx), (ctx))
+CU_WRAP(CU_POP, cuCtxPopCurrent_v2, (P pctx), (pctx))
+CU_WRAP(CU_RETAIN, cuDevicePrimaryCtxRetain, (P pctx, int dev), (pctx, dev))
+CU_WRAP(CU_RELEASE, cuDevicePrimaryCtxRelease_v2, (int dev), (dev))
+CU_WRAP(CU_CURRENT, cuCtxGetCurrent, (P pctx), (pctx))
+CU_WRAP(CU_ID, cuCtxGetId, (P ctx, P id), (ctx, id))
+CU_WRAP(CU_STATE, cuDevicePrimaryCtxGetState, (int dev, P flags, P active), (dev, flags, active))
+CU_WRAP(CU_ATTR, cuPointerGetAttribute, (P data, int attr, uint64_t ptr), (data, attr, ptr))
+CU_WRAP(CU_ATTRS, cuPointerGetAttributes, (unsigned n, P attrs, P data, uint64_t ptr),
+        (n, attrs, data, ptr))
+CU_WRAP(CU_RANGE, cuMemGetAddressRange_v2, (P base, P size, uint64_t ptr), (base, size, ptr))
+CU_WRAP(CU_COPY, cuMemcpyAsync, (uint64_t dst, uint64_t src, size_t n, P stream),
+        (dst, src, n, stream))
+CU_WRAP(CU_DTOD, cuMemcpyDtoDAsync_v2, (uint64_t dst, uint64_t src, size_t n, P stream),
+        (dst, src, n, stream))
+CU_WRAP(CU_HTOD, cuMemcpyHtoD_v2, (uint64_t dst, const void *src, size_t n), (dst, src, n))
+CU_WRAP(CU_RECORD, cuEventRecord, (P event, P stream), (event, stream))
+CU_WRAP(CU_QUERY, cuEventQuery, (P event), (event))
+CU_WRAP(CU_SYNC, cuStreamSynchronize, (P stream), (stream))
+CU_WRAP(CU_CALLBACK, cuStreamAddCallback, (P stream, P cb, P data, unsigned flags),
+        (stream, cb, data, flags))
+
 __attribute__((destructor)) static void report(void)
 {
     struct timespec t1;
@@ -166,4 +237,12 @@ __attribute__((destructor)) static void report(void)
             c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog + c_put) / ghz) / msgs,
             n_put ? c_put / ghz / n_put : 0, (unsigned long)n_put, (unsigned long)p_send,
             (unsigned long)p_recv, (unsigned long)p_put, n_react ? c_react / ghz / n_react : 0, (unsigned long)n_react);
+    uint64_t calls = 0, cycles = 0;
+    for (int k = 0; k < CU_N; k++) calls += cu_n[k], cycles += cu_c[k];
+    if (calls == 0) return;
+    fprintf(stderr, "ucp-time-cuda: %.2f calls/msg, %.1f ns/msg:", calls / msgs, cycles / ghz / msgs);
+    for (int k = 0; k < CU_N; k++)
+        if (cu_n[k] != 0)
+            fprintf(stderr, " %s %.3f/msg %.0f ns;", cu_name[k], cu_n[k] / msgs, cu_c[k] / ghz / cu_n[k]);
+    fputc('\n', stderr);
 }
