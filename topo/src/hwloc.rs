@@ -22,14 +22,43 @@ fn io_builder(builder: TopologyBuilder) -> Result<TopologyBuilder> {
         })
 }
 
-/// Load the topology of this machine.
+/// hwloc's discovery components that [`discover`](crate::discover) leaves out: they annotate
+/// GPUs and displays through their vendors' libraries. Nothing here reads what they add: GPUs are PCI functions of a display class
+/// (`is_gpu`), numbered through the CUDA driver (`live.rs`), and NICs come from the linux
+/// component. Loading them costs every process that discovers its topology (each
+/// `rdma-bench` side): `opencl` loads the machine's OpenCL drivers (pocl, found on a GPU
+/// host, started a worker thread per CPU and mapped LLVM: 16 threads and 17 libraries more
+/// in each rdma-bench process there, and 70 ms more to discover), `gl` opens X displays,
+/// `cuda` starts the CUDA runtime.
+pub const SKIPPED_COMPONENTS: &[&str] = &["opencl", "gl", "cuda", "nvml", "rsmi", "levelzero"];
+
+/// Load the topology of this machine, without those of [`SKIPPED_COMPONENTS`] that hwloc has.
 pub(crate) fn load_live() -> Result<HwTopology> {
-    io_builder(HwTopology::builder())?
-        .build()
-        .map_err(|e| Error::Hwloc {
-            operation: "topology discovery (hwloc_topology_load)",
-            message: e.to_string(),
-        })
+    live_builder()?.build().map_err(|e| Error::Hwloc {
+        operation: "topology discovery (hwloc_topology_load)",
+        message: e.to_string(),
+    })
+}
+
+/// A builder for this machine with every I/O object kept, leaving out each of
+/// [`SKIPPED_COMPONENTS`] that hwloc registered. hwloc refuses to leave out a component it
+/// does not know (its plugin is not installed: `EINVAL`), and the refused builder is gone
+/// with the error, so each refusal starts again without that name.
+fn live_builder() -> Result<TopologyBuilder> {
+    let mut skip = SKIPPED_COMPONENTS.to_vec();
+    'again: loop {
+        let mut builder = io_builder(HwTopology::builder())?;
+        for i in 0..skip.len() {
+            match builder.without_component(skip[i]) {
+                Ok(b) => builder = b,
+                Err(_) => {
+                    skip.remove(i);
+                    continue 'again;
+                }
+            }
+        }
+        return Ok(builder);
+    }
 }
 
 /// Load a topology from hwloc XML text. `origin` names the source in errors.

@@ -86,6 +86,7 @@ mod cuda;
 pub use cuda::driver_and_names as cuda_driver_and_names;
 
 pub use error::{Error, Result};
+pub use hwloc::SKIPPED_COMPONENTS;
 pub use model::{GpuGroup, Nic, NumaGroup, Topology};
 
 use std::path::Path;
