@@ -23,13 +23,13 @@ fn io_builder(builder: TopologyBuilder) -> Result<TopologyBuilder> {
 }
 
 /// hwloc's discovery components that [`discover`](crate::discover) leaves out: they annotate
-/// GPUs and displays through their vendors' libraries. Nothing here reads what they add: GPUs are PCI functions of a display class
-/// (`is_gpu`), numbered through the CUDA driver (`live.rs`), and NICs come from the linux
-/// component. Loading them costs every process that discovers its topology (each
-/// `rdma-bench` side): `opencl` loads the machine's OpenCL drivers (pocl, found on a GPU
-/// host, started a worker thread per CPU and mapped LLVM: 16 threads and 17 libraries more
-/// in each rdma-bench process there, and 70 ms more to discover), `gl` opens X displays,
-/// `cuda` starts the CUDA runtime.
+/// GPUs and displays through their vendors' libraries. Nothing here reads what they add: GPUs
+/// are PCI functions of a display class (`is_gpu`), numbered through the CUDA driver
+/// (`live.rs`), and NICs come from the linux component. Loading them costs every process that
+/// discovers its topology (each `rdma-bench` side): `opencl` loads the machine's OpenCL
+/// drivers (pocl, found on a GPU host, started a worker thread per CPU and mapped LLVM: 16
+/// threads and 17 libraries more in each rdma-bench process there, and 70 ms more to
+/// discover), `gl` opens X displays, `cuda` starts the CUDA runtime.
 pub const SKIPPED_COMPONENTS: &[&str] = &["opencl", "gl", "cuda", "nvml", "rsmi", "levelzero"];
 
 /// Load the topology of this machine, without those of [`SKIPPED_COMPONENTS`] that hwloc has.
@@ -43,22 +43,28 @@ pub(crate) fn load_live() -> Result<HwTopology> {
 /// A builder for this machine with every I/O object kept, leaving out each of
 /// [`SKIPPED_COMPONENTS`] that hwloc registered. hwloc refuses to leave out a component it
 /// does not know (its plugin is not installed: `EINVAL`), and the refused builder is gone
-/// with the error, so each refusal starts again without that name.
+/// with the error, so each refusal starts a new builder without that name.
 fn live_builder() -> Result<TopologyBuilder> {
     let mut skip = SKIPPED_COMPONENTS.to_vec();
-    'again: loop {
-        let mut builder = io_builder(HwTopology::builder())?;
-        for i in 0..skip.len() {
-            match builder.without_component(skip[i]) {
-                Ok(b) => builder = b,
-                Err(_) => {
-                    skip.remove(i);
-                    continue 'again;
-                }
+    loop {
+        match without(io_builder(HwTopology::builder())?, &skip) {
+            Ok(builder) => return Ok(builder),
+            Err(refused) => {
+                skip.remove(refused);
             }
         }
-        return Ok(builder);
     }
+}
+
+/// `builder` without the components `names`, or the index of the first name hwloc refused.
+fn without(
+    mut builder: TopologyBuilder,
+    names: &[&str],
+) -> std::result::Result<TopologyBuilder, usize> {
+    for (i, name) in names.iter().enumerate() {
+        builder = builder.without_component(name).map_err(|_| i)?;
+    }
+    Ok(builder)
 }
 
 /// Load a topology from hwloc XML text. `origin` names the source in errors.
