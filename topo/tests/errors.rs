@@ -1,14 +1,32 @@
 //! Bad input gives typed errors that name the file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use topo::Error;
 
-fn scratch(name: &str, contents: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("topo-errors-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(name);
-    std::fs::write(&path, contents).expect("write temp file");
-    path
+/// A file `name` in a directory of its own under the temp dir; both go when it drops, so
+/// no run leaves them behind (tests run in parallel: one directory per file).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str, contents: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("topo-errors-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, contents).expect("write temp file");
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 #[test]
@@ -27,11 +45,11 @@ fn missing_file_is_a_read_error_naming_it() {
 
 #[test]
 fn malformed_xml_is_invalid_naming_the_file() {
-    let path = scratch(
+    let file = Scratch::new(
         "truncated.xml",
         "<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n  <object type=\"Machine\" os_index=\"0\"",
     );
-    let err = topo::from_xml(&path).expect_err("truncated XML must fail");
+    let err = topo::from_xml(file.path()).expect_err("truncated XML must fail");
     assert!(matches!(err, Error::XmlInvalid { .. }), "{err:?}");
     assert!(err.to_string().contains("truncated.xml"), "{err}");
 }
@@ -44,8 +62,8 @@ fn other_documents_are_invalid() {
         ("other.xml", "<?xml version=\"1.0\"?><html><body/></html>"),
         ("nul.xml", "<topology version=\"2.0\">\0</topology>"),
     ] {
-        let path = scratch(name, text);
-        let err = topo::from_xml(&path).expect_err(name);
+        let file = Scratch::new(name, text);
+        let err = topo::from_xml(file.path()).expect_err(name);
         assert!(matches!(err, Error::XmlInvalid { .. }), "{name}: {err:?}");
         assert!(err.to_string().contains(name), "{err}");
     }
