@@ -120,7 +120,8 @@ fi
 LF_TARBALL=$LF_SRC/libfabric-$LF_VERSION.tar.xz
 [ -f "$LF_TARBALL" ] || die "no $LF_TARBALL (../shared/libfabric holds the releases)"
 LF=$CACHE/libfabric-$LF_VERSION-efa
-LF_STAMP="libfabric $(stat -c '%s %Y' "$LF_TARBALL") --enable-efa rdma-core $RC_VERSION v1"
+# The tarball's contents, not its time (../shared is copied afresh onto a new machine).
+LF_STAMP="libfabric $(sha256sum "$LF_TARBALL" | cut -c1-16) --enable-efa rdma-core $RC_VERSION v1"
 if ! fresh "$LF" "$LF_STAMP"; then
   log "building libfabric $LF_VERSION with efa, and fabtests, into $LF (a few minutes, once)"
   t0=$SECONDS

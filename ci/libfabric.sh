@@ -33,8 +33,10 @@ esac
 
 suffix=${LIBFABRIC_CUDA:+-cuda}${LIBFABRIC_VERBS:+-verbs}
 if [ "$MODE" = --fabtests ]; then PREFIX=$CACHE/fabtests-$V$suffix; else PREFIX=$CACHE/$V$suffix; fi
-# The stamp names what built the cache: the tarball's size and time, this script's hash.
-STAMP="$(stat -c '%s %Y' "$TARBALL") $(sha256sum "$0" | cut -c1-16) ${LIBFABRIC_CUDA:-} ${LIBFABRIC_VERBS:-}"
+# The stamp names what built the cache: the tarball's and this script's contents (hashes, not
+# the tarball's time: ../shared is copied afresh onto a new machine, and a new time alone
+# rebuilt every cache).
+STAMP="$(sha256sum "$TARBALL" | cut -c1-16) $(sha256sum "$0" | cut -c1-16) ${LIBFABRIC_CUDA:-} ${LIBFABRIC_VERBS:-}"
 if [ -f "$PREFIX/.stamp" ] && [ "$(cat "$PREFIX/.stamp")" = "$STAMP" ]; then
   echo "$PREFIX"; exit 0
 fi
