@@ -98,7 +98,12 @@
 #   (transport-ucx/ucp-time.c), and the log gets each one's line: the time inside
 #   ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_put_nbx and ucp_worker_progress per call and per
 #   message, and the calls of each kind without UCP_OP_ATTR_FLAG_MULTI_SEND; and the CUDA
-#   driver calls UCX made, per message and function, with the time inside one.
+#   driver calls UCX made, per message and function, with the time inside one. Where UCX
+#   made CUDA calls, each cell's line also gets "at equal speed": the rounds' runs compared
+#   at equal host speed (ci/suspect.sh's adjusted: each run's figure against its processes'
+#   mean time inside cuCtxGetId, a call of fixed work that UCX makes once a message in both
+#   tools; on the H200 host that time moved 30-65 ns run to run and carried most of a run's
+#   figure, docs/measurements.md U110), ours against perftest and, with ours-B, against it.
 # Exit status: 0 when every run worked and every byte was verified; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -293,7 +298,12 @@ run() {
     # UCX's CUDA driver calls, where it made any.
     log "  $1 server cuda: $(grep -o 'ucp-time-cuda: .*' "$2" | cut -c16- || echo none)"
     log "  $1 client cuda: $(grep -o 'ucp-time-cuda: .*' "$3" | cut -c16- || echo none)"
+    # The run's host speed: both processes' mean cuCtxGetId (ns), "-" where either made none.
+    awk '/ucp-time-cuda: / && match($0, /cuCtxGetId [0-9.]+\/msg [0-9.]+ ns/) {
+        split(substr($0, RSTART, RLENGTH), f, " "); if (f[2] + 0 > 0) {s += f[3]; n++} }
+      END {if (n == 2) printf "%.1f\n", s / 2; else print "-"}' "$2" "$3" > "$out/speed"
   }
+  speed() { cat "$out/speed" 2>/dev/null || echo -; }  # the last run's (ucp_times)
   IFS=, read -r -a sizes <<< "${SIZES:-4K,64K,1M}"
   [ "${PERFTEST_BUF:-written}" = untouched ] || [ -f "$written" ] ||
     { log "no $written: ci/gpu-host.sh pack (or PERFTEST_BUF=untouched)"; return 1; }
@@ -409,7 +419,7 @@ run() {
     [ -n "$v" ] || { echo -; return; }
     echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob so sb stt
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $PIN_CORES), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
@@ -426,12 +436,14 @@ run() {
         fi
         aa=; [ -n "${UCX_AA:-}" ] && [ "$row" != lat ] && aa=1
         bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=() raa=() taa=() oa= ta= rz=() rm=()
-        bob=0 obv= rob=()
+        bob=0 obv= rob=() so=() sb=() stt=()
         for r in $(seq 1 "$rounds"); do
           st=$(steal_ms)
-          if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); t=$(theirs $row "$size" "$mem")
+          if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); so+=("$o:$(speed)")
+            t=$(theirs $row "$size" "$mem"); stt+=("$t:$(speed)")
             [ -z "$aa" ] || { ta=$(theirs $row "$size" "$mem"); oa=$(ours $row "$size" "$mem"); }
-          else t=$(theirs $row "$size" "$mem"); o=$(ours $row "$size" "$mem")
+          else t=$(theirs $row "$size" "$mem"); stt+=("$t:$(speed)")
+            o=$(ours $row "$size" "$mem"); so+=("$o:$(speed)")
             [ -z "$aa" ] || { oa=$(ours $row "$size" "$mem"); ta=$(theirs $row "$size" "$mem"); }
           fi
           [ -z "$aa" ] || { raa+=("$(ratio "$o" "$oa")"); taa+=("$(ratio "$t" "$ta")"); }
@@ -443,6 +455,7 @@ run() {
           fi
           if [ -n "$ob" ]; then
             obv=$(ours $row "$size" "$mem" "${UCX_OURS_B:-}" "$rbb"); bob=$(best $row "$bob" "$obv")
+            sb+=("$obv:$(speed)")
             rob+=("$(ratio "$o" "$obv")")
           fi
           log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}; steal $(( $(steal_ms) - st )) ms"
@@ -459,6 +472,11 @@ run() {
           "$(median "${rz[@]}")" "$(median "${rm[@]}")"
         [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "${UCX_OURS_B_BIN:-}${UCX_OURS_B:+ $UCX_OURS_B}" \
           "$bob" "$(median "${rob[@]}")"
+        # UCX_TIME=1: the same runs compared at equal host speed (ci/suspect.sh's adjusted).
+        if [ -n "$timed" ] && [ "$(adjusted "$row" "${so[@]}" -- "${stt[@]}")" != - ]; then
+          printf '   at equal speed: ours / theirs %s' "$(adjusted "$row" "${so[@]}" -- "${stt[@]}")"
+          [ -z "$ob" ] || printf '; ours / ours-B %s' "$(adjusted "$row" "${so[@]}" -- "${sb[@]}")"
+        fi
         echo
       done
       echo "     per iteration: $(note $row "$mem")"
