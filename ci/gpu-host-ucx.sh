@@ -419,7 +419,7 @@ run() {
     [ -n "$v" ] || { echo -; return; }
     echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob so sb stt
+  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob so sb stt eq
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $PIN_CORES), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
@@ -473,8 +473,9 @@ run() {
         [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "${UCX_OURS_B_BIN:-}${UCX_OURS_B:+ $UCX_OURS_B}" \
           "$bob" "$(median "${rob[@]}")"
         # UCX_TIME=1: the same runs compared at equal host speed (ci/suspect.sh's adjusted).
-        if [ -n "$timed" ] && [ "$(adjusted "$row" "${so[@]}" -- "${stt[@]}")" != - ]; then
-          printf '   at equal speed: ours / theirs %s' "$(adjusted "$row" "${so[@]}" -- "${stt[@]}")"
+        eq=-; [ -z "$timed" ] || eq=$(adjusted "$row" "${so[@]}" -- "${stt[@]}")
+        if [ "$eq" != - ]; then
+          printf '   at equal speed: ours / theirs %s' "$eq"
           [ -z "$ob" ] || printf '; ours / ours-B %s' "$(adjusted "$row" "${so[@]}" -- "${sb[@]}")"
         fi
         echo
