@@ -89,6 +89,11 @@
 #   UCX_OURS_B_BIN=PATH (in the carry: bin/rdma-bench-ucx-b, which the pack builds from
 #   OURS_B_REV, or any build copied there): ours-B runs that binary (with UCX_OURS_B's flags,
 #   if any): an A/B of two builds in the same rounds.
+#   UCX_THEIRS_B_FEATURES=BITS: each round also runs perftest with bin/perftest-features.so
+#   (transport-ucx/perftest-features.c), which ORs these UCP_FEATURE_* bits into the context
+#   it creates (64: AM, which ours asks for beside TAG and RMA), last in the round; each cell's
+#   line gets the median of the rounds' ratios theirs-B / theirs (and, with UCX_TIME=1, ours
+#   against theirs-B and theirs-B against theirs at equal speed).
 #   UCX_AA=1: each round also runs each tool a second time (the put and tag rows), and each
 #   cell's line gets the A/A columns: the median of the rounds' ratios of perftest against
 #   itself and of ours against itself, with their lowest and highest. What an A/B ratio can
@@ -151,6 +156,7 @@ pack() {
   [ -z "${OURS_B_REV:-}" ] || pack_b "$td" "$carry" "$OURS_B_REV"
   ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/perftest-written.so" transport-ucx/perftest-written.c -ldl
   ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/ucp-time.so" transport-ucx/ucp-time.c -ldl
+  ${CC:-cc} -O2 -shared -fPIC -o "$carry/bin/perftest-features.so" transport-ucx/perftest-features.c -ldl
   w=$(wheel)
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' RETURN
   mkdir "$tmp/whl" "$tmp/ucx"
@@ -383,6 +389,9 @@ run() {
     if [ "$mem" = host ] && [ "$buf" = written ]; then
       pre="$written${pre:+ $pre}"; alloc+=(PERFTEST_BUF_OFFSET="${BUF_OFFSET:-0}")
     fi
+    if [ -n "${THEIRS_B:-}" ]; then  # theirs-B: UCX_THEIRS_B_FEATURES added to its context
+      pre="$carry/bin/perftest-features.so${pre:+ $pre}"; alloc+=(PERFTEST_FEATURES_ADD="$UCX_THEIRS_B_FEATURES")
+    fi
     [ -z "$pre" ] || alloc+=(LD_PRELOAD="$pre")
     env "${alloc[@]}" UCX_TLS=$tls timeout 120 "${pin_srv[@]}" "${cmd[@]}" > "$out/tsrv" 2>&1 &
     local spid=$!
@@ -396,6 +405,9 @@ run() {
     [ -z "${UCX_STEP_LOGS:-}" ] || proto_logs "theirs $row $size" "$mem"
     if [ "$mem" = host ] && [ "$buf" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$out/tcli"; then
       log "ucx_perftest $t $size: perftest-written.so did not write and place its buffers"; echo 0; return
+    fi
+    if [ -n "${THEIRS_B:-}" ] && ! grep -q '^perftest-features: ' "$out/tcli"; then
+      log "ucx_perftest $t $size: perftest-features.so did not add UCX_THEIRS_B_FEATURES"; echo 0; return
     fi
     # The final line: iterations, p50, average, overall (latency or overhead, us), bandwidth
     # average, overall (MB/s, 2^20 bytes), message rate average, overall.
@@ -429,6 +441,7 @@ run() {
     for row in "${rowv[@]}"; do
       ab=; [ -n "${UCX_AB:-}" ] && ab=1
       ob=; [ -n "${UCX_OURS_B:-}${UCX_OURS_B_BIN:-}" ] && ob=1
+      tb=; [ -n "${UCX_THEIRS_B_FEATURES:-}" ] && tb=1
       for size in "${sizes[@]}"; do
         if [ $((SECONDS - t0)) -ge "$budget" ]; then
           printf '%-4s %5s SKIPPED (budget: %ss of UCX_STEP_BUDGET=%s spent)\n' "$row" "$size" $((SECONDS - t0)) "$budget"
@@ -436,7 +449,7 @@ run() {
         fi
         aa=; [ -n "${UCX_AA:-}" ] && [ "$row" != lat ] && aa=1
         bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=() raa=() taa=() oa= ta= rz=() rm=()
-        bob=0 obv= rob=() so=() sb=() stt=()
+        bob=0 obv= rob=() so=() sb=() stt=() tbv= rtb=() stb=()
         for r in $(seq 1 "$rounds"); do
           st=$(steal_ms)
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); so+=("$o:$(speed)")
@@ -458,7 +471,11 @@ run() {
             sb+=("$obv:$(speed)")
             rob+=("$(ratio "$o" "$obv")")
           fi
-          log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}; steal $(( $(steal_ms) - st )) ms"
+          if [ -n "$tb" ]; then
+            tbv=$(THEIRS_B=1 theirs $row "$size" "$mem"); stb+=("$tbv:$(speed)")
+            rtb+=("$(ratio "$tbv" "$t")")
+          fi
+          log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}${tb:+, theirs B $tbv}; steal $(( $(steal_ms) - st )) ms"
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
         done
         fail=; [ "$bo" = 0 ] || [ "$bt" = 0 ] && { fail=" FAILED"; status=1; }
@@ -472,11 +489,14 @@ run() {
           "$(median "${rz[@]}")" "$(median "${rm[@]}")"
         [ -n "$ob" ] && printf '   b: ours %s %.2f; median ours / ours-B %s' "${UCX_OURS_B_BIN:-}${UCX_OURS_B:+ $UCX_OURS_B}" \
           "$bob" "$(median "${rob[@]}")"
+        [ -n "$tb" ] && printf '   theirs-B (features +%s): median theirs-B / theirs %s' "$UCX_THEIRS_B_FEATURES" "$(median "${rtb[@]}")"
         # UCX_TIME=1: the same runs compared at equal host speed (ci/suspect.sh's adjusted).
         eq=-; [ -z "$timed" ] || eq=$(adjusted "$row" "${so[@]}" -- "${stt[@]}")
         if [ "$eq" != - ]; then
           printf '   at equal speed: ours / theirs %s' "$eq"
           [ -z "$ob" ] || printf '; ours / ours-B %s' "$(adjusted "$row" "${so[@]}" -- "${sb[@]}")"
+          [ -z "$tb" ] || printf '; ours / theirs-B %s; theirs-B / theirs %s' "$(adjusted "$row" "${so[@]}" -- "${stb[@]}")" \
+            "$(adjusted "$row" "${stb[@]}" -- "${stt[@]}")"
         fi
         echo
       done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The two LD_PRELOAD shims the UCX comparisons load into ucx_perftest, checked against the
+# The LD_PRELOAD shims the UCX comparisons load into ucx_perftest, checked against the
 # ucx_perftest on PATH (Debian's ucx-utils in CI) over shared memory:
 #   perftest-written.c  writes every host buffer perftest maps, and with PERFTEST_BUF_OFFSET=B
 #                       allocates them itself B bytes into a page: both processes must say
@@ -14,7 +14,11 @@
 #                       set it), every tag_lat send (its ping-pongs do not), and time the puts;
 #                       and, on stand-ins for libcuda and a UCX module that calls it
 #                       (ucp-time-fake.c), count the CUDA driver calls a send makes and hand
-#                       each to libcuda with its arguments.
+#                       each to libcuda with its arguments;
+#   perftest-features.c with PERFTEST_FEATURES_ADD=64 must add UCP_FEATURE_AM to the
+#                       features each side's context asks for, and the test must run; without
+#                       it the shim must leave them alone; a value that is no number must stop
+#                       perftest.
 # With RDMA_BENCH (an rdma-bench built with the ucx feature; ci/test.sh passes its debug build),
 # ours under ucp-time too: its stream sends and puts ask for UCX's bandwidth protocols as
 # perftest's do, all but each phase's first (transport-ucx/src/endpoint/stream.rs), its
@@ -28,11 +32,12 @@ PERF=${UCX_PERFTEST:-$(command -v ucx_perftest || true)}
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/written.so" perftest-written.c -ldl
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/time.so" ucp-time.c -ldl
-B=1088 port=$((22000 + RANDOM % 20000)) bad=0
+${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/features.so" perftest-features.c -ldl
+B=1088 port=$((22000 + RANDOM % 20000)) bad=0 extra=()
 source ../ci/listening.sh
 run() { # SERVER-OFFSET CLIENT-OFFSET [TEST N] (default tag_bw 4000) -> perftest's logs in
   # $out/srv, $out/cli; the client's status
-  local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so")
+  local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so${extra[*]:+ $out/features.so}" "${extra[@]}")
   local t=(-t "${3:-tag_bw}" -s 4096 -n "${4:-4000}" -p $((port += 1)))
   env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" "${t[@]}" > "$out/srv" 2>&1 &
   local s=$! rc=0
@@ -139,9 +144,29 @@ LD_LIBRARY_PATH=$fk LD_PRELOAD=$out/time.so "$fk/fake" 2000 > "$fk/out" 2>&1 ||
 want="^ucp-time-cuda: 3.00 calls/msg, [0-9.]+ ns/msg: cuCtxPushCurrent 1.000/msg [0-9]+ ns; cuCtxPopCurrent 1.000/msg [0-9]+ ns; cuMemcpyAsync 1.000/msg [0-9]+ ns;$"
 grep -qE "$want" "$fk/out" && grep -qx "fake libcuda: 6000 calls with the arguments sent" "$fk/out" ||
   { echo "shims-test: ucp-time did not count and forward 3 CUDA calls a send, 2000 sends:" >&2; cat "$fk/out" >&2; bad=1; }
+# Features added: each side prints what its context asked for and what the shim made of it.
+# UCX's own debug line says what the context got.
+extra=(PERFTEST_FEATURES_ADD=64 UCX_LOG_LEVEL=debug)
+run $B $B tag_bw 2000 || { echo "shims-test: ucx_perftest with PERFTEST_FEATURES_ADD=64 failed" >&2; bad=1; }
+for side in srv cli; do
+  read -r was now < <(sed -nE 's/^perftest-features: (0x[0-9a-f]+) -> (0x[0-9a-f]+)$/\1 \2/p' "$out/$side")
+  [ -n "${was:-}" ] && [ $((was & 64)) = 0 ] && [ $((now)) = $((was | 64)) ] &&
+    grep -qE "created ucp context .* features $now " "$out/$side" ||
+    { echo "shims-test: $side: perftest-features did not add UCP_FEATURE_AM (64) to the context:" >&2
+      grep -E 'perftest-features|created ucp context' "$out/$side" >&2; bad=1; }
+done
+extra=(PERFTEST_FEATURES_ADD=)
+run $B $B tag_bw 2000 || { echo "shims-test: ucx_perftest under perftest-features without a value failed" >&2; bad=1; }
+! grep -q '^perftest-features' "$out/srv" "$out/cli" ||
+  { echo "shims-test: perftest-features changed the features without PERFTEST_FEATURES_ADD" >&2; bad=1; }
+extra=(PERFTEST_FEATURES_ADD=AM)
+rc=0; run $B $B tag_bw 2000 || rc=$?
+[ $rc != 0 ] && grep -q "PERFTEST_FEATURES_ADD=AM is not a number" "$out/cli" ||
+  { echo "shims-test: PERFTEST_FEATURES_ADD=AM ran (status $rc)" >&2; bad=1; }
+extra=()
 also=; [ -z "${RDMA_BENCH:-}" ] || also=" (in rdma-bench too)"
 rc=0; run $B 4096 || rc=$?
 [ $rc = 2 ] && grep -q "PERFTEST_BUF_OFFSET=4096: 0 to 4095" "$out/cli" ||
   { echo "shims-test: PERFTEST_BUF_OFFSET=4096 ran (status $rc)" >&2; bad=1; }
-[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts$also, and counted and forwarded CUDA driver calls; a bad offset stopped perftest"
+[ $bad = 0 ] && echo "shims-test: perftest-written placed and wrote perftest's buffers $B bytes into their pages, ucp-time named the offset, counted a ping-pong's reactions, the calls without the bandwidth flag and the puts$also, and counted and forwarded CUDA driver calls, perftest-features added AM to both contexts; a bad offset and a bad feature stopped perftest"
 exit $bad
