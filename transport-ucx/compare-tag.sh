@@ -41,6 +41,17 @@
 # libucx/lib, whose 1.22 is what the GPU host runs), with UCX_PERFTEST its ucx_perftest.
 # ROWS (tag,lat), SIZES (4096,65536,1048576), BYTES (1 GiB per tag run), LAT_ITERS (20000,
 # at most LAT_BYTES / SIZE: 4 GiB, so 4096 round trips at 1 MiB).
+# UCX_TIME=1: every process of both tools loads ucp-time.c, and each cell's line also gets
+# "at equal speed" (ci/suspect.sh's adjusted): the runs compared at equal speed of the box,
+# each run's speed the mean time of a UCX call whose work is the same in both tools. lat: a
+# progress call that did work, in both processes (in a ping-pong each such call takes one
+# message out of UCX's FIFO or socket into the posted receive and completes it); tag: a
+# ucp_tag_send_nbx call of the sender (a SIZE send; the receivers' progress calls take
+# messages in batches that differ between the tools). This box's vCPUs move between levels of
+# speed from run to run (sm lat 4 KiB at about 0.25, 0.4 and 1.3 us one-way); the send time
+# alone tells only the slowest level apart, a receive's time the other two as well. The
+# shim's clock reads around each UCX call slow both tools alike; its figures are compared
+# with each other, not with runs without it.
 set -euo pipefail
 source "$(dirname "$0")/../ci/suspect.sh"
 source "$(dirname "$0")/../ci/listening.sh"
@@ -62,12 +73,34 @@ case $PERFTEST_BUF in
   untouched) PRELOAD=() ;;
   *) echo "compare-tag: PERFTEST_BUF is written or untouched, not $PERFTEST_BUF" >&2; exit 2 ;;
 esac
+TIMED=()
+if [ -n "${UCX_TIME:-}" ]; then
+  ${CC:-cc} -O2 -shared -fPIC -o "$OUT/time.so" "$(dirname "$0")/ucp-time.c" -ldl
+  TIMED=("$OUT/time.so")
+  # perftest's processes load it after perftest-written, where that is loaded.
+  case ${PRELOAD[0]:-} in
+    LD_PRELOAD=*) PRELOAD[0]="${PRELOAD[0]} $OUT/time.so" ;;
+    *) PRELOAD+=(LD_PRELOAD="$OUT/time.so") ;;
+  esac
+fi
+# run_speed ROW LOG...: the run's speed (ns) from its processes' ucp-time lines (UCX_TIME):
+# lat, the mean time of a progress call with work; tag, of a send; over the processes that
+# made at least 1000 such calls. "-" where none did (or UCX_TIME is unset).
+run_speed() {
+  local row=$1; shift
+  [ ${#TIMED[@]} -gt 0 ] || { echo -; return; }
+  if [ "$row" = lat ]; then
+    sed -nE 's/^ucp-time: .* progress [0-9.]+ ns\/call \([0-9]+, ([0-9]+) with work, ([0-9.]+) ns each.*/\2 \1/p' "$@"
+  else
+    sed -nE 's/^ucp-time: .* send ([0-9.]+) ns\/call \(([0-9]+), .*/\1 \2/p' "$@"
+  fi | awk '$2 >= 1000 {s += $1; n++} END {if (n) printf "%.1f\n", s / n; else print "-"}'
+}
 iters() { # ROW SIZE
   local n
   if [ "$1" = lat ]; then round_trips "$2" 20000; return; fi
   n=$((BYTES / $2)); [ $n -ge 128 ] || n=128; echo $n
 }
-theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
+theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_TIME only)
   local row=$1 tls=$2 size=$3 n t; n=$(iters "$row" "$size")
   [ "$row" = lat ] && t=tag_lat || t=tag_bw
   PORT=$((PORT + 1))
@@ -84,13 +117,14 @@ theirs() { # ROW TLS SIZE -> "value median" (median: lat only)
     echo "compare-tag: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
     echo "0 -"; return
   fi
+  local sp; sp=$(run_speed "$row" "$OUT/tsrv" "$OUT/tcli")
   if [ "$row" = lat ]; then
-    awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4; m = $2} END {printf "%.3f %.3f\n", v, m}' "$OUT/tcli"
+    awk -v sp="$sp" '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $4; m = $2} END {printf "%.3f %.3f %s\n", v, m, sp}' "$OUT/tcli"
   else
-    echo "$(ucx_perftest_gbps "$OUT/tcli") -"
+    echo "$(ucx_perftest_gbps "$OUT/tcli") - $sp"
   fi
 }
-ours() { # ROW TLS SIZE
+ours() { # ROW TLS SIZE -> "value median speed", as theirs
   local row=$1 tls=$2 size=$3 n dev=() args; n=$(iters "$row" "$size")
   PORT=$((PORT + 1))
   [ "$tls" = tcp ] && dev=(--devices lo)
@@ -106,17 +140,19 @@ ours() { # ROW TLS SIZE
   # The sender on the senders' core (tag): ours' server sends, perftest's client does.
   local ps=("${PIN_SRV[@]}") pc=("${PIN_CLI[@]}")
   [ "$row" = tag ] && ps=("${PIN_CLI[@]}") pc=("${PIN_SRV[@]}")
-  timeout 120 "${ps[@]}" "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
+  local timed=(); [ ${#TIMED[@]} -eq 0 ] || timed=(env LD_PRELOAD="$TIMED")
+  timeout 120 "${timed[@]}" "${ps[@]}" "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
-  timeout 120 "${pc[@]}" "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
+  timeout 120 "${timed[@]}" "${pc[@]}" "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
     2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
   wait "$srv" || true
+  local sp; sp=$(run_speed "$row" "$OUT/srv" "$OUT/err")
   if [ "$row" = lat ]; then
     jq -r '"\(.seconds * 1e6 / .ops / 2) \(.p50_us)"' "$OUT/ours.json" 2>/dev/null |
-      awk '{printf "%.3f %.3f\n", $1, $2}' || echo "0 0"
+      awk -v sp="$sp" '{printf "%.3f %.3f %s\n", $1, $2, sp}' || echo "0 0"
   else
-    jq -r '.gbps' "$OUT/ours.json" 2>/dev/null | awk '{printf "%.2f -\n", $1}' || echo "0 -"
+    jq -r '.gbps' "$OUT/ours.json" 2>/dev/null | awk -v sp="$sp" '{printf "%.2f - %s\n", $1, sp}' || echo "0 -"
   fi
 }
 best() { # ROW: best of the first column (and of the second) of stdin
@@ -147,11 +183,17 @@ for tls in "${TLS_LIST[@]}"; do
       extra=
       [ "$row" = lat ] && extra="   median $om/$tm"
       mapfile -t rr < <(round_ratios "$(cut -d' ' -f1 "$OUT/o")" "$(cut -d' ' -f1 "$OUT/t")")
+      # UCX_TIME: FIGURE:SPEED of each run, compared at equal speed.
+      eq=
+      if [ ${#TIMED[@]} -gt 0 ]; then
+        mapfile -t so < <(awk '{print $1 ":" $3}' "$OUT/o"); mapfile -t st < <(awk '{print $1 ":" $3}' "$OUT/t")
+        eq="   at equal speed: ours / theirs $(adjusted "$row" "${so[@]}" -- "${st[@]}"); speeds (ns): ours $(cut -d' ' -f3 "$OUT/o" | paste -sd/) theirs $(cut -d' ' -f3 "$OUT/t" | paste -sd/)"
+      fi
       printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s%s   rounds: ours %s theirs %s%s\n' \
         "$tls" "$row" "$size" "$o" "$t" "$ratio" "$(median "${rr[@]}")" \
         "$(above "$row" "${rr[@]}")" "$(interval "$row" "${rr[@]}")" \
         "$extra" "$(cut -d' ' -f1 "$OUT/o" | paste -sd/)" \
-        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)" "$(suspect "$row" "$ratio")"
+        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)" "$(suspect "$row" "$ratio")$eq"
     done
   done
 done
