@@ -21,7 +21,10 @@
 # on lo: with peer error handling it reaches a peer on this node over tcp alone), against the
 # system's UCX (rows "ucx-<version>"); a survivor that aborted inside UCX ("Fatal:", a
 # backtrace) is a defect (signal) whatever its exit status, but for the aborts at wire-up of
-# a UCX whose doctor warns of them (known_abort below: counted under the table).
+# a UCX whose doctor warns of them (known_abort below: counted under the table). When such an
+# abort ends a survivor of the ranks mode, the other survivors may name that rank, which did
+# fail, instead of the victim (rank 0 leads the job, and its death is what the others see
+# first): counted beside the aborts, not a defect; naming any other rank still is.
 #
 # Counts per provider and libfabric version: survivors that exit 0, that do not name the
 # dead peer, still alive 20 s after the kill, killed by a signal; the slowest survivor. Also
@@ -425,7 +428,12 @@ ranks_trial() {
   local complete=0
   grep -q "write over [a-z]*/" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
   grep -q "the job is complete" "$dir"/rank*.err 2>/dev/null && complete=1
-  local bad=0 what rc at took wd=
+  local bad=0 what rc at took wd= named="$victim" r2
+  # Survivors that UCX's known wire-up abort ended: the others may name them too.
+  for r2 in 0 1 2 3; do
+    [ "$r2" != "$victim" ] && [ -n "${WIREUP_KNOWN[$v]:-}" ] && [ -f "$dir/rank$r2.err" ] &&
+      grep -qE "$WIREUP_ABORT" "$dir/rank$r2.err" && named="$named|$r2"
+  done
   for r in 0 1 2 3; do
     [ "$r" = "$victim" ] && continue
     what="$v/$prov #$idx seed $seed, rank $victim killed ($phase, seen $seen, +$delay ms): rank $r"
@@ -452,9 +460,12 @@ ranks_trial() {
       if [ $complete = 1 ]; then bump "$key" completed-survivor; else
         defect "$key" exit0 "$what" "exited 0 though the job was not complete"; bad=1
       fi
-    elif ! grep -E '^rdma-bench: error:' "$dir/rank$r.err" | grep -qE "rank $victim([^0-9]|$)"; then
-      defect "$key" noname "$what" "exit $rc without naming rank $victim: $(grep -E '^rdma-bench: error' "$dir/rank$r.err" | tail -c 400)"
+    elif ! grep -E '^rdma-bench: error:' "$dir/rank$r.err" | grep -qE "rank ($named)([^0-9]|$)"; then
+      defect "$key" noname "$what" "exit $rc without naming rank $victim${named#"$victim"}: $(grep -E '^rdma-bench: error' "$dir/rank$r.err" | tail -c 400)"
       bad=1
+    elif ! grep -E '^rdma-bench: error:' "$dir/rank$r.err" | grep -qE "rank $victim([^0-9]|$)"; then
+      bump "$key" namedabort
+      log "  rank $r named a rank that UCX's wire-up abort ended (ranks $victim${named#"$victim"} failed), not rank $victim: not a defect"
     fi
   done
   bump "$key" trials
@@ -667,7 +678,7 @@ for mode in $MODES; do
       k=$(row_key "$mode" "$v" "$prov")
       [ -n "${C[$k|slowat]:-}" ] && echo "  slowest $v/$prov: ${C[$k|slowat]}"
       [ -z "${C[$k|wireup]:-}" ] ||
-        echo "  wire-up aborts $v/$prov: ${C[$k|wireup]} survivor(s), the doctor's ucx.dead_peer (docs/known-limits.md), not a defect"
+        echo "  wire-up aborts $v/$prov: ${C[$k|wireup]} survivor(s), the doctor's ucx.dead_peer (docs/known-limits.md), not a defect${C[$k|namedabort]:+; ${C[$k|namedabort]} other survivor(s) named the aborted rank}"
     done
   done
 done
