@@ -144,8 +144,10 @@ aborted() { grep -qE "$ABORTED" "$1"; }
 # known_abort KEY VERSION ERRFILE: 0 where it was that.
 declare -A WIREUP_KNOWN
 WIREUP_ABORT='got REQ message|wireup_ep\.c:[0-9]+ +Assertion .wireup_ep->pending_count == 0|tcp_ep\.c:[0-9]+ +Assertion .!\(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX\)'
+# is_known_abort VERSION ERRFILE: 0 where ERRFILE shows that abort on a UCX that has it.
+is_known_abort() { [ -n "${WIREUP_KNOWN[$1]:-}" ] && [ -f "$2" ] && grep -qE "$WIREUP_ABORT" "$2"; }
 known_abort() {
-  [ -n "${WIREUP_KNOWN[$2]:-}" ] && grep -qE "$WIREUP_ABORT" "$3" || return 1
+  is_known_abort "$2" "$3" || return 1
   bump "$1" wireup
   log "  $2's wire-up abort (ucx.dead_peer: not a defect on this UCX): $(grep -m1 -E "$WIREUP_ABORT" "$3")"
 }
@@ -428,11 +430,10 @@ ranks_trial() {
   local complete=0
   grep -q "write over [a-z]*/" "$dir/rank0.out" 2>/dev/null && [ "$victim" != 0 ] && complete=1
   grep -q "the job is complete" "$dir"/rank*.err 2>/dev/null && complete=1
-  local bad=0 what rc at took wd= named="$victim" r2
+  local bad=0 what rc at took wd= named="$victim" r2 err
   # Survivors that UCX's known wire-up abort ended: the others may name them too.
   for r2 in 0 1 2 3; do
-    [ "$r2" != "$victim" ] && [ -n "${WIREUP_KNOWN[$v]:-}" ] && [ -f "$dir/rank$r2.err" ] &&
-      grep -qE "$WIREUP_ABORT" "$dir/rank$r2.err" && named="$named|$r2"
+    [ "$r2" != "$victim" ] && is_known_abort "$v" "$dir/rank$r2.err" && named="$named|$r2"
   done
   for r in 0 1 2 3; do
     [ "$r" = "$victim" ] && continue
@@ -460,10 +461,10 @@ ranks_trial() {
       if [ $complete = 1 ]; then bump "$key" completed-survivor; else
         defect "$key" exit0 "$what" "exited 0 though the job was not complete"; bad=1
       fi
-    elif ! grep -E '^rdma-bench: error:' "$dir/rank$r.err" | grep -qE "rank ($named)([^0-9]|$)"; then
-      defect "$key" noname "$what" "exit $rc without naming rank $victim${named#"$victim"}: $(grep -E '^rdma-bench: error' "$dir/rank$r.err" | tail -c 400)"
+    elif err=$(grep -E '^rdma-bench: error:' "$dir/rank$r.err"); ! grep -qE "rank ($named)([^0-9]|$)" <<<"$err"; then
+      defect "$key" noname "$what" "exit $rc without naming rank $victim${named#"$victim"}: $(tail -c 400 <<<"$err")"
       bad=1
-    elif ! grep -E '^rdma-bench: error:' "$dir/rank$r.err" | grep -qE "rank $victim([^0-9]|$)"; then
+    elif ! grep -qE "rank $victim([^0-9]|$)" <<<"$err"; then
       bump "$key" namedabort
       log "  rank $r named a rank that UCX's wire-up abort ended (ranks $victim${named#"$victim"} failed), not rank $victim: not a defect"
     fi

@@ -73,14 +73,14 @@ case $PERFTEST_BUF in
   untouched) PRELOAD=() ;;
   *) echo "compare-tag: PERFTEST_BUF is written or untouched, not $PERFTEST_BUF" >&2; exit 2 ;;
 esac
-TIMED=()
+TIMED=  # ucp-time.so, under UCX_TIME
 if [ -n "${UCX_TIME:-}" ]; then
-  ${CC:-cc} -O2 -shared -fPIC -o "$OUT/time.so" "$(dirname "$0")/ucp-time.c" -ldl
-  TIMED=("$OUT/time.so")
+  TIMED=$OUT/time.so
+  ${CC:-cc} -O2 -shared -fPIC -o "$TIMED" "$(dirname "$0")/ucp-time.c" -ldl
   # perftest's processes load it after perftest-written, where that is loaded.
   case ${PRELOAD[0]:-} in
-    LD_PRELOAD=*) PRELOAD[0]="${PRELOAD[0]} $OUT/time.so" ;;
-    *) PRELOAD+=(LD_PRELOAD="$OUT/time.so") ;;
+    LD_PRELOAD=*) PRELOAD[0]="${PRELOAD[0]} $TIMED" ;;
+    *) PRELOAD+=(LD_PRELOAD="$TIMED") ;;
   esac
 fi
 # run_speed ROW LOG...: the run's speed (ns) from its processes' ucp-time lines (UCX_TIME):
@@ -88,7 +88,7 @@ fi
 # made at least 1000 such calls. "-" where none did (or UCX_TIME is unset).
 run_speed() {
   local row=$1; shift
-  [ ${#TIMED[@]} -gt 0 ] || { echo -; return; }
+  [ -n "$TIMED" ] || { echo -; return; }
   if [ "$row" = lat ]; then
     sed -nE 's/^ucp-time: .* progress [0-9.]+ ns\/call \([0-9]+, ([0-9]+) with work, ([0-9.]+) ns each.*/\2 \1/p' "$@"
   else
@@ -140,7 +140,7 @@ ours() { # ROW TLS SIZE -> "value median speed", as theirs
   # The sender on the senders' core (tag): ours' server sends, perftest's client does.
   local ps=("${PIN_SRV[@]}") pc=("${PIN_CLI[@]}")
   [ "$row" = tag ] && ps=("${PIN_CLI[@]}") pc=("${PIN_SRV[@]}")
-  local timed=(); [ ${#TIMED[@]} -eq 0 ] || timed=(env LD_PRELOAD="$TIMED")
+  local timed=(); [ -z "$TIMED" ] || timed=(env LD_PRELOAD="$TIMED")
   timeout 120 "${timed[@]}" "${ps[@]}" "$B" server "${common[@]}" --listen 127.0.0.1:$PORT --sessions 1 > "$OUT/srv" 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
@@ -185,7 +185,7 @@ for tls in "${TLS_LIST[@]}"; do
       mapfile -t rr < <(round_ratios "$(cut -d' ' -f1 "$OUT/o")" "$(cut -d' ' -f1 "$OUT/t")")
       # UCX_TIME: FIGURE:SPEED of each run, compared at equal speed.
       eq=
-      if [ ${#TIMED[@]} -gt 0 ]; then
+      if [ -n "$TIMED" ]; then
         mapfile -t so < <(awk '{print $1 ":" $3}' "$OUT/o"); mapfile -t st < <(awk '{print $1 ":" $3}' "$OUT/t")
         eq="   at equal speed: ours / theirs $(adjusted "$row" "${so[@]}" -- "${st[@]}"); speeds (ns): ours $(cut -d' ' -f3 "$OUT/o" | paste -sd/) theirs $(cut -d' ' -f3 "$OUT/t" | paste -sd/)"
       fi
