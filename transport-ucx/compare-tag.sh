@@ -115,7 +115,7 @@ theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_
   wait "$srv" || true
   if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$OUT/tcli" "$OUT/tsrv"; then
     echo "compare-tag: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
-    echo "0 -"; return
+    echo "0 - -"; return
   fi
   local sp; sp=$(run_speed "$row" "$OUT/tsrv" "$OUT/tcli")
   if [ "$row" = lat ]; then
@@ -150,9 +150,9 @@ ours() { # ROW TLS SIZE -> "value median speed", as theirs
   local sp; sp=$(run_speed "$row" "$OUT/srv" "$OUT/err")
   if [ "$row" = lat ]; then
     jq -r '"\(.seconds * 1e6 / .ops / 2) \(.p50_us)"' "$OUT/ours.json" 2>/dev/null |
-      awk -v sp="$sp" '{printf "%.3f %.3f %s\n", $1, $2, sp}' || echo "0 0"
+      awk -v sp="$sp" '{printf "%.3f %.3f %s\n", $1, $2, sp}' || echo "0 0 -"
   else
-    jq -r '.gbps' "$OUT/ours.json" 2>/dev/null | awk -v sp="$sp" '{printf "%.2f - %s\n", $1, sp}' || echo "0 -"
+    jq -r '.gbps' "$OUT/ours.json" 2>/dev/null | awk -v sp="$sp" '{printf "%.2f - %s\n", $1, sp}' || echo "0 - -"
   fi
 }
 best() { # ROW: best of the first column (and of the second) of stdin
@@ -170,11 +170,11 @@ for tls in "${TLS_LIST[@]}"; do
       for r in $(seq "$ROUNDS"); do
         # One line per run ("0 -" where a run printed none): the rounds stay paired.
         if [ $((r % 2)) = 1 ]; then
-          one_figure "0 -" ours $row $tls $size >> "$OUT/o"
-          one_figure "0 -" theirs $row $tls $size >> "$OUT/t"
+          one_figure "0 - -" ours $row $tls $size >> "$OUT/o"
+          one_figure "0 - -" theirs $row $tls $size >> "$OUT/t"
         else
-          one_figure "0 -" theirs $row $tls $size >> "$OUT/t"
-          one_figure "0 -" ours $row $tls $size >> "$OUT/o"
+          one_figure "0 - -" theirs $row $tls $size >> "$OUT/t"
+          one_figure "0 - -" ours $row $tls $size >> "$OUT/o"
         fi
       done
       read -r o om < <(best $row < "$OUT/o")
