@@ -42,7 +42,8 @@
 #   server with one memory to a client with the other, both pairings, over the step's
 #   transports and over tcp,cuda_copy (MIXED_TLS, space-separated lists), every byte
 #   verified; then one table per memory:
-#     put  rdma-bench --workload write --single-buffer --imm-every 64 --window 32 (naming the
+#     put  rdma-bench --workload write --single-buffer --imm-every K --window 32 (one immediate
+#          in K puts, K up to 4096: ci/suspect.sh's put_plan; naming the
 #          region's memh, as the tag row's sends do) against
 #          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, 32 outstanding: perftest's
 #          default window for this test; -w N/10 warm-up, ours --warmup the same puts);
@@ -335,9 +336,10 @@ run() {
     port=$((port + 3))
     case $row in
       # perftest's window (ucp_put_bw: 32 puts outstanding) and warm-up (-w: n / 10 puts;
-      # ours' --warmup counts immediates, one per 64 puts).
-      put) args=(--workload write --single-buffer --imm-every 64 --window 32 -s "$size"
-            -n $((n / 64)) --warmup $(( n / 640 > 1 ? n / 640 : 1 )) --no-verify) ;;
+      # ours' --warmup counts repeats of K puts, each ending with the immediate: put_plan).
+      put) local plan; read -ra plan <<< "$(put_plan "$n")"
+        args=(--workload write --single-buffer --imm-every "${plan[0]}" --window 32 -s "$size"
+            -n "${plan[1]}" --warmup "${plan[2]}" --no-verify) ;;
       # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
       # depth, 256 messages.
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify

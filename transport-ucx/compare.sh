@@ -5,12 +5,14 @@
 #
 #   transport-ucx/compare.sh [RDMA_BENCH] [TLS...]     (default: target/release/rdma-bench, sm tcp)
 #
-# ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every 64
-#        --window 32 -s SIZE -n N/64 --warmup N/640: N puts, one in 64 followed by the flush
-#        and the immediate (every figure to delivery: the clock stops at the last immediate),
-#        at most 32 outstanding and N/10 warm-up puts, as perftest; no peer error handling
+# ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every K
+#        --window 32 -s SIZE -n N/K --warmup W (ci/suspect.sh's put_plan: K up to 4096, W
+#        repeats about N/10 puts): N puts, one in K followed by the flush and the immediate
+#        (every figure to delivery: the clock stops at the last immediate), at most 32
+#        outstanding and N/10 warm-up puts, as perftest; no peer error handling
 #        (--nic-opt peer_errors=off), as perftest without -e (the backend's default, auto, is
-#        on over tcp).
+#        on over tcp). PUT_IMM_EVERY=64 gives the plan this script had before 2026-12-03 (one
+#        immediate in 64, which holds ours to 1 MiB in flight at 4 KiB: put_plan says why).
 # ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
 # default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
 # by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
@@ -90,14 +92,15 @@ ours() { # TLS SIZE N
     --nic-opt peer_errors=off $OURS_OPTS --listen 127.0.0.1:$PORT --sessions 1 >/dev/null 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
+  local plan; read -ra plan <<< "$(put_plan "$n")"
   "${PIN_SRV[@]}" "$B" client --backend ucx --provider "$tls" "${dev[@]}" \
     --nic-opt peer_errors=off $OURS_OPTS --connect 127.0.0.1:$PORT \
-    --single-buffer --imm-every 64 --window 32 -s "$size" -n $((n / 64)) \
-    --warmup $((n / 640 > 1 ? n / 640 : 1)) --no-verify 2>/dev/null |
+    --single-buffer --imm-every "${plan[0]}" --window 32 -s "$size" -n "${plan[1]}" \
+    --warmup "${plan[2]}" --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; cores $PIN_CORES (server,client: perftest's; ours' swapped, both writers on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; ours' immediates: one in ${PUT_IMM_EVERY:-up to 4096} puts; cores $PIN_CORES (server,client: perftest's; ours' swapped, both writers on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
   "perftest-heap" ratio median "ours ahead" "median's 95% CI"
 for tls in "${TLS_LIST[@]}"; do
