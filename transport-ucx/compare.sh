@@ -7,7 +7,8 @@
 #
 # ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every K
 #        --window 32 -s SIZE -n N/K --warmup W (ci/suspect.sh's put_plan: K up to 4096, W
-#        repeats about N/10 puts): N puts, one in K followed by the flush and the immediate
+#        repeats about N/10 puts; N/K rounded down where K does not divide N): N puts, one
+#        in K followed by the flush and the immediate
 #        (every figure to delivery: the clock stops at the last immediate), at most 32
 #        outstanding and N/10 warm-up puts, as perftest; no peer error handling
 #        (--nic-opt peer_errors=off), as perftest without -e (the backend's default, auto, is
