@@ -338,8 +338,7 @@ run() {
       # perftest's window (ucp_put_bw: 32 puts outstanding) and warm-up (-w: n / 10 puts;
       # ours' --warmup counts repeats of K puts, each ending with the immediate: put_plan).
       put) local plan; read -ra plan <<< "$(put_plan "$n")"
-        args=(--workload write --single-buffer --imm-every "${plan[0]}" --window 32 -s "$size"
-            -n "${plan[1]}" --warmup "${plan[2]}" --no-verify) ;;
+        args=(--workload write --single-buffer "${plan[@]}" --window 32 -s "$size" --no-verify) ;;
       # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
       # depth, 256 messages.
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify

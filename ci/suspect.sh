@@ -112,23 +112,24 @@ ucx_perftest_gbps() {
   awk '$1 ~ /^[0-9]+$/ && NF >= 8 {v = $6} END {printf "%.3f\n", v * 8 * 1048576 / 1e9}' "$1"
 }
 
-# put_plan N: how rdma-bench posts N puts against ucx_perftest's ucp_put_bw, which posts N
-# puts and flushes once at the end: "K ITERS WARMUP" for --single-buffer --imm-every K -n ITERS
-# --warmup WARMUP. K is the largest power of 2 that is at most 4096 (the flag's limit) and at
+# put_plan N: the flags with which rdma-bench posts N puts against ucx_perftest's ucp_put_bw,
+# which posts N puts and flushes once at the end: "--imm-every K -n ITERS --warmup WARMUP"
+# (with --single-buffer). K is the largest power of 2 at most 4096 (the flag's limit) and at
 # most N/10: so ours, too, mostly posts plain puts (one in K is the put, flush and immediate
 # that ends a repeat), and its WARMUP repeats (at least 1) are about perftest's N/10 warm-up
-# puts. ITERS x K is N where K divides it (N a power of 2, as the scripts' sizes give), else
-# N rounded down to a multiple of K: at most K-1 puts fewer, under a tenth. A small K is not like for like: ours keeps at most 4 repeats of K puts
-# in flight past the last immediate (bench-core's WINDOW), 1 MiB at K=64 and 4 KiB, where
-# perftest's in-flight puts are bounded only by its 32 outstanding requests (a put that UCX
-# finishes inside ucp_put_nbx is not one). PUT_IMM_EVERY=K sets K (64: the scripts before).
+# puts. ITERS x K is N where K divides it (N a power of 2, as the scripts' sizes give), else N
+# rounded down to a multiple of K: under a tenth fewer. A small K is not like for like: ours
+# keeps at most 4 repeats of K puts in flight past the last immediate (bench-core's WINDOW),
+# 1 MiB at K=64 and 4 KiB, where perftest's in-flight puts are bounded only by its 32
+# outstanding requests (a put that UCX finishes inside ucp_put_nbx is not one).
+# PUT_IMM_EVERY=K sets K (64: the scripts before 2026-12-03).
 put_plan() {
   local n=$1 k=${PUT_IMM_EVERY:-4096}
   if [ -z "${PUT_IMM_EVERY:-}" ]; then
     while [ "$k" -gt 1 ] && [ $((k * 10)) -gt "$n" ]; do k=$((k / 2)); done
   fi
   local w=$((n / 10 / k))
-  echo "$k $((n / k)) $((w > 1 ? w : 1))"
+  echo "--imm-every $k -n $((n / k)) --warmup $((w > 1 ? w : 1))"
 }
 
 # pin_sides: sets PIN_SRV and PIN_CLI, the prefixes that put a comparison's server and client
@@ -215,7 +216,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
   [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
   got="$(put_plan 1048576)/$(put_plan 16384)/$(put_plan 357913)/$(put_plan 5)/$(PUT_IMM_EVERY=64 put_plan 1048576)"
-  want="4096 256 25/1024 16 1/4096 87 8/1 5 1/64 16384 1638"
+  want="--imm-every 4096 -n 256 --warmup 25/--imm-every 1024 -n 16 --warmup 1"
+  want+="/--imm-every 4096 -n 87 --warmup 8/--imm-every 1 -n 5 --warmup 1/--imm-every 64 -n 16384 --warmup 1638"
   [ "$got" = "$want" ] || { echo "put_plan: $got, want $want" >&2; bad=1; }
   got=$(CORES=0,1 pin_sides; echo "${PIN_SRV[*]}/${PIN_CLI[*]}/$PIN_CORES")
   got+="|$(CORES=none pin_sides; echo "${#PIN_SRV[@]}${#PIN_CLI[@]}/$PIN_CORES")"

@@ -7,12 +7,11 @@
 #
 # ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every K
 #        --window 32 -s SIZE -n N/K --warmup W (ci/suspect.sh's put_plan: K up to 4096, W
-#        repeats about N/10 puts; N/K rounded down where K does not divide N): N puts, one
-#        in K followed by the flush and the immediate
-#        (every figure to delivery: the clock stops at the last immediate), at most 32
-#        outstanding and N/10 warm-up puts, as perftest; no peer error handling
-#        (--nic-opt peer_errors=off), as perftest without -e (the backend's default, auto, is
-#        on over tcp). PUT_IMM_EVERY=64 gives the plan this script had before 2026-12-03 (one
+#        repeats about N/10 puts; N/K rounded down where K does not divide N): N puts, one in
+#        K followed by the flush and the immediate (every figure to delivery: the clock stops
+#        at the last immediate), at most 32 outstanding and N/10 warm-up puts, as perftest;
+#        no peer error handling (--nic-opt peer_errors=off), as perftest without -e (the
+#        backend's default, auto, is on over tcp). PUT_IMM_EVERY=64 gives the plan this script had before 2026-12-03 (one
 #        immediate in 64, which holds ours to 1 MiB in flight at 4 KiB: put_plan says why).
 # ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
 # default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
@@ -96,8 +95,7 @@ ours() { # TLS SIZE N
   local plan; read -ra plan <<< "$(put_plan "$n")"
   "${PIN_SRV[@]}" "$B" client --backend ucx --provider "$tls" "${dev[@]}" \
     --nic-opt peer_errors=off $OURS_OPTS --connect 127.0.0.1:$PORT \
-    --single-buffer --imm-every "${plan[0]}" --window 32 -s "$size" -n "${plan[1]}" \
-    --warmup "${plan[2]}" --no-verify 2>/dev/null |
+    --single-buffer "${plan[@]}" --window 32 -s "$size" --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
