@@ -11,11 +11,12 @@
 #        K followed by the flush and the immediate (every figure to delivery: the clock stops
 #        at the last immediate), at most 32 outstanding and N/10 warm-up puts, as perftest;
 #        no peer error handling (--nic-opt peer_errors=off), as perftest without -e (the
-#        backend's default, auto, is on over tcp). PUT_IMM_EVERY=64 gives the plan this script had before 2026-12-03 (one
-#        immediate in 64, which holds ours to 1 MiB in flight at 4 KiB: put_plan says why).
+#        backend's default, auto, is on over tcp). PUT_IMM_EVERY=64 gives the plan this
+#        script had before 2026-12-03 (one immediate in 64, which holds ours to 1 MiB in
+#        flight at 4 KiB: put_plan says why).
 # ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
-# default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map allocates them
-# by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
+# default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map
+# allocates them by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
 # by the initiator into the target's buffer, uct_sm_ep_put_short/bcopy, the target idle),
 # and with UCX_ALLOC_PRIO=heap (buffers from malloc, like ours). No shared-memory
 # transport of UCX 1.13 reaches heap memory with a put: posix and sysv map only their own
