@@ -16,8 +16,9 @@
 #        flight at 4 KiB: put_plan says why).
 # ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
 # default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map
-# allocates them by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put is one memcpy
-# by the initiator into the target's buffer, uct_sm_ep_put_short/bcopy, the target idle),
+# allocates them by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put
+# is one memcpy by the initiator into the target's buffer, uct_sm_ep_put_short/bcopy, the
+# target idle),
 # and with UCX_ALLOC_PRIO=heap (buffers from malloc, like ours). No shared-memory
 # transport of UCX 1.13 reaches heap memory with a put: posix and sysv map only their own
 # segments, and cma (process_vm_writev) has only put_zcopy, while UCP's RMA lanes need
