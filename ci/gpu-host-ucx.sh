@@ -187,7 +187,7 @@ note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
     put) echo "ours: ucp_put_nbx from one SIZE buffer into one, naming the region's memh and memory type (as perftest -z; UCX_AB=1 runs both pairings), at most 32 outstanding (--window 32), n / 10 warm-up puts; every Kth put (K up to 4096: put_plan in ci/suspect.sh) is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate); the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_put_nbx from one buffer into one (without -z naming no memh: UCX registers the buffer per put), its default window for this test (32 outstanding), -w n / 10, clock stops after ucp_worker_flush" ;;
-    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, depth 256, credits back every 64: an 8-byte WRITE with immediate, one active message), at most 32 sends in flight (--window 32), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
+    tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, 1024 deep up to 16 KiB and 256 from 64 KiB (16 MiB of receives between), credits back every quarter of that: an 8-byte WRITE with immediate, one active message), at most 32 sends in flight (--window 32), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
     lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
 }
@@ -340,9 +340,9 @@ run() {
       put) local plan; read -ra plan <<< "$(put_plan "$n")"
         args=(--workload write --single-buffer "${plan[@]}" --window 32 -s "$size" --no-verify) ;;
       # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
-      # depth, 256 messages.
+      # depth (send_warmup).
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
-            --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
+            --warmup "$(send_warmup "$n" "$size")") ;;
       lat) n=$(lat_n "$b" "$mem")
         args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
     esac

@@ -132,6 +132,13 @@ put_plan() {
   echo "--imm-every $k -n $((n / k)) --warmup $((w > 1 ? w : 1))"
 }
 
+# send_warmup N SIZE: ours' --warmup for a send run of N messages of SIZE bytes whose warm-up
+# is perftest's -w, N / 10 messages (at least one repeat): --warmup counts repeats of the
+# receive depth, the rule of recv_depth in bench-core/src/workload/send.rs (16 MiB of
+# receives, between 256 and 1024; the UCX backend's receive queue holds 1024).
+send_depth() { local d=$((16777216 / $1)); echo $((d < 256 ? 256 : d > 1024 ? 1024 : d)); }
+send_warmup() { local w=$(($1 / 10 / $(send_depth "$2"))); echo $((w > 1 ? w : 1)); }
+
 # pin_sides: sets PIN_SRV and PIN_CLI, the prefixes that put a comparison's server and client
 # each on a core of its own, the same for both tools, and PIN_CORES ("server,client", or
 # none): CORES=server,client (default 1,3 with 4 or more CPUs, else 0,1; none, or a single
@@ -219,11 +226,14 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   want="--imm-every 4096 -n 256 --warmup 25/--imm-every 1024 -n 16 --warmup 1"
   want+="/--imm-every 4096 -n 87 --warmup 8/--imm-every 1 -n 5 --warmup 1/--imm-every 64 -n 16384 --warmup 1638"
   [ "$got" = "$want" ] || { echo "put_plan: $got, want $want" >&2; bad=1; }
+  got="$(send_warmup 262144 4096)/$(send_warmup 16384 65536)/$(send_warmup 1024 1048576)"
+  got+="/$(send_warmup 1000 4096)/$(send_depth 32768)"
+  [ "$got" = "25/6/1/1/512" ] || { echo "send_warmup: $got, want 25/6/1/1/512" >&2; bad=1; }
   got=$(CORES=0,1 pin_sides; echo "${PIN_SRV[*]}/${PIN_CLI[*]}/$PIN_CORES")
   got+="|$(CORES=none pin_sides; echo "${#PIN_SRV[@]}${#PIN_CLI[@]}/$PIN_CORES")"
   want="taskset -c 0/taskset -c 1/0,1|00/none"
   [ "$(nproc)" -ge 2 ] || want="/" want+="/none|00/none"
   [ "$got" = "$want" ] || { echo "pin_sides: $got, want $want" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, adjusted in 4, round_ratios, one_figure and above in 5, the two parsers in 3, put_plan in 5, pin_sides in 2"
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, adjusted in 4, round_ratios, one_figure and above in 5, the two parsers in 3, put_plan in 5, send_warmup in 5, pin_sides in 2"
   exit $bad
 fi

@@ -15,8 +15,9 @@
 #   transport-ucx/compare-tag.sh [RDMA_BENCH] [TLS...]   (default: target/release/rdma-bench, sm tcp)
 #
 # tag  ours: --workload send --single-buffer --window 32 -s SIZE -n N: ucp_tag_send_nbx into
-#           receives kept posted on one buffer (depth 256, credits back as WRITEs with
-#           immediate every 64), at most 32 sends posted and not yet reported complete (an
+#           receives kept posted on one buffer (1024 up to 16 KiB, 256 from 64 KiB: 16 MiB
+#           of receives between; credits back as WRITEs with immediate every quarter of
+#           that), at most 32 sends posted and not yet reported complete (an
 #           immediately completed one counts until the next poll reports it); the clock stops
 #           at the receiver's acknowledgement after the last message.
 #      perftest -t tag_bw -s SIZE -n N -w N/10: ucp_tag_send_nbx with up to 32 sends
@@ -132,9 +133,9 @@ ours() { # ROW TLS SIZE -> "value median speed", as theirs
   local place=(--buf-offset "$BUF_OFFSET")
   case $row in
     # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
-    # depth, 256 messages.
+    # depth (send_warmup).
     tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
-          --warmup $(( n / 2560 > 1 ? n / 2560 : 1 ))) ;;
+          --warmup "$(send_warmup "$n" "$size")") ;;
     lat) args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
   esac
   # The sender on the senders' core (tag): ours' server sends, perftest's client does.

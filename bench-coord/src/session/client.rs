@@ -23,8 +23,6 @@ use super::layout::regions_line;
 use super::report::build_report;
 use super::timeouts::{peer_gone_cause, PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
-/// Most receives the send workload keeps posted per NIC.
-const MAX_RECV_DEPTH: u64 = 256;
 /// Largest data region one side allocates per NIC.
 const MAX_DATA: u64 = 1 << 36;
 
@@ -37,17 +35,12 @@ pub struct ClientOut {
     pub peer: Option<Facts>,
 }
 
-fn recv_depth(rx_depth: usize, total: u64) -> u64 {
-    let d = if rx_depth == 0 { 64 } else { rx_depth as u64 };
-    d.min(MAX_RECV_DEPTH).min(total).max(1)
-}
-
 /// Messages a send run moves per NIC over warm-up and timed phases, and the receive depth.
 fn send_counts(p: &Planned, rx_depth: usize) -> (u64, u64, u64) {
-    let depth0 = recv_depth(rx_depth, u64::MAX);
+    let depth0 = send::recv_depth(rx_depth, p.size, u64::MAX);
     let warm = u64::from(p.knobs.warmup).saturating_mul(depth0);
     let total = warm.saturating_add(p.iters);
-    (warm, total, recv_depth(rx_depth, total))
+    (warm, total, send::recv_depth(rx_depth, p.size, total))
 }
 
 /// The shallowest receive queue of this side's NICs (0 without NICs).

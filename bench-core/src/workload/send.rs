@@ -20,6 +20,28 @@ use crate::error::{Error, Result, TransportContext};
 use crate::proto::{Done, Msg, NicStats};
 use crate::report::Progress;
 
+/// Fewest receives the passive side keeps posted per NIC, where its receive queue holds them.
+pub const MIN_RECV_DEPTH: u64 = 256;
+/// Most receives the passive side keeps posted per NIC.
+pub const MAX_RECV_DEPTH: u64 = 1024;
+/// Bytes the posted receives aim to cover: the sender's credit window. Above what a kernel
+/// buffers in a TCP connection (Linux's default `tcp_wmem` and `tcp_rmem` maxima, 4 and 6 MiB)
+/// and an RDMA NIC's bandwidth-delay product, so that credits are not what paces small
+/// messages: with 256 receives of 4 KiB (1 MiB) ucx over tcp moved about 4% less than with
+/// 1024 (docs/measurements.md, U145). Messages of 64 KiB and more keep 256 receives.
+pub const RECV_WINDOW: u64 = 16 << 20;
+
+/// Receives the passive side keeps posted per NIC for messages of `size` bytes: enough to
+/// cover [`RECV_WINDOW`], between [`MIN_RECV_DEPTH`] and [`MAX_RECV_DEPTH`], no more than its
+/// receive queue holds (`rx_cap`; 0, unknown, is taken as 64) or than the run's `total`
+/// messages, and at least 1. `transport-ucx/compare-tag.sh`'s warm-up (`send_depth` in
+/// `ci/suspect.sh`) follows the same rule.
+pub fn recv_depth(rx_cap: usize, size: u64, total: u64) -> u64 {
+    let cap = if rx_cap == 0 { 64 } else { rx_cap as u64 };
+    let want = (RECV_WINDOW / size.max(1)).clamp(MIN_RECV_DEPTH, MAX_RECV_DEPTH);
+    want.min(cap).min(total).max(1)
+}
+
 /// One NIC's share of an active send, before its thread takes it.
 pub struct SendParts<'a, T: Transport> {
     pub nic: usize,
@@ -411,5 +433,31 @@ pub fn receive<T: Transport>(
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recv_depth;
+
+    #[test]
+    fn receive_depth_covers_the_window_within_its_bounds() {
+        let u = u64::MAX;
+        // Small messages: the most; 16 KiB is the largest size that still gets it.
+        assert_eq!(recv_depth(4096, 4096, u), 1024);
+        assert_eq!(recv_depth(4096, 16384, u), 1024);
+        // Between: the window's worth.
+        assert_eq!(recv_depth(4096, 32768, u), 512);
+        // 64 KiB and up: the fewest, as before the window.
+        assert_eq!(recv_depth(4096, 65536, u), 256);
+        assert_eq!(recv_depth(4096, 1 << 20, u), 256);
+        assert_eq!(recv_depth(4096, 1 << 30, u), 256);
+        // The receive queue, the run's messages and 1 bound it; 0 is a queue of 64.
+        assert_eq!(recv_depth(1024, 4096, u), 1024);
+        assert_eq!(recv_depth(300, 4096, u), 300);
+        assert_eq!(recv_depth(0, 4096, u), 64);
+        assert_eq!(recv_depth(4096, 4096, 10), 10);
+        assert_eq!(recv_depth(4096, 4096, 0), 1);
+        assert_eq!(recv_depth(4096, 0, u), 1024);
     }
 }
