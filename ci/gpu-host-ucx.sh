@@ -342,7 +342,7 @@ run() {
       # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
       # depth (send_warmup).
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
-            --warmup "$(send_warmup "$n" "$size")") ;;
+            --warmup "$(send_warmup "$n" "$b")") ;;
       lat) n=$(lat_n "$b" "$mem")
         args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;
     esac
