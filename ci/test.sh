@@ -4,10 +4,11 @@
 # rdma-bench suites again against libfabric 2.1.0 and 2.6.0 (built once from
 # ../shared/libfabric and cached by ci/libfabric.sh), libfabric's fabtests, the efa
 # conformance suite and rdma-bench on the simulated EFA device (ci/efa-sim.sh, cached),
-# rdma-bench run under mpirun and srun, a short kill soak (ci/kill-soak.sh), then the verbs
-# tests inside a Soft-RoCE VM, UCX over rc_verbs there, rdma-bench run between two of them,
-# and the three stacks on one Soft-RoCE link, each against its own tool (compare-ref's VM
-# rows, one size, one round: a smoke test, no figure to quote).
+# rdma-bench run under mpirun and srun, a short kill soak (ci/kill-soak.sh), then the VM's boot
+# watchdog (ci/vm/watchdog-test.sh), the verbs tests inside a Soft-RoCE VM, UCX over rc_verbs
+# there, rdma-bench run between two of them, and the three stacks on one Soft-RoCE link, each
+# against its own tool (compare-ref's VM rows, one size, one round: a smoke test, no figure to
+# quote).
 #   ci/test.sh                              all of it
 #   SKIP_VM=1 ci/test.sh                    everything but the VMs
 #   LIBFABRIC_VERSIONS="2.6.0" ci/test.sh   another set of libfabric releases ("" for none)
@@ -240,7 +241,8 @@ vm_rows() {
     --mode plain --json |
     jq -e '.rows | length == 3 and all(.ours_gbps > 0 and .ref_gbps > 0 and .median_ratio > 0)' >/dev/null
 }
-for s in "verbs tests inside the Soft-RoCE VM|ci/verbs-vm-test.sh" \
+for s in "the Soft-RoCE VM's boot watchdog: a guest whose init never starts is ended, shown, booted once more, reported (ci/vm/watchdog-test.sh)|ci/vm/watchdog-test.sh" \
+         "verbs tests inside the Soft-RoCE VM|ci/verbs-vm-test.sh" \
          "UCX over rc_verbs inside the Soft-RoCE VM: conformance, doctor, rdma-bench (ci/ucx-vm-test.sh)|ci/ucx-vm-test.sh" \
          "rdma-bench run over verbs between two Soft-RoCE VMs|ci/verbs-2vm-test.sh" \
          "three stacks on one Soft-RoCE link, each against its own tool: verbs and ib_write_bw, libfabric verbs;ofi_rxm and fi_rma_bw, UCX rc_verbs and ucx_perftest (ci/compare-ref.sh's VM rows, a smoke test)|vm_rows"; do

@@ -15,10 +15,12 @@
 # Env: SOFTROCE_TIMEOUT (s, per VM, default 300), VM2_RUN_TIMEOUT (s, per rdma-bench run,
 #      default 120), VM2_GRACE (s the other VM gets once one has failed, default 30),
 #      VM2_NET=socket|dgram (the wire, default socket: see below),
+#      VM2_HANG_FIRST=0|1: that VM's first boot never starts its init (rdinit=/bin/sh), to
+#      check the retry below (with SOFTROCE_BOOT_TIMEOUT=20, say),
 #      RDMA_BENCH_VERBS_OPTS (default timeout=20, see node.sh below; empty: the backend's defaults),
 #      CARGO_TARGET_DIR as usual; the other SOFTROCE_* knobs of ci/vm/run-vm.sh apply to both.
 # Exit status: 0 both ranks passed in both VMs; 1 a rank failed; 125 a VM failed to boot,
-# died or timed out.
+# died or timed out. A VM that hung before its init started gets the pair booted once more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -83,7 +85,6 @@ netdev() {  # netdev N: the -netdev spec of vm N
 }
 source ci/listening.sh
 
-declare -A PID RC ENDED
 cleanup() {  # end whatever is left of either VM's process group (a qemu may outlive run-vm.sh)
   for n in 0 1; do
     if [ -n "${PID[$n]:-}" ]; then kill -KILL -- "-${PID[$n]}" 2>/dev/null || true; fi
@@ -91,45 +92,69 @@ cleanup() {  # end whatever is left of either VM's process group (a qemu may out
 }
 trap cleanup EXIT
 
-say "booting vm0 and vm1 (qemu $NETKIND netdev, 127.0.0.1:$P, timeout ${SOFTROCE_TIMEOUT:-300} s each)"
-tb=$SECONDS
-for n in 0 1; do
-  if [ $n = 1 ] && [ "$NETKIND" = socket ]; then
-    # vm1's qemu connects at startup: wait until vm0's listens (or died)
-    i=0; while ! listening $P && kill -0 "${PID[0]}" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    listening $P || say "vm0's qemu is not listening on 127.0.0.1:$P; starting vm1 anyway (it will fail)"
-  fi
-  # setsid: each VM (run-vm.sh, timeout, qemu) in its own process group, to end it as a whole
-  SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-300} SOFTROCE_MAC=02:00:0a:63:01:0$((n + 1)) \
-    SOFTROCE_NETDEV="$(netdev $n)" SOFTROCE_APPEND="${SOFTROCE_APPEND:-} SOFTROCE_NODE=$n" \
-    setsid ci/vm/run-vm.sh --share "$RUN" -- sh node.sh > "$RUN/logs/vm$n.log" 2>&1 &
-  PID[$n]=$!
-done
-
-# Wait for both; once one has failed, the other gets VM2_GRACE seconds (its rank should end on
-# its own when the other's dies), then is ended.
-failed_at=
-while :; do
+# A VM that hung at boot (ci/vm/run-vm.sh's watchdog: its init never started, nothing ran) is
+# not a verbs failure: the pair is booted once more, and the summary says so. run-vm.sh does not
+# reboot one VM alone here, since its peer's qemu stays joined to the first boot's netdev.
+REBOOTED=
+hang() {  # VM2_HANG_FIRST=N (the retry's own test): vm N's first boot gets a shell for init
+  [ "$attempt" = 1 ] && [ "${VM2_HANG_FIRST:-}" = "$1" ] && echo " rdinit=/bin/sh" || true
+}
+for attempt in 1 2; do
+  unset PID RC ENDED
+  declare -A PID RC ENDED
+  say "booting vm0 and vm1 (qemu $NETKIND netdev, 127.0.0.1:$P, timeout ${SOFTROCE_TIMEOUT:-300} s each)"
+  tb=$SECONDS
   for n in 0 1; do
-    if [ -z "${RC[$n]:-}" ] && ! kill -0 "${PID[$n]}" 2>/dev/null; then
-      set +e; wait "${PID[$n]}"; RC[$n]=$?; set -e
-      say "vm$n exited (rc ${RC[$n]}) after $((SECONDS - tb)) s"
-      [ "${RC[$n]}" -eq 0 ] || failed_at=${failed_at:-$SECONDS}
+    if [ $n = 1 ] && [ "$NETKIND" = socket ]; then
+      # vm1's qemu connects at startup: wait until vm0's listens (or died)
+      i=0; while ! listening $P && kill -0 "${PID[0]}" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+      listening $P || say "vm0's qemu is not listening on 127.0.0.1:$P; starting vm1 anyway (it will fail)"
     fi
+    # setsid: each VM (run-vm.sh, timeout, qemu) in its own process group, to end it as a whole
+    SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-300} SOFTROCE_MAC=02:00:0a:63:01:0$((n + 1)) \
+      SOFTROCE_NETDEV="$(netdev $n)" SOFTROCE_APPEND="${SOFTROCE_APPEND:-} SOFTROCE_NODE=$n$(hang $n)" \
+      setsid ci/vm/run-vm.sh --share "$RUN" -- sh node.sh > "$RUN/logs/vm$n.log" 2>&1 &
+    PID[$n]=$!
   done
-  [ -n "${RC[0]:-}" ] && [ -n "${RC[1]:-}" ] && break
-  if [ -n "$failed_at" ] && [ $((SECONDS - failed_at)) -ge "${VM2_GRACE:-30}" ]; then
+
+  # Wait for both; once one has failed, the other gets VM2_GRACE seconds (its rank should end on
+  # its own when the other's dies), then is ended.
+  failed_at=
+  while :; do
     for n in 0 1; do
-      if [ -z "${RC[$n]:-}" ]; then
-        say "vm$n still running ${VM2_GRACE:-30} s after the other failed: ending it"
-        ENDED[$n]=1
-        kill -TERM -- "-${PID[$n]}" 2>/dev/null || true
-        sleep 2; kill -KILL -- "-${PID[$n]}" 2>/dev/null || true
+      if [ -z "${RC[$n]:-}" ] && ! kill -0 "${PID[$n]}" 2>/dev/null; then
+        set +e; wait "${PID[$n]}"; RC[$n]=$?; set -e
+        say "vm$n exited (rc ${RC[$n]}) after $((SECONDS - tb)) s"
+        [ "${RC[$n]}" -eq 0 ] || failed_at=${failed_at:-$SECONDS}
       fi
     done
-    failed_at=$((SECONDS + 3600))   # once
-  fi
-  sleep 0.5
+    [ -n "${RC[0]:-}" ] && [ -n "${RC[1]:-}" ] && break
+    if [ -n "$failed_at" ] && [ $((SECONDS - failed_at)) -ge "${VM2_GRACE:-30}" ]; then
+      for n in 0 1; do
+        if [ -z "${RC[$n]:-}" ]; then
+          say "vm$n still running ${VM2_GRACE:-30} s after the other failed: ending it"
+          ENDED[$n]=1
+          kill -TERM -- "-${PID[$n]}" 2>/dev/null || true
+          sleep 2; kill -KILL -- "-${PID[$n]}" 2>/dev/null || true
+        fi
+      done
+      failed_at=$((SECONDS + 3600))   # once
+    fi
+    sleep 0.5
+  done
+  cleanup
+  hung=   # the VMs whose init never started: nothing ran in them
+  for n in 0 1; do
+    grep -q '\[softroce [0-9.]*\] init started' "$RUN/logs/vm$n.log" || hung+=" vm$n"
+  done
+  [ -n "$hung" ] && [ $attempt = 1 ] || break
+  say "hung at boot, before its init started:$hung; its log's last lines:"
+  for n in $hung; do tail -n 30 "$RUN/logs/$n.log" | sed "s/^/[$n] /" >&2; done
+  say "nothing ran; booting both VMs once more (the first boot's logs: $RUN/logs/*.boot1.log)"
+  REBOOTED=$hung
+  for n in 0 1; do mv "$RUN/logs/vm$n.log" "$RUN/logs/vm$n.boot1.log"; done
+  P=$((P + 2))
+  while echo "$used" | grep -qix -e "$(printf %04X $P)" -e "$(printf %04X $((P + 1)))"; do P=$((P + 2)); done
 done
 cleanup; trap - EXIT
 
@@ -155,4 +180,5 @@ if [ $rc -eq 0 ]; then
 else
   say "FAILED (rc $rc); logs in $RUN/logs"
 fi
+[ -z "$REBOOTED" ] || say "the pair was booted twice:$REBOOTED hung at boot the first time"
 exit $rc

@@ -16,6 +16,9 @@
 # Env: SOFTROCE_ACCEL=tcg|kvm (default tcg; kvm needs a host whose /dev/kvm runs normal guests)
 #      SOFTROCE_BOOT=pvh|bzimage (default pvh: boot the decompressed vmlinux)
 #      SOFTROCE_TIMEOUT=seconds (default 900)   SOFTROCE_MEM (2G)  SOFTROCE_SMP (2)
+#      SOFTROCE_BOOT_TIMEOUT=seconds (default 120): the guest's init must print its first line
+#                        by then, or the VM counts as hung at boot and is ended; it is booted
+#                        once more (SOFTROCE_BOOT_TRIES, default 2; 1 with SOFTROCE_NETDEV)
 #      SOFTROCE_APPEND="extra kernel args", e.g. SOFTROCE_MTU=4200 SOFTROCE_BW_OPTS=-n1000
 #      SOFTROCE_PASS_ENV="VAR ..." variables exported into CMD's environment
 #                        (default: RUST_BACKTRACE RUST_LOG RUST_TEST_THREADS RUST_TEST_NOCAPTURE)
@@ -80,18 +83,63 @@ if [ -n "${SOFTROCE_NETDEV:-}" ]; then
             -device "virtio-net-pci,netdev=n0,romfile=${SOFTROCE_MAC:+,mac=$SOFTROCE_MAC}")
 fi
 
+# The serial console goes to a file. The kernel's boot log stays there (shown only when the guest
+# hangs before its init speaks); from init's first line on, everything is relayed to stdout, and
+# init turns the kernel's console messages down to errors (what "quiet" did).
+CONSOLE=$TMP/console
+BOOT_TIMEOUT=${SOFTROCE_BOOT_TIMEOUT:-120}
+# A second boot is safe only while the guest has run nothing, and only for one VM on its own:
+# a peer VM's qemu stays joined to the first boot's netdev.
+TRIES=${SOFTROCE_BOOT_TRIES:-2}; [ -z "${SOFTROCE_NETDEV:-}" ] || TRIES=1
+
+console_tail() {
+  if [ -s "$CONSOLE" ]; then tail -n 25 "$CONSOLE" | tr -cd '[:print:]\n' | awk '{print "  | " $0}' >&2
+  else echo "  | (nothing: the kernel wrote no console line at all)" >&2; fi
+}
+boot() {  # one boot; sets QRC and HUNG
+  : > "$CONSOLE"; HUNG=0
+  timeout --foreground -k 5 "${SOFTROCE_TIMEOUT:-900}" \
+    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -smp "${SOFTROCE_SMP:-2}" -m "${SOFTROCE_MEM:-2G}" \
+      -nodefaults -no-user-config -display none -serial "file:$CONSOLE" -no-reboot \
+      -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+      "${FS_ARGS[@]}" "${NET_ARGS[@]}" \
+      -kernel "$KERNEL" -initrd "$INITRD" \
+      -append "console=ttyS0 panic=-1 mitigations=off ${SOFTROCE_APPEND:-}" </dev/null &
+  local q=$! t0=$SECONDS
+  tail -s 0.2 -n +1 -F --pid=$q "$CONSOLE" 2>/dev/null |
+    awk '!on && /\[softroce [0-9.]+\] init started/ { on = 1 } on { print; fflush() }' &
+  local relay=$!
+  # the boot watchdog: init's first line within BOOT_TIMEOUT s, or the guest is ended
+  until grep -q '\[softroce [0-9.]*\] init started' "$CONSOLE" || ! kill -0 $q 2>/dev/null; do
+    if [ $((SECONDS - t0)) -ge "$BOOT_TIMEOUT" ]; then
+      HUNG=1
+      echo "run-vm.sh: the guest's init did not start within ${BOOT_TIMEOUT} s" \
+        "(SOFTROCE_BOOT_TIMEOUT): the guest hung at boot; ending qemu. The console's last lines:" >&2
+      console_tail
+      kill -TERM $q 2>/dev/null
+      break
+    fi
+    sleep 0.2
+  done
+  wait $q; QRC=$?
+  wait $relay
+  if [ $HUNG = 0 ] && ! grep -q '\[softroce [0-9.]*\] init started' "$CONSOLE"; then
+    echo "run-vm.sh: qemu ended (rc $QRC) before the guest's init started. The console's last lines:" >&2
+    console_tail
+  fi
+}
+
 START=$(date +%s.%N)
-timeout --foreground -k 5 "${SOFTROCE_TIMEOUT:-900}" \
-  qemu-system-x86_64 "${ACCEL_ARGS[@]}" -smp "${SOFTROCE_SMP:-2}" -m "${SOFTROCE_MEM:-2G}" \
-    -nodefaults -no-user-config -display none -serial stdio -no-reboot \
-    -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
-    "${FS_ARGS[@]}" "${NET_ARGS[@]}" \
-    -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "console=ttyS0 quiet panic=-1 mitigations=off ${SOFTROCE_APPEND:-}" </dev/null
-QRC=$?
+for try in $(seq 1 "$TRIES"); do
+  boot
+  [ $HUNG = 1 ] && [ "$try" -lt "$TRIES" ] || break
+  echo "run-vm.sh: nothing ran in the guest yet; booting it again ($((try + 1)) of $TRIES)" >&2
+done
 END=$(date +%s.%N)
 
-if [ -s "$TMP/ctl/rc" ]; then
+if [ $HUNG = 1 ]; then
+  echo "run-vm.sh: the VM hung at boot $TRIES time(s); nothing ran" >&2; RC=125
+elif [ -s "$TMP/ctl/rc" ]; then
   RC=$(cat "$TMP/ctl/rc")              # written by the guest over 9p
 elif [ $QRC -ne 124 ] && [ $QRC -ne 137 ] && [ $((QRC % 2)) -eq 1 ]; then
   RC=$(( (QRC - 1) / 2 ))              # isa-debug-exit: qemu rc = 2*rc+1

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The VM's boot watchdog (run-vm.sh) on a guest that hangs before its init starts: init is a
+# shell waiting on a console with no input (rdinit=/bin/sh). run-vm.sh must end it after
+# SOFTROCE_BOOT_TIMEOUT, show the kernel's last console lines, boot it once more, and exit 125
+# saying it hung twice, well before SOFTROCE_TIMEOUT. A normal boot is every other VM step.
+#   ci/vm/watchdog-test.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+SETUP_VM=1 source ci/setup.sh || exit 1
+set +e
+ci/vm/build-initramfs.sh >&2 || exit 1
+log=$(mktemp /tmp/vm-watchdog.XXXXXX); trap 'rm -f "$log"' EXIT
+t=$SECONDS
+SOFTROCE_BOOT_TIMEOUT=10 SOFTROCE_TIMEOUT=120 SOFTROCE_APPEND=rdinit=/bin/sh \
+  ci/vm/run-vm.sh -- true > "$log" 2>&1
+rc=$?
+cat "$log"
+fail=0
+check() {  # check WHAT PATTERN: the log has a line matching PATTERN
+  if grep -qE -- "$2" "$log"; then echo "watchdog-test: ok: $1"
+  else echo "watchdog-test: FAILED: $1 (no line matching: $2)"; fail=1; fi
+}
+[ $rc -eq 125 ] && echo "watchdog-test: ok: exit status 125" ||
+  { echo "watchdog-test: FAILED: exit status $rc, not 125"; fail=1; }
+check "the hang named, with its timeout" "init did not start within 10 s"
+check "the kernel's last console lines shown" '^  \| .*Run /bin/sh as init process'
+check "booted once more" "booting it again \(2 of 2\)"
+check "both boots hung, nothing ran" "the VM hung at boot 2 time\(s\); nothing ran"
+[ "$(grep -c 'init did not start' "$log")" -eq 2 ] && echo "watchdog-test: ok: two boots" ||
+  { echo "watchdog-test: FAILED: not two boots"; fail=1; }
+echo "watchdog-test: $((SECONDS - t)) s: $([ $fail = 0 ] && echo PASSED || echo FAILED)"
+exit $fail
