@@ -87,6 +87,7 @@ fi
 # hangs before its init speaks); from init's first line on, everything is relayed to stdout, and
 # init turns the kernel's console messages down to errors (what "quiet" did).
 CONSOLE=$TMP/console
+INIT_LINE='[[]softroce [0-9.]+[]] init started'   # ci/vm/init's first line (ERE, no backslashes: awk -v)
 BOOT_TIMEOUT=${SOFTROCE_BOOT_TIMEOUT:-120}
 # A second boot is safe only while the guest has run nothing, and only for one VM on its own:
 # a peer VM's qemu stays joined to the first boot's netdev.
@@ -107,10 +108,10 @@ boot() {  # one boot; sets QRC and HUNG
       -append "console=ttyS0 panic=-1 mitigations=off ${SOFTROCE_APPEND:-}" </dev/null &
   local q=$! t0=$SECONDS
   tail -s 0.2 -n +1 -F --pid=$q "$CONSOLE" 2>/dev/null |
-    awk '!on && /\[softroce [0-9.]+\] init started/ { on = 1 } on { print; fflush() }' &
+    awk -v re="$INIT_LINE" '!on && $0 ~ re { on = 1 } on { print; fflush() }' &
   local relay=$!
   # the boot watchdog: init's first line within BOOT_TIMEOUT s, or the guest is ended
-  until grep -q '\[softroce [0-9.]*\] init started' "$CONSOLE" || ! kill -0 $q 2>/dev/null; do
+  until grep -qE "$INIT_LINE" "$CONSOLE" || ! kill -0 $q 2>/dev/null; do
     if [ $((SECONDS - t0)) -ge "$BOOT_TIMEOUT" ]; then
       HUNG=1
       echo "run-vm.sh: the guest's init did not start within ${BOOT_TIMEOUT} s" \
@@ -123,7 +124,7 @@ boot() {  # one boot; sets QRC and HUNG
   done
   wait $q; QRC=$?
   wait $relay
-  if [ $HUNG = 0 ] && ! grep -q '\[softroce [0-9.]*\] init started' "$CONSOLE"; then
+  if [ $HUNG = 0 ] && ! grep -qE "$INIT_LINE" "$CONSOLE"; then
     echo "run-vm.sh: qemu ended (rc $QRC) before the guest's init started. The console's last lines:" >&2
     console_tail
   fi
