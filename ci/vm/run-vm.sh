@@ -87,7 +87,7 @@ fi
 # hangs before its init speaks); from init's first line on, everything is relayed to stdout, and
 # init turns the kernel's console messages down to errors (what "quiet" did).
 CONSOLE=$TMP/console
-INIT_LINE='[[]softroce [0-9.]+[]] init started'   # ci/vm/init's first line (ERE: grep -E, sed -E)
+source "$HERE/relay.sh"   # INIT_LINE, relay
 BOOT_TIMEOUT=${SOFTROCE_BOOT_TIMEOUT:-120}
 # A second boot is safe only while the guest has run nothing, and only for one VM on its own:
 # a peer VM's qemu stays joined to the first boot's netdev.
@@ -107,11 +107,7 @@ boot() {  # one boot; sets QRC and HUNG
       -kernel "$KERNEL" -initrd "$INITRD" \
       -append "console=ttyS0 panic=-1 mitigations=off ${SOFTROCE_APPEND:-}" </dev/null &
   local q=$! t0=$SECONDS
-  # The relay: from init's first line on, each line as it comes (sed -u). Not awk: Debian's
-  # default awk (mawk) reads a pipe in blocks, so the lines waited for the guest's end and were
-  # lost when the VM was ended from outside (ci/vm/watchdog-test.sh checks this).
-  tail -s 0.2 -n +1 -F --pid=$q "$CONSOLE" 2>/dev/null |
-    sed -u -n -E "/$INIT_LINE/{:l;p;n;bl}" &
+  relay "$CONSOLE" $q &
   local relay=$!
   # the boot watchdog: init's first line within BOOT_TIMEOUT s, or the guest is ended
   until grep -qE "$INIT_LINE" "$CONSOLE" || ! kill -0 $q 2>/dev/null; do
