@@ -84,6 +84,7 @@ netdev() {  # netdev N: the -netdev spec of vm N
   esac
 }
 source ci/listening.sh
+source ci/vm/relay.sh   # INIT_LINE: a VM whose log lacks it never started
 
 cleanup() {  # end whatever is left of either VM's process group (a qemu may outlive run-vm.sh)
   for n in 0 1; do
@@ -145,7 +146,7 @@ for attempt in 1 2; do
   cleanup
   hung=   # the VMs whose init never started: nothing ran in them
   for n in 0 1; do
-    grep -q '\[softroce [0-9.]*\] init started' "$RUN/logs/vm$n.log" || hung+=" vm$n"
+    grep -qE "$INIT_LINE" "$RUN/logs/vm$n.log" || hung+=" vm$n"
   done
   [ -n "$hung" ] && [ $attempt = 1 ] || break
   say "hung at boot, before its init started:$hung; its log's last lines:"

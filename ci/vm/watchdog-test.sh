@@ -53,18 +53,16 @@ live=$(mktemp /tmp/vm-live.XXXXXX); trap 'rm -f "$log" "$live"' EXIT
 SOFTROCE_TIMEOUT=300 setsid ci/vm/run-vm.sh -- sleep 250 > "$live" 2>&1 &
 vm=$!
 for _ in $(seq 1 300); do
-  grep -q 'init started' "$live" || ! kill -0 $vm 2>/dev/null && break
+  grep -qE "$INIT_LINE" "$live" || ! kill -0 $vm 2>/dev/null && break
   sleep 0.5
 done
-if grep -q 'init started' "$live" && kill -0 $vm 2>/dev/null; then
+if grep -qE "$INIT_LINE" "$live" && kill -0 $vm 2>/dev/null; then
   echo "watchdog-test: ok: init's first line relayed while the guest runs"
 else
   echo "watchdog-test: FAILED: init's first line not in the log of a running guest after 150 s"
   fail=1
 fi
 kill -TERM -- -$vm 2>/dev/null; sleep 2; kill -KILL -- -$vm 2>/dev/null; wait $vm 2>/dev/null
-grep -q 'init started' "$live" && echo "watchdog-test: ok: and still there once the VM was ended" ||
-  { echo "watchdog-test: FAILED: the log of the ended VM lacks init's first line"; fail=1; }
 sed 's/^/  live | /' "$live"
 echo "watchdog-test: $((SECONDS - t)) s: $([ $fail = 0 ] && echo PASSED || echo FAILED)"
 exit $fail
