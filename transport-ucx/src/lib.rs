@@ -149,7 +149,9 @@ const OPTIONS: &[OptionInfo] = &[
         values: "1..=64",
         help: "most ucp_worker_progress calls in one poll: again while the last one did \
            something and a send, put or flush of ours is still unfinished at UCX (over cma \
-           each call finishes one put); 1: one call, as before (default 8)",
+           each call finishes one put); 1: one call. Default 8, or 1 where the provider \
+           names tcp alone (tcp, or tcp,self): each call there is a system call or more, and \
+           a burst slowed ours' sends (the run record's progress_burst says which)",
     },
 ];
 
@@ -183,6 +185,25 @@ pub(crate) fn without_peer_failure(tls: Option<&str>) -> bool {
     names_only(tls, |t| {
         SHARED_MEMORY.contains(&t) || CUDA_COPIES.contains(&t)
     })
+}
+
+/// Most `ucp_worker_progress` calls in one poll (option `progress_burst`) where
+/// [`default_burst`] does not take 1.
+const BURST_DEFAULT: u32 = 8;
+
+/// `progress_burst`'s default for a provider `tls` (UCX_TLS): 1 where it names tcp alone (and
+/// perhaps self), 8 otherwise. Over tcp each progress call is a system call or more (an
+/// `epoll_wait`, then a socket's send or receive), and a burst of them in one poll slowed
+/// ours' senders on this box: tcp put 4 KiB by about 9%, tag 64 KiB by 1%, tag 1 MiB by 7%
+/// where the box ran fastest (docs/measurements.md, U159-U161). Where a progress call finishes
+/// one put at a time (cma, UCX 1.22's shared memory) the burst is what keeps ours' loop from
+/// turning once a put (U59, U62; 6% at 4 KiB in U161).
+pub(crate) fn default_burst(tls: Option<&str>) -> u32 {
+    if names_only(tls, |t| matches!(t, "tcp" | "self")) && !names_only(tls, |t| t == "self") {
+        1
+    } else {
+        BURST_DEFAULT
+    }
 }
 
 /// How bytes land in this endpoint's GPU regions, for `make_gpu_visible`: UCX's CPU and CUDA
@@ -412,6 +433,18 @@ mod tests {
         assert!(!super::without_peer_failure(None));
         assert!(!super::without_peer_failure(Some("tcp,\\tcp")));
         assert!(!super::without_peer_failure(Some("^sm")), "all but sm");
+        for (tls, want) in [
+            (Some("tcp"), 1),
+            (Some("tcp,self"), 1),
+            (Some(" \\tcp:aux , self"), 1),
+            (None, super::BURST_DEFAULT),
+            (Some("self"), super::BURST_DEFAULT),
+            (Some("sm,tcp"), super::BURST_DEFAULT),
+            (Some("^sm"), super::BURST_DEFAULT),
+            (Some("tcp,rc_verbs"), super::BURST_DEFAULT),
+        ] {
+            assert_eq!(super::default_burst(tls), want, "{tls:?}");
+        }
         use transport_core::Landing::{NicDma, ProviderCopy};
         for (tls, want) in [
             (None, NicDma),

@@ -12,6 +12,11 @@ use transport_ucx::Endpoint;
 fn open(_side: usize) -> Result<Endpoint> {
     let ep = Endpoint::open(&NicDesc::provider("sm"))?;
     assert_eq!(ep.runtime().settings["err_mode"], "none", "auto on sm");
+    assert_eq!(
+        ep.runtime().settings["progress_burst"],
+        "8",
+        "default on sm"
+    );
     Ok(ep)
 }
 

@@ -16,6 +16,7 @@ fn open_with(write: Option<&str>) -> Result<Endpoint> {
     let ep = Endpoint::open(&nic)?;
     let settings = ep.runtime().settings;
     assert_eq!(settings["err_mode"], "peer", "auto on tcp");
+    assert_eq!(settings["progress_burst"], "1", "default on tcp alone");
     assert_eq!(
         settings["write"].split(' ').next(),
         Some(write.unwrap_or("auto"))

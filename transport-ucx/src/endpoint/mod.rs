@@ -62,8 +62,7 @@ const IMM_QUEUE: usize = 1 << 16;
 const SKIP_DEFAULT: u32 = 32;
 /// The most `progress_skip` takes.
 const SKIP_LIMIT: u32 = 1024;
-/// Most `ucp_worker_progress` calls in one poll (option `progress_burst`).
-const BURST_DEFAULT: u32 = 8;
+/// The most `progress_burst` takes (its default: [`crate::default_burst`]).
 const BURST_LIMIT: u32 = 64;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);

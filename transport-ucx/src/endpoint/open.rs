@@ -44,7 +44,7 @@ impl Endpoint {
             .unwrap_or(SKIP_DEFAULT);
         let burst = nic
             .number_option("ucx", "progress_burst", 1..=BURST_LIMIT)?
-            .unwrap_or(BURST_DEFAULT);
+            .unwrap_or_else(|| crate::default_burst(nic.provider.as_deref()));
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
         // out pointer.

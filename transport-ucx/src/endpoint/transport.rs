@@ -567,6 +567,7 @@ impl Transport for Endpoint {
             "memh".into(),
             if self.name_memory { "on" } else { "off" }.into(),
         );
+        settings.insert("progress_burst".into(), self.burst.to_string());
         settings.insert(
             "err_mode".into(),
             if self.peer_errors { "peer" } else { "none" }.into(),
