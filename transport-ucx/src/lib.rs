@@ -194,9 +194,9 @@ const BURST_DEFAULT: u32 = 8;
 /// `progress_burst`'s default for a provider `tls` (UCX_TLS): 1 where it names tcp alone (and
 /// perhaps self), 8 otherwise. Over tcp each progress call is a system call or more (an
 /// `epoll_wait`, then a socket's send or receive), and a burst of them in one poll slowed
-/// ours' senders on this box: tcp tag 64 KiB by 1%, tag 1 MiB by 7% where the box ran
-/// fastest; the sender read the receiver's control messages in more, smaller calls
-/// (docs/measurements.md, U159-U160). Where a progress call finishes one put at a time (cma,
+/// ours' sender on this box: tcp tag 1 MiB by 6-7% where the box ran fastest (tag 64 KiB by
+/// 1% in one set, not in a second); the sender read the receiver's control messages in more,
+/// smaller calls (docs/measurements.md, U159-U161). Where a progress call finishes one put at a time (cma,
 /// UCX 1.22's shared memory) the burst is what keeps ours' loop from turning once a put (U59,
 /// U62; 6% at 4 KiB in U160).
 pub(crate) fn default_burst(tls: Option<&str>) -> u32 {
