@@ -191,15 +191,16 @@ pub(crate) fn without_peer_failure(tls: Option<&str>) -> bool {
 /// [`default_burst`] does not take 1.
 const BURST_DEFAULT: u32 = 8;
 
-/// `progress_burst`'s default for a provider `tls` (UCX_TLS): 1 where it names tcp alone (and
-/// perhaps self), 8 otherwise. Over tcp each progress call is a system call or more (an
-/// `epoll_wait`, then a socket's send or receive), and a burst of them in one poll slowed
+/// `progress_burst`'s default for a provider `tls` (UCX_TLS): 1 where it names tcp and at
+/// most self beside it, 8 otherwise. Over tcp each progress call is a system call or more
+/// (an `epoll_wait`, then a socket's send or receive), and a burst of them in one poll slowed
 /// ours' sender on this box: tcp tag 1 MiB by 6-7% where the box ran fastest (tag 64 KiB by
 /// 1% in one set, not in a second); the sender read the receiver's control messages in more,
-/// smaller calls (docs/measurements.md, U159-U161). Where a progress call finishes one put at a time (cma,
-/// UCX 1.22's shared memory) the burst is what keeps ours' loop from turning once a put (U59,
-/// U62; 6% at 4 KiB in U160).
+/// smaller calls (docs/measurements.md, U159-U161). Where a progress call finishes one put
+/// at a time (cma, UCX 1.22's shared memory) the burst is what keeps ours' loop from turning
+/// once a put (U59, U62; 6% at 4 KiB in U160).
 pub(crate) fn default_burst(tls: Option<&str>) -> u32 {
+    // Only tcp and self, and not self alone (which reaches no other process).
     if names_only(tls, |t| matches!(t, "tcp" | "self")) && !names_only(tls, |t| t == "self") {
         1
     } else {
