@@ -17,9 +17,10 @@
  * round): without the device's 128-byte in-order capability the upper half of each
  * 128-byte block first, then the lower halves; with it, every other whole block first. So
  * the last byte of a buffer may be visible before its first, and with the capability no
- * 128-byte block is ever seen half written. The initiator completes an operation when the
- * answer arrives (after the target placed every byte), resends after an RNR within the
- * QP's rnr_retry, and fails it when no answer comes within the timeout.
+ * 128-byte block's last 8 bytes are seen before the rest of it (struct sim_dma's
+ * `ordered`). The initiator completes an operation when the answer arrives (after the
+ * target placed every byte), resends after an RNR within the QP's rnr_retry, and fails it
+ * when no answer comes within the timeout.
  *
  * One file: it is one thread's state machine. The packet format, the transmit queue, the
  * operation table, the placement queue, the reassembly of WRITEs and struct sim_engine are
@@ -293,7 +294,7 @@ struct dest {
 static void place(struct sim_engine *e, struct dest *d, const uint8_t *data, uint64_t len, int step,
 		  bool in_order_128)
 {
-	struct sim_dma dma = { .l = e->dma_l, .r = e->dma_r, .max = 256 };
+	struct sim_dma dma = { .l = e->dma_l, .r = e->dma_r, .max = 256, .ordered = in_order_128 };
 	unsigned shift = in_order_128 ? 7 : 6;
 	uint64_t done = 0, off = d->off;
 	int i = 0;

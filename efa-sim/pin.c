@@ -302,8 +302,10 @@ void sim_dma_flush(struct sim_dma *d)
 		use_pvm = false;
 	}
 	if (!use_pvm) {
-		for (i = 0; i < d->n; i++)
+		for (i = 0; i < d->n; i++) {
 			memcpy(d->r[i].iov_base, d->l[i].iov_base, d->l[i].iov_len);
+			__atomic_thread_fence(__ATOMIC_RELEASE); /* pieces land in order */
+		}
 		r = (ssize_t)want;
 	}
 	if (r < 0)
@@ -333,8 +335,19 @@ void sim_dma_put(struct sim_dma *d, struct sim_mr *mr, uint64_t va, const uint8_
 		take = s->len - (va - s->va);
 		if (take > n)
 			take = n;
+		if (d->ordered) {
+			/* Pieces end where a 128-byte block's last 8 bytes begin and where a
+			 * block ends; they land in ascending order, each copy (or the kernel's
+			 * copy of each iovec) finished before the next starts. */
+			uint64_t off = va & 127, cut = off < 120 ? 120 - off : 128 - off;
+
+			if (take > cut)
+				take = cut;
+		}
 		if (s->pinned) {
 			memcpy(s->pinned + (va - s->va), src, take);
+			if (d->ordered)
+				__atomic_thread_fence(__ATOMIC_RELEASE);
 		} else {
 			if (d->n == d->max)
 				sim_dma_flush(d);

@@ -315,11 +315,18 @@ struct sim_qp *sim_qp_by_num(struct sim_ctx *ctx, uint32_t qpn);
 /* pin.c: registration's view of memory, and the device's DMA into it */
 int sim_pin(struct sim_mr *mr, void *addr, size_t len, bool write, bool remote);
 void sim_unpin(struct sim_mr *mr);
-/* A batch of DMA writes to pages reached through the process's mapping (one syscall). */
+/*
+ * A batch of DMA writes to pages reached through the process's mapping (one syscall).
+ * `ordered`: the device's 128-byte in-order capability, so the last 8 bytes of each 128-byte
+ * aligned block (an LL128 poller's flag) become visible only after the block's other bytes.
+ * A plain copy does not promise that: glibc's memcpy of 128 bytes with 32-byte vectors
+ * stores bytes 96-127 before 64-95, and the kernel's string copy orders no store inside it.
+ */
 struct sim_dma {
 	struct iovec *l, *r;
 	unsigned n, max;
 	uint64_t bytes, short_bytes;
+	bool ordered;
 };
 void sim_dma_put(struct sim_dma *d, struct sim_mr *mr, uint64_t va, const uint8_t *src, uint64_t n);
 void sim_dma_flush(struct sim_dma *d);
