@@ -316,9 +316,10 @@ struct sim_qp *sim_qp_by_num(struct sim_ctx *ctx, uint32_t qpn);
 int sim_pin(struct sim_mr *mr, void *addr, size_t len, bool write, bool remote);
 void sim_unpin(struct sim_mr *mr);
 /*
- * A batch of DMA writes to pages reached through the process's mapping (one syscall).
- * `ordered`: the device's 128-byte in-order capability, so the last 8 bytes of each 128-byte
- * aligned block (an LL128 poller's flag) become visible only after the block's other bytes.
+ * A batch of DMA writes to pages reached through the process's mapping (one syscall);
+ * pinned pages are copied at once. `ordered` (both kinds of page): the device's 128-byte
+ * in-order capability, so the last 8 bytes of each 128-byte aligned block (an LL128
+ * poller's flag) become visible only after the block's other bytes.
  * A plain copy does not promise that: glibc's memcpy of 128 bytes with 32-byte vectors
  * stores bytes 96-127 before 64-95, and the kernel's string copy orders no store inside it.
  */
