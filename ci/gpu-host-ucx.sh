@@ -305,6 +305,9 @@ run() {
     # UCX's CUDA driver calls, where it made any.
     log "  $1 server cuda: $(grep -o 'ucp-time-cuda: .*' "$2" | cut -c16- || echo none)"
     log "  $1 client cuda: $(grep -o 'ucp-time-cuda: .*' "$3" | cut -c16- || echo none)"
+    # Where UCX issued its copies, and how its event queries found them.
+    log "  $1 server events: $(grep -o 'ucp-time-events: .*' "$2" | cut -c18- || echo none)"
+    log "  $1 client events: $(grep -o 'ucp-time-events: .*' "$3" | cut -c18- || echo none)"
     # The run's host speed: both processes' mean cuCtxGetId (ns), "-" where either made none.
     awk '/ucp-time-cuda: / && match($0, /cuCtxGetId [0-9.]+\/msg [0-9.]+ ns/) {
         split(substr($0, RSTART, RLENGTH), f, " "); if (f[2] + 0 > 0) {s += f[3]; n++} }

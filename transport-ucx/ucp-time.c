@@ -23,6 +23,16 @@
  *
  *   ucp-time-cuda: C calls/msg, NS ns/msg: cuCtxPushCurrent C/msg NS ns; ...
  *
+ * and a third with where UCX issued its copies (inside which wrapped call) and how its event
+ * queries found them: the queries a message that found the work still running ("early"; each
+ * costs a driver call, 1.3-1.7 us on the GPU host), how many of those ran in the progress
+ * call that issued the copy, and the age of early queries and of each copy's first ready
+ * query (since the last copy's issue: right where one copy is in flight at a time):
+ *
+ *   ucp-time-events: copies issued in progress N, in recv N, in send N, in put N, outside N;
+ *   early queries Q/msg (N, N in the copy's own progress call), their age NS ns; first ready
+ *   query's age NS ns (N)
+ *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
  * per message outside the four calls (its own loop, and the time between calls; for a
  * process whose setup makes wrapped calls, its setup too); src%4096 and dst%4096 are the
@@ -60,6 +70,11 @@ static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, 
 static uint64_t c_work, c_react, n_react, work_end;
 static uint64_t c_put, n_put, p_send, p_recv, p_put;
 static uint64_t first, last;
+/* Which wrapped UCP call the thread is inside (W_*), and progress calls so far: the CUDA
+ * wrappers below tell where UCX issued each copy and how soon it queried the copy's event. */
+enum { W_OUT, W_PROG, W_RECV, W_SEND, W_PUT, W_N };
+static int where;
+static uint64_t prog_seq;
 static uintptr_t src0, dst0;
 static struct timespec t0;
 
@@ -83,9 +98,12 @@ unsigned ucp_worker_progress(P worker)
 {
     static unsigned (*real)(P);
     if (real == NULL) real = (unsigned (*)(P))dlsym(RTLD_NEXT, "ucp_worker_progress");
+    prog_seq++;
+    where = W_PROG;
     uint64_t a = __rdtsc();
     unsigned r = real(worker);
     uint64_t b = __rdtsc();
+    where = W_OUT;
     mark(a);
     c_prog += b - a;
     n_prog++;
@@ -102,9 +120,11 @@ P ucp_tag_send_nbx(P ep, const void *buf, size_t len, uint64_t tag, const void *
     static P (*real)(P, const void *, size_t, uint64_t, const void *);
     if (real == NULL)
         real = (P (*)(P, const void *, size_t, uint64_t, const void *))dlsym(RTLD_NEXT, "ucp_tag_send_nbx");
+    where = W_SEND;
     uint64_t a = __rdtsc();
     P r = real(ep, buf, len, tag, param);
     uint64_t b = __rdtsc();
+    where = W_OUT;
     mark(a);
     if (work_end != 0) {
         c_react += a - work_end;
@@ -123,9 +143,11 @@ P ucp_tag_recv_nbx(P worker, void *buf, size_t len, uint64_t tag, uint64_t mask,
     static P (*real)(P, void *, size_t, uint64_t, uint64_t, const void *);
     if (real == NULL)
         real = (P (*)(P, void *, size_t, uint64_t, uint64_t, const void *))dlsym(RTLD_NEXT, "ucp_tag_recv_nbx");
+    where = W_RECV;
     uint64_t a = __rdtsc();
     P r = real(worker, buf, len, tag, mask, param);
     uint64_t b = __rdtsc();
+    where = W_OUT;
     mark(a);
     c_recv += b - a;
     if (n_recv++ == 0) dst0 = (uintptr_t)buf;
@@ -139,9 +161,11 @@ P ucp_put_nbx(P ep, const void *buf, size_t len, uint64_t raddr, P rkey, const v
     static P (*real)(P, const void *, size_t, uint64_t, P, const void *);
     if (real == NULL)
         real = (P (*)(P, const void *, size_t, uint64_t, P, const void *))dlsym(RTLD_NEXT, "ucp_put_nbx");
+    where = W_PUT;
     uint64_t a = __rdtsc();
     P r = real(ep, buf, len, raddr, rkey, param);
     uint64_t b = __rdtsc();
+    where = W_OUT;
     mark(a);
     c_put += b - a;
     n_put++;
@@ -201,13 +225,53 @@ CU_WRAP(CU_ATTR, cuPointerGetAttribute, (P data, int attr, uint64_t ptr), (data,
 CU_WRAP(CU_ATTRS, cuPointerGetAttributes, (unsigned n, P attrs, P data, uint64_t ptr),
         (n, attrs, data, ptr))
 CU_WRAP(CU_RANGE, cuMemGetAddressRange_v2, (P base, P size, uint64_t ptr), (base, size, ptr))
-CU_WRAP(CU_COPY, cuMemcpyAsync, (uint64_t dst, uint64_t src, size_t n, P stream),
-        (dst, src, n, stream))
+
+/* The copies and their events, timed: where each copy was issued (W_*), and for each event
+ * query its age (TSC cycles since the last copy's issue) and whether it found the work done;
+ * a query that did not is "early", and "same" where it ran in the progress call that issued
+ * the copy. "first ready" is the first query that found work done after a copy. Ages are
+ * the last copy's: right where one copy is in flight at a time, as on a tag stream's receiver. */
+static uint64_t copy_at[W_N], copy_t, copy_seq, q_early, q_same, c_early_age, q_first, c_first_age;
+static int copy_open;
+
+int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, P stream)
+{
+    static int (*real)(uint64_t, uint64_t, size_t, P);
+    if (real == NULL) *(void **)&real = cu_real("cuMemcpyAsync");
+    uint64_t a = __rdtsc();
+    int r = real(dst, src, n, stream);
+    uint64_t b = __rdtsc();
+    cu_c[CU_COPY] += b - a;
+    cu_n[CU_COPY]++;
+    copy_at[where]++;
+    copy_t = b;
+    copy_seq = prog_seq;
+    copy_open = 1;
+    return r;
+}
 CU_WRAP(CU_DTOD, cuMemcpyDtoDAsync_v2, (uint64_t dst, uint64_t src, size_t n, P stream),
         (dst, src, n, stream))
 CU_WRAP(CU_HTOD, cuMemcpyHtoD_v2, (uint64_t dst, const void *src, size_t n), (dst, src, n))
 CU_WRAP(CU_RECORD, cuEventRecord, (P event, P stream), (event, stream))
-CU_WRAP(CU_QUERY, cuEventQuery, (P event), (event))
+int cuEventQuery(P event)
+{
+    static int (*real)(P);
+    if (real == NULL) *(void **)&real = cu_real("cuEventQuery");
+    uint64_t a = __rdtsc();
+    int r = real(event);
+    cu_c[CU_QUERY] += __rdtsc() - a;
+    cu_n[CU_QUERY]++;
+    if (copy_t != 0 && r != 0) { /* CUDA_ERROR_NOT_READY */
+        q_early++;
+        c_early_age += a - copy_t;
+        if (where == W_PROG && prog_seq == copy_seq) q_same++;
+    } else if (copy_open && r == 0) {
+        q_first++;
+        c_first_age += a - copy_t;
+        copy_open = 0;
+    }
+    return r;
+}
 CU_WRAP(CU_SYNC, cuStreamSynchronize, (P stream), (stream))
 CU_WRAP(CU_CALLBACK, cuStreamAddCallback, (P stream, P cb, P data, unsigned flags),
         (stream, cb, data, flags))
@@ -245,4 +309,13 @@ __attribute__((destructor)) static void report(void)
         if (cu_n[k] != 0)
             fprintf(stderr, " %s %.3f/msg %.0f ns;", cu_name[k], cu_n[k] / msgs, cu_c[k] / ghz / cu_n[k]);
     fputc('\n', stderr);
+    fprintf(stderr,
+            "ucp-time-events: copies issued in progress %lu, in recv %lu, in send %lu, in put %lu, "
+            "outside %lu; early queries %.3f/msg (%lu, %lu in the copy's own progress call), "
+            "their age %.0f ns; first ready query's age %.0f ns (%lu)\n",
+            (unsigned long)copy_at[W_PROG], (unsigned long)copy_at[W_RECV],
+            (unsigned long)copy_at[W_SEND], (unsigned long)copy_at[W_PUT],
+            (unsigned long)copy_at[W_OUT], q_early / msgs, (unsigned long)q_early,
+            (unsigned long)q_same, q_early ? c_early_age / ghz / q_early : 0,
+            q_first ? c_first_age / ghz / q_first : 0, (unsigned long)q_first);
 }
