@@ -104,7 +104,8 @@
 #   (transport-ucx/ucp-time.c), and the log gets each one's line: the time inside
 #   ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_put_nbx and ucp_worker_progress per call and per
 #   message, and the calls of each kind without UCP_OP_ATTR_FLAG_MULTI_SEND; and the CUDA
-#   driver calls UCX made, per message and function, with the time inside one. Where UCX
+#   driver calls UCX made, per message and function, with the time inside one, and where it
+#   issued its copies and how often its event queries found them still running. Where UCX
 #   made CUDA calls, each cell's line also gets "at equal speed": the rounds' runs compared
 #   at equal host speed (ci/suspect.sh's adjusted: each run's figure against its processes'
 #   mean time inside cuCtxGetId, a call of fixed work that UCX makes once a message in both

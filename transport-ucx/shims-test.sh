@@ -13,8 +13,9 @@
 #                       none of tag_bw's sends and ucp_put_bw's puts (perftest's stream tests
 #                       set it), every tag_lat send (its ping-pongs do not), and time the puts;
 #                       and, on stand-ins for libcuda and a UCX module that calls it
-#                       (ucp-time-fake.c), count the CUDA driver calls a send makes and hand
-#                       each to libcuda with its arguments;
+#                       (ucp-time-fake.c), count the CUDA driver calls a send makes, hand
+#                       each to libcuda with its arguments, place the copies in the send and
+#                       count the query that found its copy still running;
 #   perftest-features.c with PERFTEST_FEATURES_ADD=64 must add UCP_FEATURE_AM to the
 #                       features each side's context asks for, and the test must run; without
 #                       it the shim must leave them alone; a value that is no number must stop
