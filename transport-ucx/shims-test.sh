@@ -15,7 +15,7 @@
 #                       and, on stand-ins for libcuda and a UCX module that calls it
 #                       (ucp-time-fake.c), count the CUDA driver calls a send makes, hand
 #                       each to libcuda with its arguments, place the copies in the send and
-#                       count the query that found its copy still running;
+#                       count each event's record and the query that found it still running;
 #   perftest-features.c with PERFTEST_FEATURES_ADD=64 must add UCP_FEATURE_AM to the
 #                       features each side's context asks for, and the test must run; without
 #                       it the shim must leave them alone; a value that is no number must stop
@@ -142,11 +142,11 @@ cf=(${CC:-cc} -O2 -Wall -Werror)
 "${cf[@]}" -o "$fk/fake" ucp-time-fake.c -L"$fk" -lfakeucp -ldl
 LD_LIBRARY_PATH=$fk LD_PRELOAD=$out/time.so "$fk/fake" 2000 > "$fk/out" 2>&1 ||
   { echo "shims-test: the fake CUDA program failed under ucp-time:" >&2; cat "$fk/out" >&2; bad=1; }
-want="^ucp-time-cuda: 5.00 calls/msg, [0-9.]+ ns/msg: cuCtxPushCurrent 1.000/msg [0-9]+ ns; cuCtxPopCurrent 1.000/msg [0-9]+ ns; cuMemcpyAsync 1.000/msg [0-9]+ ns; cuEventQuery 2.000/msg [0-9]+ ns;$"
-events="^ucp-time-events: copies issued in progress 0, in recv 0, in send 2000, in put 0, outside 0; early queries 1.000/msg \(2000, 0 in the copy's own progress call\), their age [0-9]+ ns; first ready query's age [0-9]+ ns \(2000\)$"
+want="^ucp-time-cuda: 6.00 calls/msg, [0-9.]+ ns/msg: cuCtxPushCurrent 1.000/msg [0-9]+ ns; cuCtxPopCurrent 1.000/msg [0-9]+ ns; cuMemcpyAsync 1.000/msg [0-9]+ ns; cuEventRecord 1.000/msg [0-9]+ ns; cuEventQuery 2.000/msg [0-9]+ ns;$"
+events="^ucp-time-events: copies issued in progress 0, in recv 0, in send 2000, in put 0, outside 0; events recorded 2000, each behind 0.00 pending \\(most 0, 0 not tracked\\); early queries 1.000/msg \\(2000, 0 in the progress call that recorded the event\\), their event's age [0-9]+ ns; ready queries 2000, their event's age [0-9]+ ns$"
 grep -qE "$want" "$fk/out" && grep -qE "$events" "$fk/out" &&
-  grep -qx "fake libcuda: 10000 calls with the arguments sent" "$fk/out" ||
-  { echo "shims-test: ucp-time did not count and forward 5 CUDA calls a send, 2000 sends, or place their copies and queries:" >&2; cat "$fk/out" >&2; bad=1; }
+  grep -qx "fake libcuda: 12000 calls with the arguments sent" "$fk/out" ||
+  { echo "shims-test: ucp-time did not count and forward 6 CUDA calls a send, 2000 sends, or place their copies and queries:" >&2; cat "$fk/out" >&2; bad=1; }
 # Features added: each side prints what its context asked for and what the shim made of it.
 # UCX's own debug line says what the context got.
 extra=(PERFTEST_FEATURES_ADD=64 UCX_LOG_LEVEL=debug)

@@ -4,13 +4,13 @@
  *   -DFAKE_CUDA  libcuda.so.1: the driver functions the check calls; each checks its
  *                arguments and counts its calls (fake_cuda_calls)
  *   -DFAKE_MOD   libfakemod.so, linked to that libcuda: one "transport" step that calls
- *                cuCtxPushCurrent_v2, cuMemcpyAsync, cuEventQuery twice (the first finds
- *                the copy still running, the second done) and cuCtxPopCurrent_v2
+ *                cuCtxPushCurrent_v2, cuMemcpyAsync, cuEventRecord, cuEventQuery twice (the
+ *                first finds the copy still running, the second done) and cuCtxPopCurrent_v2
  *   -DFAKE_UCP   libfakeucp.so: ucp_tag_send_nbx, which loads libfakemod.so with RTLD_LOCAL
  *                on its first call (as UCX loads its CUDA module, so libcuda is not in the
  *                global scope) and runs its step on every call
  *   (none)       the program: N sends, then the fake driver's own count of its calls, which
- *                must be 5 N: every call the shim took reached the real function
+ *                must be 6 N: every call the shim took reached the real function
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -26,6 +26,12 @@ int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, void *stream)
     calls++;
     sane &= dst == 0x1000 && src == 0x2000 && n == 4096 && stream == (void *)0x5678;
     fresh = 1;
+    return 0;
+}
+int cuEventRecord(void *event, void *stream)
+{
+    calls++;
+    sane &= event == (void *)0x9abc && stream == (void *)0x5678;
     return 0;
 }
 /* CUDA_ERROR_NOT_READY (600) at the first query after a copy, CUDA_SUCCESS after. */
@@ -44,10 +50,12 @@ int cuEventQuery(void *event)
 int cuCtxPushCurrent_v2(void *ctx);
 int cuCtxPopCurrent_v2(void *pctx);
 int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, void *stream);
+int cuEventRecord(void *event, void *stream);
 int cuEventQuery(void *event);
 int fake_mod_step(void)
 {
     return cuCtxPushCurrent_v2((void *)0x1234) | cuMemcpyAsync(0x1000, 0x2000, 4096, (void *)0x5678) |
+           cuEventRecord((void *)0x9abc, (void *)0x5678) |
            (cuEventQuery((void *)0x9abc) != 600) | cuEventQuery((void *)0x9abc) |
            cuCtxPopCurrent_v2(NULL);
 }

@@ -23,15 +23,16 @@
  *
  *   ucp-time-cuda: C calls/msg, NS ns/msg: cuCtxPushCurrent C/msg NS ns; ...
  *
- * and a third with where UCX issued its copies (inside which wrapped call) and how its event
- * queries found them: the queries a message that found the work still running ("early"; each
- * costs a driver call, 1.3-1.7 us on the GPU host), how many of those ran in the progress
- * call that issued the copy, and the age of early queries and of each copy's first ready
- * query (since the last copy's issue: right where one copy is in flight at a time):
+ * and a third with where UCX issued its copies (inside which wrapped call), and its copies'
+ * events: how many a record found still pending before it (several copies in flight on the
+ * stream), the queries a message that found the work still running ("early"; each costs a
+ * driver call, 1.3-1.7 us on the GPU host), how many of those ran in the progress call that
+ * recorded the event, and each query's age of its event (since its record):
  *
  *   ucp-time-events: copies issued in progress N, in recv N, in send N, in put N, outside N;
- *   early queries Q/msg (N, N in the copy's own progress call), their age NS ns; first ready
- *   query's age NS ns (N)
+ *   events recorded N, each behind P pending (most M, N not tracked); early queries Q/msg (N,
+ *   N in the progress call that recorded the event), their event's age NS ns; ready queries
+ *   N, their event's age NS ns
  *
  * span runs from the first wrapped call to the last one; "rest" is what the process spent
  * per message outside the four calls (its own loop, and the time between calls; for a
@@ -226,13 +227,18 @@ CU_WRAP(CU_ATTRS, cuPointerGetAttributes, (unsigned n, P attrs, P data, uint64_t
         (n, attrs, data, ptr))
 CU_WRAP(CU_RANGE, cuMemGetAddressRange_v2, (P base, P size, uint64_t ptr), (base, size, ptr))
 
-/* The copies and their events, timed: where each copy was issued (W_*), and for each event
- * query its age (TSC cycles since the last copy's issue) and whether it found the work done;
- * a query that did not is "early", and "same" where it ran in the progress call that issued
- * the copy. "first ready" is the first query that found work done after a copy. Ages are
- * the last copy's: right where one copy is in flight at a time, as on a tag stream's receiver. */
-static uint64_t copy_at[W_N], copy_t, copy_seq, q_early, q_same, c_early_age, q_first, c_first_age;
-static int copy_open;
+/* The copies and their events, timed: where each copy was issued (W_*); each event recorded
+ * (a copy's completion marker on its stream) with its TSC and the progress call it was
+ * recorded in, and how many recorded before it were still pending then; each query of a
+ * recorded event, "early" where it found the work still running (and "same" where that
+ * query ran in the progress call that recorded the event), "ready" where it found it done
+ * (the event then leaves the table), with the event's age. Up to EV_MAX events pending at
+ * once are tracked; a query of an event not in the table is not counted here. */
+#define EV_MAX 256
+static struct { P event; uint64_t t, seq; } ev[EV_MAX];
+static unsigned ev_n, ev_most;
+static uint64_t copy_at[W_N], n_rec, c_behind, lost_rec;
+static uint64_t q_early, q_same, c_early_age, q_ready, c_ready_age;
 
 int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, P stream)
 {
@@ -240,19 +246,40 @@ int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, P stream)
     if (real == NULL) *(void **)&real = cu_real("cuMemcpyAsync");
     uint64_t a = __rdtsc();
     int r = real(dst, src, n, stream);
-    uint64_t b = __rdtsc();
-    cu_c[CU_COPY] += b - a;
+    cu_c[CU_COPY] += __rdtsc() - a;
     cu_n[CU_COPY]++;
     copy_at[where]++;
-    copy_t = b;
-    copy_seq = prog_seq;
-    copy_open = 1;
     return r;
 }
-CU_WRAP(CU_DTOD, cuMemcpyDtoDAsync_v2, (uint64_t dst, uint64_t src, size_t n, P stream),
-        (dst, src, n, stream))
-CU_WRAP(CU_HTOD, cuMemcpyHtoD_v2, (uint64_t dst, const void *src, size_t n), (dst, src, n))
-CU_WRAP(CU_RECORD, cuEventRecord, (P event, P stream), (event, stream))
+
+int cuEventRecord(P event, P stream)
+{
+    static int (*real)(P, P);
+    if (real == NULL) *(void **)&real = cu_real("cuEventRecord");
+    uint64_t a = __rdtsc();
+    int r = real(event, stream);
+    uint64_t b = __rdtsc();
+    cu_c[CU_RECORD] += b - a;
+    cu_n[CU_RECORD]++;
+    unsigned i;
+    for (i = 0; i < ev_n && ev[i].event != event; i++)
+        ;
+    if (i == ev_n) { /* a new entry; an event recorded again while pending keeps its slot */
+        if (ev_n == EV_MAX) {
+            lost_rec++;
+            return r;
+        }
+        ev_n++;
+    }
+    n_rec++;
+    c_behind += ev_n - 1;
+    if (ev_n - 1 > ev_most) ev_most = ev_n - 1;
+    ev[i].event = event;
+    ev[i].t = b;
+    ev[i].seq = prog_seq;
+    return r;
+}
+
 int cuEventQuery(P event)
 {
     static int (*real)(P);
@@ -261,14 +288,18 @@ int cuEventQuery(P event)
     int r = real(event);
     cu_c[CU_QUERY] += __rdtsc() - a;
     cu_n[CU_QUERY]++;
-    if (copy_t != 0 && r != 0) { /* CUDA_ERROR_NOT_READY */
+    unsigned i;
+    for (i = 0; i < ev_n && ev[i].event != event; i++)
+        ;
+    if (i == ev_n) return r;
+    if (r != 0) { /* CUDA_ERROR_NOT_READY */
         q_early++;
-        c_early_age += a - copy_t;
-        if (where == W_PROG && prog_seq == copy_seq) q_same++;
-    } else if (copy_open && r == 0) {
-        q_first++;
-        c_first_age += a - copy_t;
-        copy_open = 0;
+        c_early_age += a - ev[i].t;
+        if (where == W_PROG && prog_seq == ev[i].seq) q_same++;
+    } else {
+        q_ready++;
+        c_ready_age += a - ev[i].t;
+        ev[i] = ev[--ev_n];
     }
     return r;
 }
@@ -311,11 +342,13 @@ __attribute__((destructor)) static void report(void)
     fputc('\n', stderr);
     fprintf(stderr,
             "ucp-time-events: copies issued in progress %lu, in recv %lu, in send %lu, in put %lu, "
-            "outside %lu; early queries %.3f/msg (%lu, %lu in the copy's own progress call), "
-            "their age %.0f ns; first ready query's age %.0f ns (%lu)\n",
+            "outside %lu; events recorded %lu, each behind %.2f pending (most %u, %lu not tracked); "
+            "early queries %.3f/msg (%lu, %lu in the progress call that recorded the event), "
+            "their event's age %.0f ns; ready queries %lu, their event's age %.0f ns\n",
             (unsigned long)copy_at[W_PROG], (unsigned long)copy_at[W_RECV],
             (unsigned long)copy_at[W_SEND], (unsigned long)copy_at[W_PUT],
-            (unsigned long)copy_at[W_OUT], q_early / msgs, (unsigned long)q_early,
-            (unsigned long)q_same, q_early ? c_early_age / ghz / q_early : 0,
-            q_first ? c_first_age / ghz / q_first : 0, (unsigned long)q_first);
+            (unsigned long)copy_at[W_OUT], (unsigned long)n_rec,
+            n_rec ? (double)c_behind / n_rec : 0, ev_most, (unsigned long)lost_rec, q_early / msgs,
+            (unsigned long)q_early, (unsigned long)q_same, q_early ? c_early_age / ghz / q_early : 0,
+            (unsigned long)q_ready, q_ready ? c_ready_age / ghz / q_ready : 0);
 }
