@@ -120,7 +120,15 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# Two clocks. now_ms (the wall clock, to the microsecond) only aims a kill a few ms after its
+# moment. mono_ms (/proc/uptime: the kernel's boot-time clock, which no one can set, to 10 ms)
+# times everything that is judged: how long a survivor took, LIMIT, the waits. This VM's wall
+# clock steps when the machine is paused and resumed (a snapshot; dmesg says "crng reseeded due
+# to virtual machine fork"): a step of 20 s or more made three healthy ranks, still inside their
+# first 6-s rendezvous wait, look "alive 20 s after the kill" (CI, 1.17/tcp ranks #0, seed
+# 911426). The processes' own timeouts run on the monotonic clock, as mono_ms does.
 now_ms() { local t=${EPOCHREALTIME/./}; echo $(( t / 1000 )); }
+mono_ms() { local u _; read -r u _ </proc/uptime; u=${u/./}; echo $(( 10#$u * 10 )); }
 # A port nothing listens on, below the kernel's ephemeral range (a port that a connection of
 # anyone's uses as its local end cannot be bound either); nothing but bash needed.
 EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
@@ -248,7 +256,7 @@ start() {
     echo "$p" >"$dir/$name.pid"
     wait "$p"
     rc=$?
-    echo "$rc $(now_ms)" >"$dir/$name.rc.part" && mv "$dir/$name.rc.part" "$dir/$name.rc"
+    echo "$rc $(mono_ms)" >"$dir/$name.rc.part" && mv "$dir/$name.rc.part" "$dir/$name.rc"
   ) 2>/dev/null &
   local w=$!
   local t=0
@@ -270,12 +278,12 @@ at_of() { cut -d' ' -f2 "$1/$2.rc"; }
 # wait_for DIR NAME PATTERN SECS [FILES]: until NAME's stderr (or any of FILES) matches (0),
 # NAME ended (1) or time ran out (2).
 wait_for() {
-  local end=$(( $(now_ms) + $4 * 1000 ))
+  local end=$(( $(mono_ms) + $4 * 1000 ))
   local files=${5:-$1/$2.err}
   while :; do
     grep -qE -- "$3" $files 2>/dev/null && return 0
     ended "$1" "$2" && return 1
-    [ "$(now_ms)" -lt "$end" ] || return 2
+    [ "$(mono_ms)" -lt "$end" ] || return 2
     sleep "${6:-0.01}"
   done
 }
@@ -405,7 +413,7 @@ ranks_trial() {
     while [ $(( $(now_ms) - t_start )) -lt "$delay" ]; do sleep 0.002; done
     kill_it "$dir" "rank$victim"
   fi
-  local t_kill; t_kill=$(now_ms)
+  local t_kill; t_kill=$(mono_ms)
   # A kill that found the victim gone tested nothing.
   kill_landed "$dir" "rank$victim" ||
     { missed "$key" "$dir" "rank$victim" "$v/$prov #$idx seed $seed ($phase)"; return; }
@@ -424,7 +432,7 @@ ranks_trial() {
     left=0
     for r in 0 1 2 3; do [ "$r" = "$victim" ] || ended "$dir" "rank$r" || left=$((left + 1)); done
     [ $left -gt 0 ] || break
-    [ $(( $(now_ms) - t_kill )) -lt $((LIMIT * 1000)) ] || break
+    [ $(( $(mono_ms) - t_kill )) -lt $((LIMIT * 1000)) ] || break
     sleep 0.02
   done
   local complete=0
@@ -490,10 +498,10 @@ server_trial() {
   local trial="$v/$prov #$idx seed $seed"
   start srv "$dir" -- server --listen 127.0.0.1:0 $(nic "$v" "$prov") --idle-timeout 5 ||
     { start_failed "$key" "$dir" "$trial" "the server"; return 1; }
-  local t0; t0=$(now_ms)
+  local t0; t0=$(mono_ms)
   until grep -q "listening on" "$dir/srv.out" 2>/dev/null; do
     ended "$dir" srv && break
-    [ $(( $(now_ms) - t0 )) -lt 30000 ] || break
+    [ $(( $(mono_ms) - t0 )) -lt 30000 ] || break
     sleep 0.01
   done
   addr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$dir/srv.out" | head -1)
@@ -513,11 +521,12 @@ server_trial() {
   start cli "$dir" -- client --connect "$addr" $(nic "$v" "$prov") -s 4K --pages 16 -n "$n" \
     --idle-timeout 5 --connect-timeout 10 -v ||
     { start_failed "$key" "$dir" "$trial" "the client"; return 1; }
-  t0=$(now_ms)
-  while [ $(( $(now_ms) - t0 )) -lt "$delay" ]; do sleep 0.002; done
+  t0=$(mono_ms)
+  local aim; aim=$(now_ms)
+  while [ $(( $(now_ms) - aim )) -lt "$delay" ]; do sleep 0.002; done
   local victim=$which; [ "$which" = client ] && victim=cli || victim=srv
   kill_it "$dir" "$victim"
-  local t_kill; t_kill=$(now_ms)
+  local t_kill; t_kill=$(mono_ms)
   # A kill that found the victim gone (a short client done) tested nothing.
   if ! kill_landed "$dir" "$victim"; then
     if [ "$victim" = cli ] && [ "$(rc_of "$dir" cli 2>/dev/null)" = 0 ]; then
@@ -528,7 +537,7 @@ server_trial() {
   what="$v/$prov #$idx seed $seed, $which killed at +$delay ms ($([ $long = 1 ] && echo endless || echo short) run)"
   if [ "$which" = server ]; then
     # The client must end non-zero, naming the server, within LIMIT s.
-    while ! ended "$dir" cli && [ $(( $(now_ms) - t_kill )) -lt $((LIMIT * 1000)) ]; do sleep 0.02; done
+    while ! ended "$dir" cli && [ $(( $(mono_ms) - t_kill )) -lt $((LIMIT * 1000)) ]; do sleep 0.02; done
     if ! ended "$dir" cli; then
       snapshot "$(pid_of "$dir" cli)" "$dir/cli.stuck"
       defect "$key" alive "$what" "the client still runs ${LIMIT} s after the kill; stderr: $(tail -c 300 "$dir/cli.err" | tr '\n' ' ')"; bad=1
@@ -563,8 +572,8 @@ server_trial() {
     start next "$dir" -- client --connect "$addr" $(nic "$v" "$prov") -s 4K --pages 16 -n 20 \
       --idle-timeout 10 --connect-timeout 10 --verify ||
       { start_failed "$key" "$dir" "$trial" "the next client"; return 1; }
-    t0=$(now_ms)
-    while ! ended "$dir" next && [ $(( $(now_ms) - t0 )) -lt 60000 ]; do sleep 0.02; done
+    t0=$(mono_ms)
+    while ! ended "$dir" next && [ $(( $(mono_ms) - t0 )) -lt 60000 ]; do sleep 0.02; done
     if ended "$dir" srv; then
       rc=$(rc_of "$dir" srv)
       if [ "$rc" -ge 128 ]; then
