@@ -203,30 +203,6 @@ static void *cu_real(const char *sym)
     return f;
 }
 
-/* int SYM PARAMS, forwarding ARGS, counted under K. */
-#define CU_WRAP(K, SYM, PARAMS, ARGS)                                       \
-    int SYM PARAMS                                                          \
-    {                                                                       \
-        static int(*real) PARAMS;                                           \
-        if (real == NULL) *(void **)&real = cu_real(#SYM);                  \
-        uint64_t a = __rdtsc();                                             \
-        int r = real ARGS;                                                  \
-        cu_c[K] += __rdtsc() - a;                                           \
-        cu_n[K]++;                                                          \
-        return r;                                                           \
-    }
-CU_WRAP(CU_PUSH, cuCtxPushCurrent_v2, (P ctx), (ctx))
-CU_WRAP(CU_POP, cuCtxPopCurrent_v2, (P pctx), (pctx))
-CU_WRAP(CU_RETAIN, cuDevicePrimaryCtxRetain, (P pctx, int dev), (pctx, dev))
-CU_WRAP(CU_RELEASE, cuDevicePrimaryCtxRelease_v2, (int dev), (dev))
-CU_WRAP(CU_CURRENT, cuCtxGetCurrent, (P pctx), (pctx))
-CU_WRAP(CU_ID, cuCtxGetId, (P ctx, P id), (ctx, id))
-CU_WRAP(CU_STATE, cuDevicePrimaryCtxGetState, (int dev, P flags, P active), (dev, flags, active))
-CU_WRAP(CU_ATTR, cuPointerGetAttribute, (P data, int attr, uint64_t ptr), (data, attr, ptr))
-CU_WRAP(CU_ATTRS, cuPointerGetAttributes, (unsigned n, P attrs, P data, uint64_t ptr),
-        (n, attrs, data, ptr))
-CU_WRAP(CU_RANGE, cuMemGetAddressRange_v2, (P base, P size, uint64_t ptr), (base, size, ptr))
-
 /* The copies and their events, timed: where each copy was issued (W_*); each event recorded
  * (a copy's completion marker on its stream) with its TSC and the progress call it was
  * recorded in, and how many recorded before it were still pending then; each query of a
@@ -240,34 +216,23 @@ static unsigned ev_n, ev_most;
 static uint64_t copy_at[W_N], n_rec, c_behind, lost_rec;
 static uint64_t q_early, q_same, c_early_age, q_ready, c_ready_age;
 
-int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, P stream)
+/* The pending entry of `event`, or ev_n. */
+static unsigned ev_find(P event)
 {
-    static int (*real)(uint64_t, uint64_t, size_t, P);
-    if (real == NULL) *(void **)&real = cu_real("cuMemcpyAsync");
-    uint64_t a = __rdtsc();
-    int r = real(dst, src, n, stream);
-    cu_c[CU_COPY] += __rdtsc() - a;
-    cu_n[CU_COPY]++;
-    copy_at[where]++;
-    return r;
-}
-
-int cuEventRecord(P event, P stream)
-{
-    static int (*real)(P, P);
-    if (real == NULL) *(void **)&real = cu_real("cuEventRecord");
-    uint64_t a = __rdtsc();
-    int r = real(event, stream);
-    uint64_t b = __rdtsc();
-    cu_c[CU_RECORD] += b - a;
-    cu_n[CU_RECORD]++;
     unsigned i;
     for (i = 0; i < ev_n && ev[i].event != event; i++)
         ;
-    if (i == ev_n) { /* a new entry; an event recorded again while pending keeps its slot */
+    return i;
+}
+
+/* `event` recorded at TSC t (an event recorded again while pending keeps its entry). */
+static void on_record(P event, uint64_t t)
+{
+    unsigned i = ev_find(event);
+    if (i == ev_n) {
         if (ev_n == EV_MAX) {
             lost_rec++;
-            return r;
+            return;
         }
         ev_n++;
     }
@@ -275,34 +240,60 @@ int cuEventRecord(P event, P stream)
     c_behind += ev_n - 1;
     if (ev_n - 1 > ev_most) ev_most = ev_n - 1;
     ev[i].event = event;
-    ev[i].t = b;
+    ev[i].t = t;
     ev[i].seq = prog_seq;
-    return r;
 }
 
-int cuEventQuery(P event)
+/* `event` queried at TSC t; r: CUDA_SUCCESS (0), else CUDA_ERROR_NOT_READY. */
+static void on_query(P event, int r, uint64_t t)
 {
-    static int (*real)(P);
-    if (real == NULL) *(void **)&real = cu_real("cuEventQuery");
-    uint64_t a = __rdtsc();
-    int r = real(event);
-    cu_c[CU_QUERY] += __rdtsc() - a;
-    cu_n[CU_QUERY]++;
-    unsigned i;
-    for (i = 0; i < ev_n && ev[i].event != event; i++)
-        ;
-    if (i == ev_n) return r;
-    if (r != 0) { /* CUDA_ERROR_NOT_READY */
+    unsigned i = ev_find(event);
+    if (i == ev_n) return;
+    if (r != 0) {
         q_early++;
-        c_early_age += a - ev[i].t;
+        c_early_age += t - ev[i].t;
         if (where == W_PROG && prog_seq == ev[i].seq) q_same++;
     } else {
         q_ready++;
-        c_ready_age += a - ev[i].t;
+        c_ready_age += t - ev[i].t;
         ev[i] = ev[--ev_n];
     }
-    return r;
 }
+
+/* int SYM PARAMS, forwarding ARGS, counted under K; then AFTER, which may read the result r
+ * and the TSC before (a) and after (b) the call. */
+#define CU_WRAP_THEN(K, SYM, PARAMS, ARGS, AFTER)                           \
+    int SYM PARAMS                                                          \
+    {                                                                       \
+        static int(*real) PARAMS;                                           \
+        if (real == NULL) *(void **)&real = cu_real(#SYM);                  \
+        uint64_t a = __rdtsc();                                             \
+        int r = real ARGS;                                                  \
+        uint64_t b = __rdtsc();                                             \
+        cu_c[K] += b - a;                                                   \
+        cu_n[K]++;                                                          \
+        AFTER;                                                              \
+        return r;                                                           \
+    }
+#define CU_WRAP(K, SYM, PARAMS, ARGS) CU_WRAP_THEN(K, SYM, PARAMS, ARGS, (void)0)
+CU_WRAP(CU_PUSH, cuCtxPushCurrent_v2, (P ctx), (ctx))
+CU_WRAP(CU_POP, cuCtxPopCurrent_v2, (P pctx), (pctx))
+CU_WRAP(CU_RETAIN, cuDevicePrimaryCtxRetain, (P pctx, int dev), (pctx, dev))
+CU_WRAP(CU_RELEASE, cuDevicePrimaryCtxRelease_v2, (int dev), (dev))
+CU_WRAP(CU_CURRENT, cuCtxGetCurrent, (P pctx), (pctx))
+CU_WRAP(CU_ID, cuCtxGetId, (P ctx, P id), (ctx, id))
+CU_WRAP(CU_STATE, cuDevicePrimaryCtxGetState, (int dev, P flags, P active), (dev, flags, active))
+CU_WRAP(CU_ATTR, cuPointerGetAttribute, (P data, int attr, uint64_t ptr), (data, attr, ptr))
+CU_WRAP(CU_ATTRS, cuPointerGetAttributes, (unsigned n, P attrs, P data, uint64_t ptr),
+        (n, attrs, data, ptr))
+CU_WRAP(CU_RANGE, cuMemGetAddressRange_v2, (P base, P size, uint64_t ptr), (base, size, ptr))
+CU_WRAP_THEN(CU_COPY, cuMemcpyAsync, (uint64_t dst, uint64_t src, size_t n, P stream),
+             (dst, src, n, stream), copy_at[where]++)
+CU_WRAP(CU_DTOD, cuMemcpyDtoDAsync_v2, (uint64_t dst, uint64_t src, size_t n, P stream),
+        (dst, src, n, stream))
+CU_WRAP(CU_HTOD, cuMemcpyHtoD_v2, (uint64_t dst, const void *src, size_t n), (dst, src, n))
+CU_WRAP_THEN(CU_RECORD, cuEventRecord, (P event, P stream), (event, stream), on_record(event, b))
+CU_WRAP_THEN(CU_QUERY, cuEventQuery, (P event), (event), on_query(event, r, a))
 CU_WRAP(CU_SYNC, cuStreamSynchronize, (P stream), (stream))
 CU_WRAP(CU_CALLBACK, cuStreamAddCallback, (P stream, P cb, P data, unsigned flags),
         (stream, cb, data, flags))
