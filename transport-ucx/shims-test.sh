@@ -147,15 +147,15 @@ events="^ucp-time-events: copies issued in progress 0, in recv 0, in send 2000, 
 grep -qE "$want" "$fk/out" && grep -qE "$events" "$fk/out" &&
   grep -qx "fake libcuda: 12000 calls with the arguments sent" "$fk/out" ||
   { echo "shims-test: ucp-time did not count and forward 6 CUDA calls a send, 2000 sends, or place their copies and queries:" >&2; cat "$fk/out" >&2; bad=1; }
-# Every driver function the shim names must stay wrapped: one whose wrapper went missing would
-# vanish from the CUDA line without a word (a rewrite once dropped the two synchronous-copy
-# wrappers).
-for f in cuCtxPushCurrent_v2 cuCtxPopCurrent_v2 cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2 \
-  cuCtxGetCurrent cuCtxGetId cuDevicePrimaryCtxGetState cuPointerGetAttribute cuPointerGetAttributes \
-  cuMemGetAddressRange_v2 cuMemcpyAsync cuMemcpyDtoDAsync_v2 cuMemcpyHtoD_v2 cuEventRecord \
-  cuEventQuery cuStreamSynchronize cuStreamAddCallback; do
-  nm -D --defined-only "$out/time.so" | grep -qw "$f" ||
-    { echo "shims-test: ucp-time.so does not wrap $f" >&2; bad=1; }
+# Every driver function the shim names (its cu_name table) must stay wrapped, as itself or its
+# _v2 symbol: one whose wrapper went missing would vanish from the CUDA line without a word (a
+# rewrite once dropped the two synchronous-copy wrappers).
+names=$(sed -n '/cu_name\[CU_N\] = {/,/};/p' ucp-time.c | grep -o '"cu[A-Za-z]*"' | tr -d '"' || true)
+syms=$(nm -D --defined-only "$out/time.so" | awk '{print $3}')
+[ "$(wc -w <<< "$names")" -ge 17 ] ||
+  { echo "shims-test: read $(wc -w <<< "$names") names from ucp-time.c's cu_name, not its 17" >&2; bad=1; }
+for f in $names; do
+  grep -qxE "${f}(_v2)?" <<< "$syms" || { echo "shims-test: ucp-time.so does not wrap $f" >&2; bad=1; }
 done
 # Features added: each side prints what its context asked for and what the shim made of it.
 # UCX's own debug line says what the context got.
