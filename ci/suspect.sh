@@ -17,6 +17,15 @@ round_trips() {
   echo "$n"
 }
 
+# row_named FUNCTION ROW: fails, saying so, where ROW is a number: `above`, `interval`,
+# `adjusted` and `suspect` take the row's name first (tag, lat, put...), and a ratio passed
+# there would be read as the name and left out of the figures without a word.
+row_named() {
+  [[ $2 =~ ^[0-9]*\.?[0-9]+$ ]] || return 0
+  echo "$1: the first argument is the row's name (tag, lat, put...), not a figure: $2" >&2
+  return 2
+}
+
 # median VALUE...: the median of the VALUEs that are positive numbers, two decimals ("-" where
 # none). Tables quote it beside the best of rounds: on a shared machine one fast round moves a
 # best of rounds, not the median of the rounds' own ratios (docs/measurements.md, U57).
@@ -35,6 +44,7 @@ median() {
 # has. On the GPU host each tool against itself reads 0.7-2.0 a round (U57), so a median of
 # 7-9 rounds alone does not say which tool is ahead.
 interval() {
+  row_named interval "$1" || return
   local lat=0; [[ $1 == *lat* ]] && lat=1; shift
   printf '%s\n' "$@" | awk '$1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0' | sort -g |
     awk -v lat=$lat '{v[NR] = $1} END {
@@ -60,6 +70,7 @@ interval() {
 # runs of a tool or where the speeds do not vary. Runs whose FIGURE or SPEED is not a
 # positive number are left out.
 adjusted() {
+  row_named adjusted "$1" || return
   local lat=0; [[ $1 == *lat* ]] && lat=1; shift
   printf '%s\n' "$@" | awk -v lat=$lat '
     BEGIN {g = 0}
@@ -156,6 +167,7 @@ pin_sides() {
 
 # above ROW RATIO...: "K of N" rounds where ours did better (a rate above 1, a latency below 1).
 above() {
+  row_named above "$1" || return
   local row=$1; shift
   printf '%s\n' "$@" | awk -v lat="$([[ $row == *lat* ]] && echo 1 || echo 0)" '
     $1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0 {n++; if (lat ? $1 < 1 : $1 > 1) k++}
@@ -168,6 +180,7 @@ above() {
 # note says, per iteration of each tool, why it is real (the project's rule on honest figures).
 # `bash ci/suspect.sh` checks the rule itself.
 suspect() {
+  row_named suspect "$1" || return
   awk -v row="$1" -v r="$2" 'BEGIN {
     if (r !~ /^[0-9]*\.?[0-9]+$/ || r + 0 <= 0) exit
     lat = (row ~ /lat/)
@@ -234,6 +247,11 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   want="taskset -c 0/taskset -c 1/0,1|00/none"
   [ "$(nproc)" -ge 2 ] || want="/" want+="/none|00/none"
   [ "$got" = "$want" ] || { echo "pin_sides: $got, want $want" >&2; bad=1; }
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, adjusted in 4, round_ratios, one_figure and above in 5, the two parsers in 3, put_plan in 5, send_warmup in 5, pin_sides in 2"
+  for f in above interval adjusted suspect; do
+    if $f 0.95 1.02 0.97 > /dev/null 2>&1 || $f 1 1.02 > /dev/null 2>&1 || ! $f tag 1.02 > /dev/null 2>&1; then
+      echo "$f: takes a number for the row's name, or refuses a row named tag" >&2; bad=1
+    fi
+  done
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 10 cases, ratio in 4, round_trips in 4, median in 4, interval in 7, adjusted in 4, round_ratios, one_figure and above in 5, the two parsers in 3, put_plan in 5, send_warmup in 5, pin_sides in 2; above, interval, adjusted and suspect refuse a number for the row's name"
   exit $bad
 fi
