@@ -58,7 +58,8 @@
 #      for a dry run of the script itself without a GPU: MEM=host and LIBFABRIC_PREFIX (a
 #      libfabric 2.6.0 install with fabtests, e.g. ci/libfabric.sh 2.6.0's); the GPU steps
 #      then say SKIPPED.
-# Exit status: 0 when every step ran and every GPU test passed; 1 otherwise.
+# Exit status: 0 when every step ran and every GPU test passed; 1 otherwise. The last line
+# says the same ("gpu-host: run PASSED" or "run FAILED"), for output read through a pipe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -157,6 +158,17 @@ note() {
   esac
 }
 
+# verdict STATUS STEPS: the run's last line says whether it passed, so output read through
+# `tail` or a log still tells, where the exit status may not have come along.
+verdict() {
+  if [ "$1" = 0 ]; then
+    log "run PASSED (STEPS=$2)"
+  else
+    log "run FAILED (STEPS=$2): the FAILED lines above say where"
+  fi
+  return "$1"
+}
+
 run() {
   [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
   local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback,proxy} status=0
@@ -165,7 +177,7 @@ run() {
   # efasim: GPU memory through the efa provider on the simulated device (ci/gpu-efa-sim.sh)
   if [[ ,$steps, == *,efasim,* ]]; then
     ci/gpu-efa-sim.sh run || status=1
-    [ "$steps" != efasim ] || return $status
+    [ "$steps" != efasim ] || { verdict $status "$steps"; return; }
   fi
   # ucxkill: a dead peer over UCX's tcp with GPU memory (ci/kill-soak.sh, 4 ranks on GPU 0,
   # one SIGKILLed mid-transfer; UCX 1.22 from the wheel over tcp,cuda_copy). First with UCX's
@@ -189,7 +201,7 @@ run() {
     else
       status=1
     fi
-    [ "$steps" != ucxkill ] || return $status
+    [ "$steps" != ucxkill ] || { verdict $status "$steps"; return; }
   fi
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
   lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
@@ -519,7 +531,7 @@ run() {
   if [[ ,$steps, == *,ucx,* ]]; then
     CARRY=$CARRY MEM=$mems ci/gpu-host-ucx.sh run || status=1
   fi
-  return $status
+  verdict $status "${STEPS:-tests,record,visibility,table,loopback,proxy}"
 }
 
 case $MODE in
