@@ -172,12 +172,12 @@ verdict() {
 run() {
   [ -x "$CARRY/bin/rdma-bench" ] || { log "no gpu-carry/: run 'ci/gpu-host.sh pack' on the dev box first"; exit 1; }
   local cuda=${CUDA:-/usr/local/cuda} lf steps=${STEPS:-tests,record,visibility,table,loopback,proxy} status=0
-  local mems=${MEM:-cuda,host} gpu=0
+  local mems=${MEM:-cuda,host} gpu=0 asked=$steps  # asked: as given (the GPU steps may go below)
   [[ ,$mems, == *,cuda,* ]] && gpu=1
   # efasim: GPU memory through the efa provider on the simulated device (ci/gpu-efa-sim.sh)
   if [[ ,$steps, == *,efasim,* ]]; then
     ci/gpu-efa-sim.sh run || status=1
-    [ "$steps" != efasim ] || { verdict $status "$steps"; return; }
+    [ "$steps" != efasim ] || { verdict $status "$asked"; return; }
   fi
   # ucxkill: a dead peer over UCX's tcp with GPU memory (ci/kill-soak.sh, 4 ranks on GPU 0,
   # one SIGKILLed mid-transfer; UCX 1.22 from the wheel over tcp,cuda_copy). First with UCX's
@@ -201,7 +201,7 @@ run() {
     else
       status=1
     fi
-    [ "$steps" != ucxkill ] || { verdict $status "$steps"; return; }
+    [ "$steps" != ucxkill ] || { verdict $status "$asked"; return; }
   fi
   command -v jq >/dev/null || { log "jq is needed"; exit 1; }
   lf=${LIBFABRIC_PREFIX:-$(build_libfabric "$cuda")}
@@ -531,7 +531,7 @@ run() {
   if [[ ,$steps, == *,ucx,* ]]; then
     CARRY=$CARRY MEM=$mems ci/gpu-host-ucx.sh run || status=1
   fi
-  verdict $status "${STEPS:-tests,record,visibility,table,loopback,proxy}"
+  verdict $status "$asked"
 }
 
 case $MODE in

@@ -17,13 +17,16 @@ round_trips() {
   echo "$n"
 }
 
-# row_named FUNCTION ROW: fails, saying so, where ROW is a number: `above`, `interval`,
-# `adjusted` and `suspect` take the row's name first (tag, lat, put...), and a ratio passed
-# there would be read as the name and left out of the figures without a word.
-row_named() {
-  [[ $2 =~ ^[0-9]*\.?[0-9]+$ ]] || return 0
-  echo "$1: the first argument is the row's name (tag, lat, put...), not a figure: $2" >&2
-  return 2
+# lat_of FUNCTION ROW: 1 where ROW is a latency row (its name contains "lat": lower is
+# better), 0 for a rate. `above`, `interval`, `adjusted` and `suspect` read their ROW through
+# it, and it fails, saying so, where ROW is a number: a ratio passed there would be read as
+# the name and left out of the figures without a word.
+lat_of() {
+  if [[ $2 =~ ^[0-9]*\.?[0-9]+$ ]]; then
+    echo "$1: the first argument is the row's name (tag, lat, put...), not a figure: $2" >&2
+    return 2
+  fi
+  if [[ $2 == *lat* ]]; then echo 1; else echo 0; fi
 }
 
 # median VALUE...: the median of the VALUEs that are positive numbers, two decimals ("-" where
@@ -44,8 +47,7 @@ median() {
 # has. On the GPU host each tool against itself reads 0.7-2.0 a round (U57), so a median of
 # 7-9 rounds alone does not say which tool is ahead.
 interval() {
-  row_named interval "$1" || return
-  local lat=0; [[ $1 == *lat* ]] && lat=1; shift
+  local lat; lat=$(lat_of interval "$1") || return; shift
   printf '%s\n' "$@" | awk '$1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0' | sort -g |
     awk -v lat=$lat '{v[NR] = $1} END {
       n = NR; k = 0; c = 1; cdf = 0
@@ -70,8 +72,7 @@ interval() {
 # runs of a tool or where the speeds do not vary. Runs whose FIGURE or SPEED is not a
 # positive number are left out.
 adjusted() {
-  row_named adjusted "$1" || return
-  local lat=0; [[ $1 == *lat* ]] && lat=1; shift
+  local lat; lat=$(lat_of adjusted "$1") || return; shift
   printf '%s\n' "$@" | awk -v lat=$lat '
     BEGIN {g = 0}
     $1 == "--" {g = 1; next}
@@ -167,9 +168,8 @@ pin_sides() {
 
 # above ROW RATIO...: "K of N" rounds where ours did better (a rate above 1, a latency below 1).
 above() {
-  row_named above "$1" || return
-  local row=$1; shift
-  printf '%s\n' "$@" | awk -v lat="$([[ $row == *lat* ]] && echo 1 || echo 0)" '
+  local lat; lat=$(lat_of above "$1") || return; shift
+  printf '%s\n' "$@" | awk -v lat="$lat" '
     $1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0 {n++; if (lat ? $1 < 1 : $1 > 1) k++}
     END {printf "%d of %d\n", k, n}'
 }
@@ -180,10 +180,9 @@ above() {
 # note says, per iteration of each tool, why it is real (the project's rule on honest figures).
 # `bash ci/suspect.sh` checks the rule itself.
 suspect() {
-  row_named suspect "$1" || return
-  awk -v row="$1" -v r="$2" 'BEGIN {
+  local lat; lat=$(lat_of suspect "$1") || return
+  awk -v lat="$lat" -v r="$2" 'BEGIN {
     if (r !~ /^[0-9]*\.?[0-9]+$/ || r + 0 <= 0) exit
-    lat = (row ~ /lat/)
     if ((lat && r + 0 < 1 / 1.5) || (!lat && r + 0 > 1.5))
       printf "  SUSPECT: beats the other tool by more than 1.5x; say per iteration why before quoting it"
   }'
