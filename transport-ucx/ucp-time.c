@@ -14,7 +14,7 @@
  *   (CALLS, REQ requests), recv NS ns/call (CALLS, DONE done at once), progress NS ns/call
  *   (CALLS, WORK with work, NS ns each, idle NS ns each) = NS ns/msg, rest NS ns/msg;
  *   put NS ns/call (CALLS); without the bandwidth flag: S sends, R receives, P puts;
- *   react NS ns (N)
+ *   react NS ns (N), median NS ns, under 1 us NS ns (N)
  *
  * Where the process's UCX made CUDA driver calls (its CUDA transports link libcuda.so.1 and
  * call it directly), a second line follows with the calls a message of each function it
@@ -43,7 +43,10 @@
  * wait. "react" is the tool's own time on a ping-pong's path: from the end of a progress call
  * with work to the start of the next ucp_tag_send_nbx, averaged over the sends that had
  * such a call before them (what the tool's loop does between UCX handing it the message and
- * its answer; a receive it posts in between counts too).
+ * its answer; a receive it posts in between counts too). Its mean takes in the rare reacts
+ * that span something else, such as the control exchange between a warm-up and the timed
+ * loop (a few of them, 100 us each, added 20-30 ns to ours' client's mean of 22,000 at
+ * 4 KiB, docs/measurements.md U179); the median and the mean of those under 1 us do not.
  * It takes no header: the four prototypes are spelled with void pointers, and the flag is
  * read from the first field of the parameters (ucp_request_param_t's uint32_t op_attr_mask,
  * the first field in 1.13 and 1.22), so it builds where UCX's headers are not installed (the
@@ -69,6 +72,9 @@ typedef void *P;
 
 static uint64_t c_prog, n_prog, w_prog, c_send, n_send, r_send, c_recv, n_recv, i_recv;
 static uint64_t c_work, c_react, n_react, work_end;
+/* Each react's TSC cycles, one bucket a cycle up to REACT_MAX; longer ones only counted. */
+#define REACT_MAX 8192
+static uint32_t react_at[REACT_MAX];
 static uint64_t c_put, n_put, p_send, p_recv, p_put;
 static uint64_t first, last;
 /* Which wrapped UCP call the thread is inside (W_*), and progress calls so far: the CUDA
@@ -130,6 +136,7 @@ P ucp_tag_send_nbx(P ep, const void *buf, size_t len, uint64_t tag, const void *
     if (work_end != 0) {
         c_react += a - work_end;
         n_react++;
+        if (a - work_end < REACT_MAX) react_at[a - work_end]++;
         work_end = 0;
     }
     c_send += b - a;
@@ -298,6 +305,21 @@ CU_WRAP(CU_SYNC, cuStreamSynchronize, (P stream), (stream))
 CU_WRAP(CU_CALLBACK, cuStreamAddCallback, (P stream, P cb, P data, unsigned flags),
         (stream, cb, data, flags))
 
+/* The median react and the mean of those under 1 us (ns), from react_at; -1 where none. */
+static void react_typical(double ghz, double *median, double *mean, uint64_t *n)
+{
+    uint64_t under = (uint64_t)(ghz * 1000), seen = 0, sum = 0, counted = 0;
+    if (under > REACT_MAX) under = REACT_MAX;
+    *median = -1;
+    for (uint64_t c = 0; c < REACT_MAX; c++) {
+        seen += react_at[c];
+        if (*median < 0 && 2 * seen > n_react) *median = c / ghz;
+        if (c < under) sum += c * react_at[c], counted += react_at[c];
+    }
+    *mean = counted ? sum / ghz / counted : -1;
+    *n = counted;
+}
+
 __attribute__((destructor)) static void report(void)
 {
     struct timespec t1;
@@ -306,6 +328,9 @@ __attribute__((destructor)) static void report(void)
     double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
     double ghz = (double)(__rdtsc() - first) / ns;
     double span = (last - first) / ghz;
+    double r_median, r_mean;
+    uint64_t r_n;
+    react_typical(ghz, &r_median, &r_mean, &r_n);
     double msgs = n_send > n_recv ? n_send : n_recv;
     if (n_put > msgs) msgs = n_put;
     fprintf(stderr,
@@ -313,7 +338,7 @@ __attribute__((destructor)) static void report(void)
             "(%lu, %lu requests), recv %.1f ns/call (%lu, %lu done at once), progress %.1f ns/call "
             "(%lu, %lu with work, %.1f ns each, idle %.1f ns each) = %.1f ns/msg, rest %.1f ns/msg; "
             "put %.1f ns/call (%lu); without the bandwidth flag: %lu sends, %lu receives, %lu puts; "
-            "react %.1f ns (%lu)\n",
+            "react %.1f ns (%lu), median %.1f ns, under 1 us %.1f ns (%lu)\n",
             (unsigned long)(src0 & 4095), (unsigned long)(dst0 & 4095), msgs, span / 1e6, span / msgs,
             n_send ? c_send / ghz / n_send : 0, (unsigned long)n_send, (unsigned long)r_send,
             n_recv ? c_recv / ghz / n_recv : 0, (unsigned long)n_recv, (unsigned long)i_recv,
@@ -322,7 +347,8 @@ __attribute__((destructor)) static void report(void)
             n_prog > w_prog ? (c_prog - c_work) / ghz / (n_prog - w_prog) : 0,
             c_prog / ghz / msgs, (span - (c_send + c_recv + c_prog + c_put) / ghz) / msgs,
             n_put ? c_put / ghz / n_put : 0, (unsigned long)n_put, (unsigned long)p_send,
-            (unsigned long)p_recv, (unsigned long)p_put, n_react ? c_react / ghz / n_react : 0, (unsigned long)n_react);
+            (unsigned long)p_recv, (unsigned long)p_put, n_react ? c_react / ghz / n_react : 0, (unsigned long)n_react,
+            r_median, r_mean, (unsigned long)r_n);
     uint64_t calls = 0, cycles = 0;
     for (int k = 0; k < CU_N; k++) calls += cu_n[k], cycles += cu_c[k];
     if (calls == 0) return;
