@@ -52,7 +52,9 @@
 # speed from run to run (sm lat 4 KiB at about 0.25, 0.4 and 1.3 us one-way); the send time
 # alone tells only the slowest level apart, a receive's time the other two as well. The
 # shim's clock reads around each UCX call slow both tools alike; its figures are compared
-# with each other, not with runs without it.
+# with each other, not with runs without it. A lat cell's line also gets each tool's react,
+# server/client: ucp-time's mean of the reacts under 1 us (a process's time from the progress
+# call that handed it a message to its answer's send), the middle of the runs' (U179).
 set -euo pipefail
 source "$(dirname "$0")/../ci/suspect.sh"
 source "$(dirname "$0")/../ci/listening.sh"
@@ -84,6 +86,11 @@ if [ -n "${UCX_TIME:-}" ]; then
     *) PRELOAD+=(LD_PRELOAD="$TIMED") ;;
   esac
 fi
+# react_of LOG: the process's react under 1 us (ns) from its ucp-time line; "-" where none.
+react_of() {
+  local v; v=$(sed -nE 's/^ucp-time: .* under 1 us ([0-9.]+) ns \([0-9]+\)$/\1/p' "$1" | head -1)
+  echo "${v:--}"
+}
 # run_speed ROW LOG...: the run's speed (ns) from its processes' ucp-time lines (UCX_TIME):
 # lat, the mean time of a progress call with work; tag, of a send; over the processes that
 # made at least 1000 such calls. "-" where none did (or UCX_TIME is unset).
@@ -114,6 +121,7 @@ theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_
   env "${env[@]}" timeout 120 "${PIN_CLI[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
     -w $((n / 10)) -p $PORT -f 127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
+  [ -z "$TIMED" ] || [ "$row" != lat ] || echo "$(react_of "$OUT/tsrv") $(react_of "$OUT/tcli")" >> "$OUT/rt"
   if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$OUT/tcli" "$OUT/tsrv"; then
     echo "compare-tag: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
     echo "0 - -"; return
@@ -148,6 +156,7 @@ ours() { # ROW TLS SIZE -> "value median speed", as theirs
   timeout 120 "${timed[@]}" "${pc[@]}" "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
     2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
   wait "$srv" || true
+  [ -z "$TIMED" ] || [ "$row" != lat ] || echo "$(react_of "$OUT/srv") $(react_of "$OUT/err")" >> "$OUT/ro"
   local sp; sp=$(run_speed "$row" "$OUT/srv" "$OUT/err")
   if [ "$row" = lat ]; then
     jq -r '"\(.seconds * 1e6 / .ops / 2) \(.p50_us)"' "$OUT/ours.json" 2>/dev/null |
@@ -167,7 +176,7 @@ printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s %s\n' tls row size ours thei
 for tls in "${TLS_LIST[@]}"; do
   for row in "${ROWS[@]}"; do
     for size in "${SIZES[@]}"; do
-      : > "$OUT/o"; : > "$OUT/t"
+      : > "$OUT/o"; : > "$OUT/t"; : > "$OUT/ro"; : > "$OUT/rt"
       for r in $(seq "$ROUNDS"); do
         # One line per run ("0 -" where a run printed none): the rounds stay paired.
         if [ $((r % 2)) = 1 ]; then
@@ -189,6 +198,8 @@ for tls in "${TLS_LIST[@]}"; do
       if [ -n "$TIMED" ]; then
         mapfile -t so < <(awk '{print $1 ":" $3}' "$OUT/o"); mapfile -t st < <(awk '{print $1 ":" $3}' "$OUT/t")
         eq="   at equal speed: ours / theirs $(adjusted "$row" "${so[@]}" -- "${st[@]}"); speeds (ns): ours $(cut -d' ' -f3 "$OUT/o" | paste -sd/) theirs $(cut -d' ' -f3 "$OUT/t" | paste -sd/)"
+        # shellcheck disable=SC2046 # one number a run
+        [ "$row" != lat ] || eq="$eq; react under 1 us (ns), server/client: ours $(median $(cut -d' ' -f1 "$OUT/ro"))/$(median $(cut -d' ' -f2 "$OUT/ro")) theirs $(median $(cut -d' ' -f1 "$OUT/rt"))/$(median $(cut -d' ' -f2 "$OUT/rt"))"
       fi
       printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s%s   rounds: ours %s theirs %s%s\n' \
         "$tls" "$row" "$size" "$o" "$t" "$ratio" "$(median "${rr[@]}")" \
