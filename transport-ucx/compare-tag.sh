@@ -91,6 +91,15 @@ react_of() {
   local v; v=$(sed -nE 's/^ucp-time: .* under 1 us ([0-9.]+) ns \([0-9]+\)$/\1/p' "$1" | head -1)
   echo "${v:--}"
 }
+# keep_reacts ROW FILE SERVER-LOG CLIENT-LOG: a lat run's two reacts (UCX_TIME), a line of FILE.
+keep_reacts() {
+  [ -z "$TIMED" ] || [ "$1" != lat ] || echo "$(react_of "$3") $(react_of "$4")" >> "$2"
+}
+# reacts FILE: "SERVER/CLIENT", the middle of the runs' reacts kept in FILE.
+reacts() {
+  # shellcheck disable=SC2046 # one number a run
+  echo "$(median $(cut -d' ' -f1 "$1"))/$(median $(cut -d' ' -f2 "$1"))"
+}
 # run_speed ROW LOG...: the run's speed (ns) from its processes' ucp-time lines (UCX_TIME):
 # lat, the mean time of a progress call with work; tag, of a send; over the processes that
 # made at least 1000 such calls. "-" where none did (or UCX_TIME is unset).
@@ -121,7 +130,7 @@ theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_
   env "${env[@]}" timeout 120 "${PIN_CLI[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
     -w $((n / 10)) -p $PORT -f 127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
-  [ -z "$TIMED" ] || [ "$row" != lat ] || echo "$(react_of "$OUT/tsrv") $(react_of "$OUT/tcli")" >> "$OUT/rt"
+  keep_reacts "$row" "$OUT/rt" "$OUT/tsrv" "$OUT/tcli"
   if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$OUT/tcli" "$OUT/tsrv"; then
     echo "compare-tag: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
     echo "0 - -"; return
@@ -156,7 +165,7 @@ ours() { # ROW TLS SIZE -> "value median speed", as theirs
   timeout 120 "${timed[@]}" "${pc[@]}" "$B" client "${common[@]}" --connect 127.0.0.1:$PORT "${args[@]}" "${place[@]}" --json \
     2> "$OUT/err" | grep -v '^\[[0-9]' > "$OUT/ours.json" || true
   wait "$srv" || true
-  [ -z "$TIMED" ] || [ "$row" != lat ] || echo "$(react_of "$OUT/srv") $(react_of "$OUT/err")" >> "$OUT/ro"
+  keep_reacts "$row" "$OUT/ro" "$OUT/srv" "$OUT/err"
   local sp; sp=$(run_speed "$row" "$OUT/srv" "$OUT/err")
   if [ "$row" = lat ]; then
     jq -r '"\(.seconds * 1e6 / .ops / 2) \(.p50_us)"' "$OUT/ours.json" 2>/dev/null |
@@ -198,8 +207,7 @@ for tls in "${TLS_LIST[@]}"; do
       if [ -n "$TIMED" ]; then
         mapfile -t so < <(awk '{print $1 ":" $3}' "$OUT/o"); mapfile -t st < <(awk '{print $1 ":" $3}' "$OUT/t")
         eq="   at equal speed: ours / theirs $(adjusted "$row" "${so[@]}" -- "${st[@]}"); speeds (ns): ours $(cut -d' ' -f3 "$OUT/o" | paste -sd/) theirs $(cut -d' ' -f3 "$OUT/t" | paste -sd/)"
-        # shellcheck disable=SC2046 # one number a run
-        [ "$row" != lat ] || eq="$eq; react under 1 us (ns), server/client: ours $(median $(cut -d' ' -f1 "$OUT/ro"))/$(median $(cut -d' ' -f2 "$OUT/ro")) theirs $(median $(cut -d' ' -f1 "$OUT/rt"))/$(median $(cut -d' ' -f2 "$OUT/rt"))"
+        [ "$row" != lat ] || eq="$eq; react under 1 us (ns), server/client: ours $(reacts "$OUT/ro") theirs $(reacts "$OUT/rt")"
       fi
       printf '%-4s %-4s %8s %10s %10s %7s %7s %10s  %-18s%s   rounds: ours %s theirs %s%s\n' \
         "$tls" "$row" "$size" "$o" "$t" "$ratio" "$(median "${rr[@]}")" \

@@ -9,9 +9,10 @@
 #                       dst%4096 are B (a multiple of 64: UCX 1.13 rounds a mapping's start
 #                       down to 16 bytes, and perftest sends from where UCX says it starts);
 #                       in a ping-pong (tag_lat) both sides must count react for most round
-#                       trips, with a median under 1 us and most reacts under it; it must count the calls that lack UCP_OP_ATTR_FLAG_MULTI_SEND:
-#                       none of tag_bw's sends and ucp_put_bw's puts (perftest's stream tests
-#                       set it), every tag_lat send (its ping-pongs do not), and time the puts;
+#                       trips, with a median under 1 us and most reacts under it; it must
+#                       count the calls that lack UCP_OP_ATTR_FLAG_MULTI_SEND: none of
+#                       tag_bw's sends and ucp_put_bw's puts (perftest's stream tests set it),
+#                       every tag_lat send (its ping-pongs do not), and time the puts;
 #                       and, on stand-ins for libcuda and a UCX module that calls it
 #                       (ucp-time-fake.c), count the CUDA driver calls a send makes, hand
 #                       each to libcuda with its arguments, place the copies in the send and
