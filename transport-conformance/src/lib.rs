@@ -38,7 +38,7 @@ pub use data::{
 pub use pair::{connect, poll_both, post_retry, warm_up, Pair, TIMEOUT};
 pub use refused::{
     bad_key_bytes, bad_peer_address, bad_remote_key, bad_remote_key_with, foreign_local_region,
-    write_past_end, write_past_end_with, Recovery,
+    local_past_end, write_past_end, write_past_end_with, Recovery,
 };
 
 /// Expand the suite as `#[test]` functions in the calling module.
@@ -55,7 +55,8 @@ macro_rules! suite {
         $crate::suite!(@cases $open;
             register_deregister, send_recv_sizes, write_at_offset, immediates_exactly_once,
             fill_queue_then_drain, bad_remote_key, write_past_end, bad_key_bytes,
-            foreign_local_region, bad_peer_address, describes_itself, visible_after_completion);
+            foreign_local_region, local_past_end, bad_peer_address, describes_itself,
+            visible_after_completion);
     };
     (@cases $open:path; $($case:ident),*) => {
         $(

@@ -1,13 +1,14 @@
 //! The cases where the endpoint must refuse something: a WRITE with a wrong key or past the
 //! end of the region (and what the pair must still do afterwards), key bytes the backend
-//! cannot read, a local region of another endpoint, and malformed peer addresses.
+//! cannot read, a local region of another endpoint or a local slice past its end, and
+//! malformed peer addresses.
 
 use std::time::Duration;
 
 use transport_core::wait::wait_pair;
 use transport_core::{
     CompletionKind, Error, KeyBytes, LocalSlice, MemoryRegion, PeerId, Post, RemoteMr, RemoteSlice,
-    Result, Transport,
+    Result, Transport, WriteOp,
 };
 
 use crate::pair::{poll_both, Pair, TIMEOUT};
@@ -280,6 +281,81 @@ pub fn foreign_local_region<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     assert!(
         r.is_err(),
         "a region of another endpoint was accepted for send: {r:?}"
+    );
+    Ok(())
+}
+
+/// A local slice that runs past its region is refused at post time, by every post: its
+/// fields are public, so a caller can build one without [`LocalSlice::new`]'s check, and a
+/// backend that posted it would have the provider read or write outside the region (an
+/// inline send copies the bytes in user space). Nothing is posted; the pair still works.
+pub fn local_past_end<T: Transport>(p: &mut Pair<T>) -> Result<()> {
+    let src = host_mr(&mut p.a, &[3u8; 64])?;
+    let dst = host_mr(&mut p.b, &[0u8; 64])?;
+    let remote = p.import_on_a(&dst)?.all();
+    // (offset, len): past the end by a byte, starting at the end, wholly beyond it, and an
+    // offset whose sum with the length overflows.
+    let shapes = [(1, 64), (64, 1), (4096, 8), (usize::MAX - 3, 8)];
+    for (offset, len) in shapes {
+        let past = LocalSlice {
+            mr: &src,
+            offset,
+            len,
+        };
+        let what = format!("local slice {offset}+{len} of a 64-byte region");
+        let r = p.a.post_send(p.a_to_b, past, 0xbad);
+        assert!(r.is_err(), "{what} was accepted for send: {r:?}");
+        let r = p.a.post_recv(past, 0xbad);
+        assert!(r.is_err(), "{what} was accepted for receive: {r:?}");
+        let r = p.a.post_write(p.a_to_b, past, remote, Some(9), 0xbad);
+        assert!(r.is_err(), "{what} was accepted for write: {r:?}");
+        let op = WriteOp {
+            peer: p.a_to_b,
+            local: past,
+            remote,
+            imm: None,
+            ctx: 0xbad,
+        };
+        let r = p.a.post_writes(&[op]);
+        assert!(
+            r.is_err(),
+            "{what} was accepted in a batch of writes: {r:?}"
+        );
+    }
+    // Nothing was posted: no completion comes, and a good WRITE still lands.
+    let what = "a good WRITE after refused local slices";
+    let mut seen = (false, false);
+    let mut note = |side: usize, c: &transport_core::Completion| -> Result<bool> {
+        c.check()?;
+        match (side, &c.kind) {
+            (0, CompletionKind::Write) if c.ctx == 0x600d => seen.0 = true,
+            (1, CompletionKind::RemoteWrite { imm: 4 }) => seen.1 = true,
+            (_, k) => panic!("{what}: a refused post produced {k:?} (ctx {:#x})", c.ctx),
+        }
+        Ok(seen.0 && seen.1)
+    };
+    let start = std::time::Instant::now();
+    loop {
+        match p
+            .a
+            .post_write(p.a_to_b, LocalSlice::all(&src), remote, Some(4), 0x600d)?
+        {
+            Post::Posted => break wait_pair(&mut p.a, &mut p.b, what, TIMEOUT, &mut note)?,
+            Post::QueueFull if start.elapsed() < TIMEOUT => {
+                poll_both(p, |side, c| note(side, c).map(|_| ()))?
+            }
+            Post::QueueFull => {
+                return Err(Error::Timeout {
+                    what: what.into(),
+                    after: TIMEOUT,
+                })
+            }
+        }
+    }
+    assert_eq!(
+        host_bytes(&dst),
+        &[3u8; 64][..],
+        "the good WRITE did not land"
     );
     Ok(())
 }

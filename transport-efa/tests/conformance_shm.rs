@@ -28,8 +28,8 @@ fn open(_side: usize) -> Result<Endpoint> {
 
 transport_conformance::suite!(open; only:
     register_deregister, send_recv_sizes, write_at_offset, immediates_exactly_once,
-    fill_queue_then_drain, bad_key_bytes, foreign_local_region, bad_peer_address,
-    describes_itself, visible_after_completion);
+    fill_queue_then_drain, bad_key_bytes, foreign_local_region, local_past_end,
+    bad_peer_address, describes_itself, visible_after_completion);
 
 const SHM_BEFORE_2_6: &str = "libfabric shm before 2.6 with delivery-complete: a refused \
                               WRITE's response is never written, and the initiator's later \
