@@ -44,6 +44,8 @@ pub struct VerbsMr {
     pub(crate) iova: u64,
     /// Host address for offset 0, where the CPU can read the bytes (inline sends); 0 for GPU.
     pub(crate) host_addr: u64,
+    /// The region's length in bytes, for the posts' range checks.
+    pub(crate) len: usize,
     /// The dmabuf fd behind the registration, closed after deregistration; -1 for none.
     dmabuf_fd: i32,
     /// The access flags asked for (`ibv_access_flags`).
@@ -78,6 +80,7 @@ impl VerbsMr {
                 "cannot register an empty buffer".into(),
             ));
         }
+        let len = mem.len();
         let (mr, iova, host_addr, dmabuf_fd) = match &mut mem {
             Memory::Host(h) => {
                 let ptr = h.as_mut_ptr();
@@ -111,6 +114,7 @@ impl VerbsMr {
             rkey,
             iova,
             host_addr,
+            len,
             dmabuf_fd,
             access,
             mem: Some(mem),

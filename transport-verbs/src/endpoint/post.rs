@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 use transport_core::{Error, LocalSlice, PeerId, Post, RemoteSlice, Result, WriteOp};
 
-use super::{Endpoint, CHAN_DATA, CHAN_MSG, TAG_RECV, TAG_SHIFT, TAG_SQ};
+use super::{fits, Endpoint, CHAN_DATA, CHAN_MSG, TAG_RECV, TAG_SHIFT, TAG_SQ};
 use crate::mr::VerbsMr;
 use crate::util::provider_err;
 
@@ -24,7 +24,7 @@ impl Endpoint {
         buf: LocalSlice<'_, VerbsMr>,
         ctx: u64,
     ) -> Result<Post> {
-        self.own_region(buf.mr, "post_send")?;
+        self.own_slice(&buf, "post_send")?;
         let pi = self.peer_index(peer)?;
         if buf.len > self.caps.max_msg_size {
             return Err(Error::InvalidArgument(format!(
@@ -61,7 +61,7 @@ impl Endpoint {
     /// [`Transport::post_recv`](transport_core::Transport::post_recv) on the receive SRQ.
     #[inline]
     pub(super) fn recv_msg(&mut self, buf: LocalSlice<'_, VerbsMr>, ctx: u64) -> Result<Post> {
-        self.own_region(buf.mr, "post_recv")?;
+        self.own_slice(&buf, "post_recv")?;
         if buf.len > u32::MAX as usize {
             return Err(Error::InvalidArgument(format!(
                 "receive buffer of {} bytes exceeds 4 GiB",
@@ -80,14 +80,20 @@ impl Endpoint {
         };
         let mut bad = ptr::null_mut();
         // SAFETY: `recv_srq` is live; `wr` and `sge` live across the call (the provider copies
-        // them); the SGE lies in a region of this endpoint kept alive by the caller.
+        // them); the SGE lies in a region of this endpoint (checked: `own_slice`) kept alive
+        // by the caller.
         let rc = unsafe { sys::ibvs_post_srq_recv(self.recv_srq, &mut wr, &mut bad) };
         if rc != 0 {
             self.recv_free.push(slot);
             if rc == libc::ENOMEM {
                 return Ok(Post::QueueFull);
             }
-            return Err(provider_err("ibv_post_srq_recv", rc, "application receive"));
+            return Err(provider_err(
+                "ibv_post_srq_recv",
+                rc,
+                "posting an application receive; the endpoint's receive queue may be broken: \
+                 reopen the endpoint",
+            ));
         }
         self.recv_ctx[slot as usize] = ctx;
         Ok(Post::Posted)
@@ -112,12 +118,13 @@ impl Endpoint {
         let pi = peer.0 as usize;
         let len = buf.len;
         let ok = Arc::ptr_eq(&buf.mr.domain, &self.domain)
+            & fits(&buf)
             & (len <= self.caps.max_write_size)
             & (len as u64 <= remote.len);
         let inline = (len <= self.caps.inject_size) & (buf.mr.host_addr != 0);
         let depth = self.caps.tx_depth;
         let Some(pair) = self.peers.get_mut(pi).filter(|_| ok) else {
-            return Err(self.write_error(buf.mr, peer, len, remote.len));
+            return Err(self.write_error(&buf, peer, remote.len));
         };
         let q = &mut pair.data;
         if q.outstanding >= depth {
@@ -210,11 +217,12 @@ impl Endpoint {
         let peer = op.peer.0 as usize;
         let len = op.local.len;
         let ok = Arc::ptr_eq(&op.local.mr.domain, &self.domain)
+            & fits(&op.local)
             & (peer < self.peers.len())
             & (len <= self.caps.max_write_size)
             & (len as u64 <= op.remote.len);
         if !ok {
-            return Err(self.write_error(op.local.mr, op.peer, len, op.remote.len));
+            return Err(self.write_error(&op.local, op.peer, op.remote.len));
         }
         Ok(Prepared {
             peer,
@@ -234,10 +242,11 @@ impl Endpoint {
     /// Why [`Self::prepare_write`] refused a WRITE (the first failed check, in order).
     #[cold]
     #[inline(never)]
-    fn write_error(&self, mr: &VerbsMr, peer: PeerId, len: usize, remote_len: u64) -> Error {
-        if let Err(e) = self.own_region(mr, "post_write") {
+    fn write_error(&self, buf: &LocalSlice<'_, VerbsMr>, peer: PeerId, remote_len: u64) -> Error {
+        if let Err(e) = self.own_slice(buf, "post_write") {
             return e;
         }
+        let len = buf.len;
         if let Err(e) = self.peer_index(peer) {
             return e;
         }
@@ -309,8 +318,9 @@ fn post_chain(
     }
     let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
     // SAFETY: `qp` is a live connected QP; `wrs[..n]` is an initialised chain whose SGEs
-    // point into the endpoint's `sges` and into registered memory kept alive by the caller's
-    // regions; the provider copies (or, for inline, reads) them before returning.
+    // point into the endpoint's `sges`, and each SGE into registered memory kept alive by the
+    // caller's regions (every post checked its slice lies inside its region: `fits`); the
+    // provider copies (or, for inline, reads) them before returning.
     let rc = unsafe { sys::ibvs_post_send(qp, base, &mut bad) };
     for i in 0..n.saturating_sub(1) {
         // Unlinked again: a one-WR post then only sets its own fields (`next` stays null).
