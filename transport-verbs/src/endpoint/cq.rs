@@ -123,11 +123,7 @@ impl Endpoint {
         // SAFETY: `cq` is live; `wcs` holds POLL_BATCH >= `want` entries.
         let n = unsafe { sys::ibvs_poll_cq(self.cq, want as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {
-            return Err(provider_err(
-                "ibv_poll_cq",
-                -n,
-                "the completion queue is broken (overrun?); the endpoint must be reopened",
-            ));
+            return Err(poll_failed(n));
         }
         let n = (n as usize).min(want);
         let mut k = 0;
@@ -199,7 +195,13 @@ impl Endpoint {
             }
         }
         if self.imm_to_post >= self.imm_repost_at {
-            self.repost_imm()?;
+            if let Err(e) = self.repost_imm() {
+                // The completions taken above are handed out, not lost: the repost is tried
+                // again at the next poll, which returns its error where it still fails.
+                if k == 0 {
+                    return Err(e);
+                }
+            }
         }
         Ok(k)
     }
@@ -278,5 +280,18 @@ impl Endpoint {
                 self.domain.name, wc.qp_num, wc.vendor_err
             ),
         })
+    }
+}
+
+/// `ibv_poll_cq` failed. Its negative return is the provider's own code, not an errno (mlx5
+/// returns -2 for a corrupt CQE), so it is reported as the number it is.
+#[cold]
+#[inline(never)]
+fn poll_failed(n: i32) -> transport_core::Error {
+    transport_core::Error::Provider {
+        call: "ibv_poll_cq",
+        code: n.saturating_abs(),
+        msg: format!("ibv_poll_cq returned {n} (the provider's code, not an errno)"),
+        hint: "the completion queue is broken (overrun?); the endpoint must be reopened".into(),
     }
 }
