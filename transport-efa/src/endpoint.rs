@@ -389,9 +389,12 @@ impl Transport for Endpoint {
         if out.is_empty() {
             return Ok(0);
         }
-        if let Some(imm) = self.imm.as_mut() {
-            imm.retry();
-        }
+        // A receive for immediates that cannot be posted again is reported once the CQ has
+        // nothing more to hand out: no completion is lost to the error.
+        let stuck = match self.imm.as_mut() {
+            Some(imm) => imm.retry().err(),
+            None => None,
+        };
         let mut entries = [const { MaybeUninit::<fi::fi_cq_data_entry>::uninit() }; POLL_BATCH];
         let want = out.len().min(POLL_BATCH);
         // SAFETY: cq is open in FI_CQ_FORMAT_DATA, so each entry is a fi_cq_data_entry;
@@ -414,7 +417,10 @@ impl Transport for Endpoint {
             return Ok(n);
         }
         if ret == 0 || ret == -(fi::FI_EAGAIN as isize) {
-            return Ok(0);
+            return match stuck {
+                None => Ok(0),
+                Some(r) => Err(imm_repost_failed(r)),
+            };
         }
         if ret == -(fi::FI_EAVAIL as isize) {
             return match self.error_completion()? {
@@ -428,7 +434,10 @@ impl Transport for Endpoint {
         Err(provider(
             "fi_cq_read",
             ret as i64,
-            format!("the completion queue of provider {} failed", self.provider),
+            format!(
+                "the completion queue of provider {} failed; the endpoint is unusable: reopen it",
+                self.provider
+            ),
         ))
     }
 
@@ -541,4 +550,16 @@ mod gpu_tests {
         let e = ep.gpu_support().expect_err("no GPU memory here");
         eprintln!("{e}");
     }
+}
+
+/// A receive for peers' immediates could not be posted again (not `-FI_EAGAIN`).
+#[cold]
+#[inline(never)]
+fn imm_repost_failed(ret: isize) -> Error {
+    provider(
+        "fi_recv",
+        ret as i64,
+        "reposting a receive for peers' WRITE immediates failed: immediates may stop \
+         arriving; reopen the endpoint",
+    )
 }

@@ -107,15 +107,21 @@ impl ImmRecvs {
     }
 
     /// Post again what [`Self::repost`] could not (called from every poll; nothing to do in
-    /// the common case).
+    /// the common case). A failure other than `-FI_EAGAIN` is returned (the receive stays
+    /// pending, so every later retry meets it again until it posts).
     #[inline]
-    pub fn retry(&mut self) {
+    pub fn retry(&mut self) -> std::result::Result<(), isize> {
         while let Some(&i) = self.pending.last() {
-            if self.post(i as usize) != 0 {
-                return;
+            let ret = self.post(i as usize);
+            if ret == -(fi::FI_EAGAIN as isize) {
+                return Ok(());
+            }
+            if ret != 0 {
+                return Err(ret);
             }
             self.pending.pop();
         }
+        Ok(())
     }
 }
 
