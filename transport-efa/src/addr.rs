@@ -64,7 +64,8 @@ impl Endpoint {
             unsafe { fi::rs_fi_av_insert(self.av, bytes.as_ptr().cast(), 1, &mut fi_addr, 0) };
         if ret != 1 || fi_addr == fi::FI_ADDR_UNSPEC_ {
             return Err(Error::BadAddress(format!(
-                "provider {} did not accept the {}-byte address ({})",
+                "provider {} did not accept the {}-byte address ({}); is it a peer's address \
+                 from the same provider and fabric (`--provider`)?",
                 self.provider,
                 bytes.len(),
                 if ret < 0 {

@@ -66,7 +66,7 @@ impl Endpoint {
             return Err(provider(
                 "fi_cq_readerr",
                 ret as i64,
-                "the completion queue could not be read",
+                "the completion queue could not be read; the endpoint is unusable: reopen it",
             ));
         }
         let mut buf = [0 as std::os::raw::c_char; 256];

@@ -322,7 +322,8 @@ impl Mr {
                     return Err(provider(
                         "fi_mr_bind",
                         ret.into(),
-                        "binding the region to the endpoint (FI_MR_ENDPOINT) failed",
+                        "binding the region to the endpoint (FI_MR_ENDPOINT) failed; register it again, and \
+                         check the provider takes this memory (`fi_info -v`)",
                     ));
                 }
             }
@@ -332,7 +333,8 @@ impl Mr {
                 return Err(provider(
                     "fi_mr_enable",
                     ret.into(),
-                    "enabling the region (FI_MR_ENDPOINT) failed",
+                    "enabling the region (FI_MR_ENDPOINT) failed; register it again, and check the \
+                     provider takes this memory (`fi_info -v`)",
                 ));
             }
         }

@@ -209,7 +209,8 @@ impl Endpoint {
                     "fi_recv",
                     ret as i64,
                     "posting the receives for immediates (FI_RX_CQ_DATA) on the data endpoint \
-                     failed",
+                     failed; check the provider's receive queue size (`fi_info -v`: rx_attr \
+                     size)",
                 ));
             }
         }

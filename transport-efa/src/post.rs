@@ -65,7 +65,12 @@ impl Endpoint {
             Err(provider(
                 call,
                 ret as i64,
-                format!("the provider {} refused the operation", self.provider),
+                format!(
+                    "the provider {} refused the operation; check its size against the \
+                     provider's limits (`rdma-bench doctor --backend libfabric`), and reopen the \
+                     endpoint if the peer went away",
+                    self.provider
+                ),
             ))
         }
     }

@@ -98,7 +98,11 @@ impl Endpoint {
         let st = unsafe { sys::ucp_context_query(ctx, &mut attr) };
         let cuda = st == sys::UCS_OK && attr.memory_types & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0;
         let ctx = Arc::new(Context { ctx, cuda });
-        check("ucp_context_query", st, "")?;
+        check(
+            "ucp_context_query",
+            st,
+            "UCX could not describe its context; check the install with `ucx_info -v`",
+        )?;
 
         let wparams = sys::ucp_worker_params_t {
             field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
@@ -198,14 +202,24 @@ impl Endpoint {
             // the worker (the worker is destroyed first in Drop), and each handler uses it as
             // the comment above says.
             let st = unsafe { sys::ucp_worker_set_am_recv_handler(ep.worker, &hparams) };
-            check("ucp_worker_set_am_recv_handler", st, "")?;
+            check(
+                "ucp_worker_set_am_recv_handler",
+                st,
+                "the worker refused an active-message handler; this UCX may lack AM support \
+                 (`ucx_info -v`: 1.13 or later)",
+            )?;
         }
 
         let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
         let mut len = 0usize;
         // SAFETY: worker is live; out pointers valid.
         let st = unsafe { sys::ucp_worker_get_address(ep.worker, &mut addr, &mut len) };
-        check("ucp_worker_get_address", st, "")?;
+        check(
+            "ucp_worker_get_address",
+            st,
+            "the worker has no address to give peers; check `ucx_info -d` for a transport \
+             that can reach them",
+        )?;
         // SAFETY: UCX returned `len` readable bytes at addr, released right after the copy.
         let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
         // SAFETY: addr came from ucp_worker_get_address on this worker; released once.

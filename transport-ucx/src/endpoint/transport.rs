@@ -106,7 +106,12 @@ impl Transport for Endpoint {
         // SAFETY: [base, base + len) is memory `mem` owns (host buffer or CUDA allocation),
         // which the region keeps, at the same address, until it is unmapped.
         let st = unsafe { sys::ucp_mem_map(self.ctx.ctx, &params, &mut memh) };
-        check("ucp_mem_map", st, "")?;
+        check(
+            "ucp_mem_map",
+            st,
+            "registering the region failed; for host memory raise the locked-memory limit \
+             (`ulimit -l`), for GPU memory check that UCX was built with CUDA (`ucx_info -d`)",
+        )?;
         let map = Mapping {
             memh,
             ctx: self.ctx.clone(),
@@ -115,7 +120,12 @@ impl Transport for Endpoint {
         let mut size = 0usize;
         // SAFETY: memh is the live mapping above; out pointers valid.
         let st = unsafe { sys::ucp_rkey_pack(self.ctx.ctx, memh, &mut buf, &mut size) };
-        check("ucp_rkey_pack", st, "")?;
+        check(
+            "ucp_rkey_pack",
+            st,
+            "UCX could not pack the region's remote key; the mapping may be gone: register \
+             the region again",
+        )?;
         // SAFETY: UCX returned `size` readable bytes at buf, released right after the copy.
         let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
         // SAFETY: buf came from ucp_rkey_pack; released once.
@@ -166,7 +176,12 @@ impl Transport for Endpoint {
     /// region that is dropped instead stays allocated until the endpoint goes.
     fn deregister(&mut self, mr: UcxMr) -> Result<Memory> {
         let mut mr = mr;
-        check("ucp_mem_unmap", mr.map.unmap(), "")?;
+        check(
+            "ucp_mem_unmap",
+            mr.map.unmap(),
+            "the region stays mapped and its memory allocated; finish every operation on it \
+             before deregistering",
+        )?;
         // A region dropped instead stays in the table: its memory stays allocated (the
         // graveyard) until the endpoint goes.
         let mut regions = self.shared.landable.borrow_mut();
