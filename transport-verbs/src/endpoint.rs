@@ -256,7 +256,8 @@ impl Endpoint {
 /// every post checks. Branch-free, for the WRITE paths' combined checks.
 #[inline(always)]
 pub(crate) fn fits(s: &LocalSlice<'_, VerbsMr>) -> bool {
-    (s.offset <= s.mr.len) & (s.len <= s.mr.len.wrapping_sub(s.offset))
+    let end = s.offset.wrapping_add(s.len);
+    (end >= s.offset) & (end <= s.mr.len)
 }
 
 #[cold]
