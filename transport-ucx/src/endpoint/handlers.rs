@@ -33,6 +33,9 @@ pub(super) const AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 
 /// A send, put, flush or active message finished (or failed): note it in its slot and queue
 /// the slot.
+/// # Safety
+/// UCX calls it, inside the post call or `ucp_worker_progress`, for a request posted with
+/// `params`: `user` is a `Slot` of a live endpoint's slab.
 pub(super) unsafe extern "C" fn on_send(
     _req: *mut c_void,
     status: sys::ucs_status_t,
@@ -52,6 +55,8 @@ pub(super) unsafe extern "C" fn on_send(
 }
 
 /// A receive finished: its length is in `info`.
+/// # Safety
+/// As [`on_send`]; `info`, where not null, is valid for the call.
 pub(super) unsafe extern "C" fn on_recv(
     _req: *mut c_void,
     status: sys::ucs_status_t,
@@ -73,6 +78,9 @@ pub(super) unsafe extern "C" fn on_recv(
 
 /// An immediate arrived: its header is the value and the initiator's origin. Runs after the
 /// flush that made the WRITE's bytes visible here had completed at the initiator.
+/// # Safety
+/// UCX calls it as the `AM_IMM` handler set at open: `arg` is the endpoint's boxed `Shared`,
+/// and `header_len` bytes are readable at `header`.
 pub(super) unsafe extern "C" fn on_imm(
     arg: *mut c_void,
     header: *const c_void,
@@ -97,6 +105,8 @@ pub(super) unsafe extern "C" fn on_imm(
 /// A WRITE with immediate carried whole (`AM_WRITE_IMM`): the bytes land at the address its
 /// header names, then the immediate is queued, so the immediate is never seen before the
 /// bytes.
+/// # Safety
+/// As [`land`]: UCX calls it as the `AM_WRITE_IMM` handler set at open.
 pub(super) unsafe extern "C" fn on_write_imm(
     arg: *mut c_void,
     header: *const c_void,
@@ -111,6 +121,8 @@ pub(super) unsafe extern "C" fn on_write_imm(
 
 /// A WRITE without immediate carried whole (`AM_WRITE`): the bytes land at the address its
 /// header names.
+/// # Safety
+/// As [`land`]: UCX calls it as the `AM_WRITE` handler set at open.
 pub(super) unsafe extern "C" fn on_write(
     arg: *mut c_void,
     header: *const c_void,
@@ -271,6 +283,9 @@ fn queue(shared: &Shared, origin: u64, imm: Option<u32>) {
 
 /// UCX finished receiving a rendezvous WRITE into a region (`land`): release its immediate
 /// where its bytes are in, and those held behind it, in order (`Landings`); free the request.
+/// # Safety
+/// UCX calls it once, for a request `ucp_am_recv_data_nbx` returned in [`land`]: `user_data`
+/// is the endpoint's boxed `Shared`.
 pub(super) unsafe extern "C" fn on_landed(
     request: *mut c_void,
     status: sys::ucs_status_t,
@@ -291,6 +306,9 @@ pub(super) unsafe extern "C" fn on_landed(
 }
 
 /// A peer's endpoint failed: remember UCX's status; later posts to it are refused.
+/// # Safety
+/// UCX calls it as the error handler of a peer's `ucp_ep`: `arg` is that peer's boxed `Peer`,
+/// alive until after the `ucp_ep` is closed.
 pub(super) unsafe extern "C" fn on_peer_error(
     arg: *mut c_void,
     _ep: sys::ucp_ep_h,
