@@ -66,6 +66,7 @@ pub(crate) fn serve_gpu_step<T: Transport>(
     if side.eps.is_empty() || side.data.is_empty() {
         return Err(Error::Protocol("gpu-write: no NIC on the server".into()));
     }
+    ring_fits(step.capacity, cfg.max_mem)?;
     let live = ctrl.liveness();
     let _busy = live.busy();
     let gpu = side.gpus.first().copied().unwrap_or(0);
@@ -75,6 +76,19 @@ pub(crate) fn serve_gpu_step<T: Transport>(
     on_nic0(side, core, &live, idle, |end, region| {
         gpu_write::serve_step(end, region, step, || ctrl.send(&Msg::Ready { id }))
     })
+}
+
+/// The ring a step makes the server allocate is the client's to size (up to 2^24 commands,
+/// 512 MiB): it is held to the server's `--max-mem`, as the regions are.
+fn ring_fits(capacity: u32, max_mem: u64) -> Result<()> {
+    let bytes = gpu_write::ring_bytes(capacity)?;
+    if bytes > max_mem {
+        return Err(Error::Protocol(format!(
+            "gpu-write: the client's ring of {capacity} commands needs {bytes} bytes, over this \
+             server's --max-mem {max_mem}"
+        )));
+    }
+    Ok(())
 }
 
 /// NIC 0 of `side` as one end of gpu-write (its endpoint, its peer, the peer's data region as
@@ -98,4 +112,18 @@ fn on_nic0<T: Transport, R>(
     let (r, region) = f(&mut end, region)?;
     side.data.insert(0, region);
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_over_max_mem_is_refused() {
+        let bytes = gpu_write::ring_bytes(1 << 24).unwrap();
+        assert!(ring_fits(1 << 24, bytes).is_ok());
+        let e = ring_fits(1 << 24, bytes - 1).unwrap_err().to_string();
+        assert!(e.contains("--max-mem"), "{e}");
+        assert!(ring_fits(4096, 1 << 30).is_ok());
+    }
 }

@@ -242,6 +242,12 @@ fn spin_until(
     Ok(())
 }
 
+/// The bytes of the ring a server allocates for a step whose client asked for `capacity`
+/// commands: the server holds it to its `--max-mem`, as it does the regions.
+pub fn ring_bytes(capacity: u32) -> Result<u64> {
+    Ok(RingLayout::new(capacity, 1).map_err(ring_err)?.bytes() as u64)
+}
+
 fn ring_err(e: transport_proxy::RingError) -> Error {
     Error::Protocol(e.to_string())
 }
@@ -421,6 +427,15 @@ pub fn ring_rate(producer: &dyn Producer, cfg: &GpuWriteCfg, core: Option<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_bytes_grow_with_the_capacity_and_refuse_a_bad_one() {
+        let small = ring_bytes(4096).unwrap();
+        let big = ring_bytes(1 << 24).unwrap();
+        assert!(small >= 4096 * 32 && small < 1 << 20, "{small}");
+        assert!(big >= 512 << 20, "{big}");
+        assert!(ring_bytes(3).is_err());
+    }
 
     #[test]
     fn offsets_cycle_within_the_half() {
