@@ -467,6 +467,18 @@ impl Transport for Endpoint {
     }
 }
 
+/// A receive for peers' immediates could not be posted again (not `-FI_EAGAIN`).
+#[cold]
+#[inline(never)]
+fn imm_repost_failed(ret: isize) -> Error {
+    provider(
+        "fi_recv",
+        ret as i64,
+        "reposting a receive for peers' WRITE immediates failed: immediates may stop \
+         arriving; reopen the endpoint",
+    )
+}
+
 #[cfg(test)]
 mod gpu_tests {
     use super::*;
@@ -550,16 +562,4 @@ mod gpu_tests {
         let e = ep.gpu_support().expect_err("no GPU memory here");
         eprintln!("{e}");
     }
-}
-
-/// A receive for peers' immediates could not be posted again (not `-FI_EAGAIN`).
-#[cold]
-#[inline(never)]
-fn imm_repost_failed(ret: isize) -> Error {
-    provider(
-        "fi_recv",
-        ret as i64,
-        "reposting a receive for peers' WRITE immediates failed: immediates may stop \
-         arriving; reopen the endpoint",
-    )
 }
