@@ -154,4 +154,51 @@ mod tests {
             1
         );
     }
+
+    /// What the fake provider's `fi_recv` returns.
+    static RECV_RET: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+    /// A provider's `recv` op that posts nothing and returns `RECV_RET`.
+    unsafe extern "C" fn fake_recv(
+        _ep: *mut fi::fid_ep,
+        _buf: *mut c_void,
+        _len: usize,
+        _desc: *mut c_void,
+        _src: fi::fi_addr_t,
+        _ctx: *mut c_void,
+    ) -> isize {
+        RECV_RET.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_repost_that_fails_other_than_eagain_is_reported_until_it_posts() {
+        let set = |r: i32| RECV_RET.store(r as isize, std::sync::atomic::Ordering::Relaxed);
+        // An endpoint whose only op is the fake `recv` (`fi_recv` calls `ep->msg->recv`).
+        let mut msg = fi::fi_ops_msg {
+            size: std::mem::size_of::<fi::fi_ops_msg>(),
+            recv: Some(fake_recv),
+            ..Default::default()
+        };
+        let mut ep = fi::fid_ep {
+            msg: &mut msg,
+            ..Default::default()
+        };
+        let mut r = ImmRecvs::new(&mut ep, 2, ptr::null_mut(), ptr::null_mut());
+        set(-fi::FI_EAGAIN);
+        r.repost(0);
+        assert_eq!(r.pending, [0], "a full queue keeps the receive for later");
+        assert_eq!(r.retry(), Ok(()), "a queue still full is not an error");
+        set(-fi::FI_EINVAL);
+        let einval = -(fi::FI_EINVAL as isize);
+        assert_eq!(r.retry(), Err(einval));
+        assert_eq!(r.retry(), Err(einval), "every poll meets it until it posts");
+        assert_eq!(r.pending, [0], "the receive is not dropped");
+        set(0);
+        assert_eq!(r.retry(), Ok(()));
+        assert!(r.pending.is_empty());
+        // A repost that fails outright is kept too, and reported by the next retry.
+        set(-fi::FI_EINVAL);
+        r.repost(1);
+        assert_eq!(r.retry(), Err(einval));
+    }
 }
