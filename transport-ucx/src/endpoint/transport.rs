@@ -109,8 +109,7 @@ impl Transport for Endpoint {
         check(
             "ucp_mem_map",
             st,
-            "registering the region failed; for host memory raise the locked-memory limit \
-             (`ulimit -l`), for GPU memory check that UCX was built with CUDA (`ucx_info -d`)",
+            "raise `ulimit -l`; GPU memory: is cuda in `ucx_info -d`?",
         )?;
         let map = Mapping {
             memh,
@@ -123,8 +122,7 @@ impl Transport for Endpoint {
         check(
             "ucp_rkey_pack",
             st,
-            "UCX could not pack the region's remote key; the mapping may be gone: register \
-             the region again",
+            "the mapping may be gone: register the region again",
         )?;
         // SAFETY: UCX returned `size` readable bytes at buf, released right after the copy.
         let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
@@ -179,8 +177,7 @@ impl Transport for Endpoint {
         check(
             "ucp_mem_unmap",
             mr.map.unmap(),
-            "the region stays mapped and its memory allocated; finish every operation on it \
-             before deregistering",
+            "finish every operation on the region first",
         )?;
         // A region dropped instead stays in the table: its memory stays allocated (the
         // graveyard) until the endpoint goes.
