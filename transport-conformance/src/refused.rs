@@ -97,6 +97,47 @@ pub enum Recovery {
     KnownBroken(&'static str),
 }
 
+/// Post a good WRITE of `src` to `remote` with immediate `imm` (context 0x600d), posting again
+/// while the queue is full, and wait up to `wait` for its completion on side a and its
+/// immediate on side b. A completion that is neither, nor one `stray` allows, fails the case.
+fn good_write<T: Transport>(
+    p: &mut Pair<T>,
+    what: &str,
+    src: &T::Mr,
+    remote: RemoteSlice<T::RemoteKey>,
+    imm: u32,
+    wait: Duration,
+    stray: impl Fn(usize, &transport_core::Completion) -> bool,
+) -> Result<()> {
+    let mut seen = (false, false);
+    let mut note = |side: usize, c: &transport_core::Completion| -> Result<bool> {
+        c.check()?;
+        match (side, &c.kind) {
+            (0, CompletionKind::Write) if c.ctx == 0x600d => seen.0 = true,
+            (1, CompletionKind::RemoteWrite { imm: i }) if *i == imm => seen.1 = true,
+            _ if stray(side, c) => {}
+            (_, k) => panic!("{what}: unexpected {k:?} (ctx {:#x}) on side {side}", c.ctx),
+        }
+        Ok(seen.0 && seen.1)
+    };
+    let start = std::time::Instant::now();
+    loop {
+        if start.elapsed() > wait {
+            return Err(Error::Timeout {
+                what: what.into(),
+                after: wait,
+            });
+        }
+        match p
+            .a
+            .post_write(p.a_to_b, LocalSlice::all(src), remote, Some(imm), 0x600d)?
+        {
+            Post::Posted => return wait_pair(&mut p.a, &mut p.b, what, wait, &mut note),
+            Post::QueueFull => poll_both(p, |side, c| note(side, c).map(|_| ()))?,
+        }
+    }
+}
+
 /// After a refused WRITE that the initiator was not told about: a good WRITE lands, with
 /// its immediate, exactly once (or, under [`Recovery::KnownBroken`], provably does not
 /// within a short wait). Where the refusal came back as an error completion, the initiator
@@ -109,38 +150,15 @@ fn after_refused_write<T: Transport>(p: &mut Pair<T>, recovery: Recovery) -> Res
     let what = "a good WRITE after a refused one";
     let src = host_mr(&mut p.a, &[3u8; 64])?;
     let dst = host_mr(&mut p.b, &[0u8; 64])?;
-    let (a_to_b, remote) = (p.a_to_b, p.import_on_a(&dst)?.all());
+    let remote = p.import_on_a(&dst)?.all();
     let wait = match recovery {
         Recovery::Required => TIMEOUT,
         Recovery::KnownBroken(_) => Duration::from_secs(2),
     };
-    let mut seen = (false, false);
-    let mut note = |side: usize, c: &transport_core::Completion| -> Result<bool> {
-        c.check()?;
-        match (side, &c.kind) {
-            (0, CompletionKind::Write) if c.ctx == 0x600d => seen.0 = true,
-            (1, CompletionKind::RemoteWrite { imm: 8 }) => seen.1 = true,
-            (0, CompletionKind::Write) if c.ctx == 0xbad => {}
-            (_, k) => panic!("{what}: unexpected {k:?} on side {side}"),
-        }
-        Ok(seen.0 && seen.1)
-    };
-    let start = std::time::Instant::now();
-    let r = loop {
-        if start.elapsed() > wait {
-            break Err(Error::Timeout {
-                what: what.into(),
-                after: wait,
-            });
-        }
-        match p
-            .a
-            .post_write(a_to_b, LocalSlice::all(&src), remote, Some(8), 0x600d)?
-        {
-            Post::Posted => break wait_pair(&mut p.a, &mut p.b, what, wait, &mut note),
-            Post::QueueFull => poll_both(p, |side, c| note(side, c).map(|_| ()))?,
-        }
-    };
+    // The refused WRITE's own local completion (ctx 0xbad) may still come.
+    let r = good_write(p, what, &src, remote, 8, wait, |side, c| {
+        side == 0 && matches!(c.kind, CompletionKind::Write) && c.ctx == 0xbad
+    });
     match (recovery, r) {
         (Recovery::Required, r) => {
             r?;
@@ -324,34 +342,7 @@ pub fn local_past_end<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     }
     // Nothing was posted: no completion comes, and a good WRITE still lands.
     let what = "a good WRITE after refused local slices";
-    let mut seen = (false, false);
-    let mut note = |side: usize, c: &transport_core::Completion| -> Result<bool> {
-        c.check()?;
-        match (side, &c.kind) {
-            (0, CompletionKind::Write) if c.ctx == 0x600d => seen.0 = true,
-            (1, CompletionKind::RemoteWrite { imm: 4 }) => seen.1 = true,
-            (_, k) => panic!("{what}: a refused post produced {k:?} (ctx {:#x})", c.ctx),
-        }
-        Ok(seen.0 && seen.1)
-    };
-    let start = std::time::Instant::now();
-    loop {
-        match p
-            .a
-            .post_write(p.a_to_b, LocalSlice::all(&src), remote, Some(4), 0x600d)?
-        {
-            Post::Posted => break wait_pair(&mut p.a, &mut p.b, what, TIMEOUT, &mut note)?,
-            Post::QueueFull if start.elapsed() < TIMEOUT => {
-                poll_both(p, |side, c| note(side, c).map(|_| ()))?
-            }
-            Post::QueueFull => {
-                return Err(Error::Timeout {
-                    what: what.into(),
-                    after: TIMEOUT,
-                })
-            }
-        }
-    }
+    good_write(p, what, &src, remote, 4, TIMEOUT, |_, _| false)?;
     assert_eq!(
         host_bytes(&dst),
         &[3u8; 64][..],
