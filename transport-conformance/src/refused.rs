@@ -49,6 +49,10 @@ fn expect_write_fails<T: Transport>(
             (0, CompletionKind::Error(e)) => {
                 assert_eq!(e.ctx, 0xbad);
                 assert!(!e.msg.is_empty(), "error completion without text");
+                assert!(
+                    !e.hint.is_empty(),
+                    "error completion that says not what to do: {e}"
+                );
                 failed = Some(e.to_string());
                 Ok(true)
             }

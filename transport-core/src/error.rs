@@ -28,16 +28,34 @@ impl fmt::Display for Op {
 
 /// A failed operation, as the provider reported it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{op} (ctx {ctx:#x}) failed: {msg} (error {code}, provider error {prov_errno})")]
+#[error(
+    "{op} (ctx {ctx:#x}) failed: {msg} (error {code}, provider error {prov_errno}){}",
+    Hint(.hint)
+)]
 pub struct CompletionError {
     pub op: Op,
     pub ctx: u64,
-    /// Provider error code (libfabric `FI_E*`, verbs `ibv_wc_status`).
+    /// Provider error code (libfabric `FI_E*`, verbs `ibv_wc_status`, UCX `ucs_status_t`).
     pub code: i32,
     /// Provider-specific error (libfabric `prov_errno`, verbs vendor error).
     pub prov_errno: i32,
-    /// The provider's own text (`fi_strerror` and `fi_cq_strerror`, `ibv_wc_status_str`).
+    /// The provider's own text (`fi_strerror` and `fi_cq_strerror`, `ibv_wc_status_str`,
+    /// `ucs_status_string`).
     pub msg: String,
+    /// What to do about it, chosen by the backend from the code; never empty.
+    pub hint: &'static str,
+}
+
+/// A hint after the error's text, as ". {hint}" (nothing where the hint is empty).
+struct Hint<'a>(&'a str);
+
+impl fmt::Display for Hint<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        write!(f, ". {}", self.0)
+    }
 }
 
 /// Everything that can go wrong, with the provider's own words and what to do.

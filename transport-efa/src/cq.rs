@@ -106,7 +106,92 @@ impl Endpoint {
                 code: e.err,
                 prov_errno: e.prov_errno,
                 msg,
+                hint: completion_hint(&self.provider, op, e.err, e.prov_errno),
             })),
         }))
+    }
+}
+
+/// What to do about an error completion: by libfabric's code, and for the efa provider of
+/// libfabric 1.x, which reports every device error as `FI_EIO`, by its `prov_errno` (the
+/// device's `EFA_IO_COMP_STATUS_*`, which libfabric 2.x maps to the codes matched first).
+/// Never empty.
+fn completion_hint(provider: &str, op: Op, err: i32, prov_errno: i32) -> &'static str {
+    const UNREACHABLE: &str = "the peer never answered: check that it runs, that the address \
+        it sent is its own, and (EFA) that the security group lets all traffic through \
+        between the two nodes";
+    const GONE: &str = "the peer went away, restarted or did not answer: check that it still \
+        runs, then reopen both ends";
+    const BAD_REMOTE: &str = "the remote key, address or length lies outside the peer's \
+        region (or the peer closed it): check the RemoteMr the peer sent and the slice";
+    const TOO_LONG: &str = "the message is longer than the receive buffer: post larger receives";
+    const NO_RECV: &str = "the peer had no receive posted: post receives before the peer sends";
+    const FLUSHED: &str = "flushed because the endpoint is closing or an earlier operation \
+        failed: look for the first error";
+    const CANCELLED: &str = "cancelled because the connection or the endpoint failed (the tcp \
+        provider drops the connection when the peer refuses a WRITE's key or range): check \
+        the remote key and slice, and look for the first error";
+    let efa_device = err == fi::FI_EIO && provider.starts_with("efa");
+    match (err, efa_device.then_some(prov_errno)) {
+        (_, Some(1)) => FLUSHED,
+        (_, Some(5)) => {
+            "the local buffer's registration is not valid on this NIC: register it \
+            with this endpoint"
+        }
+        (_, Some(6 | 11)) => TOO_LONG,
+        (_, Some(7)) => BAD_REMOTE,
+        (_, Some(8 | 9 | 13 | 14)) => GONE,
+        (_, Some(10)) => NO_RECV,
+        (_, Some(15)) => UNREACHABLE,
+        (fi::FI_EHOSTUNREACH | fi::FI_ECONNREFUSED, _) => UNREACHABLE,
+        (fi::FI_ECONNABORTED | fi::FI_ECONNRESET | fi::FI_ENOTCONN | fi::FI_ETIMEDOUT, _) => GONE,
+        (fi::FI_EACCES | fi::FI_EKEYREJECTED | fi::FI_EREMOTEIO, _) => BAD_REMOTE,
+        (fi::FI_EINVAL, _) if matches!(op, Op::Write | Op::RemoteWrite) => BAD_REMOTE,
+        (fi::FI_EMSGSIZE, _) => TOO_LONG,
+        (e, _) if e == fi::FI_ETRUNC as i32 => TOO_LONG,
+        (e, _) if e == fi::FI_ENORX as i32 => NO_RECV,
+        (fi::FI_ECANCELED, _) => CANCELLED,
+        _ => "run again with FI_LOG_LEVEL=warn for the provider's own log of it",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_completion_has_a_hint() {
+        let codes = [
+            0,
+            fi::FI_EIO,
+            fi::FI_EINVAL,
+            fi::FI_ECANCELED,
+            fi::FI_ETRUNC as i32,
+            9999,
+        ];
+        for provider in ["efa", "efa;ofi_rxm", "tcp", "shm"] {
+            for op in [Op::Send, Op::Recv, Op::Write, Op::RemoteWrite, Op::Unknown] {
+                for err in codes {
+                    for prov_errno in [0, 1, 7, 15, 16, 4096, -1] {
+                        let h = completion_hint(provider, op, err, prov_errno);
+                        assert!(!h.is_empty(), "{provider} {op} {err} {prov_errno}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn efa_device_statuses_are_read_only_from_the_efa_provider() {
+        // libfabric 1.x's efa: FI_EIO with the device status.
+        let bad_key = completion_hint("efa", Op::Write, fi::FI_EIO, 7);
+        assert!(bad_key.contains("remote key"), "{bad_key}");
+        assert!(completion_hint("efa", Op::Send, fi::FI_EIO, 15).contains("never answered"));
+        // The same numbers from another provider are not the device's.
+        let tcp = completion_hint("tcp", Op::Write, fi::FI_EIO, 7);
+        assert!(!tcp.contains("remote key"), "{tcp}");
+        // libfabric 2.x maps the status itself.
+        assert!(completion_hint("efa", Op::Send, fi::FI_EHOSTUNREACH, 15).contains("never"));
+        assert!(completion_hint("efa", Op::Recv, fi::FI_ETRUNC as i32, 0).contains("longer"));
     }
 }

@@ -89,6 +89,7 @@ fn a_dead_peer_is_an_error() {
         for c in &out[..n] {
             if let CompletionKind::Error(e) = &c.kind {
                 assert!(!e.msg.is_empty());
+                assert!(!e.hint.is_empty(), "no hint: {e}");
                 break 'outer format!("error completion: {e}");
             }
         }

@@ -182,6 +182,7 @@ impl Inner {
                     code: 13,
                     prov_errno: 0,
                     msg: "mock: no such region or range at the target".into(),
+                    hint: "check the key and the slice",
                 })),
             });
             return;

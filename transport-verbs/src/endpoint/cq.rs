@@ -254,32 +254,52 @@ impl Endpoint {
     fn wc_error(&self, op: Op, ctx: u64, wc: &sys::ibv_wc) -> Box<CompletionError> {
         // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any status.
         let text = unsafe { CStr::from_ptr(sys::ibv_wc_status_str(wc.status)) }.to_string_lossy();
-        let hint = match wc.status {
-            sys::IBV_WC_RETRY_EXC_ERR => {
-                ": the peer did not answer (gone, unreachable, or its QP is in error)"
-            }
-            sys::IBV_WC_RNR_RETRY_EXC_ERR => ": the peer posted no receive in time",
-            sys::IBV_WC_REM_ACCESS_ERR => {
-                ": remote key, address or length outside the peer's region"
-            }
-            sys::IBV_WC_LOC_PROT_ERR => ": local buffer not in a region of this endpoint",
-            sys::IBV_WC_LOC_LEN_ERR => ": message longer than the receive buffer",
-            sys::IBV_WC_REM_INV_REQ_ERR => {
-                ": the peer refused the request (message too long for its receive buffer?)"
-            }
-            sys::IBV_WC_WR_FLUSH_ERR => ": flushed, an earlier operation on this queue pair failed",
-            _ => "",
-        };
         Box::new(CompletionError {
             op,
             ctx,
             code: wc.status as i32,
             prov_errno: wc.vendor_err as i32,
             msg: format!(
-                "{text}{hint} (device {}, qp {:#x}, vendor error {:#x})",
+                "{text} (device {}, qp {:#x}, vendor error {:#x})",
                 self.domain.name, wc.qp_num, wc.vendor_err
             ),
+            hint: wc_hint(wc.status),
         })
+    }
+}
+
+/// What to do about a failed work completion, by its status; never empty.
+fn wc_hint(status: sys::ibv_wc_status) -> &'static str {
+    match status {
+        sys::IBV_WC_RETRY_EXC_ERR => {
+            "the peer did not answer: check that it still runs, that its queue pair is not in \
+             error, and the path to it (GID index, MTU, link); then reopen both ends"
+        }
+        sys::IBV_WC_RNR_RETRY_EXC_ERR => {
+            "the peer posted no receive in time: post receives before the peer sends"
+        }
+        sys::IBV_WC_REM_ACCESS_ERR => {
+            "the remote key, address or length lies outside the peer's region: check the \
+             RemoteMr the peer sent and the slice's offset and length"
+        }
+        sys::IBV_WC_LOC_PROT_ERR => {
+            "the local buffer is not in a region of this endpoint: register it here"
+        }
+        sys::IBV_WC_LOC_LEN_ERR => {
+            "the message is longer than the receive buffer: post larger receives"
+        }
+        sys::IBV_WC_REM_INV_REQ_ERR => {
+            "the peer refused the request (a message too long for its receive buffer?): post \
+             larger receives there"
+        }
+        sys::IBV_WC_WR_FLUSH_ERR => {
+            "flushed because an earlier operation on this queue pair failed: look for the first \
+             error, then reopen the endpoint"
+        }
+        _ => {
+            "the queue pair is in error after this: reopen the endpoint; `ibv_devinfo -v` and \
+              the kernel log (`dmesg`) may say more"
+        }
     }
 }
 
@@ -293,5 +313,19 @@ fn poll_failed(n: i32) -> transport_core::Error {
         code: n.saturating_abs(),
         msg: format!("ibv_poll_cq returned {n} (the provider's code, not an errno)"),
         hint: "the completion queue is broken (overrun?); the endpoint must be reopened".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_failed_status_has_a_hint() {
+        for status in sys::IBV_WC_LOC_LEN_ERR..=sys::IBV_WC_TM_RNDV_INCOMPLETE + 1 {
+            assert!(!wc_hint(status).is_empty(), "status {status}");
+        }
+        assert!(wc_hint(sys::IBV_WC_REM_ACCESS_ERR).contains("remote key"));
+        assert!(wc_hint(sys::IBV_WC_RETRY_EXC_ERR).contains("still runs"));
     }
 }
