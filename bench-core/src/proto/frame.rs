@@ -95,16 +95,12 @@ pub fn read_frame(
             Ok(0) => return Err(Error::PeerGone("connection closed inside a frame".into())),
             Ok(n) => {
                 got += n;
-                started.get_or_insert_with(Instant::now);
+                let t = *started.get_or_insert_with(Instant::now);
+                overdue(t, frame_timeout)?;
             }
             Err(e) if is_timeout(&e) => {
                 if let Some(t) = started {
-                    if t.elapsed() > frame_timeout {
-                        return Err(Error::Timeout {
-                            what: "the rest of a control message".into(),
-                            after: frame_timeout,
-                        });
-                    }
+                    overdue(t, frame_timeout)?;
                 } else if !keep_waiting() {
                     return Ok(Frame::Idle);
                 }
@@ -125,20 +121,28 @@ pub fn read_frame(
     while got < len {
         match r.read(&mut body[got..]) {
             Ok(0) => return Err(Error::PeerGone("connection closed inside a frame".into())),
-            Ok(n) => got += n,
-            Err(e) if is_timeout(&e) => {
-                if start.elapsed() > frame_timeout {
-                    return Err(Error::Timeout {
-                        what: "the rest of a control message".into(),
-                        after: frame_timeout,
-                    });
-                }
+            // A peer that trickles bytes never lets the read time out: check at every read.
+            Ok(n) => {
+                got += n;
+                overdue(start, frame_timeout)?;
             }
+            Err(e) if is_timeout(&e) => overdue(start, frame_timeout)?,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(gone_or_io(e)),
         }
     }
     decode_body(&body).map(Frame::Msg)
+}
+
+/// A frame that started at `start` must be whole within `frame_timeout`.
+fn overdue(start: Instant, frame_timeout: Duration) -> Result<()> {
+    if start.elapsed() > frame_timeout {
+        return Err(Error::Timeout {
+            what: "the rest of a control message".into(),
+            after: frame_timeout,
+        });
+    }
+    Ok(())
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
@@ -194,6 +198,35 @@ mod tests {
                 _ => panic!("no message"),
             }
         }
+    }
+
+    /// A peer that sends one byte every 2 ms: no read ever times out.
+    struct Trickle(std::io::Cursor<Vec<u8>>);
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            std::thread::sleep(Duration::from_millis(2));
+            let n = buf.len().min(1);
+            self.0.read(&mut buf[..n])
+        }
+    }
+
+    #[test]
+    fn a_trickled_frame_is_held_to_the_frame_timeout() {
+        let f = encode(&Msg::Hello(hello())).unwrap();
+        assert!(f.len() > 100, "the frame must outlast the timeout: {} bytes", f.len());
+        let mut r = Trickle(std::io::Cursor::new(f));
+        let t = std::time::Instant::now();
+        let got = read_frame(&mut r, Duration::from_millis(50), || true);
+        assert!(matches!(got, Err(Error::Timeout { .. })), "{:?}", got.err());
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        // A frame that trickles in within the timeout still reads.
+        let f = encode(&Msg::Bye).unwrap();
+        let mut r = Trickle(std::io::Cursor::new(f));
+        assert!(matches!(
+            read_frame(&mut r, Duration::from_secs(5), || true),
+            Ok(Frame::Msg(Msg::Bye))
+        ));
     }
 
     #[test]
