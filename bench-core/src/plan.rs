@@ -171,8 +171,18 @@ impl Plan {
             )));
         }
         let iters = w.iters.unwrap_or(diters);
-        if iters == 0 {
-            return Err(Error::Usage("-n must be at least 1".into()));
+        if iters == 0 || iters > crate::proto::MAX_ITERS {
+            return Err(Error::Usage(format!(
+                "-n {iters}: allowed 1..={}",
+                crate::proto::MAX_ITERS
+            )));
+        }
+        if knobs.warmup > crate::proto::MAX_WARMUP {
+            return Err(Error::Usage(format!(
+                "--warmup {}: at most {}",
+                knobs.warmup,
+                crate::proto::MAX_WARMUP
+            )));
         }
         if w.workload == Workload::Lat && iters > crate::proto::MAX_LAT_ITERS {
             return Err(Error::Usage(format!(
@@ -188,9 +198,13 @@ impl Plan {
         if matches!(w.workload, Workload::Write | Workload::Rate) && pages > u32::MAX as u64 {
             return Err(Error::Usage("--pages: at most 2^32-1".into()));
         }
-        if w.imm_every > 1 && pages.saturating_mul(u64::from(w.imm_every)) > MAX_PASS_OPS {
+        // One immediate covers --imm-every passes over the pages, --imm-every 1 included.
+        if matches!(w.workload, Workload::Write | Workload::Rate)
+            && pages.saturating_mul(u64::from(w.imm_every.max(1))) > MAX_PASS_OPS
+        {
             return Err(Error::Usage(format!(
-                "--imm-every {} x {pages} pages: at most {MAX_PASS_OPS} WRITEs per immediate",
+                "--pages {pages} x --imm-every {}: at most {MAX_PASS_OPS} WRITEs per immediate \
+                 (fewer pages, or a larger --size for the same bytes)",
                 w.imm_every
             )));
         }
@@ -271,5 +285,89 @@ impl Plan {
     /// Largest size in the plan.
     pub fn max_size(&self) -> u64 {
         self.runs.iter().map(|r| r.size).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{validate, Msg, Request};
+    use proptest::prelude::*;
+
+    /// The request a client sends for one planned run (as `bench-coord` builds it: write and
+    /// rate send their pages, send a receive depth, lat one).
+    fn request(plan: &Plan, p: &Planned) -> Request {
+        let count = match plan.workload {
+            Workload::Write | Workload::Rate => p.pages,
+            Workload::Send => u64::from(p.knobs.window.max(1)),
+            _ => 1,
+        };
+        Request {
+            id: 1,
+            workload: plan.workload,
+            size: p.size,
+            count,
+            iters: p.iters,
+            seed: plan.seed,
+            op: plan.op,
+            knobs: p.knobs,
+            imm_every: plan.imm_every,
+            shifts: 1,
+            verify: plan.verify,
+        }
+    }
+
+    proptest! {
+        /// A plan the client accepts is one every server accepts: a limit the wire holds
+        /// that the plan does not is found at the server, naming flags the user never gave.
+        #[test]
+        fn an_accepted_plan_passes_the_wire_checks(
+            wl in prop_oneof![
+                Just(Workload::Write), Just(Workload::Rate), Just(Workload::Send), Just(Workload::Lat)
+            ],
+            pages in prop_oneof![Just(None), (1u64..1 << 22).prop_map(Some)],
+            imm_every in prop_oneof![Just(1u32), 1u32..64, 0u32..=u32::MAX],
+            iters in prop_oneof![Just(None), (1u64..1 << 12).prop_map(Some), any::<u64>().prop_map(Some)],
+            warmup in prop_oneof![Just(None), any::<u32>().prop_map(Some)],
+            size in 1u64..1 << 24,
+        ) {
+            let w = WorkloadSpec {
+                workload: wl,
+                pages,
+                imm_every,
+                iters,
+                warmup,
+                size: Some(size),
+                ..WorkloadSpec::default()
+            };
+            if let Ok(plan) = Plan::new(&w, true) {
+                for p in &plan.runs {
+                    let r = request(&plan, p);
+                    prop_assert!(
+                        validate(&Msg::Request(r.clone())).is_ok(),
+                        "plan accepted {w:?} but the server refuses {r:?}: {:?}",
+                        validate(&Msg::Request(r.clone())).err()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pages_over_one_pass_are_refused_with_imm_every_one() {
+        let w = WorkloadSpec {
+            workload: Workload::Rate,
+            pages: Some(2_000_000),
+            ..WorkloadSpec::default()
+        };
+        match Plan::new(&w, true) {
+            Err(Error::Usage(m)) => assert!(m.contains("--pages 2000000"), "{m}"),
+            other => panic!("not refused: {other:?}"),
+        }
+        let w = WorkloadSpec {
+            iters: Some(u64::MAX),
+            ..WorkloadSpec::default()
+        };
+        assert!(matches!(Plan::new(&w, true), Err(Error::Usage(_))));
     }
 }
