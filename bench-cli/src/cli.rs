@@ -289,7 +289,8 @@ pub struct ServerArgs {
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7471")]
     pub listen: String,
     /// Most client sessions served at once.
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_sessions: usize,
     /// Largest buffer one client may ask for, per NIC.
     #[arg(long, value_name = "BYTES", default_value = "1G")]
@@ -298,7 +299,7 @@ pub struct ServerArgs {
     #[arg(long, value_name = "SECS", default_value_t = 120.0)]
     pub session_timeout: f64,
     /// Exit after serving this many sessions (default: serve forever).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub sessions: Option<u64>,
 }
 

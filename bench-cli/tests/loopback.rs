@@ -459,6 +459,16 @@ fn bad_flags_are_usage_errors() {
     assert!(o.stderr.contains("--buf-offset 4096"), "{}", o.stderr);
     let o = run(&args(&["--workload", "lat", "--ladder"]), T);
     assert_eq!(o.code, Some(2));
+    // Limits the server holds a request to are the client's to refuse, by the flag's name.
+    let o = run(&args(&["--workload", "rate", "--pages", "2000000"]), T);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(o.stderr.contains("--pages 2000000"), "{}", o.stderr);
+    let o = run(&args(&["-n", "18446744073709551615"]), T);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    // gpu-write's batch is allocated up front.
+    let o = run(&args(&["--workload", "gpu-write", "--batch", "4294967295"]), T);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(o.stderr.contains("--batch 4294967295"), "{}", o.stderr);
 }
 
 /// `--buf-offset`: both sides' regions start that far into a page (the server's too, which

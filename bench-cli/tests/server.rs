@@ -308,3 +308,14 @@ fn mismatches_are_refused_on_both_sides() {
     quick_client(&srv).expect_ok();
     assert!(srv.alive());
 }
+
+/// `--sessions 0` and `--max-sessions 0` would serve one session and then exit, or refuse
+/// every client as busy: both are usage errors.
+#[test]
+fn zero_sessions_are_usage_errors() {
+    for flag in ["--sessions", "--max-sessions"] {
+        let o = run(&["server", "--listen", "127.0.0.1:0", flag, "0"], T);
+        assert_eq!(o.code, Some(2), "{flag} 0: {}", o.stderr);
+        assert!(o.stderr.contains(flag), "{}", o.stderr);
+    }
+}

@@ -4,11 +4,20 @@ use super::*;
 
 /// `loopback --workload gpu-write`: the flags as its config; the CPU producer.
 fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCfg> {
+    // The proxy's and the producer's batches are allocated up front: bounded like every
+    // workload's (gpu-write does not go through `Plan`).
+    let max = bench_core::proto::MAX_BATCH;
+    if w.batch == 0 || w.batch > max {
+        return Err(Error::Usage(format!(
+            "--batch {}: allowed 1..={max}",
+            w.batch
+        )));
+    }
     let mut cfg = GpuWriteCfg {
         verbose: verbose > 0,
         verify: !w.no_verify,
         seed: w.seed,
-        batch: w.batch.max(1) as usize,
+        batch: w.batch as usize,
         pin: w.pin,
         echo_ring: w.server_echo == "ring",
         ..GpuWriteCfg::default()
