@@ -41,6 +41,12 @@ pub fn abandon(code: u8) -> ! {
 /// Bound on writing one message and on receiving the rest of a started one.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The watchdog's grace after an orderly end (either side said `Bye`): closing endpoints and
+/// unregistering memory take their time, and a peer that tears down faster closes the
+/// connection first, so the short grace of a peer's death would end a healthy process before
+/// it printed its results. A teardown still inside the provider after this is stuck.
+pub const TEARDOWN_GRACE: Duration = Duration::from_secs(30);
+
 enum Event {
     Msg(Msg),
     Gone(Error),
@@ -68,6 +74,10 @@ impl Liveness {
     }
     fn mark_gone(&self, why: &str) {
         let _ = self.0.first.set(why.to_string());
+        self.0.gone.store(true, Ordering::Relaxed)
+    }
+    /// A peer left in order: gone, but not the first failure a later watchdog should name.
+    fn mark_left(&self) {
         self.0.gone.store(true, Ordering::Relaxed)
     }
     /// Why the first peer on this flag went (see `LiveFlags::first`), once one did.
@@ -101,12 +111,56 @@ impl Drop for Busy<'_> {
 /// shared queues are guarded by process-shared spinlocks, and a peer killed while holding one
 /// leaves the survivor spinning inside `fi_cq_read`. The control connection's reader thread
 /// sees the peer go; this is what it then does.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Watchdog {
     /// A client: report, and exit the process non-zero.
     Exit(Duration),
     /// A server session: report; the server keeps serving (the stuck thread is lost).
     Warn(Duration),
+}
+
+impl Watchdog {
+    /// The same watchdog with at least `g` of grace.
+    fn at_least(self, g: Duration) -> Self {
+        match self {
+            Watchdog::Exit(d) => Watchdog::Exit(d.max(g)),
+            Watchdog::Warn(d) => Watchdog::Warn(d.max(g)),
+        }
+    }
+}
+
+/// What one event of the reader means (see [`verdict`]).
+#[derive(Debug, PartialEq, Eq)]
+struct Verdict {
+    /// The peer went or failed: the reason, for the hook and the watchdog's report.
+    why: Option<String>,
+    /// The connection is over (the data path must stop waiting on this peer).
+    gone: bool,
+    /// Arm the watchdog, with this grace.
+    watch: Option<Watchdog>,
+}
+
+/// The reader's reading of one event. `orderly`: the peer said `Bye`, or this side did; a
+/// close then is the session's end, not a death. A death arms the watchdog with its grace;
+/// an orderly end with at least [`TEARDOWN_GRACE`], so a teardown slower than the peer's is
+/// not taken for a provider call stuck on a dead peer (and its results are not lost).
+fn verdict(ev: &Event, orderly: bool, name: &str, watchdog: Option<Watchdog>) -> Verdict {
+    let last = matches!(ev, Event::Gone(_));
+    let why = match ev {
+        Event::Gone(Error::PeerGone(m)) if !orderly => Some(format!("{name} is gone ({m})")),
+        Event::Gone(e) if !orderly => Some(format!("{name} is gone ({e})")),
+        Event::Gone(_) => None,
+        Event::Msg(Msg::Abort { message, .. }) => Some(message.clone()),
+        Event::Msg(Msg::Error { message }) => Some(format!("{name} failed: {message}")),
+        Event::Msg(_) => None,
+    };
+    let gone = last || why.is_some();
+    let watch = match (&why, gone) {
+        (Some(_), _) => watchdog,
+        (None, true) => watchdog.map(|w| w.at_least(TEARDOWN_GRACE)),
+        (None, false) => None,
+    };
+    Verdict { why, gone, watch }
 }
 
 /// See [`CtrlOpts::on_gone`].
@@ -139,6 +193,8 @@ pub struct Ctrl {
     peer: String,
     /// Why the peer is gone, once known.
     gone_reason: Option<String>,
+    /// This side sent `Bye`: the peer closing the connection after it is the session's end.
+    bye_sent: Arc<AtomicBool>,
 }
 
 impl Ctrl {
@@ -186,7 +242,8 @@ impl Ctrl {
         let (tx, rx) = mpsc::channel();
         let live = live.unwrap_or_default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (live2, stop2) = (live.clone(), stop.clone());
+        let bye_sent = Arc::new(AtomicBool::new(false));
+        let (live2, stop2, bye_sent2) = (live.clone(), stop.clone(), bye_sent.clone());
         let reader = std::thread::Builder::new()
             .name("ctrl-reader".into())
             .spawn(move || {
@@ -210,32 +267,22 @@ impl Ctrl {
                         // This side closed the connection.
                         return;
                     }
-                    let why = match &ev {
-                        Event::Gone(Error::PeerGone(m)) if !said_bye => {
-                            Some(format!("{name} is gone ({m})"))
-                        }
-                        Event::Gone(e) if !said_bye => Some(format!("{name} is gone ({e})")),
-                        Event::Gone(_) => None,
-                        Event::Msg(Msg::Abort { message, .. }) => Some(message.clone()),
-                        Event::Msg(Msg::Error { message }) => {
-                            Some(format!("{name} failed: {message}"))
-                        }
-                        Event::Msg(_) => None,
-                    };
-                    // Fatal: the peer went or failed (what it is called then; only then).
-                    let gone = (last || why.is_some())
-                        .then(|| why.clone().unwrap_or_else(|| format!("{name} left")));
-                    if let Some(g) = &gone {
-                        live2.mark_gone(g);
+                    let orderly = said_bye || bye_sent2.load(Ordering::Acquire);
+                    let v = verdict(&ev, orderly, &name, watchdog);
+                    match &v.why {
+                        Some(why) => live2.mark_gone(why),
+                        None if v.gone => live2.mark_left(),
+                        None => {}
                     }
-                    if let Some(why) = &why {
+                    if let Some(why) = &v.why {
                         if let Some(hook) = on_gone.take() {
                             hook(why);
                         }
                     }
                     let closed = tx.send(ev).is_err();
-                    if let (Some(g), Some(w)) = (&gone, watchdog) {
-                        let _ = watch(&live2, &stop2, w, g, label.as_deref());
+                    if let Some(w) = v.watch {
+                        let why = v.why.unwrap_or_else(|| format!("{name} left"));
+                        let _ = watch(&live2, &stop2, w, &why, label.as_deref());
                     }
                     if closed || last {
                         return;
@@ -251,6 +298,7 @@ impl Ctrl {
             reader: Some(reader),
             peer,
             gone_reason: None,
+            bye_sent,
         })
     }
 
@@ -266,6 +314,10 @@ impl Ctrl {
 
     /// Send one message (bounded by the write timeout).
     pub fn send(&mut self, msg: &Msg) -> Result<()> {
+        if matches!(msg, Msg::Bye) {
+            // Before it leaves: the peer may close as soon as it reads it.
+            self.bye_sent.store(true, Ordering::Release);
+        }
         proto::write_msg(&mut self.stream, msg).map_err(|e| match e {
             Error::Io { source, .. }
                 if matches!(
@@ -420,6 +472,65 @@ mod tests {
             l.contains("session abandoned (session 3 from 127.0.0.1:5000): the peer is gone"),
             "{l}"
         );
+    }
+
+    /// A peer's death arms the watchdog with its grace; the end of a session, after either
+    /// side said `Bye`, with the teardown's: a client whose teardown outlasts the server's by
+    /// 2 s was ended with exit 1 before it printed its results.
+    #[test]
+    fn an_orderly_close_gives_the_teardown_its_grace() {
+        let w = Some(Watchdog::Exit(Duration::from_secs(2)));
+        let closed = || Event::Gone(Error::PeerGone("the control connection closed".into()));
+        let died = verdict(&closed(), false, "the server", w);
+        assert_eq!(
+            died.why.as_deref(),
+            Some("the server is gone (the control connection closed)")
+        );
+        assert!(died.gone);
+        assert_eq!(died.watch, w);
+        let ended = verdict(&closed(), true, "the server", w);
+        assert_eq!(
+            ended,
+            Verdict {
+                why: None,
+                gone: true,
+                watch: Some(Watchdog::Exit(TEARDOWN_GRACE)),
+            }
+        );
+        // A grace already longer stays.
+        let long = Some(Watchdog::Warn(Duration::from_secs(60)));
+        assert_eq!(verdict(&closed(), true, "x", long).watch, long);
+        // Messages: only Abort and Error are fatal, Bye or not.
+        let bye = verdict(&Event::Msg(Msg::Bye), false, "x", w);
+        assert_eq!((bye.why, bye.gone, bye.watch), (None, false, None));
+        let err = Event::Msg(Msg::Error {
+            message: "no".into(),
+        });
+        let failed = verdict(&err, true, "rank 2", w);
+        assert_eq!(failed.why.as_deref(), Some("rank 2 failed: no"));
+        assert_eq!(failed.watch, w);
+    }
+
+    /// The same over a real connection: this side's `Bye` makes the peer's close orderly.
+    #[test]
+    fn a_close_after_this_sides_bye_is_the_sessions_end() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let mut ctrl = Ctrl::new(a).unwrap();
+        let live = ctrl.liveness();
+        ctrl.send(&Msg::Bye).unwrap();
+        drop(b);
+        let start = std::time::Instant::now();
+        while !live.gone() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(live.gone(), "the close was not seen");
+        assert_eq!(live.first_gone(), None, "an orderly end named as a failure");
+        assert!(matches!(
+            ctrl.recv(Duration::from_secs(1), "x"),
+            Err(Error::PeerGone(_))
+        ));
     }
 
     #[test]
