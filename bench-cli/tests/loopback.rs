@@ -466,7 +466,10 @@ fn bad_flags_are_usage_errors() {
     let o = run(&args(&["-n", "18446744073709551615"]), T);
     assert_eq!(o.code, Some(2), "{}", o.stderr);
     // gpu-write's batch is allocated up front.
-    let o = run(&args(&["--workload", "gpu-write", "--batch", "4294967295"]), T);
+    let o = run(
+        &args(&["--workload", "gpu-write", "--batch", "4294967295"]),
+        T,
+    );
     assert_eq!(o.code, Some(2), "{}", o.stderr);
     assert!(o.stderr.contains("--batch 4294967295"), "{}", o.stderr);
 }

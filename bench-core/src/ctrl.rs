@@ -64,6 +64,8 @@ struct LiveFlags {
     first: std::sync::OnceLock<String>,
     /// Guards of [`Liveness::busy`] alive: the process is using its endpoints.
     busy: AtomicUsize,
+    /// A [`Watchdog::Warn`] gave up on the data path: it is stuck inside a provider call.
+    abandoned: AtomicBool,
 }
 
 impl Liveness {
@@ -92,6 +94,11 @@ impl Liveness {
     }
     fn is_busy(&self) -> bool {
         self.0.busy.load(Ordering::Acquire) > 0
+    }
+    /// True once a [`Watchdog::Warn`] gave up on this data path (still inside a provider call
+    /// its grace after the peer went): a server cannot wait for that session to end.
+    pub fn abandoned(&self) -> bool {
+        self.0.abandoned.load(Ordering::Acquire)
     }
 }
 
@@ -409,7 +416,10 @@ fn watch(live: &Liveness, stop: &AtomicBool, w: Watchdog, why: &str, label: Opti
             eprintln!("rdma-bench: error: {what}; exiting");
             abandon(1);
         }
-        Watchdog::Warn(_) => eprintln!("{}", abandoned(label, &what)),
+        Watchdog::Warn(_) => {
+            live.0.abandoned.store(true, Ordering::Release);
+            eprintln!("{}", abandoned(label, &what))
+        }
     }
     true
 }
@@ -545,9 +555,14 @@ mod tests {
         let busy = live.busy();
         let inner = live.busy();
         drop(inner);
+        assert!(!live.abandoned());
         assert!(
             watch(&live, &stop, w, "x", None),
             "busy after the grace period (guards nest): report"
+        );
+        assert!(
+            live.abandoned(),
+            "a server must know it cannot wait for this session"
         );
         stop.store(true, Ordering::Relaxed);
         assert!(

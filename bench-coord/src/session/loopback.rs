@@ -83,7 +83,12 @@ pub(super) fn with_server<T: Transport, R>(
             stream
                 .set_nonblocking(false)
                 .ctx(|| "configuring the loopback connection")?;
-            session::<T>(server_cfg, stream, "the loopback session")
+            session::<T>(
+                server_cfg,
+                stream,
+                "the loopback session",
+                Default::default(),
+            )
         });
         let client = connect(&addr.to_string(), Duration::from_secs(5)).and_then(client);
         stop.store(true, Ordering::Relaxed);

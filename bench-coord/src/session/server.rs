@@ -4,13 +4,14 @@
 use std::net::{TcpListener, TcpStream};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use transport_core::{LocalSlice, Transport};
 
 use bench_core::buffers::{self, PageLayout};
 use bench_core::config::{LatOp, Workload};
-use bench_core::ctrl::{Ctrl, CtrlOpts, Watchdog};
+use bench_core::ctrl::{abandon, Ctrl, CtrlOpts, Liveness, Watchdog};
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::proto::{Done, Msg, NicStats, Request, Welcome, MAGIC, VERSION};
 use bench_core::side::Side;
@@ -52,6 +53,9 @@ fn accept_loop<T: Transport>(
     let next_id = AtomicU64::new(0);
     std::thread::scope(|s| {
         let mut served = 0u64;
+        // Each session's liveness and whether it ended: the scope would wait for ever on a
+        // session the watchdog abandoned.
+        let mut sessions: Vec<(Liveness, Arc<AtomicBool>)> = Vec::new();
         for conn in listener.incoming() {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -86,6 +90,9 @@ fn accept_loop<T: Transport>(
             active.fetch_add(1, Ordering::AcqRel);
             let id = next_id.fetch_add(1, Ordering::Relaxed);
             let active = &active;
+            sessions.retain(|(_, ended)| !ended.load(Ordering::Acquire));
+            let (live, ended) = (Liveness::default(), Arc::new(AtomicBool::new(false)));
+            sessions.push((live.clone(), ended.clone()));
             let spawned = std::thread::Builder::new()
                 .name(format!("session-{id}"))
                 .spawn_scoped(s, move || {
@@ -95,7 +102,7 @@ fn accept_loop<T: Transport>(
                         eprintln!("rdma-bench server: {label}: started");
                     }
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        session::<T>(cfg, stream, &label)
+                        session::<T>(cfg, stream, &label, live)
                     }))
                     .unwrap_or_else(|_| Err(Error::Protocol("the session panicked".into())));
                     if !cfg.quiet {
@@ -108,27 +115,81 @@ fn accept_loop<T: Transport>(
                         }
                     }
                     active.fetch_sub(1, Ordering::AcqRel);
+                    ended.store(true, Ordering::Release);
                 });
             if let Err(e) = spawned {
                 eprintln!("rdma-bench server: cannot start a session thread: {e}");
                 active.fetch_sub(1, Ordering::AcqRel);
+                sessions.pop();
             }
             served += 1;
             if cfg.sessions.is_some_and(|n| served >= n) {
                 break;
             }
         }
+        // Wait for the sessions still running, but not for ever on those that are stuck.
+        loop {
+            match left(&sessions) {
+                Left::None => break,
+                Left::Running => std::thread::sleep(Duration::from_millis(100)),
+                Left::Stuck(n) => {
+                    eprintln!(
+                        "rdma-bench server: served {served} session(s); {n} of them stuck \
+                         inside a provider call after its client went (above): exiting without \
+                         closing their endpoints"
+                    );
+                    abandon(1);
+                }
+            }
+        }
     });
     Ok(())
 }
 
+/// What is left of the sessions when the server is done accepting.
+#[derive(Debug, PartialEq, Eq)]
+enum Left {
+    /// Every session ended.
+    None,
+    /// Some session still runs (and may end).
+    Running,
+    /// Every session still there was abandoned by its watchdog: this many.
+    Stuck(usize),
+}
+
+fn left(sessions: &[(Liveness, Arc<AtomicBool>)]) -> Left {
+    let mut stuck = 0;
+    for (live, ended) in sessions {
+        if ended.load(Ordering::Acquire) {
+            continue;
+        }
+        if !live.abandoned() {
+            return Left::Running;
+        }
+        stuck += 1;
+    }
+    if stuck == 0 {
+        Left::None
+    } else {
+        Left::Stuck(stuck)
+    }
+}
+
 /// One client session; returns the number of runs served. `label` names it where its
 /// watchdog abandons it ("session 3 from ADDR").
-pub fn session<T: Transport>(cfg: &ServerCfg, stream: TcpStream, label: &str) -> Result<u64> {
+/// `live` is the session's liveness flag: the caller keeps a clone to learn whether the
+/// watchdog abandoned it.
+pub fn session<T: Transport>(
+    cfg: &ServerCfg,
+    stream: TcpStream,
+    label: &str,
+    live: Liveness,
+) -> Result<u64> {
     let mut ctrl = Ctrl::with(
         stream,
         CtrlOpts {
             watchdog: Some(Watchdog::Warn(WATCHDOG_GRACE)),
+            live: Some(live),
             label: Some(label.to_string()),
             ..CtrlOpts::default()
         },
@@ -478,5 +539,58 @@ trait Exceeds {
 impl Exceeds for Option<u64> {
     fn exceeds(self, limit: u64) -> bool {
         self.is_none_or(|v| v > limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session whose client went while its data path was busy, as the watchdog sees it.
+    fn abandoned_session() -> (Liveness, Ctrl) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server_end, _) = l.accept().unwrap();
+        let live = Liveness::default();
+        let ctrl = Ctrl::with(
+            server_end,
+            CtrlOpts {
+                watchdog: Some(Watchdog::Warn(Duration::from_millis(50))),
+                live: Some(live.clone()),
+                label: Some("test session".into()),
+                ..CtrlOpts::default()
+            },
+        )
+        .unwrap();
+        let busy = live.busy();
+        drop(client);
+        let start = Instant::now();
+        while !live.abandoned() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Stuck for good, as far as the server can tell: the guard is never dropped.
+        std::mem::forget(busy);
+        (live, ctrl)
+    }
+
+    /// `--sessions N` ends the server once its sessions end; one its watchdog abandoned never
+    /// will, and the server exits rather than wait for it for ever.
+    #[test]
+    fn the_server_waits_for_running_sessions_not_stuck_ones() {
+        let (stuck, _keep) = abandoned_session();
+        assert!(stuck.abandoned());
+        let flag = |b: bool| Arc::new(AtomicBool::new(b));
+        let running = Liveness::default();
+        assert_eq!(left(&[]), Left::None);
+        assert_eq!(left(&[(running.clone(), flag(true))]), Left::None);
+        assert_eq!(left(&[(stuck.clone(), flag(true))]), Left::None);
+        assert_eq!(
+            left(&[(stuck.clone(), flag(false)), (running.clone(), flag(false))]),
+            Left::Running
+        );
+        assert_eq!(
+            left(&[(stuck.clone(), flag(false)), (running, flag(true))]),
+            Left::Stuck(1)
+        );
     }
 }

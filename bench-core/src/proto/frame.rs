@@ -214,7 +214,11 @@ mod tests {
     #[test]
     fn a_trickled_frame_is_held_to_the_frame_timeout() {
         let f = encode(&Msg::Hello(hello())).unwrap();
-        assert!(f.len() > 100, "the frame must outlast the timeout: {} bytes", f.len());
+        assert!(
+            f.len() > 100,
+            "the frame must outlast the timeout: {} bytes",
+            f.len()
+        );
         let mut r = Trickle(std::io::Cursor::new(f));
         let t = std::time::Instant::now();
         let got = read_frame(&mut r, Duration::from_millis(50), || true);
