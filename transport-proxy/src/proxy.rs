@@ -42,8 +42,8 @@ pub enum ProxyError {
     BadImmediate { imm: u32, slots: u32 },
     /// Asked to stop, it waited [`STOP_GRACE`] and WRITEs were still in flight (a peer that
     /// stopped polling, a lost completion): their buffers must not be freed yet.
-    #[error("proxy: stopped with {in_flight} WRITEs still in flight after waiting {STOP_GRACE:?} for them. Is the peer still polling?")]
-    StoppedInFlight { in_flight: u64 },
+    #[error("proxy: stopped with {in_flight} WRITEs still in flight after waiting {waited:?} for them. Is the peer still polling?")]
+    StoppedInFlight { in_flight: u64, waited: Duration },
 }
 
 /// What a proxy did, for reports.
@@ -78,6 +78,7 @@ pub struct Proxy<'a, T: Transport> {
     peers: Vec<ProxyPeer<T::RemoteKey>>,
     landing: Vec<usize>,
     max_batch: usize,
+    stop_grace: Duration,
 }
 
 impl<'a, T: Transport> Proxy<'a, T> {
@@ -90,6 +91,7 @@ impl<'a, T: Transport> Proxy<'a, T> {
             peers,
             landing: Vec::new(),
             max_batch: DEFAULT_BATCH,
+            stop_grace: STOP_GRACE,
         }
     }
 
@@ -106,6 +108,12 @@ impl<'a, T: Transport> Proxy<'a, T> {
     /// The most WRITEs per `post_writes` call (at least 1).
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
+        self
+    }
+
+    /// How long a stopped proxy waits for its WRITEs in flight ([`STOP_GRACE`] by default).
+    pub fn stop_grace(mut self, d: Duration) -> Self {
+        self.stop_grace = d;
         self
     }
 
@@ -159,6 +167,7 @@ impl<'a, T: Transport> Proxy<'a, T> {
         loop {
             // Gather what is ready from `tail` on, up to a fence or a batch's worth.
             batch.clear();
+            let start = tail;
             let mut pos = tail;
             while batch.len() < self.max_batch {
                 let Some(cmd) = ring.peek(pos) else { break };
@@ -180,7 +189,6 @@ impl<'a, T: Transport> Proxy<'a, T> {
                     op => return Err(bad(pos, format!("unknown op {op}"))),
                 }
             }
-            let mut busy = pos != tail;
             if !batch.is_empty() {
                 let n = ep.post_writes(&batch).map_err(ProxyError::Transport)?;
                 stats.batches += 1;
@@ -194,9 +202,11 @@ impl<'a, T: Transport> Proxy<'a, T> {
                 stats.writes += n as u64;
                 ring.release(tail);
             }
-            // Completions.
+            // Completions. Busy is progress (a fence passed, a WRITE posted or completed), not
+            // work waiting: commands the full queue keeps refusing while the peer stopped
+            // must not keep a stopped proxy from its grace period.
             let k = ep.poll(&mut comps).map_err(ProxyError::Transport)?;
-            busy |= k > 0;
+            let busy = tail != start || k > 0;
             let (mut wrote, mut landed) = (false, false);
             for c in &comps[..k] {
                 match &c.kind {
@@ -253,8 +263,11 @@ impl<'a, T: Transport> Proxy<'a, T> {
                     return Ok(stats);
                 }
                 let since = *stopping.get_or_insert_with(Instant::now);
-                if since.elapsed() > STOP_GRACE {
-                    return Err(ProxyError::StoppedInFlight { in_flight });
+                if since.elapsed() > self.stop_grace {
+                    return Err(ProxyError::StoppedInFlight {
+                        in_flight,
+                        waited: self.stop_grace,
+                    });
                 }
             }
             idle += 1;

@@ -111,3 +111,75 @@ fn an_error_completion_sets_the_error_word() {
     let (_f, a, e, p) = pair(Behaviour::default(), 19);
     cases::error_completion_sets_the_error_word(a, e, p).unwrap();
 }
+
+/// A peer that stopped polling (nothing lands or completes), the queue full and commands
+/// waiting in the ring: asked to stop, the proxy waits its grace for the WRITEs in flight
+/// and returns (it spun for ever: waiting commands counted as work), and the producer still
+/// pushing is refused.
+#[test]
+fn a_stopped_proxy_facing_a_stalled_peer_returns() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    use transport_core::{HostBuffer, Memory, MemoryRegion};
+    use transport_proxy::{pack, Command, Proxy, ProxyError, ProxyPeer, RingLayout, RingMemory};
+
+    let b = Behaviour {
+        depth: 4,
+        stalled: true,
+        ..Behaviour::default()
+    };
+    let (_f, mut a, mut e, p) = pair(b, 5);
+    let src = a.register(Memory::Host(HostBuffer::new(64))).unwrap();
+    let dst = e.register(Memory::Host(HostBuffer::new(64))).unwrap();
+    let remote = a.import(p, &dst.remote()).unwrap();
+    // 'static, so that a proxy that never returns can be left behind by a failing test.
+    let ring: &'static RingMemory =
+        Box::leak(Box::new(RingMemory::new(RingLayout::new(8, 1).unwrap())));
+    let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let proxy = Proxy::<MockEp>::new(
+        ring.ring(),
+        vec![src],
+        vec![ProxyPeer {
+            id: p,
+            regions: vec![remote],
+        }],
+    )
+    .stop_grace(Duration::from_millis(100));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = proxy.run(&mut a, stop);
+        let _ = tx.send(r);
+        drop(proxy);
+        drop(a);
+    });
+    // 4 in flight, 8 waiting in the ring.
+    for i in 0..12u64 {
+        ring.ring()
+            .push(&Command::write(
+                0,
+                pack(0, 0),
+                pack(0, 0),
+                8,
+                Some(i as u32),
+            ))
+            .unwrap();
+    }
+    let t = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Err(ProxyError::StoppedInFlight { in_flight: 4, .. })) => {}
+        Ok(other) => panic!("expected StoppedInFlight with 4 WRITEs: {other:?}"),
+        Err(_) => panic!("the stopped proxy did not return in 10 s"),
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    let pushed = ring.ring().push(&Command::fence());
+    assert!(
+        pushed.is_err(),
+        "a producer is told the proxy is gone: {pushed:?}"
+    );
+    drop(dst);
+}

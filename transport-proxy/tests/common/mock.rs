@@ -25,6 +25,8 @@ pub struct Behaviour {
     pub depth: usize,
     /// Landing regions hold their bytes until `make_gpu_visible`.
     pub staged_landing: bool,
+    /// Nothing moves: no WRITE lands or completes (a peer that stopped polling).
+    pub stalled: bool,
 }
 
 impl Default for Behaviour {
@@ -34,6 +36,7 @@ impl Default for Behaviour {
             early_local: true,
             depth: 16,
             staged_landing: false,
+            stalled: false,
         }
     }
 }
@@ -141,6 +144,9 @@ impl Inner {
     /// Move some pending WRITEs along: deliver some (in a random order where asked), complete
     /// some locally early.
     fn progress(&mut self) {
+        if self.b.stalled {
+            return;
+        }
         let mut i = 0;
         while i < self.pending.len() {
             let r = self.rand();
