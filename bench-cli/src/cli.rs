@@ -125,9 +125,10 @@ pub struct Common {
     /// More detail on stderr: NICs opened, their limits, knobs and pinned cores per run.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Give up when a transfer makes no progress for this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub idle_timeout: f64,
+    /// Give up when a transfer makes no progress for this many seconds [default: 10; 30 for
+    /// gpu-write's steps, whose GPU-memory copies over shm are slow].
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout: Option<f64>,
     /// Take the NIC groups and cores per GPU from this hwloc XML export instead of this
     /// machine's live topology (a host where hwloc cannot see the devices, or simulated NICs
     /// that stand in for another machine's: ci/efa-sim.sh sets RDMA_BENCH_TOPOLOGY).

@@ -5,7 +5,9 @@
 #![cfg(feature = "efa")]
 
 mod common;
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -293,6 +295,89 @@ fn gpu_write_client_survives_a_killed_server() {
     // 1.x shm spins on a queue lock the dead server held.
     assert!(o.stderr.contains(" is gone"), "{}", o.stderr);
     assert!(o.elapsed < Duration::from_secs(30), "{:?}", o.elapsed);
+}
+
+/// The server stops (SIGSTOP: its connection stays open, nothing reads it) `kind`'s step in:
+/// the client gives up within its idle timeout and says what it waited for, instead of
+/// waiting for ever. 128 KiB WRITEs, 20000 a step: more than the send queue holds.
+fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
+    let mut srv = Server::start(TCP);
+    let mut a = client_base(&srv, TCP);
+    a.extend_from_slice(&[
+        "--sizes",
+        "128K",
+        "-n",
+        "10000",
+        "--idle-timeout",
+        "2",
+        "-v",
+    ]);
+    let mut child = spawn(&a);
+    let stderr = child.stderr.take().expect("stderr");
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (log2, want) = (log.clone(), format!("{kind}, "));
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains(&want) && line.ends_with("started") {
+                let _ = tx.send(());
+            }
+            let mut l = log2.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    let text = || log.lock().unwrap().clone();
+    if rx.recv_timeout(Duration::from_secs(120)).is_err() {
+        reap(&mut child);
+        panic!("no {kind} step started:\n{}", text());
+    }
+    // Past the server's Ready, inside the step's 2.5 GB.
+    std::thread::sleep(Duration::from_millis(500));
+    srv.signal("STOP");
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().expect("waiting") {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            reap(&mut child);
+            srv.signal("CONT");
+            panic!(
+                "the client still ran 60 s after the server stopped:\n{}",
+                text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    srv.signal("CONT");
+    srv.kill();
+    std::thread::sleep(Duration::from_millis(100));
+    let log = text();
+    assert!(!st.success(), "{log}");
+    assert!(log.contains(why), "expected {why:?}:\n{log}");
+    eprintln!(
+        "{kind}: gave up {:.1} s after the server stopped",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// The host path: a send queue the stopped server keeps full is no progress (each refused
+/// post restarted the idle clock).
+#[test]
+fn gpu_write_host_path_gives_up_on_a_stopped_server() {
+    client_gives_up_on_a_server_stopped_in(
+        "HostBw",
+        "timed out after 2s waiting for the server's answer to host-initiated WRITEs",
+    );
+}
+
+/// The proxy path: the producer waits for room in a ring the proxy cannot drain; the
+/// watcher sees no progress and sets the error word, and the stopped proxy returns (a full
+/// queue with commands waiting kept it busy for ever).
+#[test]
+fn gpu_write_proxy_path_gives_up_on_a_stopped_server() {
+    client_gives_up_on_a_server_stopped_in("ProxyBw", "moved none for the idle timeout");
 }
 
 /// `--producer cuda`: GPU threads fill the ring (host memory, every byte verified) where CUDA

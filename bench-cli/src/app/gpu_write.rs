@@ -3,7 +3,8 @@
 use super::*;
 
 /// `loopback --workload gpu-write`: the flags as its config; the CPU producer.
-fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCfg> {
+fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, c: &crate::cli::Common) -> Result<GpuWriteCfg> {
+    let verbose = c.verbose;
     // The proxy's and the producer's batches are allocated up front: bounded like every
     // workload's (gpu-write does not go through `Plan`).
     let max = bench_core::proto::MAX_BATCH;
@@ -22,6 +23,7 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, verbose: u8) -> Result<GpuWriteCf
         echo_ring: w.server_echo == "ring",
         ..GpuWriteCfg::default()
     };
+    cfg.idle = idle_or(c, cfg.idle)?;
     if let Some(warm) = w.warmup {
         cfg.lat_warm = u64::from(warm);
     }
@@ -108,7 +110,7 @@ fn gpu_write_producer(w: &crate::cli::WorkloadArgs, side: &SideCfg) -> Result<Bo
 }
 
 pub(super) fn gpu_write(a: &LoopbackArgs) -> Result<()> {
-    let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
+    let cfg = gpu_write_cfg(&a.work, &a.common)?;
     let (client, server) =
         loopback_cfgs(&a.common, default_provider(&a.common), a.work.buf_offset)?;
     let producer = gpu_write_producer(&a.work, &client)?;
@@ -122,7 +124,7 @@ pub(super) fn gpu_write(a: &LoopbackArgs) -> Result<()> {
 /// `client --workload gpu-write`: the producer and its proxy here, the server's proxy and
 /// echo there.
 pub(super) fn gpu_write_client(a: &ClientArgs) -> Result<()> {
-    let cfg = gpu_write_cfg(&a.work, a.common.verbose)?;
+    let cfg = gpu_write_cfg(&a.work, &a.common)?;
     let side = side_cfg(
         &a.common,
         a.common.provider.clone(),

@@ -94,10 +94,18 @@ fn topo(a: TopoArgs) -> Result<()> {
 }
 
 fn idle(c: &Common) -> Result<Duration> {
-    if !(c.idle_timeout.is_finite() && c.idle_timeout > 0.0 && c.idle_timeout < 1e6) {
+    idle_or(c, Duration::from_secs(10))
+}
+
+/// `--idle-timeout`, or `default` where it is not given.
+fn idle_or(c: &Common, default: Duration) -> Result<Duration> {
+    let Some(s) = c.idle_timeout else {
+        return Ok(default);
+    };
+    if !(s.is_finite() && s > 0.0 && s < 1e6) {
         return Err(Error::Usage("--idle-timeout: seconds, more than 0".into()));
     }
-    Ok(Duration::from_secs_f64(c.idle_timeout))
+    Ok(Duration::from_secs_f64(s))
 }
 
 /// rdma-bench's version and the git commit it was built from (`build.rs`).

@@ -197,6 +197,15 @@ impl Server {
     pub fn kill(&mut self) {
         reap(&mut self.child);
     }
+
+    /// Send the server `signal` (`STOP`, `CONT`, ...) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let st = std::process::Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(st.success(), "kill -{signal} failed");
+    }
 }
 
 impl Drop for Server {

@@ -59,6 +59,10 @@ pub const ERR_TRANSPORT: u32 = 3;
 pub const ERR_BAD_COMMAND: u32 = 4;
 /// An immediate named an arrival counter the ring does not have.
 pub const ERR_BAD_IMMEDIATE: u32 = 5;
+/// Commands were waiting and the proxy neither consumed nor completed one for the caller's
+/// idle timeout (a peer that stopped polling, a proxy thread that died): set by a
+/// [`StallWatch`](super::StallWatch), so a producer waiting for room gives up.
+pub const ERR_STALLED: u32 = 6;
 
 /// The layout above as CUDA C, for a kernel compiled at run time (NVRTC): prepend it to the
 /// kernel's source, or `#include` `kernels/proxy_ring.cuh` from nvcc. `proxy_push` is the
@@ -278,6 +282,10 @@ pub fn error_name(code: u32) -> &'static str {
         ERR_TRANSPORT => "the transport returned an error",
         ERR_BAD_COMMAND => "a command named an unknown op, peer or region",
         ERR_BAD_IMMEDIATE => "an immediate named an arrival counter the ring lacks",
+        ERR_STALLED => {
+            "commands waited and the proxy moved none for the idle timeout (is the peer still \
+             polling?)"
+        }
         _ => "unknown error code",
     }
 }

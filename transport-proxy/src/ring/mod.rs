@@ -102,7 +102,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod layout;
+mod stall;
 pub use layout::*;
+pub use stall::StallWatch;
 
 /// A view of a ring in memory someone else owns (a `cuMemHostAlloc` block, a [`RingMemory`]).
 ///

@@ -57,10 +57,17 @@ pub(super) fn client_host<T: Transport>(
                     let off = offset(i, size, half);
                     ops.push(write_op(e, src, off, off, size, immediate(0, i as u16))?);
                 }
-                next += e.ep.post_writes(&ops).ctx(|| "posting WRITEs")? as u64;
+                let k = e.ep.post_writes(&ops).ctx(|| "posting WRITEs")?;
+                next += k as u64;
+                // Progress only: a queue that stays full (a peer that stopped reading) must
+                // run into the idle timeout.
+                if k > 0 {
+                    w.reset();
+                }
+            }
+            if poll_once(e.ep, &mut buf, &mut done, &mut imms, "client")? > 0 {
                 w.reset();
             }
-            poll_once(e.ep, &mut buf, &mut done, &mut imms, "client")?;
             w.check(&live, "the server's answer to host-initiated WRITEs")?;
         }
         timed.total = t0.elapsed();

@@ -34,6 +34,7 @@ use transport_core::{
     Completion, CompletionKind, LocalSlice, MemoryRegion, PeerId, Post, RemoteRegion, Transport,
     WriteOp,
 };
+use transport_proxy::ring::StallWatch;
 use transport_proxy::{
     drain_to_nothing, immediate, pack, Command, Proxy, ProxyPeer, ProxyStats, Ring, RingLayout,
     RingMemory,

@@ -203,8 +203,10 @@ pub(super) fn proxy_of<'r, T: Transport>(
 }
 
 /// Run `work` beside this side's proxy on `ring` (its own thread, on `e.core`), with a
-/// watcher that sets the ring's error word when the peer leaves (so a producer spinning on
-/// the ring, a GPU kernel too, gives up); stop the proxy after `work`. The proxy posts at
+/// watcher that sets the ring's error word when the peer leaves, when the proxy moves none of
+/// the waiting commands for `e.idle` (a peer that stopped polling with its connection open),
+/// or when the proxy thread panicked (so a producer spinning on the ring, a GPU kernel too,
+/// gives up); stop the proxy after `work`. The proxy posts at
 /// most `batch` WRITEs a call, as the host path does (`--batch`). Returns `work`'s result,
 /// the region back and what the proxy did.
 pub(super) fn with_proxy<T: Transport, R>(
@@ -218,12 +220,19 @@ pub(super) fn with_proxy<T: Transport, R>(
     let (stop, finished) = (&AtomicBool::new(false), &AtomicBool::new(false));
     let live = e.live.clone();
     let ep = &mut *e.ep;
+    let mut stall = StallWatch::new(ring, e.idle);
     std::thread::scope(|s| {
-        let h = on_core(s, e.core, move || (p.run(ep, stop), p));
+        let h = on_core(s, e.core, move || {
+            let _unwinding = StopOnUnwind(ring);
+            (p.run(ep, stop), p)
+        });
         let w = s.spawn(move || {
             while !finished.load(Ordering::Relaxed) {
                 if live.gone() {
                     ring.set_error(transport_proxy::ring::ERR_STOPPED);
+                    return;
+                }
+                if stall.check(ring) {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -236,11 +245,32 @@ pub(super) fn with_proxy<T: Transport, R>(
         let (r, p) = h
             .join()
             .map_err(|_| Error::Protocol("a proxy thread panicked".into()))?;
+        let region = match &r {
+            // WRITEs still in flight read from the region, and nothing says when they end:
+            // it must not be freed. Leaked (the step fails anyway).
+            Err(transport_proxy::ProxyError::StoppedInFlight { .. }) => {
+                std::mem::forget(p);
+                None
+            }
+            _ => p.into_regions().pop(),
+        };
         let v = out?;
         let stats = r.map_err(|e| Error::Protocol(e.to_string()))?;
-        let region = p.into_regions().pop().expect("the proxy's one region");
+        let region = region.expect("the proxy's one region");
         Ok((v, region, stats))
     })
+}
+
+/// Sets the ring's error word if the proxy's thread unwinds: `Proxy::run` sets it when it
+/// returns, a panic would leave producers waiting on the ring.
+struct StopOnUnwind<'r>(Ring<'r>);
+
+impl Drop for StopOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.set_error(transport_proxy::ring::ERR_STOPPED);
+        }
+    }
 }
 
 /// The server answers `step` through its ring and proxy: a proxy step with `echo_ring`.
