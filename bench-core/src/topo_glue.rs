@@ -49,12 +49,28 @@ pub fn from_topology(t: &topo::Topology) -> Hints {
 }
 
 /// This machine's topology (discovered once per process), or `None` where hwloc cannot read
-/// it.
+/// it: then a warning with hwloc's words says what that costs and what to do, once.
 pub fn hints() -> Option<Hints> {
     static HINTS: OnceLock<Option<Hints>> = OnceLock::new();
     HINTS
-        .get_or_init(|| topo::discover().ok().map(|t| from_topology(&t)))
+        .get_or_init(|| match topo::discover() {
+            Ok(t) => Some(from_topology(&t)),
+            Err(e) => {
+                eprintln!("{}", no_topology(&e.to_string()));
+                None
+            }
+        })
         .clone()
+}
+
+/// The warning when hwloc cannot read this machine.
+fn no_topology(hwloc: &str) -> String {
+    format!(
+        "rdma-bench: warning: hwloc could not read this machine's topology ({hwloc}): NICs are \
+         not grouped per GPU and threads are not pinned near them (each endpoint opens the \
+         provider's default NIC); pass --topology FILE, an hwloc XML export (`lstopo \
+         FILE.xml`) of this node"
+    )
 }
 
 /// [`Hints`] from an hwloc XML export (`--topology`).
