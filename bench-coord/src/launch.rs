@@ -323,8 +323,12 @@ fn expand_item(list: &str, item: &str, room: usize) -> Result<Vec<String>> {
 pub fn expand_nodelist(list: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for item in top_level_items(list)? {
-        let room = MAX_HOSTS - out.len();
+        let room = MAX_HOSTS.saturating_sub(out.len());
         out.extend(expand_item(list, item, room)?);
+        // A plain name is not held to `room` by `expand_item`.
+        if out.len() > MAX_HOSTS {
+            return Err(nodelist_err(list, "expands to too many hosts"));
+        }
     }
     if out.is_empty() {
         return Err(nodelist_err(list, "no host in it"));
@@ -495,6 +499,8 @@ mod tests {
             "n[a-b]",
             "n[1-99999999]",
             ",,",
+            // The most hosts, then plain names past them (the room left went below zero).
+            "n[1-65536],a,b",
         ] {
             assert!(expand_nodelist(bad).is_err(), "{bad:?}");
         }

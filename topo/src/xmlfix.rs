@@ -70,6 +70,9 @@ pub(crate) fn normalize(xml: &str) -> Option<String> {
     (out != xml).then_some(out)
 }
 
+/// PUs at or above this bit are not added ([`ensure_pus`] leaves such a document alone).
+const MAX_PU_BIT: usize = 8192;
+
 /// Return a copy of `xml` with PU objects added where the CPU hierarchy has
 /// none, or `None` when nothing needs to change (the document already has PUs,
 /// or it cannot be scanned, in which case hwloc reports the problem itself).
@@ -85,11 +88,11 @@ pub(crate) fn ensure_pus(xml: &str) -> Option<String> {
     // hwloc 2.x numbers objects by gp_index; objects without one are numbered
     // from a counter that may collide with indices met later in the file, so
     // give the new PUs explicit indices above every existing one.
-    let mut next_gp = objects
-        .iter()
-        .filter_map(|o| o.gp_index)
-        .max()
-        .map(|m| m + 1);
+    let mut next_gp = match objects.iter().filter_map(|o| o.gp_index).max() {
+        // No index left above the largest: not a document to edit.
+        Some(m) => Some(m.checked_add(1)?),
+        None => None,
+    };
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
     for (idx, obj) in objects.iter().enumerate() {
         if !is_cpu_side(&obj.ty, version) || obj.has_cpu_child {
@@ -101,6 +104,11 @@ pub(crate) fn ensure_pus(xml: &str) -> Option<String> {
         let bits = parse_bitmap(cpuset);
         if bits.is_empty() {
             continue;
+        }
+        // Each added PU's mask is as long as its bit is high: a cpuset of thousands of words
+        // would make the document grow with the square of it. No machine has this many.
+        if bits.last().is_some_and(|&b| b >= MAX_PU_BIT) {
+            return None;
         }
         let nodeset = inherited(&objects, idx, |o| o.nodeset.clone());
         let complete_nodeset =
@@ -118,7 +126,7 @@ pub(crate) fn ensure_pus(xml: &str) -> Option<String> {
             ));
             if let Some(gp) = next_gp.as_mut() {
                 pus.push_str(&format!(" gp_index=\"{gp}\""));
-                *gp += 1;
+                *gp = gp.checked_add(1)?;
             }
             if let Some(ns) = &nodeset {
                 pus.push_str(&format!(" nodeset=\"{ns}\""));
@@ -583,5 +591,17 @@ mod tests {
         assert!(ensure_pus("<topology version=\"2.0\"><object type=\"Machine\"").is_none());
         assert!(ensure_pus("").is_none());
         assert!(ensure_pus("<topology version=\"3.0\"></topology>").is_none());
+        // The largest gp_index: no index above it for the PUs (it overflowed).
+        let top = format!(
+            r#"<topology version="2.0"><object type="Machine" gp_index="{}" cpuset="0x00000001" nodeset="0x00000001"/></topology>"#,
+            u64::MAX
+        );
+        assert!(ensure_pus(&top).is_none());
+        // An all-ones cpuset of 4096 words: left alone, not grown to gigabytes.
+        let wide = vec!["0xffffffff"; 4096].join(",");
+        let wide = format!(
+            r#"<topology version="2.0"><object type="Machine" cpuset="{wide}" nodeset="0x00000001"/></topology>"#
+        );
+        assert!(ensure_pus(&wide).is_none());
     }
 }

@@ -148,7 +148,7 @@ pub fn summarize(members: &[Member], npg: usize, p: RunSpec, done: &[RankDone]) 
         let (host, local_rank) = host_of(members, d.rank);
         let dir = |send: bool| {
             let ls = d.links.iter().filter(move |l| l.send == send);
-            let bytes: u64 = ls.clone().map(|l| l.bytes).sum();
+            let bytes = ls.clone().fold(0u64, |a, l| a.saturating_add(l.bytes));
             let secs = ls.map(|l| l.seconds).fold(0.0, f64::max);
             (bytes, secs)
         };
@@ -172,7 +172,7 @@ pub fn summarize(members: &[Member], npg: usize, p: RunSpec, done: &[RankDone]) 
                     .links
                     .iter()
                     .filter(move |l| l.send == send && l.nic as usize == n);
-                let bytes: u64 = ls.clone().map(|l| l.bytes).sum();
+                let bytes = ls.clone().fold(0u64, |a, l| a.saturating_add(l.bytes));
                 let secs = ls.map(|l| l.seconds).fold(0.0, f64::max);
                 (bytes, gbps(bytes, secs))
             };
@@ -226,7 +226,8 @@ pub fn summarize(members: &[Member], npg: usize, p: RunSpec, done: &[RankDone]) 
             tx_gbps: n.tx_gbps,
             below_median_pct: below(n.tx_gbps, nic_median),
         });
-    let bytes: u64 = ranks.iter().map(|r| r.tx_bytes).sum();
+    // Each rank's figures are its own to send: saturate, never overflow.
+    let bytes = ranks.iter().fold(0u64, |a, r| a.saturating_add(r.tx_bytes));
     let seconds = ranks
         .iter()
         .map(|r| r.tx_seconds.max(r.rx_seconds))
@@ -377,6 +378,27 @@ mod tests {
             cores: vec![],
             facts: None,
         }
+    }
+
+    /// Byte counts are each rank's to send: sums past u64 saturate (a debug build panicked).
+    #[test]
+    fn a_ranks_byte_counts_cannot_overflow_the_summary() {
+        let members = vec![Member {
+            rank: 0,
+            host: "h0".into(),
+            local_rank: 0,
+            pid: 1,
+        }];
+        let all = vec![done(0, &[(0, u64::MAX, 1.0), (1, u64::MAX, 1.0)], &[])];
+        let p = RunSpec {
+            stage: None,
+            size: 4096,
+            pages: 1,
+            iters: 1,
+            knobs: Knobs::baseline(),
+        };
+        let r = summarize(&members, 2, p, &all);
+        assert_eq!(r.bytes, u64::MAX);
     }
 
     #[test]
