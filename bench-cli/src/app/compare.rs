@@ -123,6 +123,11 @@ pub(super) fn compare(a: CompareArgs) -> Result<()> {
     if failed.is_empty() {
         finished
     } else {
+        // The pairs' failure is the exit status; what the outputs and the gate found is not
+        // dropped with it (a --report that could not be written, a gate that failed).
+        if let Err(e) = finished {
+            eprintln!("rdma-bench: error: {e}");
+        }
         Err(Error::Protocol(format!(
             "pair(s) failed: {}",
             failed.join(", ")
