@@ -112,10 +112,10 @@ impl Endpoint {
     }
 }
 
-/// What to do about an error completion: by libfabric's code, and for the efa provider of
-/// libfabric 1.x, which reports every device error as `FI_EIO`, by its `prov_errno` (the
-/// device's `EFA_IO_COMP_STATUS_*`, which libfabric 2.x maps to the codes matched first).
-/// Never empty.
+/// What to do about an error completion: for the efa provider by its `prov_errno`, the
+/// device's `EFA_IO_COMP_STATUS_*` (1.x reports every device error as `FI_EIO`, 2.x maps
+/// several statuses to one code, `FI_EINVAL` for a bad remote key and a bad local one alike),
+/// then by libfabric's code. Never empty.
 fn completion_hint(provider: &str, op: Op, err: i32, prov_errno: i32) -> &'static str {
     const UNREACHABLE: &str = "the peer never answered: check that it runs, that the address \
         it sent is its own, and (EFA) that the security group lets all traffic through \
@@ -131,8 +131,8 @@ fn completion_hint(provider: &str, op: Op, err: i32, prov_errno: i32) -> &'stati
     const CANCELLED: &str = "cancelled because the connection or the endpoint failed (the tcp \
         provider drops the connection when the peer refuses a WRITE's key or range): check \
         the remote key and slice, and look for the first error";
-    let efa_device = err == fi::FI_EIO && provider.starts_with("efa");
-    match (err, efa_device.then_some(prov_errno)) {
+    let efa = provider.starts_with("efa");
+    match (err, efa.then_some(prov_errno)) {
         (_, Some(1)) => FLUSHED,
         (_, Some(5)) => {
             "the local buffer's registration is not valid on this NIC: register it \
@@ -140,7 +140,8 @@ fn completion_hint(provider: &str, op: Op, err: i32, prov_errno: i32) -> &'stati
         }
         (_, Some(6 | 11)) => TOO_LONG,
         (_, Some(7)) => BAD_REMOTE,
-        (_, Some(8 | 9 | 13 | 14)) => GONE,
+        // 4124, 4126: the provider's own "unresponsive receiver".
+        (_, Some(8 | 9 | 13 | 14 | 4124 | 4126)) => GONE,
         (_, Some(10)) => NO_RECV,
         (_, Some(15)) => UNREACHABLE,
         (fi::FI_EHOSTUNREACH | fi::FI_ECONNREFUSED, _) => UNREACHABLE,
@@ -190,8 +191,14 @@ mod tests {
         // The same numbers from another provider are not the device's.
         let tcp = completion_hint("tcp", Op::Write, fi::FI_EIO, 7);
         assert!(!tcp.contains("remote key"), "{tcp}");
-        // libfabric 2.x maps the status itself.
+        // libfabric 2.x: FI_EINVAL for a bad remote key (what the simulated device's
+        // conformance run reports) and for a bad local one; the status tells them apart.
+        let remote = completion_hint("efa", Op::Write, fi::FI_EINVAL, 7);
+        assert!(remote.contains("remote key"), "{remote}");
+        let local = completion_hint("efa", Op::Write, fi::FI_EINVAL, 5);
+        assert!(local.contains("local buffer"), "{local}");
         assert!(completion_hint("efa", Op::Send, fi::FI_EHOSTUNREACH, 15).contains("never"));
+        assert!(completion_hint("efa", Op::Send, fi::FI_ECONNABORTED, 4124).contains("runs"));
         assert!(completion_hint("efa", Op::Recv, fi::FI_ETRUNC as i32, 0).contains("longer"));
     }
 }
