@@ -202,11 +202,10 @@ impl<'a, T: Transport> Proxy<'a, T> {
                 stats.writes += n as u64;
                 ring.release(tail);
             }
-            // Completions. Busy is progress (a fence passed, a WRITE posted or completed), not
-            // work waiting: commands the full queue keeps refusing while the peer stopped
-            // must not keep a stopped proxy from its grace period.
+            // Completions. Progress is a fence passed or a WRITE posted or completed; commands
+            // the full queue refused are work waiting, not progress (below).
             let k = ep.poll(&mut comps).map_err(ProxyError::Transport)?;
-            let busy = tail != start || k > 0;
+            let progress = tail != start || k > 0;
             let (mut wrote, mut landed) = (false, false);
             for c in &comps[..k] {
                 match &c.kind {
@@ -254,10 +253,12 @@ impl<'a, T: Transport> Proxy<'a, T> {
                     }
                 }
             }
-            if busy {
+            if progress {
                 idle = 0;
                 continue;
             }
+            // Asked to stop, the grace period runs whether or not commands wait: a peer that
+            // stopped polling keeps the queue full for ever.
             if stop.load(Ordering::Relaxed) {
                 if in_flight == 0 {
                     return Ok(stats);
@@ -269,6 +270,12 @@ impl<'a, T: Transport> Proxy<'a, T> {
                         waited: self.stop_grace,
                     });
                 }
+            }
+            if !batch.is_empty() {
+                // Commands wait for room in a full queue: spin for the next completion, never
+                // yield the core.
+                std::hint::spin_loop();
+                continue;
             }
             idle += 1;
             if idle < IDLE_TURNS_BEFORE_YIELD {

@@ -135,8 +135,8 @@ fn accept_loop<T: Transport>(
                 Left::Stuck(n) => {
                     eprintln!(
                         "rdma-bench server: served {served} session(s); {n} of them stuck \
-                         inside a provider call after its client went (above): exiting without \
-                         closing their endpoints"
+                         inside a provider call after their clients went (above): exiting \
+                         without closing their endpoints"
                     );
                     abandon(1);
                 }
