@@ -3,6 +3,7 @@
 
 use crate::config::{Knobs, LatOp, Threads, Workload};
 use crate::error::{Error, Result};
+use crate::proto::Request;
 
 /// What to run and how: the workload and the ladder's knobs. Every field is a flag of
 /// `rdma-bench loopback`, `client`, `compare` and `run` (named beside it); [`Default`] is what
@@ -118,6 +119,15 @@ pub const MAX_ROUNDS: u32 = 100;
 /// told from noise.
 pub const LADDER_ROUNDS: u32 = 3;
 
+/// `flag`'s value `v` must lie in `lo..=hi`: the limits a server holds a request to, refused
+/// here with the flag's name.
+pub fn allowed<T: PartialOrd + std::fmt::Display>(flag: &str, v: T, lo: T, hi: T) -> Result<()> {
+    if v < lo || v > hi {
+        return Err(Error::Usage(format!("{flag} {v}: allowed {lo}..={hi}")));
+    }
+    Ok(())
+}
+
 /// Defaults per workload: (size, pages, iterations, warm-up).
 pub fn defaults(w: Workload) -> (u64, u64, u64, u32) {
     match w {
@@ -156,13 +166,7 @@ impl Plan {
             lazy: w.lazy,
             window: w.window,
         };
-        if knobs.batch == 0 || knobs.batch > crate::proto::MAX_BATCH {
-            return Err(Error::Usage(format!(
-                "--batch {}: allowed 1..={}",
-                knobs.batch,
-                crate::proto::MAX_BATCH
-            )));
-        }
+        allowed("--batch", knobs.batch, 1, crate::proto::MAX_BATCH)?;
         if knobs.window > crate::proto::MAX_WINDOW {
             return Err(Error::Usage(format!(
                 "--window {}: allowed 1..={} (or 0, the send queue's depth)",
@@ -171,19 +175,8 @@ impl Plan {
             )));
         }
         let iters = w.iters.unwrap_or(diters);
-        if iters == 0 || iters > crate::proto::MAX_ITERS {
-            return Err(Error::Usage(format!(
-                "-n {iters}: allowed 1..={}",
-                crate::proto::MAX_ITERS
-            )));
-        }
-        if knobs.warmup > crate::proto::MAX_WARMUP {
-            return Err(Error::Usage(format!(
-                "--warmup {}: at most {}",
-                knobs.warmup,
-                crate::proto::MAX_WARMUP
-            )));
-        }
+        allowed("-n", iters, 1, crate::proto::MAX_ITERS)?;
+        allowed("--warmup", knobs.warmup, 0, crate::proto::MAX_WARMUP)?;
         if w.workload == Workload::Lat && iters > crate::proto::MAX_LAT_ITERS {
             return Err(Error::Usage(format!(
                 "-n {iters}: at most {} round trips",
@@ -282,6 +275,24 @@ impl Plan {
         })
     }
 
+    /// The server's request for run `p`: `count` pages (write, rate), receives kept posted
+    /// (send) or 1 (lat); `shifts`, the source's shifts per repeat (1 where not verified).
+    pub fn request(&self, p: &Planned, id: u32, count: u64, shifts: u64) -> Request {
+        Request {
+            verify: self.verify,
+            shifts,
+            id,
+            workload: self.workload,
+            size: p.size,
+            count,
+            iters: p.iters,
+            seed: self.seed,
+            op: self.op,
+            knobs: p.knobs,
+            imm_every: self.imm_every,
+        }
+    }
+
     /// Largest size in the plan.
     pub fn max_size(&self) -> u64 {
         self.runs.iter().map(|r| r.size).max().unwrap_or(0)
@@ -291,30 +302,18 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{validate, Msg, Request};
+    use crate::proto::{validate, Msg};
     use proptest::prelude::*;
 
-    /// The request a client sends for one planned run (as `bench-coord` builds it: write and
-    /// rate send their pages, send a receive depth, lat one).
+    /// The request a client sends for one planned run: write and rate send their pages,
+    /// send a receive depth (bench-coord's is at most the window), lat one.
     fn request(plan: &Plan, p: &Planned) -> Request {
         let count = match plan.workload {
             Workload::Write | Workload::Rate => p.pages,
             Workload::Send => u64::from(p.knobs.window.max(1)),
             _ => 1,
         };
-        Request {
-            id: 1,
-            workload: plan.workload,
-            size: p.size,
-            count,
-            iters: p.iters,
-            seed: plan.seed,
-            op: plan.op,
-            knobs: p.knobs,
-            imm_every: plan.imm_every,
-            shifts: 1,
-            verify: plan.verify,
-        }
+        plan.request(p, 1, count, 1)
     }
 
     proptest! {

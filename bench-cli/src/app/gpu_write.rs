@@ -7,13 +7,7 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, c: &crate::cli::Common) -> Result
     let verbose = c.verbose;
     // The proxy's and the producer's batches are allocated up front: bounded like every
     // workload's (gpu-write does not go through `Plan`).
-    let max = bench_core::proto::MAX_BATCH;
-    if w.batch == 0 || w.batch > max {
-        return Err(Error::Usage(format!(
-            "--batch {}: allowed 1..={max}",
-            w.batch
-        )));
-    }
+    bench_core::plan::allowed("--batch", w.batch, 1, bench_core::proto::MAX_BATCH)?;
     let mut cfg = GpuWriteCfg {
         verbose: verbose > 0,
         verify: !w.no_verify,

@@ -383,34 +383,36 @@ mod tests {
     /// Byte counts are each rank's to send: sums past u64 saturate (a debug build panicked).
     #[test]
     fn a_ranks_byte_counts_cannot_overflow_the_summary() {
-        let members = vec![Member {
-            rank: 0,
-            host: "h0".into(),
-            local_rank: 0,
-            pid: 1,
-        }];
         let all = vec![done(0, &[(0, u64::MAX, 1.0), (1, u64::MAX, 1.0)], &[])];
-        let p = RunSpec {
-            stage: None,
-            size: 4096,
-            pages: 1,
-            iters: 1,
-            knobs: Knobs::baseline(),
-        };
-        let r = summarize(&members, 2, p, &all);
+        let r = summarize(&members(1), 2, run_spec(), &all);
         assert_eq!(r.bytes, u64::MAX);
     }
 
-    #[test]
-    fn summary_finds_the_straggler_nic_and_rank() {
-        let members: Vec<Member> = (0..3)
+    /// Ranks `0..n`, rank r on host `hr`.
+    fn members(n: u32) -> Vec<Member> {
+        (0..n)
             .map(|r| Member {
                 rank: r,
                 host: format!("h{r}"),
                 local_rank: 0,
                 pid: 1,
             })
-            .collect();
+            .collect()
+    }
+
+    fn run_spec() -> RunSpec {
+        RunSpec {
+            stage: None,
+            size: 4096,
+            pages: 1,
+            iters: 1,
+            knobs: Knobs::baseline(),
+        }
+    }
+
+    #[test]
+    fn summary_finds_the_straggler_nic_and_rank() {
+        let members = members(3);
         let g = 1_000_000_000 / 8; // bytes for 1 Gbit
         let all = vec![
             done(0, &[(0, 10 * g, 1.0), (1, 10 * g, 1.0)], &[(0, g, 1.0)]),
@@ -418,14 +420,7 @@ mod tests {
             done(1, &[(0, 10 * g, 1.0), (1, 10 * g, 2.0)], &[]),
             done(2, &[(0, 10 * g, 1.0), (1, 10 * g, 1.0)], &[]),
         ];
-        let p = RunSpec {
-            stage: None,
-            size: 4096,
-            pages: 1,
-            iters: 1,
-            knobs: Knobs::baseline(),
-        };
-        let r = summarize(&members, 2, p, &all);
+        let r = summarize(&members, 2, run_spec(), &all);
         let s = r.slowest_rank.as_ref().unwrap();
         assert_eq!((s.rank, s.host.as_str()), (1, "h1"));
         assert!((s.tx_gbps - 10.0).abs() < 1e-9, "{}", s.tx_gbps);

@@ -11,7 +11,7 @@ use bench_core::config::{LatOp, Workload};
 use bench_core::ctrl::{Ctrl, Watchdog};
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::plan::{Plan, Planned};
-use bench_core::proto::{Done, Hello, Msg, Request, Welcome, MAGIC, VERSION};
+use bench_core::proto::{Done, Hello, Msg, Welcome, MAGIC, VERSION};
 use bench_core::record::Facts;
 use bench_core::report::{Progress, RunReport};
 use bench_core::side::{Side, SideCfg};
@@ -231,22 +231,6 @@ pub(crate) fn greet<T: Transport>(
     Ok((cfg.facts.with_backend(side.runtime()), peer))
 }
 
-fn request(plan: &Plan, p: &Planned, id: u32, count: u64, shifts: u64) -> Request {
-    Request {
-        verify: plan.verify,
-        shifts,
-        id,
-        workload: plan.workload,
-        size: p.size,
-        count,
-        iters: p.iters,
-        seed: plan.seed,
-        op: plan.op,
-        knobs: p.knobs,
-        imm_every: plan.imm_every,
-    }
-}
-
 fn wait_ready(ctrl: &mut Ctrl, id: u32) -> Result<()> {
     match ctrl.recv(PREPARE_TIMEOUT, "the server to get ready")? {
         Msg::Ready { id: got } if got == id => Ok(()),
@@ -379,7 +363,7 @@ fn run_one<T: Transport>(
                     expected[i],
                 )?);
             }
-            ctrl.send(&Msg::Request(request(plan, p, id, p.pages, shifts)))?;
+            ctrl.send(&Msg::Request(plan.request(p, id, p.pages, shifts)))?;
             wait_ready(ctrl, id)?;
             let data = &side.data;
             let mut on_imm = |i: usize, g: u64| match checks.get_mut(i) {
@@ -464,7 +448,7 @@ fn run_one<T: Transport>(
                     r.prepost(i)?;
                     rn.push(r);
                 }
-                ctrl.send(&Msg::Request(request(plan, p, id, depth, 1)))?;
+                ctrl.send(&Msg::Request(plan.request(p, id, depth, 1)))?;
                 wait_ready(ctrl, id)?;
                 send::receive(&mut rn, ctrl, cfg.idle, &mut progress)?
             };
@@ -499,7 +483,7 @@ fn run_one<T: Transport>(
                     op: plan.op,
                 };
                 pp.prepare(warm + p.iters)?;
-                ctrl.send(&Msg::Request(request(plan, p, id, 1, 1)))?;
+                ctrl.send(&Msg::Request(plan.request(p, id, 1, 1)))?;
                 wait_ready(ctrl, id)?;
                 pp.ping(warm, p.iters, &ctrl.liveness(), cfg.idle, &mut progress)?
             };
