@@ -46,6 +46,20 @@ pub struct CompletionError {
     pub hint: &'static str,
 }
 
+/// [`CompletionError::hint`]s that mean the same on every backend, in one set of words.
+pub mod hint {
+    pub const PEER_GONE: &str =
+        "the peer went away or did not answer: check that it still runs, then reopen both ends";
+    pub const BAD_REMOTE: &str = "the remote key, address or length lies outside the peer's \
+        region: check the RemoteMr the peer sent and the slice's offset and length";
+    pub const TOO_LONG: &str =
+        "the message is longer than the receive buffer: post larger receives";
+    pub const NO_RECV: &str =
+        "the peer had no receive posted in time: post receives before the peer sends";
+    pub const NOT_REGISTERED: &str =
+        "the local buffer is not in a region of this endpoint: register it with this endpoint";
+}
+
 /// A hint after the error's text, as ". {hint}" (nothing where the hint is empty).
 struct Hint<'a>(&'a str);
 

@@ -140,7 +140,7 @@ pub use backend::{
     check_options, mapped_library, BackendInfo, Finding, FindingStatus, OptionInfo, OptionsEnv,
     Probe, ProbeAsk, ProviderInfo, Runtime,
 };
-pub use error::{CompletionError, Error, Op, Result};
+pub use error::{hint, CompletionError, Error, Op, Result};
 #[cfg(feature = "cuda")]
 pub use mem::{
     cuda_context, cuda_current_device, cuda_device_count, cuda_driver_present, cuda_enter_device,

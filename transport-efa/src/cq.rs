@@ -120,12 +120,7 @@ fn completion_hint(provider: &str, op: Op, err: i32, prov_errno: i32) -> &'stati
     const UNREACHABLE: &str = "the peer never answered: check that it runs, that the address \
         it sent is its own, and (EFA) that the security group lets all traffic through \
         between the two nodes";
-    const GONE: &str = "the peer went away, restarted or did not answer: check that it still \
-        runs, then reopen both ends";
-    const BAD_REMOTE: &str = "the remote key, address or length lies outside the peer's \
-        region (or the peer closed it): check the RemoteMr the peer sent and the slice";
-    const TOO_LONG: &str = "the message is longer than the receive buffer: post larger receives";
-    const NO_RECV: &str = "the peer had no receive posted: post receives before the peer sends";
+    use transport_core::hint::{BAD_REMOTE, NOT_REGISTERED, NO_RECV, PEER_GONE as GONE, TOO_LONG};
     const FLUSHED: &str = "flushed because the endpoint is closing or an earlier operation \
         failed: look for the first error";
     const CANCELLED: &str = "cancelled because the connection or the endpoint failed (the tcp \
@@ -134,10 +129,7 @@ fn completion_hint(provider: &str, op: Op, err: i32, prov_errno: i32) -> &'stati
     let efa = provider.starts_with("efa");
     match (err, efa.then_some(prov_errno)) {
         (_, Some(1)) => FLUSHED,
-        (_, Some(5)) => {
-            "the local buffer's registration is not valid on this NIC: register it \
-            with this endpoint"
-        }
+        (_, Some(5)) => NOT_REGISTERED,
         (_, Some(6 | 11)) => TOO_LONG,
         (_, Some(7)) => BAD_REMOTE,
         // 4124, 4126: the provider's own "unresponsive receiver".

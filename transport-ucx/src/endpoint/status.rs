@@ -2,7 +2,7 @@
 
 use std::ffi::CStr;
 
-use transport_core::{Error, Result};
+use transport_core::{hint, Error, Result};
 use ucx_sys as sys;
 
 /// UCX's own text for `status`.
@@ -24,23 +24,19 @@ pub(super) fn completion_hint(status: sys::ucs_status_t) -> &'static str {
             "cancelled because the endpoint to this peer failed or is closing: look for the \
              first error"
         }
-        sys::UCS_ERR_MESSAGE_TRUNCATED => {
-            "the message is longer than the receive buffer: post larger receives"
-        }
+        sys::UCS_ERR_MESSAGE_TRUNCATED => hint::TOO_LONG,
         sys::UCS_ERR_UNREACHABLE | sys::UCS_ERR_NOT_CONNECTED | sys::UCS_ERR_REJECTED => {
             "the peer cannot be reached: check that it runs and the address it sent, and that \
              UCX_TLS leaves a transport both sides share"
         }
-        sys::UCS_ERR_CONNECTION_RESET | sys::UCS_ERR_TIMED_OUT => {
-            "the peer went away or did not answer: check that it still runs, then reopen both ends"
-        }
+        sys::UCS_ERR_CONNECTION_RESET | sys::UCS_ERR_TIMED_OUT => hint::PEER_GONE,
         s if (sys::UCS_ERR_LAST_LINK_FAILURE..=sys::UCS_ERR_FIRST_LINK_FAILURE).contains(&s) => {
             "the link to the peer failed: check the NIC and its port, then reopen both ends"
         }
         s if (sys::UCS_ERR_LAST_ENDPOINT_FAILURE..=sys::UCS_ERR_FIRST_ENDPOINT_FAILURE)
             .contains(&s) =>
         {
-            "the peer went away or did not answer: check that it still runs, then reopen both ends"
+            hint::PEER_GONE
         }
         _ => "run again with UCX_LOG_LEVEL=warn (or debug) for UCX's own log of it",
     }

@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use std::ptr;
 
 use ibverbs_sys as sys;
-use transport_core::{Completion, CompletionError, CompletionKind, Op, Result};
+use transport_core::{hint, Completion, CompletionError, CompletionKind, Op, Result};
 
 use super::{Endpoint, CHAN_MSG, TAG_IMM, TAG_RECV, TAG_SHIFT, TAG_SQ};
 use crate::util::{check, errno, provider_err, MEMLOCK_HINT};
@@ -275,19 +275,10 @@ fn wc_hint(status: sys::ibv_wc_status) -> &'static str {
             "the peer did not answer: check that it still runs, that its queue pair is not in \
              error, and the path to it (GID index, MTU, link); then reopen both ends"
         }
-        sys::IBV_WC_RNR_RETRY_EXC_ERR => {
-            "the peer posted no receive in time: post receives before the peer sends"
-        }
-        sys::IBV_WC_REM_ACCESS_ERR => {
-            "the remote key, address or length lies outside the peer's region: check the \
-             RemoteMr the peer sent and the slice's offset and length"
-        }
-        sys::IBV_WC_LOC_PROT_ERR => {
-            "the local buffer is not in a region of this endpoint: register it here"
-        }
-        sys::IBV_WC_LOC_LEN_ERR => {
-            "the message is longer than the receive buffer: post larger receives"
-        }
+        sys::IBV_WC_RNR_RETRY_EXC_ERR => hint::NO_RECV,
+        sys::IBV_WC_REM_ACCESS_ERR => hint::BAD_REMOTE,
+        sys::IBV_WC_LOC_PROT_ERR => hint::NOT_REGISTERED,
+        sys::IBV_WC_LOC_LEN_ERR => hint::TOO_LONG,
         sys::IBV_WC_REM_INV_REQ_ERR => {
             "the peer refused the request (a message too long for its receive buffer?): post \
              larger receives there"
