@@ -195,12 +195,13 @@ pub fn connect<T: Transport>(links: &mut [Link<T>], ends: Vec<LinkWire>) -> Resu
                 l.peer_rank
             )));
         };
-        if !l.send && mr.len < ACK_PAD as u64 {
-            return Err(Error::Protocol(format!(
-                "rank {}'s sending region for link {k} has no room for the acknowledgement",
-                l.peer_rank
-            )));
-        }
+        end_fits(l.send, l.mr.len() as u64, mr.len).map_err(|why| {
+            Error::Protocol(format!(
+                "rank {}'s region for link {k} (NIC {}) {why}; start every rank with the same \
+                 rdma-bench",
+                l.peer_rank, l.nic
+            ))
+        })?;
         let r = l.ep.import(p, &mr).ctx(|| {
             format!(
                 "importing rank {}'s region ({}) on link {k} (NIC {})",
@@ -208,6 +209,28 @@ pub fn connect<T: Transport>(links: &mut [Link<T>], ends: Vec<LinkWire>) -> Resu
             )
         })?;
         l.remote = Some(r);
+    }
+    Ok(())
+}
+
+/// Whether the peer's end of a link, `peer` bytes, takes what this end puts there: a sending
+/// link's pages (its own region of `own` bytes less the acknowledgement's pad), or a
+/// receiving link's acknowledgement. Every rank sizes its regions from the same plan, so only
+/// a peer that is not this rdma-bench fails here; without the check its WRITEs would land past
+/// the region, which `shm` drops without a word.
+fn end_fits(send: bool, own: u64, peer: u64) -> std::result::Result<(), String> {
+    let need = if send {
+        own.saturating_sub(ACK_PAD as u64)
+    } else {
+        ACK_PAD as u64
+    };
+    if peer < need {
+        let what = if send {
+            "the pages"
+        } else {
+            "the acknowledgement's pad"
+        };
+        return Err(format!("has {peer} bytes; {what} need {need}"));
     }
     Ok(())
 }
@@ -523,5 +546,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A peer's landing region smaller than the pages, or a sending region without room for
+    /// the acknowledgement, is refused at connect; what open_links registers passes.
+    #[test]
+    fn a_peer_region_too_small_is_refused() {
+        let pages = 4096 * 8;
+        let own_send = pages + ACK_PAD as u64;
+        assert_eq!(end_fits(true, own_send, pages), Ok(()));
+        let e = end_fits(true, own_send, pages - 1).unwrap_err();
+        assert!(e.contains("the pages need 32768"), "{e}");
+        assert_eq!(end_fits(false, pages, own_send), Ok(()));
+        assert_eq!(end_fits(false, pages, ACK_PAD as u64), Ok(()));
+        let e = end_fits(false, pages, ACK_PAD as u64 - 1).unwrap_err();
+        assert!(e.contains("the acknowledgement's pad need 64"), "{e}");
     }
 }
