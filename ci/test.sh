@@ -253,6 +253,8 @@ vm2_hang() {
   rm -f "$log"
   return $rc
 }
+step "run-vm.sh's exit status against stand-in qemus: a qemu that failed, a guest that wrote no status, is 125, never a pass (ci/vm/exit-status-test.sh)" \
+  ci/vm/exit-status-test.sh
 for s in "the Soft-RoCE VM's boot watchdog: a guest whose init never starts is ended, shown, booted once more, reported (ci/vm/watchdog-test.sh)|ci/vm/watchdog-test.sh" \
          "verbs tests inside the Soft-RoCE VM|ci/verbs-vm-test.sh" \
          "UCX over rc_verbs inside the Soft-RoCE VM: conformance, doctor, rdma-bench (ci/ucx-vm-test.sh)|ci/ucx-vm-test.sh" \

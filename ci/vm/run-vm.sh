@@ -139,12 +139,27 @@ END=$(date +%s.%N)
 
 if [ $HUNG = 1 ]; then
   echo "run-vm.sh: the VM hung at boot $TRIES time(s); nothing ran" >&2; RC=125
-elif [ -s "$TMP/ctl/rc" ]; then
-  RC=$(cat "$TMP/ctl/rc")              # written by the guest over 9p
-elif [ $QRC -ne 124 ] && [ $QRC -ne 137 ] && [ $((QRC % 2)) -eq 1 ]; then
-  RC=$(( (QRC - 1) / 2 ))              # isa-debug-exit: qemu rc = 2*rc+1
+elif [ ${#CMD[@]} -gt 0 ]; then
+  # Only the status the guest wrote over 9p says the command ran: qemu's own rc is 1 both for
+  # a guest that exited 0 and for a qemu that failed to start, and a guest whose share did not
+  # mount runs the built-in suite instead.
+  if [[ "$(cat "$TMP/ctl/rc" 2>/dev/null)" =~ ^[0-9]+$ ]]; then
+    RC=$(cat "$TMP/ctl/rc")
+  else
+    echo "run-vm.sh: the guest wrote no exit status for the command (qemu rc $QRC): qemu" \
+      "failed, the VM timed out, or the 9p share did not mount; the command did not run to its end" >&2
+    console_tail; RC=125
+  fi
 else
-  echo "run-vm.sh: VM failed or timed out (qemu rc $QRC)" >&2; RC=125
+  # The built-in suite (or SOFTROCE_EXTRA_INITRD's cmd.sh): the status init printed, not qemu's
+  # rc, for the same reason.
+  EXIT=$(tr -cd '[:print:]\n' < "$CONSOLE" | grep -oE 'SOFTROCE_EXIT=[0-9]+' | tail -n 1)
+  if [ -n "$EXIT" ]; then
+    RC=${EXIT#SOFTROCE_EXIT=}
+  else
+    echo "run-vm.sh: VM failed or timed out before the guest's init finished (qemu rc $QRC)" >&2
+    console_tail; RC=125
+  fi
 fi
 printf 'run-vm.sh: guest rc %s, wall %.1fs\n' "$RC" "$(awk "BEGIN{print $END - $START}")" >&2
 exit "$RC"
