@@ -13,25 +13,7 @@ pub fn wait_for<T: Transport>(
     timeout: Duration,
     mut done: impl FnMut(&Completion) -> Result<bool>,
 ) -> Result<()> {
-    let start = Instant::now();
-    let mut buf: [Completion; 16] = Default::default();
-    loop {
-        let n = t.poll(&mut buf)?;
-        for c in &buf[..n] {
-            if done(c)? {
-                return Ok(());
-            }
-        }
-        if n == 0 {
-            if start.elapsed() > timeout {
-                return Err(Error::Timeout {
-                    what: what.to_string(),
-                    after: timeout,
-                });
-            }
-            std::hint::spin_loop();
-        }
-    }
+    wait_with(what, timeout, |buf, _| t.poll(buf), 1, |_, c| done(c))
 }
 
 /// Poll two endpoints in turn until `done` returns true, or `timeout` passes.
@@ -43,31 +25,84 @@ pub fn wait_pair<A: Transport, B: Transport>(
     b: &mut B,
     what: &str,
     timeout: Duration,
+    done: impl FnMut(usize, &Completion) -> Result<bool>,
+) -> Result<()> {
+    let poll = |buf: &mut [Completion], side| {
+        if side == 0 {
+            a.poll(buf)
+        } else {
+            b.poll(buf)
+        }
+    };
+    wait_with(what, timeout, poll, 2, done)
+}
+
+/// The loop of both waits: poll each of `sides` in turn, hand `done` every completion. The
+/// deadline is checked on every turn, not only on empty ones: a backend that never stops
+/// returning completions (one it repeats, a flood of unexpected ones) must still end the wait.
+fn wait_with(
+    what: &str,
+    timeout: Duration,
+    mut poll: impl FnMut(&mut [Completion], usize) -> Result<usize>,
+    sides: usize,
     mut done: impl FnMut(usize, &Completion) -> Result<bool>,
 ) -> Result<()> {
     let start = Instant::now();
     let mut buf: [Completion; 16] = Default::default();
     loop {
         let mut seen = 0;
-        let n = a.poll(&mut buf)?;
-        seen += n;
-        for c in &buf[..n] {
-            if done(0, c)? {
-                return Ok(());
+        for side in 0..sides {
+            let n = poll(&mut buf, side)?;
+            seen += n;
+            for c in &buf[..n] {
+                if done(side, c)? {
+                    return Ok(());
+                }
             }
         }
-        let n = b.poll(&mut buf)?;
-        seen += n;
-        for c in &buf[..n] {
-            if done(1, c)? {
-                return Ok(());
-            }
-        }
-        if seen == 0 && start.elapsed() > timeout {
+        if start.elapsed() > timeout {
             return Err(Error::Timeout {
                 what: what.to_string(),
                 after: timeout,
             });
         }
+        if seen == 0 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend whose queue never empties (the same completion again and again) still ends
+    /// the wait at its deadline.
+    #[test]
+    fn an_endless_stream_of_completions_times_out() {
+        let t0 = Instant::now();
+        let poll = |buf: &mut [Completion], _| {
+            buf[0] = Completion::default();
+            Ok(1)
+        };
+        let r = wait_with("endless", Duration::from_millis(50), poll, 2, |_, _| Ok(false));
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+
+    /// `done` sees each side's completions with its side, and ends the wait.
+    #[test]
+    fn done_ends_the_wait_with_the_side() {
+        let mut sides = Vec::new();
+        let poll = |buf: &mut [Completion], side: usize| {
+            buf[0] = Completion::default();
+            Ok(usize::from(side == 1))
+        };
+        let r = wait_with("one", Duration::from_secs(5), poll, 2, |s, _| {
+            sides.push(s);
+            Ok(true)
+        });
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(sides, [1]);
     }
 }
