@@ -74,8 +74,8 @@ impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN
 
     /// One iteration: BATCH WRITEs posted, their completions and immediates read. Each local
     /// `Write` completion's context and each immediate's value is folded into the result with
-    /// `fold`; a completion of another kind fails the bench where `strict`, else is passed
-    /// over. The `RemoteSlice` of each WRITE is built from the fields of the region `a`
+    /// `fold`; an error completion fails the bench, a completion of another kind fails it
+    /// where `strict`, else is passed over. The `RemoteSlice` of each WRITE is built from the fields of the region `a`
     /// imported once, as a bare loop computes the remote address, with no check of its own.
     ///
     /// Always inlined, so that it is all in the bench's own `#[inline(never)]` function.
@@ -111,6 +111,8 @@ impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN
                         w += 1;
                         acc = fold(acc, c.ctx);
                     }
+                    // An error never counts, so the loop would spin for ever on it.
+                    CompletionKind::Error(_) => panic!("error completion on the writer: {c:?}"),
                     _ if strict => panic!("unexpected completion on the writer: {c:?}"),
                     _ => {}
                 }
@@ -122,6 +124,8 @@ impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN
                         imm += 1;
                         acc = fold(acc, u64::from(v));
                     }
+                    // An error never counts, so the loop would spin for ever on it.
+                    CompletionKind::Error(_) => panic!("error completion on the target: {c:?}"),
                     _ if strict => panic!("unexpected completion on the target: {c:?}"),
                     _ => {}
                 }
@@ -160,18 +164,22 @@ fn bench(c: &mut Criterion, group: &str, batch: usize, name: &str, f: &mut impl 
 /// Rounds and iterations for the pass: `HOT_PATH_AB=ROUNDS,ITERS` where set, else `full`
 /// under `cargo bench` (which passes `--bench`), else a short smoke pass (`cargo test
 /// --benches`).
+/// A value that is not two counts of at least 1 stops the bench: a figure from other rounds
+/// than asked for, or from none, would be quoted as the one asked for.
 pub fn size(full: (usize, usize)) -> (usize, usize) {
-    std::env::var("HOT_PATH_AB")
-        .ok()
-        .and_then(|v| {
-            let (r, i) = v.split_once(',')?;
-            Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
-        })
-        .unwrap_or(if std::env::args().any(|a| a == "--bench") {
-            full
-        } else {
-            (3, 2)
-        })
+    match std::env::var("HOT_PATH_AB") {
+        Ok(v) => parse_size(&v).unwrap_or_else(|| {
+            panic!("HOT_PATH_AB={v:?}: want ROUNDS,ITERS, two counts of at least 1 (e.g. 400,100)")
+        }),
+        Err(_) if std::env::args().any(|a| a == "--bench") => full,
+        Err(_) => (3, 2),
+    }
+}
+
+fn parse_size(v: &str) -> Option<(usize, usize)> {
+    let (r, i) = v.split_once(',')?;
+    let (r, i): (usize, usize) = (r.trim().parse().ok()?, i.trim().parse().ok()?);
+    (r > 0 && i > 0).then_some((r, i))
 }
 
 /// ns per operation of `iters` calls of `f`, each call `ops` operations.
@@ -197,6 +205,10 @@ pub fn run(
     mut trait_loop: impl FnMut() -> u64,
     mut raw_loop: impl FnMut() -> u64,
 ) {
+    assert!(
+        rounds > 0 && iters > 0 && ops > 0,
+        "{group}: {rounds} rounds x {iters} iterations x {ops} ops measure nothing"
+    );
     let (mut tt, mut rr, mut d) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let a = ns_per_op(iters, ops, &mut trait_loop);
@@ -223,4 +235,24 @@ pub fn run(
         median(&mut d),
         tmin - rmin
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_path_ab_takes_two_counts_of_at_least_one() {
+        assert_eq!(parse_size("400,100"), Some((400, 100)));
+        assert_eq!(parse_size(" 3 , 2 "), Some((3, 2)));
+        for bad in ["0,100", "5,0", "400x100", "400", "", "-1,2", "a,b"] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "measure nothing")]
+    fn a_pass_of_no_rounds_is_refused() {
+        run("g", 32, (0, 10), || 0, || 0);
+    }
 }

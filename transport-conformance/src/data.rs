@@ -231,18 +231,37 @@ pub fn fill_queue_then_drain<T: Transport>(p: &mut Pair<T>) -> Result<()> {
         done += 1;
         Ok(done == posted)
     })?;
-    // After draining, posting works again.
+    assert!(host_bytes(&dst).iter().all(|&b| b == 9));
+    // After draining, posting works again: new bytes, one completion on each side.
+    let src2 = host_mr(&mut p.a, &[10u8; 64])?;
     expect_post(
-        p.a.post_write(p.a_to_b, LocalSlice::all(&src), remote, Some(1), 1)?,
+        p.a.post_write(p.a_to_b, LocalSlice::all(&src2), remote, Some(1), 1)?,
         "post after drain",
     )?;
-    let mut n = 0;
-    wait_pair(&mut p.a, &mut p.b, "write after drain", TIMEOUT, |_, c| {
-        c.check()?;
-        n += 1;
-        Ok(n == 2)
-    })?;
-    assert!(host_bytes(&dst).iter().all(|&b| b == 9));
+    let (mut wrote, mut landed) = (false, false);
+    wait_pair(
+        &mut p.a,
+        &mut p.b,
+        "write after drain",
+        TIMEOUT,
+        |side, c| {
+            c.check()?;
+            match (side, &c.kind) {
+                (0, CompletionKind::Write) if !wrote && c.ctx == 1 => wrote = true,
+                (1, CompletionKind::RemoteWrite { imm: 1 }) if !landed => landed = true,
+                other => panic!(
+                    "unexpected completion after the drain: {other:?} (ctx {})",
+                    c.ctx
+                ),
+            }
+            Ok(wrote && landed)
+        },
+    )?;
+    p.b.make_gpu_visible(&dst)?;
+    assert!(
+        host_bytes(&dst).iter().all(|&b| b == 10),
+        "the WRITE after the drain did not land"
+    );
     Ok(())
 }
 
@@ -272,7 +291,7 @@ pub fn visible_after_completion<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     wait_pair(&mut p.a, &mut p.b, "write and send", TIMEOUT, |side, c| {
         c.check()?;
         match (side, &c.kind) {
-            (0, CompletionKind::Write | CompletionKind::Send) => local += 1,
+            (0, CompletionKind::Write | CompletionKind::Send) if local < 2 => local += 1,
             (1, CompletionKind::RemoteWrite { imm: 7 }) => landed = true,
             (1, CompletionKind::Recv { len: 4096, .. }) => received = true,
             other => panic!("unexpected completion {other:?}"),
