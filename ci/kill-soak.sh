@@ -98,6 +98,17 @@ while [ $# -gt 0 ]; do
     *) echo "kill-soak: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+# A soak of no trials would report every defect column zero: refuse what would run none.
+[[ "$TRIALS" =~ ^[1-9][0-9]*$ ]] || { echo "kill-soak: --trials $TRIALS: want a count of at least 1" >&2; exit 2; }
+for m in $MODES; do
+  case $m in ranks|server) ;; *) echo "kill-soak: --modes: no mode $m (ranks, server)" >&2; exit 2 ;; esac
+done
+for p in $PHASES; do
+  case " before during setup transfer between teardown " in *" $p "*) ;;
+    *) echo "kill-soak: --phases: no phase $p (before during setup transfer between teardown)" >&2; exit 2 ;;
+  esac
+done
+[ -n "${MODES// /}" ] && [ -n "${PHASES// /}" ] || { echo "kill-soak: --modes and --phases name at least one each" >&2; exit 2; }
 # Absolute: each process starts in its trial's directory.
 [ -z "$UCX_LIB" ] || UCX_LIB=$(cd "$UCX_LIB" && pwd) || { log "no directory $UCX_LIB"; exit 2; }
 # No launcher variables of a surrounding job: the ranks take torchrun-style ones.
@@ -644,7 +655,7 @@ done
 DUR=$((SECONDS - T0))
 
 # ---- the table -------------------------------------------------------------------------------
-total=0
+total=0 ran=0
 echo
 echo "kill soak: seed $SEED, $TRIALS trial(s) each, load $LOAD busy loop(s), ${DUR} s"
 for mode in $MODES; do
@@ -666,7 +677,7 @@ for mode in $MODES; do
               $(g start) + $(g unkilled) ))
       # Watchdog exits are defects on 2.x (see the header).
       [ "$v" = 1.17 ] || sum=$((sum + $(g watchdog)))
-      total=$((total + sum))
+      total=$((total + sum)) ran=$((ran + $(g trials)))
       wdcol=$(g watchdog); [ "$v" != 1.17 ] || wdcol="($wdcol)"
       if [ "$mode" = ranks ]; then
         printf '%-10s %-5s %6s %7s %6s %7s %7s %7s %6s %8s %8s %6s %8.2fs  %s/%s/%s/%s/%s/%s, %s\n' "$v" "$prov" \
@@ -695,7 +706,10 @@ done
 echo "(watchdog in parentheses: counted, not a defect, on libfabric 1.17; missed: tries again"
 echo "whose victim had exited before its kill, not counted as trials)"
 echo
-if [ "$total" -eq 0 ]; then
+if [ "$ran" -eq 0 ]; then
+  echo "kill soak: FAILED, no trial ran (no version, provider or mode left to run)"
+  total=1; rmdir "$LOGS" 2>/dev/null
+elif [ "$total" -eq 0 ]; then
   echo "kill soak: PASSED, every defect column zero"
   rmdir "$LOGS" 2>/dev/null
 else

@@ -38,6 +38,9 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "launchers-test: FAILED: $*" >&2; exit 1; }
 want() { [ -z "${LAUNCHERS_ONLY:-}" ] || [ "$LAUNCHERS_ONLY" = "$1" ]; }
+case ${LAUNCHERS_ONLY:-} in ""|mpi|kill|slurm) ;;
+  *) echo "launchers-test: LAUNCHERS_ONLY=$LAUNCHERS_ONLY: no such part (mpi, kill, slurm); nothing ran" >&2; exit 2 ;;
+esac
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 export FI_TCP_IFACE=lo
 
