@@ -132,7 +132,11 @@ impl GateResult {
     pub fn summary(&self) -> String {
         let bad: Vec<&GateRow> = self.failed().collect();
         let Some(first) = bad.first() else {
-            return format!("gate passed ({})", self.gate);
+            return if self.pass {
+                format!("gate passed ({})", self.gate)
+            } else {
+                format!("gate failed ({}): no run to judge", self.gate)
+            };
         };
         let at = match first.pct {
             Some(p) => format!("{p:.1}% of line rate"),

@@ -85,7 +85,9 @@ mod tests {
             buf[0] = Completion::default();
             Ok(1)
         };
-        let r = wait_with("endless", Duration::from_millis(50), poll, 2, |_, _| Ok(false));
+        let r = wait_with("endless", Duration::from_millis(50), poll, 2, |_, _| {
+            Ok(false)
+        });
         assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
         assert!(t0.elapsed() < Duration::from_secs(10));
     }

@@ -220,3 +220,12 @@ fn bad_flags_are_usage_errors() {
     assert!(check_workload("lat").is_err());
     assert!(check_workload("write").is_ok());
 }
+
+/// No run to judge (every pair of a compare failed): the gate fails, and says so.
+#[test]
+fn an_empty_gate_fails_and_says_so() {
+    let g = evaluate(&p5(), &[]);
+    assert!(!g.pass);
+    assert!(g.summary().starts_with("gate failed"), "{}", g.summary());
+    assert!(g.summary().contains("no run to judge"), "{}", g.summary());
+}
