@@ -177,7 +177,7 @@ pub fn check_workload(workload: &str) -> Result<()> {
     Ok(())
 }
 
-fn run_label(r: &RunReport) -> String {
+pub(crate) fn run_label(r: &RunReport) -> String {
     match &r.stage {
         Some(s) => format!("{} {s} over {}/{}", r.workload, r.backend, r.provider),
         None => format!(
@@ -193,18 +193,29 @@ fn run_label(r: &RunReport) -> String {
 /// The runs a gate looks at: per backend/provider, the ladder's last stage or the largest
 /// size.
 pub fn pick(runs: &[RunReport]) -> Vec<&RunReport> {
-    let mut best: Vec<&RunReport> = Vec::new();
-    for r in runs {
-        match best
-            .iter_mut()
-            .find(|b| b.backend == r.backend && b.provider == r.provider)
-        {
-            Some(b) => {
+    pick_by(
+        runs.iter()
+            .map(|r| ((r.backend.as_str(), r.provider.as_str()), r)),
+    )
+    .into_iter()
+    .map(|(_, r)| r)
+    .collect()
+}
+
+/// As [`pick`], per key: a compare's pair, whose runs can share a backend and provider (two
+/// pairs of verbs NICs, named by their first device).
+pub fn pick_by<'a, K: PartialEq>(
+    runs: impl IntoIterator<Item = (K, &'a RunReport)>,
+) -> Vec<(K, &'a RunReport)> {
+    let mut best: Vec<(K, &RunReport)> = Vec::new();
+    for (k, r) in runs {
+        match best.iter_mut().find(|(b, _)| *b == k) {
+            Some((_, b)) => {
                 if r.stage.is_some() || r.size >= b.size {
                     *b = r;
                 }
             }
-            None => best.push(r),
+            None => best.push((k, r)),
         }
     }
     best
@@ -220,11 +231,17 @@ fn sum_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 /// Judge `runs` (already picked) against `spec`.
 pub fn evaluate(spec: &GateSpec, runs: &[&RunReport]) -> GateResult {
+    let labelled: Vec<(String, &RunReport)> = runs.iter().map(|r| (run_label(r), *r)).collect();
+    evaluate_labelled(spec, &labelled)
+}
+
+/// As [`evaluate`], each run's rows under its own label (a compare's pair beside the run).
+pub fn evaluate_labelled(spec: &GateSpec, runs: &[(String, &RunReport)]) -> GateResult {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let pct = spec.pct();
-    for r in runs {
-        let label = run_label(r);
+    for (label, r) in runs {
+        let (label, r) = (label.clone(), *r);
         if r.per_nic.is_empty() {
             rows.push(GateRow {
                 run: label,

@@ -110,9 +110,21 @@ impl<'a> Done<'a> {
 /// Judge the runs against the gate, if any.
 pub fn judge(spec: Option<&GateSpec>, d: &Done<'_>) -> Option<GateResult> {
     let spec = spec?;
-    let all: Vec<RunReport> = d.runs.iter().map(|(_, r)| (*r).clone()).collect();
-    let picked = gate::pick(&all);
-    Some(gate::evaluate(spec, &picked))
+    // Per label: a compare's pairs, or a command's backend/provider (Done::of). A pair's
+    // rows name it where its label says more than the run's backend/provider.
+    let picked: Vec<(String, &RunReport)> =
+        gate::pick_by(d.runs.iter().map(|(label, r)| (label.as_str(), *r)))
+            .into_iter()
+            .map(|(label, r)| {
+                let run = gate::run_label(r);
+                if *label == format!("{}/{}", r.backend, r.provider) {
+                    (run, r)
+                } else {
+                    (format!("{run} (pair {label})"), r)
+                }
+            })
+            .collect();
+    Some(gate::evaluate_labelled(spec, &picked))
 }
 
 /// The line rate the plot marks: the gate's node line, else the runs' own.
