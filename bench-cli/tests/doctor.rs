@@ -468,6 +468,34 @@ fn connectx_with_open_modules_uses_dmabuf() {
     assert_eq!(r.exit_code, 1);
 }
 
+/// GPUs whose NUMA node sysfs does not know (-1, as with NUMA off in the BIOS): nothing is
+/// compared, so the check skips and says why instead of vouching for the placement.
+#[test]
+fn gpus_of_unknown_numa_node_are_not_vouched_for() {
+    let fx = connectx("cx-numa-unknown", OPEN_DRIVER);
+    for g in 0..4usize {
+        fx.file(
+            &format!(
+                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
+                0x20 + g * 0x20
+            ),
+            "-1",
+        );
+    }
+    let r = run(&fx, &[], None);
+    expect(&r, "numa.nic", Status::Skip);
+    assert!(r.get("numa.nic").unwrap().summary.contains("unknown"));
+    // One GPU of known node: the others are named as unknown beside the Ok.
+    fx.file("/sys/bus/pci/devices/0000:20:00.0/numa_node", "0");
+    let r = run(&fx, &[], None);
+    expect(&r, "numa.nic", Status::Ok);
+    let s = &r.get("numa.nic").unwrap().summary;
+    assert!(
+        s.contains("1 of 4 GPU(s)") && s.contains("unknown: GPU 0000:40:00.0"),
+        "{s}"
+    );
+}
+
 /// This kind of box: no GPU, no RDMA device, an 8 MiB memlock limit.
 fn cpu_only(name: &str) -> Fx {
     let fx = Fx::new(name);

@@ -37,18 +37,41 @@ pub(crate) fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
             })
             .collect();
     let mut far = Vec::new();
+    let mut unknown = Vec::new();
     for g in &gpus {
-        let Some(n) = g.numa else { continue };
+        let Some(n) = g.numa else {
+            unknown.push(format!("GPU {}", g.addr));
+            continue;
+        };
         if !nic_numa.contains(&Some(n)) {
             far.push(format!("GPU {} (NUMA {n})", g.addr));
         }
     }
-    if far.is_empty() {
+    if far.is_empty() && unknown.len() == gpus.len() {
+        // Nothing was compared: an Ok here would vouch for a placement nobody checked.
+        check_vec(
+            "numa.nic",
+            Status::Skip,
+            format!(
+                "the NUMA node of every GPU is unknown (sysfs numa_node -1): a host of one NUMA \
+                 node, or firmware that names none ({} GPU(s))",
+                gpus.len()
+            ),
+            Some("on a host of several sockets, check the BIOS's NUMA setting (and its ACPI SRAT); `rdma-bench topo` shows the layout"),
+        )
+    } else if far.is_empty() {
+        let of = if unknown.is_empty() {
+            String::new()
+        } else {
+            format!("; NUMA node unknown: {}", short_list(&unknown))
+        };
         check_vec(
             "numa.nic",
             Status::Ok,
             format!(
-                "every GPU has an RDMA NIC on its NUMA node ({} GPU(s), from sysfs)",
+                "every GPU of known NUMA node has an RDMA NIC on it ({} of {} GPU(s), from \
+                 sysfs{of})",
+                gpus.len() - unknown.len(),
                 gpus.len()
             ),
             None,
