@@ -30,4 +30,10 @@ for f in ../shared/topologies/hwloc/*.xml; do
   done
   n=$((n + 1))
 done
+if [ $n -eq 0 ]; then
+  # No dump read is not a pass: under CI (which has ../shared) it fails, elsewhere it says so.
+  echo "topo-parsers: not run: no real dumps in ../shared/topologies/hwloc (topo's own tests ran)" >&2
+  [ -z "${CI:-}" ] || { echo "topo-parsers: FAILED: CI=1 expects the real dumps" >&2; exit 1; }
+  exit 0
+fi
 echo "topo-parsers: $n real dumps load with both readers"
