@@ -14,6 +14,20 @@ use transport_core::{
 use crate::pair::{poll_both, Pair, TIMEOUT};
 use crate::support::{host_bytes, host_mr};
 
+/// A refusal at post or import is a clear error: a provider's (with its text) or an invalid
+/// argument, never a timeout or a wordless error that only happens to be an `Err`.
+fn check_refusal(what: &str, e: &Error) {
+    let text = match e {
+        Error::Provider { msg, .. } => msg.as_str(),
+        Error::InvalidArgument(m) | Error::Unsupported(m) => m.as_str(),
+        other => panic!("{what}: refused with {other:?}, not as a provider or argument error"),
+    };
+    assert!(
+        !text.trim().is_empty(),
+        "{what}: refused without a word: {e:?}"
+    );
+}
+
 /// Run one WRITE the target must refuse, as [`Caps::remote_write_errors`] promises.
 ///
 /// Where the endpoint promises remote errors: `Ok(())` when it refused the WRITE at post
@@ -34,6 +48,7 @@ fn expect_write_fails<T: Transport>(
         .post_write(p.a_to_b, LocalSlice::all(src), remote, Some(7), 0xbad)
     {
         Err(e) => {
+            check_refusal(what, &e);
             eprintln!("{what}: refused at post: {e}");
             return Ok(());
         }
@@ -200,7 +215,10 @@ pub fn bad_remote_key_with<T: Transport>(p: &mut Pair<T>, recovery: Recovery) ->
     mr.key = KeyBytes::new(bytes)?;
     match p.a.import(p.a_to_b, &mr) {
         Ok(remote) => expect_write_fails(p, &src, remote.all(), "wrong remote key")?,
-        Err(e) => eprintln!("wrong remote key: refused at import: {e}"),
+        Err(e) => {
+            check_refusal("wrong remote key", &e);
+            eprintln!("wrong remote key: refused at import: {e}")
+        }
     }
     assert!(
         host_bytes(&dst).iter().all(|&b| b == 0),
@@ -271,7 +289,10 @@ pub fn bad_key_bytes<T: Transport>(p: &mut Pair<T>) -> Result<()> {
             ..good.clone()
         };
         match p.a.import(p.a_to_b, &mr) {
-            Err(e) => eprintln!("{what}: refused at import: {e}"),
+            Err(e) => {
+                check_refusal(&what, &e);
+                eprintln!("{what}: refused at import: {e}")
+            }
             Ok(remote) => {
                 expect_write_fails(p, &src, remote.all(), &what)?;
                 wrote = true;
