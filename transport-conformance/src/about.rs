@@ -12,9 +12,9 @@ fn fail(what: String) -> Error {
 }
 
 /// `INFO` names the backend as `BACKEND` does, its names and option keys are unique, every
-/// option it lists passes its own check; each endpoint's `runtime()` names this backend, a
-/// library, the NIC `nic_name()` gives and, for a backend with providers, the provider
-/// `provider()` gives.
+/// option has a usable key, its values and help, and an option it does not list is refused;
+/// each endpoint's `runtime()` names this backend, a library, the NIC `nic_name()` gives and,
+/// for a backend with providers, the provider `provider()` gives.
 pub fn describes_itself<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let info = T::INFO;
     if info.name != T::BACKEND || info.name.is_empty() {
@@ -35,13 +35,26 @@ pub fn describes_itself<T: Transport>(p: &mut Pair<T>) -> Result<()> {
         if !keys.insert(o.key) {
             return Err(fail(format!("option {:?} is listed twice", o.key)));
         }
+        // Users read these in `--help` and in the error for an unknown option.
+        let bad_key = o.key.is_empty() || o.key.contains([',', '=', ' ']);
+        if bad_key || o.values.is_empty() || o.help.is_empty() {
+            return Err(fail(format!(
+                "option {:?} needs a key without ',', '=' or spaces, its values and a help line",
+                o.key
+            )));
+        }
     }
-    let all = info
-        .options
-        .iter()
-        .map(|o| (o.key.to_string(), String::new()))
-        .collect();
-    check_options(info, &all)?;
+    // A key the backend does not list is refused, naming the ones it does.
+    let unknown = [("no-such-option".to_string(), "1".to_string())].into();
+    match check_options(info, &unknown) {
+        Err(Error::InvalidArgument(m))
+            if info.options.iter().all(|o| m.contains(o.key)) && m.contains("no-such-option") => {}
+        other => {
+            return Err(fail(format!(
+                "an unknown option was not refused with the known ones named: {other:?}"
+            )))
+        }
+    }
     for ep in [&p.a, &p.b] {
         let r = ep.runtime();
         if r.backend != T::BACKEND || r.library.is_empty() || r.device != ep.nic_name() {
