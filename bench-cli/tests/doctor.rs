@@ -169,6 +169,7 @@ fn efa_libfabric() -> Libfabric {
         hmem: true,
         library: Some("/opt/amazon/efa/lib/libfabric.so.1".into()),
         cuda: Some(true),
+        findings: Vec::new(),
     }
 }
 
@@ -318,6 +319,7 @@ fn p5_with_efa_rdma_off_and_no_efa_provider() {
         hmem: true,
         library: Some("/usr/lib/x86_64-linux-gnu/libfabric.so.1".into()),
         cuda: Some(false),
+        findings: Vec::new(),
     };
     let r = run(&fx, &[("FI_EFA_USE_DEVICE_RDMA", "0")], Some(lf));
     expect(&r, "libfabric", Status::Fail);
@@ -325,6 +327,34 @@ fn p5_with_efa_rdma_off_and_no_efa_provider() {
     expect(&r, "env.efa-device-rdma-off", Status::Fail);
     let c = r.get("env.efa-device-rdma-off").unwrap();
     assert!(c.summary.contains("older than 1.18"), "{}", c.summary);
+    assert_eq!(r.exit_code, 2);
+}
+
+/// The libfabric backend's own findings (its probe's) reach the report beside the doctor's
+/// libfabric checks, and a failed one fails the node.
+#[test]
+fn the_libfabric_probes_findings_are_listed() {
+    use transport_core::{Finding, FindingStatus};
+    let fx = p5("p5-lf-finding");
+    let lf = Libfabric {
+        findings: vec![Finding {
+            id: "libfabric.example".into(),
+            status: FindingStatus::Fail,
+            summary: "something the backend found".into(),
+            fix: Some("do this".into()),
+        }],
+        ..efa_libfabric()
+    };
+    // Not through run(): a backend's finding ids are its own, not in the doctor's catalog.
+    let r = doctor::run(&Inputs {
+        root: fx.root.clone(),
+        env: vec![],
+        topology: None,
+        libfabric: Some(lf),
+        probes: vec![],
+    });
+    expect(&r, "libfabric", Status::Ok);
+    expect(&r, "libfabric.example", Status::Fail);
     assert_eq!(r.exit_code, 2);
 }
 

@@ -5,7 +5,7 @@
 //! is the doctor's view of that report, for its libfabric checks.
 
 use serde::Serialize;
-use transport_core::Probe;
+use transport_core::{Finding, Probe};
 
 /// The libfabric facts doctor judges.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -21,6 +21,8 @@ pub struct Libfabric {
     pub library: Option<String>,
     /// Whether that file names `libcuda.so`; `None` where it could not be read.
     pub cuda: Option<bool>,
+    /// The backend's own findings, listed beside the doctor's libfabric checks.
+    pub findings: Vec<Finding>,
 }
 
 impl Libfabric {
@@ -45,6 +47,7 @@ impl Libfabric {
             hmem: p.gpu.as_ref().is_some_and(|g| g.1),
             library: p.path.clone(),
             cuda: p.cuda_in_library,
+            findings: p.findings.clone(),
         })
     }
 }

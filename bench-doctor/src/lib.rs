@@ -123,7 +123,13 @@ fn probe_checks(p: &Probe) -> Vec<Check> {
         summary: s,
         fix: None,
     }];
-    out.extend(p.findings.iter().map(|f| Check {
+    out.extend(finding_checks(&p.findings));
+    out
+}
+
+/// A backend's findings as checks.
+pub(crate) fn finding_checks(f: &[transport_core::Finding]) -> impl Iterator<Item = Check> + '_ {
+    f.iter().map(|f| Check {
         id: f.id.clone(),
         status: match f.status {
             FindingStatus::Ok => Status::Ok,
@@ -132,8 +138,7 @@ fn probe_checks(p: &Probe) -> Vec<Check> {
         },
         summary: f.summary.clone(),
         fix: f.fix.clone(),
-    }));
-    out
+    })
 }
 
 fn collect_env() -> Vec<(String, String)> {

@@ -224,13 +224,17 @@ pub(crate) fn libfabric(f: &Facts, lf: Option<&lf::Libfabric>) -> Vec<Check> {
             None => "unknown",
         }
     );
-    if f.has_efa() && !efa {
-        return vec![check(
+    let mut out = if f.has_efa() && !efa {
+        vec![check(
             "libfabric",
             Status::Fail,
             format!("{s}; no efa provider on an EFA host"),
             Some("install the EFA software (efa_installer.sh) and run with LD_LIBRARY_PATH=/opt/amazon/efa/lib"),
-        )];
-    }
-    vec![check("libfabric", Status::Ok, s, None)]
+        )]
+    } else {
+        vec![check("libfabric", Status::Ok, s, None)]
+    };
+    // The backend's probe may know more than the doctor asks (as UCX's does).
+    out.extend(crate::finding_checks(&l.findings));
+    out
 }
