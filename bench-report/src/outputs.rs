@@ -124,7 +124,25 @@ pub fn judge(spec: Option<&GateSpec>, d: &Done<'_>) -> Option<GateResult> {
                 }
             })
             .collect();
-    Some(gate::evaluate_labelled(spec, &picked))
+    let mut g = gate::evaluate_labelled(spec, &picked);
+    // A pair that failed has no figure, so nothing of it passed: one failing row each.
+    for (label, why) in &d.failures {
+        g.rows.push(gate::GateRow {
+            run: format!("pair {label}"),
+            scope: "node",
+            index: None,
+            nic: "-".into(),
+            gpu: None,
+            gbps: 0.0,
+            line_gbps: None,
+            need_gbps: None,
+            pct: None,
+            pass: false,
+            note: Some(format!("not run: {why}")),
+        });
+        g.pass = false;
+    }
+    Some(g)
 }
 
 /// The line rate the plot marks: the gate's node line, else the runs' own.

@@ -263,3 +263,25 @@ fn every_compare_pair_is_judged() {
     }
     assert!(g.summary().contains("3 of 6 rows short"), "{}", g.summary());
 }
+
+/// A pair that failed fails the gate, named, though every pair that ran passed.
+#[test]
+fn a_failed_pair_fails_the_gate() {
+    let spec = GateSpec::from_flags(None, None, Some(20.0))
+        .unwrap()
+        .unwrap();
+    let fast = run(1 << 20, vec![nic(0, 0, "mlx5_0", 90.0, None)]);
+    let done = crate::outputs::Done {
+        runs: vec![("verbs:mlx5_0".into(), &fast)],
+        failures: vec![("verbs:mlx5_1".into(), "no such device".into())],
+        ladder: false,
+        workload: "write".into(),
+        record: None,
+    };
+    let g = crate::outputs::judge(Some(&spec), &done).unwrap();
+    assert!(!g.pass, "{}", g.summary());
+    let bad: Vec<_> = g.failed().collect();
+    assert_eq!(bad.len(), 1, "{:?}", g.rows);
+    assert_eq!(bad[0].run, "pair verbs:mlx5_1");
+    assert!(g.summary().contains("not run: no such device"), "{}", g.summary());
+}
