@@ -112,8 +112,9 @@ impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN
                         acc = fold(acc, c.ctx);
                     }
                     // An error never counts, so the loop would spin for ever on it.
-                    CompletionKind::Error(_) => panic!("error completion on the writer: {c:?}"),
-                    _ if strict => panic!("unexpected completion on the writer: {c:?}"),
+                    _ if strict || matches!(c.kind, CompletionKind::Error(_)) => {
+                        panic!("unexpected completion on the writer: {c:?}")
+                    }
                     _ => {}
                 }
             }
@@ -125,8 +126,9 @@ impl<T: Transport, const BATCH: usize, const LEN: usize> TraitLoop<T, BATCH, LEN
                         acc = fold(acc, u64::from(v));
                     }
                     // An error never counts, so the loop would spin for ever on it.
-                    CompletionKind::Error(_) => panic!("error completion on the target: {c:?}"),
-                    _ if strict => panic!("unexpected completion on the target: {c:?}"),
+                    _ if strict || matches!(c.kind, CompletionKind::Error(_)) => {
+                        panic!("unexpected completion on the target: {c:?}")
+                    }
                     _ => {}
                 }
             }
