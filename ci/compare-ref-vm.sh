@@ -45,8 +45,8 @@ vm_ours() {
   echo "echo \"\\\$ ${e0}rdma-bench server $b $d0   # the writer, core 1; client, core 0: ${e1}rdma-bench client $b $d1 $ma\" > $f.cmd"
   echo "${e0}timeout 600 taskset -c 1 ./bin/rdma-bench server $b $d0 --listen 10.99.0.1:$port --sessions 1 > $f.srv 2>&1 &"
   echo "spid=\$!; up $port"
-  echo "${e1}timeout 600 taskset -c 0 ./bin/rdma-bench client $b $d1 --connect 10.99.0.1:$port $ma > $f.json 2> $f.err"
-  echo 'wait $spid'
+  echo "${e1}timeout 600 taskset -c 0 ./bin/rdma-bench client $b $d1 --connect 10.99.0.1:$port $ma > $f.json 2> $f.err; echo \$? > $f.rc"
+  echo "wait \$spid; echo \$? > $f.src"
 }
 
 # vm_theirs ROW SIZE N R PORT: one run of the row's own tool, server on core 0, client (the
@@ -73,9 +73,13 @@ vm_theirs() {
   echo "echo \"\\\$ $e0$srv   # server, core 0; client, core 1: $e1$cli\" > $f.cmd"
   echo "${e0}timeout 300 taskset -c 0 $bin$srv > $f.srv 2>&1 &"
   echo "spid=\$!; up $lp"
-  echo "${e1}timeout 300 taskset -c 1 $bin$cli > $f.txt 2>&1"
-  echo 'wait $spid'
+  echo "${e1}timeout 300 taskset -c 1 $bin$cli > $f.txt 2>&1; echo \$? > $f.rc"
+  echo "wait \$spid; echo \$? > $f.src"
 }
+
+# vm_ran FILE: whether both processes of the run FILE.* exited 0 (each wrote its status);
+# a run that printed a figure and then failed is no figure
+vm_ran() { [ "$(cat "$1.rc" 2>/dev/null)" = 0 ] && [ "$(cat "$1.src" 2>/dev/null)" = 0 ]; }
 
 # vm_figure ROW FILE: Gbit/s of one reference run's output (0 where it printed none)
 vm_figure() {
@@ -156,7 +160,7 @@ elif [ ${#VMROWS[@]} -gt 0 ]; then
   } > "$VD/run.sh"
   log "running the VM rows (${VMROWS[*]}; several minutes under TCG)"
   SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-3600} ci/vm/run-vm.sh --share "$VD" -- sh run.sh >&2 ||
-    log "the VM run failed; VM rows may be missing"
+    fail "the VM run failed; VM rows may be missing" > /dev/null
 fi
 
 # A UCX tool whose puts did not go over rc_verbs measured another transport: no figure for it.
@@ -178,8 +182,9 @@ for row in "${VMROWS[@]}"; do
       [ -f "$f.cmd" ] && ct=$(sed 's/^\$ //' "$f.cmd")
       v=$(vm_figure "$row" "$f.txt" 2>/dev/null || true)
       [ "$row" != ucx-rc ] || [ -n "${over_rc[perftest]:-}" ] || v=0
+      vm_ran "$f" || v=0
       awk -v v="$v" 'BEGIN {exit !(v + 0 == 0)}' &&
-        log "$row $size round $r, the reference: $(tail -1 "$f.txt" 2>/dev/null)"
+        fail "$row $size round $r, the reference (exit $(cat "$f.rc" 2>/dev/null)/$(cat "$f.src" 2>/dev/null)): $(tail -1 "$f.txt" 2>/dev/null)" > /dev/null
       ts+=("${v:-0}")
     done
     for mode in $(vm_modes "$row"); do
@@ -188,9 +193,11 @@ for row in "${VMROWS[@]}"; do
         f=$VD/raw/$row.o.$size.$mode.$r
         [ -f "$f.cmd" ] && co=$(sed 's/^\$ //' "$f.cmd")
         # UCX may print its log lines on stdout, before the JSON
-        v=$(grep -v '^\[[0-9]' "$f.json" 2>/dev/null | jq -r '.gbps' 2>/dev/null || true)
+        v=$(grep -v '^\[[0-9]' "$f.json" 2>/dev/null | jq -r '.gbps | numbers' 2>/dev/null || true)
         [ "$row" != ucx-rc ] || [ -n "${over_rc[ours]:-}" ] || v=0
-        [ -n "$v" ] || log "$row $size $mode round $r, ours: $(tail -1 "$f.err" 2>/dev/null)"
+        vm_ran "$f" || v=0
+        awk -v v="$v" 'BEGIN {exit !(v + 0 == 0)}' &&
+          fail "$row $size $mode round $r, ours (exit $(cat "$f.rc" 2>/dev/null)/$(cat "$f.src" 2>/dev/null)): $(tail -1 "$f.err" 2>/dev/null)" > /dev/null
         os+=("${v:-0}")
       done
       best_o=0 best_t=0

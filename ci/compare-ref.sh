@@ -16,17 +16,23 @@
 #                                      median per stage and its spread (no reference tool)
 #
 # Rows (ours | reference; the exact command lines are printed with --show-commands and in the
-# JSON; both sides of a reference run on this host, server first, client on 127.0.0.1):
-#   shm-write  rdma-bench loopback --provider shm --workload write -s SIZE --no-verify MODE
-#              | fi_rma_bw -p shm -o writedata -S SIZE -I N -W 64 -E=PORT -B PORT'
+# JSON). Like for like: both tools as two processes on this host, server first, client on
+# 127.0.0.1 (ours' server writes, as the tools' clients do); ours with the tools' window
+# (--window W against -W W, W = FT_WINDOW, default 64) and the same N operations (BYTES /
+# SIZE, at least 128; paged: 256-page repeats, at least 2). A run that gives no figure, or
+# whose JSON shows other bytes or another window than asked, fails the script after its
+# table (its round reads 0, its ratio "-").
+#   shm-write  rdma-bench server --provider shm; client --workload write -s SIZE --window W
+#              --no-verify MODE | fi_rma_bw -p shm -o writedata -S SIZE -I N -W W -E=PORT -B PORT'
 #   tcp-write  same, --provider tcp (FI_TCP_IFACE=lo) | fi_rma_bw -p tcp -o writedata ...
-#              In the single and plain modes with --nic-opt write_completion=transmit: a WRITE
+#              In the single and plain modes the server (the writer) takes
+#              --nic-opt write_completion=transmit: a WRITE
 #              completes once its data left, as fi_rma_bw's do (it asks for no completion
 #              level; tcp's default is transmit-complete). rdma-bench's own default on tcp is
 #              delivery-complete (a refused WRITE comes back as an error), which the paged
 #              mode keeps.
-#   shm-send   rdma-bench loopback --provider shm --workload send ... | fi_rdm_tagged_bw -p shm
-#   tcp-send   rdma-bench loopback --provider tcp --workload send ... | fi_msg_bw -p tcp
+#   shm-send   rdma-bench ... --workload send ... | fi_rdm_tagged_bw -p shm
+#   tcp-send   rdma-bench ... --provider tcp --workload send ... | fi_msg_bw -p tcp
 #              -B PORT (server), -P PORT 127.0.0.1 (client): FI_EP_MSG, the tcp provider's own
 #              connected endpoint, without ofi_rxm
 #   tcp-send-rdm  same ours | fi_rdm_tagged_bw -p tcp (FI_EP_RDM through ofi_rxm, like ours)
@@ -57,7 +63,7 @@
 # target buffer, every WRITE with an immediate, receives into one buffer: what the fi_*_bw
 # tools do, and 1.17's fi_rma_bw -o writedata; 2.x's fi_rma_bw writes each window's W
 # WRITEs from and into W slots of SIZE, `bandwidth_rma` advancing the offset, which
-# ci/gpu-host.sh matches with --pages 64); `plain` (WRITE rows only) is --single-buffer --imm-every 64
+# --libfabric 2.x matches, above 4 KiB, with --pages W, as ci/gpu-host.sh does); `plain` (WRITE rows only) is --single-buffer --imm-every 64
 # (one WRITE in 64 carries an immediate, the others are plain WRITEs: what ib_write_bw posts,
 # whose target handles no completion at all); `paged` is rdma-bench's default (256 pages per
 # repeat in random order, one immediate per repeat; 256 x SIZE bytes of buffer per side).
@@ -118,6 +124,10 @@ esac
 [ ${#VMODES[@]} -gt 0 ] || VMODES=("${MODES[@]}")
 # plain: one immediate per this many WRITEs
 PLAIN_K=64
+# The host rows' window: the fabtests' -W and ours' --window (at most this many operations in
+# flight; the fabtests post W and wait for all W, ours keeps up to W going)
+W=${FT_WINDOW:-64}
+[[ "$W" =~ ^[1-9][0-9]*$ ]] || { echo "compare-ref: FT_WINDOW=$W: want a count of at least 1" >&2; exit 2; }
 IFS=, read -r -a ROWV <<< "$ROWS"
 IFS=, read -r -a SIZEV <<< "$SIZES"
 # The rows that run in the VM (ci/compare-ref-vm.sh), with tools and a build of their own;
@@ -175,50 +185,88 @@ if [ $LADDER = 1 ]; then
 fi
 PORT=$((20000 + RANDOM % 20000))
 
-# ours ROW SIZE MODE -> Gbit/s on stdout; the command in $OUT/cmd
+# ops SIZE: the operations every run of a row moves, ours and theirs alike (BYTES / SIZE, at
+# least 128)
+ops() { local n=$(( BYTES / $(bytes_of "$1") )); [ $n -ge 128 ] || n=128; echo $n; }
+# fail WHAT: count a failed run (the rounds run in subshells: a file, not a variable) and
+# print the 0 that keeps its round paired; the script exits 1 after its table
+fail() { log "$*"; echo "$*" >> "$OUT/failed"; echo 0; }
+# A 2.x fi_rma_bw writes each window's W WRITEs from and into W slots of SIZE (bandwidth_rma
+# advances the offset); 1.17's into one buffer. Ours' single mode matches it: above 4 KiB
+# with --pages W (one source and one target buffer stayed in cache and read 2.7x fi_rma_bw at
+# 1 MiB), up to 4 KiB (shm's inject size) one buffer, every WRITE with an immediate, as
+# ci/gpu-host.sh does.
+slots() { [ -n "$LFV" ] && [ "${LFV%%.*}" != 1 ]; }
+
+# ours ROW SIZE MODE -> Gbit/s on stdout; the command in $OUT/cmd. Two processes, as the
+# tools: ours' server writes (its WRITEs and SENDs), the client asks and reads the result;
+# the window is the tools' -W. A run that did not move the asked bytes with that window is
+# a failed run.
 ours() {
-  local row=$1 size=$2 mode=$3 b n prov wl
-  b=$(bytes_of "$size"); n=$(( BYTES / b )); [ $n -ge 8 ] || n=8
+  local row=$1 size=$2 mode=$3 b n prov wl ops_asked
+  b=$(bytes_of "$size"); n=$(ops "$size")
   case $row in
     shm-*) prov=shm ;; tcp-*) prov=tcp ;;
   esac
   case $row in *-write) wl=write ;; *) wl=send ;; esac
-  local args=(loopback --provider "$prov" --workload "$wl" -s "$size" --no-verify --json)
+  local args=(--provider "$prov" --workload "$wl" -s "$size" --window "$W" --no-verify --json)
+  local sargs=(--provider "$prov")
   # shellcheck disable=SC2206
   [ -z "${OURS_ARGS:-}" ] || args+=($OURS_ARGS)
-  # like-for-like completion semantics with fi_rma_bw (see the header)
+  # like-for-like completion semantics with fi_rma_bw (see the header), on the writer
   if [ "$row" = tcp-write ] && [ "$mode" != paged ]; then
-    args+=(--nic-opt write_completion=transmit)
+    sargs+=(--nic-opt write_completion=transmit)
   fi
-  if [ "$mode" = single ]; then
-    args+=(--single-buffer -n "$n")
+  if [ "$mode" = single ] && [ $wl = write ] && slots && [ "$b" -gt 4096 ]; then
+    local reps=$(( n / W )); [ $reps -ge 2 ] || reps=2
+    args+=(--pages "$W" -n "$reps"); ops_asked=$(( reps * W ))
+  elif [ "$mode" = single ]; then
+    args+=(--single-buffer -n "$n"); ops_asked=$n
   elif [ "$mode" = plain ]; then
     local k=$(( n / PLAIN_K )); [ $k -ge 2 ] || k=2
-    args+=(--single-buffer --imm-every "$PLAIN_K" -n "$k")
+    args+=(--single-buffer --imm-every "$PLAIN_K" -n "$k"); ops_asked=$(( k * PLAIN_K ))
   elif [ $wl = write ]; then
+    # paged: 256 pages a repeat, so at least 512 WRITEs (theirs: n)
     local reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
-    args+=(-n "$reps")
+    args+=(-n "$reps"); ops_asked=$(( reps * 256 ))
   else
-    args+=(-n "$n")
+    args+=(-n "$n"); ops_asked=$n
   fi
-  echo "$RB ${args[*]}" > "$OUT/cmd"
-  "${PRIO[@]}" "$RB" "${args[@]}" > "$OUT/ours.json" 2> "$OUT/ours.err" ||
-    { log "rdma-bench failed: $(tail -2 "$OUT/ours.err")"; echo 0; return; }
-  jq -r '.gbps' "$OUT/ours.json"
+  PORT=$((PORT + 3))
+  echo "$RB server ${sargs[*]} --listen 127.0.0.1:$PORT --sessions 1   # client: $RB client --connect 127.0.0.1:$PORT ${args[*]}" > "$OUT/cmd"
+  "${PRIO[@]}" timeout 120 "$RB" server "${sargs[@]}" --listen "127.0.0.1:$PORT" --sessions 1 \
+    > "$OUT/ours.srv" 2>&1 &
+  local spid=$!
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and fails
+  if ! "${PRIO[@]}" timeout 120 "$RB" client --connect "127.0.0.1:$PORT" "${args[@]}" \
+      > "$OUT/ours.json" 2> "$OUT/ours.err"; then
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+    fail "rdma-bench $row $size $mode failed: $(tail -2 "$OUT/ours.err" | tr '\n' ' ')"; return
+  fi
+  wait $spid 2>/dev/null || { fail "rdma-bench server ($row $size $mode) failed: $(tail -2 "$OUT/ours.srv" | tr '\n' ' ')"; return; }
+  local got
+  got=$(jq -r --argjson w "$W" --argjson by $(( ops_asked * b )) \
+    'if (.gbps | type) == "number" and .knobs.window == $w and .bytes == $by then .gbps
+     else "moved \(.bytes) bytes with window \(.knobs.window), asked \($by) with \($w)" end' \
+    "$OUT/ours.json" 2>&1) || got="no JSON result: $got"
+  case $got in
+    [0-9]*) echo "$got" ;;
+    *) fail "rdma-bench $row $size $mode: $got" ;;
+  esac
 }
 
 # theirs ROW SIZE -> Gbit/s on stdout (client's MB/s x 8 / 1000); the command in $OUT/cmd
 theirs() {
   local row=$1 size=$2 b n tool
-  b=$(bytes_of "$size"); n=$(( BYTES / b )); [ $n -ge 128 ] || n=128
+  b=$(bytes_of "$size"); n=$(ops "$size")
   PORT=$((PORT + 3))
   local common=(-S "$b" -I "$n")
   case $row in
-    shm-write) tool=(fi_rma_bw -p shm -o writedata -W 64) ;;
-    tcp-write) tool=(fi_rma_bw -p tcp -o writedata -W 64) ;;
-    shm-send) tool=(fi_rdm_tagged_bw -p shm -W 64) ;;
-    tcp-send) tool=(fi_msg_bw -p tcp -W 64) ;;
-    tcp-send-rdm) tool=(fi_rdm_tagged_bw -p tcp -W 64) ;;
+    shm-write) tool=(fi_rma_bw -p shm -o writedata -W "$W") ;;
+    tcp-write) tool=(fi_rma_bw -p tcp -o writedata -W "$W") ;;
+    shm-send) tool=(fi_rdm_tagged_bw -p shm -W "$W") ;;
+    tcp-send) tool=(fi_msg_bw -p tcp -W "$W") ;;
+    tcp-send-rdm) tool=(fi_rdm_tagged_bw -p tcp -W "$W") ;;
   esac
   local srv cli
   if [ "$row" = tcp-send ]; then
@@ -240,8 +288,11 @@ theirs() {
   local ok=1
   "${PRIO[@]}" timeout 60 "${cli[@]}" > "$OUT/cli.txt" 2>&1 || ok=0
   wait $spid || ok=0
-  [ $ok = 1 ] || { log "${tool[0]} failed: $(tail -2 "$OUT/cli.txt" "$OUT/srv.txt" | tr '\n' ' ')"; echo 0; return; }
-  fabtests_gbps "$OUT/cli.txt"
+  [ $ok = 1 ] || { fail "${tool[0]} $size failed: $(tail -2 "$OUT/cli.txt" "$OUT/srv.txt" | tr '\n' ' ')"; return; }
+  local g
+  g=$(fabtests_gbps "$OUT/cli.txt")
+  if [ "$(awk -v g="$g" 'BEGIN {print (g + 0 > 0)}')" = 1 ]; then echo "$g"
+  else fail "${tool[0]} $size printed no result line: $(tail -2 "$OUT/cli.txt" | tr '\n' ' ')"; fi
 }
 
 max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
@@ -322,4 +373,10 @@ else
       echo "  $row $size $mode:"; echo "    ours: $co"; echo "    ref:  $ct"
     done < "$RESULTS"
   fi
+fi
+# A failed run reads 0 in its round (its ratio "-"): the table stands, the verdict does not.
+if [ -s "$OUT/failed" ]; then
+  log "FAILED: $(wc -l < "$OUT/failed") run(s) gave no figure:"
+  sed 's/^/  /' "$OUT/failed" >&2
+  exit 1
 fi

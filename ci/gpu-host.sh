@@ -441,13 +441,14 @@ run() {
         # WRITEs but the last) take its "fast RMA" path, one process_vm_writev system call
         # per WRITE (smr_rma.c), which held 4 KiB pages to 18 Gbit/s against 48 with an
         # immediate on each; 64 slots of 4 KiB stay in cache either way
+        # --window: at most the fabtests' -W operations in flight, as theirs
         write) if [ "$b" -le 4096 ]; then
-                 args=(--workload write --single-buffer -s "$size" -n "$n" --no-verify)
+                 args=(--workload write --single-buffer -s "$size" -n "$n" --no-verify --window "$ftw")
                else
                  local reps=$(( n / 64 )); [ $reps -ge 2 ] || reps=2
-                 args=(--workload write --pages 64 -s "$size" -n "$reps" --no-verify)
+                 args=(--workload write --pages 64 -s "$size" -n "$reps" --no-verify --window "$ftw")
                fi ;;
-        send) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify) ;;
+        send) args=(--workload send --single-buffer -s "$size" -n "$n" --no-verify --window "$ftw") ;;
         lat) args=(--workload lat --op send -s "$size" -n "$lat_iters") ;;
       esac
       # shellcheck disable=SC2206
@@ -492,7 +493,7 @@ run() {
       fi
       wait $spid 2>/dev/null || true
       if [ "$row" = lat ]; then
-        awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $6} END {print v + 0}' "$out/tcli"
+        awk '$1 ~ /^[0-9]+(\.[0-9]+)?[kmg]?$/ && NF >= 7 {v = $6} END {print v + 0}' "$out/tcli"
       else
         fabtests_gbps "$out/tcli"
       fi
@@ -505,7 +506,9 @@ run() {
     for mem in "${memv[@]}"; do
       dev=(); [ "$mem" = cuda ] && dev=(-D cuda)
       echo
-      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${PIN_CORES}), $(nproc) cores; fabtests ${dev[*]:-without -D}, -W $ftw"
+      echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${PIN_CORES}), $(nproc) cores; fabtests ${dev[*]:-without -D}, -W $ftw; ours --window $ftw"
+      # The card, in the table itself: a figure is compared only with one of the same card.
+      echo "   on $(nvidia-smi --query-gpu=name,serial --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi')"
       printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
       IFS=, read -r -a rowv <<< "${ROWS:-write,send,lat}"
       for row in "${rowv[@]}"; do
@@ -517,10 +520,13 @@ run() {
             log "$mem $row $size round $r: ours $o, theirs $t"
             bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
           done
-          local ratio
+          local ratio failed=
           ratio=$(ratio "$bo" "$bt")
-          printf '%-6s %5s %10.2f %10.2f %7s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
-            "$(suspect "$row" "$ratio")"
+          # A tool that failed every round has no figure: the row, and the run, fail.
+          awk -v a="$bo" -v b="$bt" 'BEGIN {exit !(a + 0 <= 0 || b + 0 <= 0)}' &&
+            { failed=" FAILED (no figure)"; status=1; }
+          printf '%-6s %5s %10.2f %10.2f %7s%s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
+            "$failed" "$(suspect "$row" "$ratio")"
         done
         echo "       per iteration: $(note $row "$mem")"
       done

@@ -115,7 +115,7 @@ one_figure() { local d=$1 v; shift; v=$("$@" | head -1); echo "${v:-$d}"; }
 # fabtests_gbps FILE: Gbit/s from a fabtests bandwidth run's output (its last result line's
 # MB/sec column, 10^6 bytes); 0.000 where it printed none.
 fabtests_gbps() {
-  awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$1"
+  awk '$1 ~ /^[0-9]+(\.[0-9]+)?[kmg]?$/ && NF >= 7 {v = $5} END {printf "%.3f\n", v * 8 / 1000}' "$1"
 }
 
 # ucx_perftest_gbps FILE: Gbit/s from ucx_perftest's bandwidth output (its last result line's
@@ -227,11 +227,14 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   t=$(mktemp)
   printf 'bytes iters total time MB/sec usec/xfer Mxfers/sec\n4k 1k 4m 0.1s 100.00 1.0 0.1\n64k 1k 64m 0.1s 2500.00 1.0 0.1\n' > "$t"
   got=$(fabtests_gbps "$t")
+  # fabtests print sizes that are no whole unit with a fraction (size_str): 1.5m
+  printf '1.5m 64 96m 0.1s 1000.00 1.0 0.1\n' >> "$t"
+  got="$got,$(fabtests_gbps "$t")"
   printf 'Final: x\n   1000 1.0 2.0 3.0 100.00 1000.00 5 6\n' > "$t"
   got="$got/$(ucx_perftest_gbps "$t")/$(fabtests_gbps /dev/null)"
   rm -f "$t"
-  [ "$got" = "20.000/8.389/0.000" ] ||
-    { echo "fabtests_gbps/ucx_perftest_gbps: $got, want 20.000/8.389/0.000" >&2; bad=1; }
+  [ "$got" = "20.000,8.000/8.389/0.000" ] ||
+    { echo "fabtests_gbps/ucx_perftest_gbps: $got, want 20.000,8.000/8.389/0.000" >&2; bad=1; }
   got="$(above tag 1.2 0.9 - 1.01)/$(above lat 0.8 0.9 1.2 -)"
   [ "$got" = "2 of 3/2 of 3" ] || { echo "above: $got, want 2 of 3/2 of 3" >&2; bad=1; }
   got="$(put_plan 1048576)/$(put_plan 16384)/$(put_plan 357913)/$(put_plan 5)/$(PUT_IMM_EVERY=64 put_plan 1048576)"
