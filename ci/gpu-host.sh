@@ -509,24 +509,25 @@ run() {
       echo "== $mem memory, libfabric $(fi_info --version 2>/dev/null | awk '/libfabric:/ {print $2}') shm, two processes (cores ${PIN_CORES}), $(nproc) cores; fabtests ${dev[*]:-without -D}, -W $ftw; ours --window $ftw"
       # The card, in the table itself: a figure is compared only with one of the same card.
       echo "   on $(nvidia-smi --query-gpu=name,serial --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi')"
-      printf '%-6s %5s %10s %10s %7s  %s\n' row size ours theirs ratio "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds)"
+      printf '%-6s %5s %10s %10s %7s %7s  %-18s %s\n' row size ours theirs ratio median "median's 95% CI" \
+        "(Gbit/s, lat: one-way us; best of $rounds interleaved rounds; median: of the rounds' ratios, the figure to quote)"
       IFS=, read -r -a rowv <<< "${ROWS:-write,send,lat}"
       for row in "${rowv[@]}"; do
         for size in "${sizes[@]}"; do
-          local bo=0 bt=0 o t r
+          local bo=0 bt=0 o t r rr=()
           for r in $(seq 1 "$rounds"); do
             if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size"); t=$(theirs $row "$size")
             else t=$(theirs $row "$size"); o=$(ours $row "$size"); fi
             log "$mem $row $size round $r: ours $o, theirs $t"
-            bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t")
+            bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
           done
           local ratio failed=
           ratio=$(ratio "$bo" "$bt")
           # A tool that failed every round has no figure: the row, and the run, fail.
           awk -v a="$bo" -v b="$bt" 'BEGIN {exit !(a + 0 <= 0 || b + 0 <= 0)}' &&
             { failed=" FAILED (no figure)"; status=1; }
-          printf '%-6s %5s %10.2f %10.2f %7s%s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
-            "$failed" "$(suspect "$row" "$ratio")"
+          printf '%-6s %5s %10.2f %10.2f %7s %7s  %-18s%s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
+            "$(median "${rr[@]}")" "$(interval "$row" "${rr[@]}")" "$failed" "$(suspect "$row" "$ratio")"
         done
         echo "       per iteration: $(note $row "$mem")"
       done
