@@ -283,5 +283,9 @@ fn a_failed_pair_fails_the_gate() {
     let bad: Vec<_> = g.failed().collect();
     assert_eq!(bad.len(), 1, "{:?}", g.rows);
     assert_eq!(bad[0].run, "pair verbs:mlx5_1");
-    assert!(g.summary().contains("not run: no such device"), "{}", g.summary());
+    assert!(
+        g.summary().contains("not run: no such device"),
+        "{}",
+        g.summary()
+    );
 }
