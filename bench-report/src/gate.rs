@@ -427,4 +427,4 @@ pub fn render(g: &GateResult) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -3,7 +3,7 @@ use super::*;
 use bench_core::config::Knobs;
 use bench_core::report::NicReport;
 
-fn nic(index: usize, gpu: usize, name: &str, gbps: f64, link: Option<f64>) -> NicReport {
+pub(crate) fn nic(index: usize, gpu: usize, name: &str, gbps: f64, link: Option<f64>) -> NicReport {
     NicReport {
         index,
         gpu,
@@ -17,7 +17,7 @@ fn nic(index: usize, gpu: usize, name: &str, gbps: f64, link: Option<f64>) -> Ni
     }
 }
 
-fn run(size: u64, per_nic: Vec<NicReport>) -> RunReport {
+pub(crate) fn run(size: u64, per_nic: Vec<NicReport>) -> RunReport {
     let gbps = per_nic.iter().map(|n| n.gbps).sum();
     let mut gpus: Vec<usize> = per_nic.iter().map(|n| n.gpu).collect();
     gpus.dedup();
@@ -228,64 +228,4 @@ fn an_empty_gate_fails_and_says_so() {
     assert!(!g.pass);
     assert!(g.summary().starts_with("gate failed"), "{}", g.summary());
     assert!(g.summary().contains("no run to judge"), "{}", g.summary());
-}
-
-/// Two compare pairs over one backend and provider (verbs names its provider after the first
-/// device): each is judged, and the slow one fails the gate.
-#[test]
-fn every_compare_pair_is_judged() {
-    let spec = GateSpec::from_flags(None, None, Some(20.0))
-        .unwrap()
-        .unwrap();
-    let fast = run(1 << 20, vec![nic(0, 0, "mlx5_0", 90.0, None)]);
-    let slow = run(1 << 20, vec![nic(0, 0, "mlx5_0", 5.0, None)]);
-    let small = run(4096, vec![nic(0, 0, "mlx5_0", 1.0, None)]);
-    let done = crate::outputs::Done {
-        runs: vec![
-            ("verbs:mlx5_0".into(), &small),
-            ("verbs:mlx5_0".into(), &fast),
-            ("verbs:mlx5_0+mlx5_1".into(), &slow),
-        ],
-        failures: Vec::new(),
-        ladder: false,
-        workload: "write".into(),
-        record: None,
-    };
-    let g = crate::outputs::judge(Some(&spec), &done).unwrap();
-    assert!(!g.pass, "{}", g.summary());
-    // Per pair, the largest size: the small run of the first pair is not judged. The slow
-    // pair's rows (NIC, GPU, node) fail and name it.
-    assert!(g.rows.iter().all(|r| r.gbps != 1.0), "{:?}", g.rows);
-    assert_eq!(g.failed().count(), 3, "{:?}", g.rows);
-    for r in g.failed() {
-        assert_eq!(r.gbps, 5.0);
-        assert!(r.run.ends_with("(pair verbs:mlx5_0+mlx5_1)"), "{}", r.run);
-    }
-    assert!(g.summary().contains("3 of 6 rows short"), "{}", g.summary());
-}
-
-/// A pair that failed fails the gate, named, though every pair that ran passed.
-#[test]
-fn a_failed_pair_fails_the_gate() {
-    let spec = GateSpec::from_flags(None, None, Some(20.0))
-        .unwrap()
-        .unwrap();
-    let fast = run(1 << 20, vec![nic(0, 0, "mlx5_0", 90.0, None)]);
-    let done = crate::outputs::Done {
-        runs: vec![("verbs:mlx5_0".into(), &fast)],
-        failures: vec![("verbs:mlx5_1".into(), "no such device".into())],
-        ladder: false,
-        workload: "write".into(),
-        record: None,
-    };
-    let g = crate::outputs::judge(Some(&spec), &done).unwrap();
-    assert!(!g.pass, "{}", g.summary());
-    let bad: Vec<_> = g.failed().collect();
-    assert_eq!(bad.len(), 1, "{:?}", g.rows);
-    assert_eq!(bad[0].run, "pair verbs:mlx5_1");
-    assert!(
-        g.summary().contains("not run: no such device"),
-        "{}",
-        g.summary()
-    );
 }
