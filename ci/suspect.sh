@@ -108,6 +108,12 @@ round_ratios() {
     while read -r a b; do echo "$(ratio "$a" "$b")"; done
 }
 
+# not_positive VALUE...: how many VALUEs are not positive numbers (a failed run's 0 or "-"):
+# a comparison counts them and fails after its table, since best-of and medians pass them over.
+not_positive() {
+  printf '%s\n' "$@" | awk '!($1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0) {n++} END {print n + 0}'
+}
+
 # one_figure DEFAULT CMD...: the first line CMD prints, DEFAULT where it prints none: one
 # figure per run, so two tools' rounds stay paired (round_ratios) when a run fails.
 one_figure() { local d=$1 v; shift; v=$("$@" | head -1); echo "${v:-$d}"; }
@@ -222,6 +228,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   [ "$got" = "$want" ] || { echo "adjusted: $got, want $want" >&2; bad=1; }
   got=$(round_ratios "3 1/2" "2 2 0" | paste -sd,)
   [ "$got" = "1.50,0.50,-" ] || { echo "round_ratios: $got, want 1.50,0.50,-" >&2; bad=1; }
+  got="$(not_positive 3.5 0 - 0.000 x 1)/$(not_positive 2)"
+  [ "$got" = "4/0" ] || { echo "not_positive: $got, want 4/0" >&2; bad=1; }
   got="$(one_figure 0 printf '3.5\n4\n')/$(one_figure "0 -" true)"
   [ "$got" = "3.5/0 -" ] || { echo "one_figure: $got, want 3.5/0 -" >&2; bad=1; }
   t=$(mktemp)

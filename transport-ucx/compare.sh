@@ -104,6 +104,7 @@ ours() { # TLS SIZE N
 echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; ours' immediates: one in ${PUT_IMM_EVERY:-up to 4096} puts; cores $PIN_CORES (server,client: perftest's; ours' swapped, both writers on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
   "perftest-heap" ratio median "ours ahead" "median's 95% CI"
+FAILS=0
 for tls in "${TLS_LIST[@]}"; do
   for sn in "${SIZES[@]}"; do
     size=${sn%%:*} n=${sn##*:}
@@ -115,6 +116,8 @@ for tls in "${TLS_LIST[@]}"; do
       [ "$tls" = tcp ] || hs+=("$(one_figure 0 perftest "$tls" "$size" "$n" "${HEAP[@]}")")
       if [ $((r % 2)) = 0 ]; then os+=("$(one_figure 0 ours "$tls" "$size" "$n")"); fi
     done
+    # A run without a figure reads 0 and best-of and medians pass it over: count it.
+    FAILS=$((FAILS + $(not_positive "${os[@]}" "${ps[@]}" "${hs[@]}")))
     o=$(printf '%s\n' "${os[@]}" | best)
     p=$(printf '%s\n' "${ps[@]}" | best)
     # The reference: perftest's heap buffers where there are any (sm), else its own (tcp).
@@ -130,3 +133,7 @@ for tls in "${TLS_LIST[@]}"; do
       "$(IFS=/; echo "${refs[*]}")"
   done
 done
+if [ "$FAILS" -gt 0 ]; then
+  echo "compare: FAILED: $FAILS run(s) gave no figure (0 in their round): the table's figures rest on fewer rounds" >&2
+  exit 1
+fi
