@@ -112,6 +112,26 @@ pub struct GateRow {
     pub note: Option<String>,
 }
 
+impl GateRow {
+    /// A failing node row for a run the gate cannot judge (no per-NIC figures, a pair that
+    /// did not run), saying why.
+    pub fn unjudged(run: String, gbps: f64, why: String) -> Self {
+        GateRow {
+            run,
+            scope: "node",
+            index: None,
+            nic: "-".into(),
+            gpu: None,
+            gbps,
+            line_gbps: None,
+            need_gbps: None,
+            pct: None,
+            pass: false,
+            note: Some(why),
+        }
+    }
+}
+
 /// The verdict of a gate over one command's runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct GateResult {
@@ -243,19 +263,11 @@ pub fn evaluate_labelled(spec: &GateSpec, runs: &[(String, &RunReport)]) -> Gate
     for (label, r) in runs {
         let (label, r) = (label.clone(), *r);
         if r.per_nic.is_empty() {
-            rows.push(GateRow {
-                run: label,
-                scope: "node",
-                index: None,
-                nic: "-".into(),
-                gpu: None,
-                gbps: r.gbps,
-                line_gbps: None,
-                need_gbps: None,
-                pct: None,
-                pass: false,
-                note: Some("no per-NIC figures in this run".into()),
-            });
+            rows.push(GateRow::unjudged(
+                label,
+                r.gbps,
+                "no per-NIC figures in this run".into(),
+            ));
             continue;
         }
         // Endpoints that share one NIC share its line rate.

@@ -92,19 +92,21 @@ pub struct Done<'a> {
 }
 
 impl<'a> Done<'a> {
-    /// A loopback or client command's runs, labelled `backend/provider`.
+    /// A loopback or client command's runs, labelled `backend/provider` ([`own_label`]).
     pub fn of(runs: &'a [RunReport], ladder: bool) -> Self {
         Done {
-            runs: runs
-                .iter()
-                .map(|r| (format!("{}/{}", r.backend, r.provider), r))
-                .collect(),
+            runs: runs.iter().map(|r| (own_label(r), r)).collect(),
             failures: Vec::new(),
             ladder,
             workload: runs.first().map(|r| r.workload.clone()).unwrap_or_default(),
             record: None,
         }
     }
+}
+
+/// A run's label where no compare pair names it: `backend/provider`.
+fn own_label(r: &RunReport) -> String {
+    format!("{}/{}", r.backend, r.provider)
 }
 
 /// Judge the runs against the gate, if any.
@@ -117,7 +119,7 @@ pub fn judge(spec: Option<&GateSpec>, d: &Done<'_>) -> Option<GateResult> {
             .into_iter()
             .map(|(label, r)| {
                 let run = gate::run_label(r);
-                if *label == format!("{}/{}", r.backend, r.provider) {
+                if *label == own_label(r) {
                     (run, r)
                 } else {
                     (format!("{run} (pair {label})"), r)
@@ -127,19 +129,11 @@ pub fn judge(spec: Option<&GateSpec>, d: &Done<'_>) -> Option<GateResult> {
     let mut g = gate::evaluate_labelled(spec, &picked);
     // A pair that failed has no figure, so nothing of it passed: one failing row each.
     for (label, why) in &d.failures {
-        g.rows.push(gate::GateRow {
-            run: format!("pair {label}"),
-            scope: "node",
-            index: None,
-            nic: "-".into(),
-            gpu: None,
-            gbps: 0.0,
-            line_gbps: None,
-            need_gbps: None,
-            pct: None,
-            pass: false,
-            note: Some(format!("not run: {why}")),
-        });
+        g.rows.push(gate::GateRow::unjudged(
+            format!("pair {label}"),
+            0.0,
+            format!("not run: {why}"),
+        ));
         g.pass = false;
     }
     Some(g)
@@ -254,28 +248,34 @@ mod tests {
     use super::*;
     use crate::gate::tests::{nic, run};
 
-    /// Two compare pairs over one backend and provider (verbs names its provider after the first
-    /// device): each is judged, and the slow one fails the gate.
-    #[test]
-    fn every_compare_pair_is_judged() {
+    /// A compare's outcome: its pairs' runs and failures, under a 20 Gbit/s gate.
+    fn judged(runs: Vec<(String, &RunReport)>, failures: Vec<(String, String)>) -> GateResult {
         let spec = GateSpec::from_flags(None, None, Some(20.0))
             .unwrap()
             .unwrap();
-        let fast = run(1 << 20, vec![nic(0, 0, "mlx5_0", 90.0, None)]);
-        let slow = run(1 << 20, vec![nic(0, 0, "mlx5_0", 5.0, None)]);
-        let small = run(4096, vec![nic(0, 0, "mlx5_0", 1.0, None)]);
         let done = Done {
-            runs: vec![
-                ("verbs:mlx5_0".into(), &small),
-                ("verbs:mlx5_0".into(), &fast),
-                ("verbs:mlx5_0+mlx5_1".into(), &slow),
-            ],
-            failures: Vec::new(),
+            runs,
+            failures,
             ladder: false,
             workload: "write".into(),
             record: None,
         };
-        let g = judge(Some(&spec), &done).unwrap();
+        judge(Some(&spec), &done).unwrap()
+    }
+
+    /// Two compare pairs over one backend and provider (verbs names its provider after the first
+    /// device): each is judged, and the slow one fails the gate.
+    #[test]
+    fn every_compare_pair_is_judged() {
+        let fast = run(1 << 20, vec![nic(0, 0, "mlx5_0", 90.0, None)]);
+        let slow = run(1 << 20, vec![nic(0, 0, "mlx5_0", 5.0, None)]);
+        let small = run(4096, vec![nic(0, 0, "mlx5_0", 1.0, None)]);
+        let runs = vec![
+            ("verbs:mlx5_0".into(), &small),
+            ("verbs:mlx5_0".into(), &fast),
+            ("verbs:mlx5_0+mlx5_1".into(), &slow),
+        ];
+        let g = judged(runs, Vec::new());
         assert!(!g.pass, "{}", g.summary());
         // Per pair, the largest size: the small run of the first pair is not judged. The slow
         // pair's rows (NIC, GPU, node) fail and name it.
@@ -291,18 +291,9 @@ mod tests {
     /// A pair that failed fails the gate, named, though every pair that ran passed.
     #[test]
     fn a_failed_pair_fails_the_gate() {
-        let spec = GateSpec::from_flags(None, None, Some(20.0))
-            .unwrap()
-            .unwrap();
         let fast = run(1 << 20, vec![nic(0, 0, "mlx5_0", 90.0, None)]);
-        let done = Done {
-            runs: vec![("verbs:mlx5_0".into(), &fast)],
-            failures: vec![("verbs:mlx5_1".into(), "no such device".into())],
-            ladder: false,
-            workload: "write".into(),
-            record: None,
-        };
-        let g = judge(Some(&spec), &done).unwrap();
+        let failures = vec![("verbs:mlx5_1".into(), "no such device".into())];
+        let g = judged(vec![("verbs:mlx5_0".into(), &fast)], failures);
         assert!(!g.pass, "{}", g.summary());
         let bad: Vec<_> = g.failed().collect();
         assert_eq!(bad.len(), 1, "{:?}", g.rows);
