@@ -92,7 +92,7 @@ pub struct Done<'a> {
 }
 
 impl<'a> Done<'a> {
-    /// A loopback or client command's runs, labelled `backend/provider` ([`own_label`]).
+    /// A loopback or client command's runs, labelled `backend/provider`.
     pub fn of(runs: &'a [RunReport], ladder: bool) -> Self {
         Done {
             runs: runs.iter().map(|r| (own_label(r), r)).collect(),
