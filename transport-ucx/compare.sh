@@ -29,12 +29,17 @@
 # is no UCX variable: UCX ignored it and that column was the shared-segment case again.)
 # The heap column's buffers are written before the run, as ours (perftest-written.c, an
 # LD_PRELOAD shim: perftest never writes its send buffer, which then reads as the kernel's
-# zero page; PERFTEST_BUF=untouched runs it as it comes).
+# zero page; PERFTEST_BUF=untouched runs it as it comes), and placed as ours: BUF_OFFSET bytes
+# into a page (default 0, rdma-bench's default; ours --buf-offset, perftest's placed by the
+# shim, PERFTEST_BUF_OFFSET), since UCX's heap puts perftest's wherever malloc does and where
+# a copy's source sits in its page can change what the copy costs (compare-tag.sh does the
+# same). PERFTEST_BUF=untouched leaves perftest's where UCX puts them: not like for like.
 # Ours names each put's region (its ucp_mem_map handle and memory type); ucx_perftest does
 # so with -z (PERFTEST_OPTS=-z: both perftest columns), and without it UCX registers the
 # buffer per put where the put is zero-copy (UCX 1.22's cma).
-# Each figure is the best of ROUNDS runs (default 3), the tools interleaved (odd rounds ours
-# first, even rounds perftest first); beside it the median of the rounds' own ratios, the
+# Each figure is the best of ROUNDS runs (default 6, the fewest from which the interval
+# below is one), the tools interleaved (odd rounds ours first, even rounds perftest first);
+# beside it the median of the rounds' own ratios, the
 # rounds where ours was ahead and the median's 95% confidence interval (ci/suspect.sh's
 # interval: "level" where it holds 1.0), then every round's figures.
 # Each side runs on a core of its own, the writers of both tools on one core and their targets
@@ -56,17 +61,20 @@ B=${1:-target/release/rdma-bench}; shift || true
 PERFTEST=${UCX_PERFTEST:-ucx_perftest}
 OURS_OPTS=${OURS_OPTS-"--nic-opt write=put"}
 SIZES=(${SIZES:-4096:1048576 65536:262144 1048576:16384})
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-6}  # 6: the fewest rounds from which ci/suspect.sh's interval gives one
 best() { awk 'BEGIN {m = 0} $1 + 0 > m {m = $1 + 0} END {printf "%.2f\n", m}'; }
 PORT=${PORT:-13400}
 HEAP=(UCX_ALLOC_PRIO=heap) SO=
+PERFTEST_BUF=${PERFTEST_BUF:-written} BUF_OFFSET=${BUF_OFFSET:-0}
 pin_sides
 ERR=$(mktemp -d); trap 'rm -rf "$ERR" ${SO:+"$SO"}' EXIT
-if [ "${PERFTEST_BUF:-written}" = written ]; then
-  SO=$(mktemp --suffix=.so)
-  ${CC:-cc} -O2 -shared -fPIC -o "$SO" "$(dirname "$0")/perftest-written.c" -ldl
-  HEAP+=(LD_PRELOAD="$SO")
-fi
+case $PERFTEST_BUF in
+  written) SO=$(mktemp --suffix=.so)
+    ${CC:-cc} -O2 -shared -fPIC -o "$SO" "$(dirname "$0")/perftest-written.c" -ldl
+    HEAP+=(LD_PRELOAD="$SO" PERFTEST_BUF_OFFSET="$BUF_OFFSET") ;;
+  untouched) ;;
+  *) echo "compare: PERFTEST_BUF is written or untouched, not $PERFTEST_BUF" >&2; exit 2 ;;
+esac
 perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3 bw; shift 3
   PORT=$((PORT + 1))
@@ -78,10 +86,11 @@ perftest() { # TLS SIZE N [ENV...]
     -n "$n" -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
   bw=$(ucx_perftest_gbps "$ERR/out")
   wait "$srv" || true
-  # A heap run that the shim did not mark compared against the zero page: no figure.
+  # A heap run that the shim did not write and place compared against the zero page, or
+  # from where malloc put it: no figure.
   if [[ " $* " == *" LD_PRELOAD="* ]] &&
-      ! grep -qE '^perftest-written: [0-9]+ bytes at' "$ERR/cli" "$ERR/srv"; then
-    echo "compare: ucx_perftest ran without perftest-written.so writing its buffers" >&2
+      ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$ERR/cli" "$ERR/srv"; then
+    echo "compare: ucx_perftest ran without perftest-written.so writing and placing its buffers" >&2
     echo 0.00; return
   fi
   echo "$bw"
@@ -97,11 +106,11 @@ ours() { # TLS SIZE N
   local plan; read -ra plan <<< "$(put_plan "$n")"
   "${PIN_SRV[@]}" "$B" client --backend ucx --provider "$tls" "${dev[@]}" \
     --nic-opt peer_errors=off $OURS_OPTS --connect 127.0.0.1:$PORT \
-    --single-buffer "${plan[@]}" --window 32 -s "$size" --no-verify 2>/dev/null |
+    --single-buffer --buf-offset "$BUF_OFFSET" "${plan[@]}" --window 32 -s "$size" --no-verify 2>/dev/null |
     awk '/verified/ {t = 1; next} t && NF >= 7 {print $4; exit}'
   wait "$srv" || true
 }
-echo "perftest-heap buffers: ${PERFTEST_BUF:-written}; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; ours' immediates: one in ${PUT_IMM_EVERY:-up to 4096} puts; cores $PIN_CORES (server,client: perftest's; ours' swapped, both writers on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "buffers: ours and perftest-heap's $BUF_OFFSET bytes into a page$([ "$PERFTEST_BUF" = untouched ] && echo " (perftest-heap's where UCX puts them)"); perftest-heap's $PERFTEST_BUF; perftest options: ${PERFTEST_OPTS:-none}; ours' options: ${OURS_OPTS:-none}; ours' immediates: one in ${PUT_IMM_EVERY:-up to 4096} puts; cores $PIN_CORES (server,client: perftest's; ours' swapped, both writers on the client's); load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %s\n' tls size "ours Gbit/s" "perftest" \
   "perftest-heap" ratio median "ours ahead" "median's 95% CI"
 FAILS=0
