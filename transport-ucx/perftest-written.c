@@ -9,9 +9,11 @@
  * so both tools send real bytes (docs/measurements.md, "UCX backend against").
  *
  * PERFTEST_BUF_OFFSET=N (0-4095): the shim allocates each host buffer itself instead, N bytes
- * into a page (posix_memalign, then ucp_mem_map of that address without ALLOCATE), as
- * `rdma-bench --buf-offset N` places its regions: where a copy's source sits in its page can
- * change what the copy costs, and UCX's heap puts perftest's buffers wherever malloc does.
+ * into a page (posix_memalign, then ucp_mem_map of that address without ALLOCATE), and writes
+ * the whole allocation, the page after the buffer included, as `rdma-bench --buf-offset N`
+ * places and writes its regions (it prints "perftest-written: wrote START-END" as well):
+ * where a copy's source sits in its page can change what the copy costs, and so can a
+ * never-touched page right after it; UCX's heap puts perftest's buffers wherever malloc does.
  * Give a multiple of 64: UCX 1.13 rounds a mapping's start down to 16 bytes, and perftest
  * uses the buffer from where ucp_mem_query says the mapping starts. transport-ucx/shims-test.sh
  * checks both shims against the ucx_perftest on PATH.
@@ -79,13 +81,21 @@ ucs_status_t ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *para
         placed.field_mask |= UCP_MEM_MAP_PARAM_FIELD_ADDRESS;
         placed.address = (char *)base + off;
         placed.flags &= ~(unsigned)UCP_MEM_MAP_ALLOCATE;
-        memset(placed.address, 0xa5, params->length);
+        /* The whole allocation, the page after the buffer included, as rdma-bench's
+         * HostBuffer writes every page of its own (buffer, a page and the offset): a copy
+         * whose source ends at a page boundary with a never-touched page behind it costs
+         * several times more on the dev box (docs/measurements.md, "The page-aligned
+         * penalty, explained"), and perftest's put buffers are exactly SIZE long. */
+        memset(base, 0xa5, params->length + PAGE);
         /* Never freed: perftest's ucp_mem_unmap releases UCX's registration only; the
          * process ends after its one test. */
         status = real(context, &placed, memh_p);
-        if (status == UCS_OK)
+        if (status == UCS_OK) {
             fprintf(stderr, "perftest-written: %zu bytes at %p (placed)\n", params->length,
                     placed.address);
+            fprintf(stderr, "perftest-written: wrote %p-%p\n", base,
+                    (void *)((char *)base + params->length + PAGE));
+        }
         return status;
     }
     status = real(context, params, memh_p);

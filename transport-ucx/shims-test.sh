@@ -4,7 +4,8 @@
 #   perftest-written.c  writes every host buffer perftest maps, and with PERFTEST_BUF_OFFSET=B
 #                       allocates them itself B bytes into a page: both processes must say
 #                       "(placed)" at an address B bytes into its page, and the test must run;
-#                       a bad B must stop perftest with exit 2;
+#                       a bad B must stop perftest with exit 2; ucp_put_bw's buffers (exactly
+#                       the size) must be written with the page after them;
 #   ucp-time.c          must print its line in both: the sender's src%4096 and the receiver's
 #                       dst%4096 are B (a multiple of 64: UCX 1.13 rounds a mapping's start
 #                       down to 16 bytes, and perftest sends from where UCX says it starts);
@@ -94,6 +95,18 @@ run $B $B ucp_put_bw 4000 || { echo "shims-test: ucx_perftest -t ucp_put_bw fail
 n=$(calls cli put)
 [ -n "$n" ] && [ "$n" -ge 4000 ] && [ "$(plain cli 3)" = 0 ] ||
   { echo "shims-test: cli: ucp-time did not count 4000 or more ucp_put_bw puts, each with the bandwidth flag" >&2; grep ucp-time "$out/cli" >&2; bad=1; }
+# ucp_put_bw's buffers are exactly the size: the shim must have written them and the whole
+# page holding the byte after each (its next page, as rdma-bench's HostBuffer writes its
+# own; a never-touched page there made 4 KiB copies several times slower on the dev box).
+for side in srv cli; do
+  read -r len at < <(sed -nE 's/^perftest-written: ([0-9]+) bytes at (0x[0-9a-f]+) \(placed\)$/\1 \2/p' "$out/$side" | head -1)
+  read -r from to < <(sed -nE 's/^perftest-written: wrote (0x[0-9a-f]+)-(0x[0-9a-f]+)$/\1 \2/p' "$out/$side" | head -1)
+  if [ -z "${len:-}" ] || [ -z "${from:-}" ] ||
+      [ $((from)) -gt $((at)) ] || [ $((to)) -lt $(( ((at + len) / 4096 + 1) * 4096 )) ]; then
+    echo "shims-test: $side: ucp_put_bw's buffer (${len:-?} bytes at ${at:-?}) and the page after it were not all written (wrote ${from:-?}-${to:-?})" >&2
+    grep perftest-written "$out/$side" >&2; bad=1
+  fi
+done
 if [ -n "${RDMA_BENCH:-}" ]; then
   srv=() # the server's own flags for the next run
   ours() { # ARGS (the client's) -> ours' logs in $out/osrv (the active side: sender, writer), $out/ocli
