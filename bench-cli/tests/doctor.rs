@@ -526,6 +526,48 @@ fn gpus_of_unknown_numa_node_are_not_vouched_for() {
     );
 }
 
+/// The same from a topology (hwloc): a GPU whose NUMA node the topology does not know had
+/// its NICs counted as on its node. Now every GPU unknown skips, and a partly known
+/// topology's Ok names the GPUs it did not compare.
+#[test]
+fn topology_gpus_of_unknown_numa_node_are_not_vouched_for() {
+    let fx = connectx("cx-topo-numa-unknown", OPEN_DRIVER);
+    let topology = |numa0: &str| -> topo::Topology {
+        let json = format!(
+            r#"{{"gpus":[
+                {{"index":0,"pci":"0000:20:00.0","numa":{numa0},
+                  "nics":[{{"name":"mlx5_0","pci":"0000:21:00.0"}}],"cores":[0]}},
+                {{"index":1,"pci":"0000:40:00.0","numa":null,
+                  "nics":[{{"name":"mlx5_1","pci":"0000:41:00.0"}}],"cores":[1]}}],
+              "unassigned_nics":[],
+              "numa_groups":[{{"numa":0,"nics":[{{"name":"mlx5_0","pci":"0000:21:00.0"}}],"cores":[0]}},
+                {{"numa":null,"nics":[{{"name":"mlx5_1","pci":"0000:41:00.0"}}],"cores":[0,1]}}]}}"#
+        );
+        serde_json::from_str(&json).expect("topology JSON")
+    };
+    let report = |t: topo::Topology| {
+        let r = doctor::run(&Inputs {
+            root: fx.root.clone(),
+            env: vec![],
+            topology: Some(t),
+            libfabric: None,
+            probes: vec![],
+        });
+        eprintln!("{}", doctor::render(&r));
+        r
+    };
+    let r = report(topology("null"));
+    expect(&r, "numa.nic", Status::Skip);
+    assert!(r.get("numa.nic").unwrap().summary.contains("unknown"));
+    let r = report(topology("0"));
+    expect(&r, "numa.nic", Status::Ok);
+    let s = &r.get("numa.nic").unwrap().summary;
+    assert!(
+        s.contains("each of 1 GPU(s) of known NUMA node") && s.contains("not compared: GPU 1"),
+        "{s}"
+    );
+}
+
 /// This kind of box: no GPU, no RDMA device, an 8 MiB memlock limit.
 fn cpu_only(name: &str) -> Fx {
     let fx = Fx::new(name);

@@ -98,16 +98,24 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
             .and_then(|g| g.numa)
     };
     let want = f.instance.map(|i| i.nics_per_gpu()).unwrap_or(0.0);
-    let (mut none, mut cross, mut few) = (vec![], vec![], vec![]);
+    let (mut none, mut cross, mut few, mut unknown) = (vec![], vec![], vec![], vec![]);
     for g in t.gpus() {
         if g.nics.is_empty() {
             none.push(format!("GPU {}", g.index));
             continue;
         }
+        if (g.nics.len() as f64) + 1e-9 < want.floor().max(1.0) && want >= 1.0 {
+            few.push(format!("GPU {}: {} of {want}", g.index, g.nics.len()));
+        }
+        // A GPU of unknown NUMA node: its NICs' nodes were compared with nothing.
+        if g.numa.is_none() {
+            unknown.push(format!("GPU {}", g.index));
+            continue;
+        }
         let same = g
             .nics
             .iter()
-            .filter(|n| g.numa.is_none() || nic_numa(&n.name) == g.numa)
+            .filter(|n| nic_numa(&n.name) == g.numa)
             .count();
         if same == 0 {
             cross.push(format!(
@@ -116,9 +124,6 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
                 g.numa.map_or("-".into(), |n| n.to_string()),
                 g.nic_names().join(",")
             ));
-        }
-        if (g.nics.len() as f64) + 1e-9 < want.floor().max(1.0) && want >= 1.0 {
-            few.push(format!("GPU {}: {} of {want}", g.index, g.nics.len()));
         }
     }
     let n = t.gpus().len();
@@ -158,13 +163,34 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
             Some("a NIC is missing: see rdma.count"),
         );
     }
-    let per: Vec<usize> = t.gpus().iter().map(|g| g.nics.len()).collect();
+    let per = t.gpus().iter().map(|g| g.nics.len()).min().unwrap_or(0);
+    if unknown.len() == n {
+        // Nothing was compared: an Ok here would vouch for a placement nobody checked.
+        return check(
+            "numa.nic",
+            Status::Skip,
+            format!(
+                "the NUMA node of every GPU is unknown to the topology, so no NIC's node was \
+                 compared with it ({n} GPU(s), each with its nearest NIC(s), {per} per GPU)"
+            ),
+            Some("on a host of several sockets, check the BIOS's NUMA setting (and its ACPI SRAT); `rdma-bench topo` shows the layout"),
+        );
+    }
+    let of = if unknown.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; NUMA node unknown, not compared: {}",
+            short_list(&unknown)
+        )
+    };
     check(
         "numa.nic",
         Status::Ok,
         format!(
-            "each of {n} GPU(s) has its nearest NIC(s) on its NUMA node ({} per GPU, topo)",
-            per.iter().min().copied().unwrap_or(0)
+            "each of {} GPU(s) of known NUMA node has its nearest NIC(s) on that node ({per} per \
+             GPU, topo{of})",
+            n - unknown.len()
         ),
         None,
     )
