@@ -436,7 +436,7 @@ run() {
     [ -n "$v" ] || { echo -; return; }
     echo "$(median $v) [${v%% *}-$(echo $v | awk '{print $NF}')]"
   }
-  local row size r o t bo bt fail ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob so sb stt eq
+  local row size r o t bo bt fail nf runs v ab o2 t2 t3 bo2 bt2 bt3 ratio rr aa oa ta raa taa st rz rm ob bob obv rob so sb stt eq
   for mem in "${memv[@]}"; do
     echo
     echo "== $mem memory, UCX $(timeout 30 "$info" -v | awk '/Library version/ {print $4}') TLS=$tls, two processes (cores $PIN_CORES), $(nproc) cores; ucx_perftest -m $mem; perftest host buffers ${PERFTEST_BUF:-written}$([ "$mem" = host ] && echo "; both tools' host buffers ${BUF_OFFSET:-0} bytes into a page")"
@@ -454,7 +454,7 @@ run() {
         fi
         aa=; [ -n "${UCX_AA:-}" ] && [ "$row" != lat ] && aa=1
         bo=0 bt=0 bo2=0 bt2=0 bt3=0 o2=- t2=- t3=- rr=() raa=() taa=() oa= ta= rz=() rm=()
-        bob=0 obv= rob=() so=() sb=() stt=() tbv= rtb=() stb=()
+        bob=0 obv= rob=() so=() sb=() stt=() tbv= rtb=() stb=() runs=()
         for r in $(seq 1 "$rounds"); do
           st=$(steal_ms)
           if [ $((r % 2)) = 1 ]; then o=$(ours $row "$size" "$mem"); so+=("$o:$(speed)")
@@ -482,10 +482,17 @@ run() {
           fi
           log "$mem $row $size round $r: ours $o, theirs $t${aa:+, ours again $oa, theirs again $ta}${ab:+, ours memh=off $o2, theirs -z $t2, theirs untouched $t3}${ob:+, ours B $obv}${tb:+, theirs B $tbv}; steal $(( $(steal_ms) - st )) ms"
           bo=$(best $row "$bo" "$o"); bt=$(best $row "$bt" "$t"); rr+=("$(ratio "$o" "$t")")
+          # Every run this round made, variants too ("-": a variant not run).
+          runs+=("$o" "$t")
+          for v in "$oa" "$ta" "$o2" "$t2" "$t3" "$obv" "$tbv"; do
+            [ -z "$v" ] || [ "$v" = - ] || runs+=("$v")
+          done
         done
-        # Numerically: a parser that found no line prints 0.000, which is no string 0.
-        fail=; awk -v a="$bo" -v b="$bt" 'BEGIN {exit !(a + 0 <= 0 || b + 0 <= 0)}' &&
-          { fail=" FAILED"; status=1; }
+        # A run without a figure (a failure's 0, a parser's 0.000) fails the row, even where
+        # other rounds gave figures: best-of and the medians pass it over, and the cell would
+        # rest on fewer rounds than the header says (not_positive: numerically, not as a string).
+        fail=; nf=$(not_positive "${runs[@]}")
+        [ "$nf" = 0 ] || { fail=" FAILED ($nf of ${#runs[@]} runs gave no figure)"; status=1; }
         ratio=$(ratio "$bo" "$bt")
         printf '%-4s %5s %10.2f %10.2f %7s %7s %10s  %-19s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
           "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" "$(interval "$row" "${rr[@]}")" \
