@@ -33,8 +33,8 @@
 #           2048 round trips only (libperf's TIMING_QUEUE_SIZE), not of all of them as ours':
 #           the ratio is of the means; the medians are printed beside it, not compared.
 # Gbit/s for tag (ours / theirs: higher is better), microseconds for lat (lower is better);
-# each figure the best of ROUNDS (default 3) rounds, the tools interleaved (odd rounds ours
-# first, even rounds theirs first), then the median of the rounds' own ratios (of the means
+# each figure the best of ROUNDS (default 6, the fewest from which the interval is one)
+# rounds, the tools interleaved (odd rounds ours first, even rounds theirs first), then the median of the rounds' own ratios (of the means
 # for lat), the rounds where ours was ahead and the median's 95% confidence interval
 # (ci/suspect.sh's interval: "level" where it holds 1.0). tcp runs with UCX_NET_DEVICES=lo
 # and --devices lo. Each side runs on a core of its own (pin_sides in ci/suspect.sh:
@@ -67,7 +67,7 @@ PERFTEST=${UCX_PERFTEST:-ucx_perftest}
 [ -n "${UCX_LIB:-}" ] && export LD_LIBRARY_PATH=$UCX_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 IFS=, read -r -a SIZES <<< "${SIZES:-4096,65536,1048576}"
 IFS=, read -r -a ROWS <<< "${ROWS:-tag,lat}"
-ROUNDS=${ROUNDS:-3} BYTES=${BYTES:-1073741824}
+ROUNDS=${ROUNDS:-6} BYTES=${BYTES:-1073741824}
 PORT=${PORT:-$((21000 + RANDOM % 20000))}
 OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT
 pin_sides
