@@ -496,7 +496,7 @@ run() {
         ratio=$(ratio "$bo" "$bt")
         printf '%-4s %5s %10.2f %10.2f %7s %7s %10s  %-19s%s%s' "$row" "$size" "$bo" "$bt" "$ratio" \
           "$(median "${rr[@]}")" "$(above "$row" "${rr[@]}")" "$(interval "$row" "${rr[@]}")" \
-          "$fail" "$(suspect "$row" "$ratio")"
+          "$fail" "$(suspect "$row" "$ratio" "$(median "${rr[@]}")")"
         [ -n "$aa" ] && printf '   aa: theirs/theirs %s, ours/ours %s' "$(spread "${taa[@]}")" "$(spread "${raa[@]}")"
         [ -n "$ab" ] && printf '   ab: ours memh=off %.2f, theirs -z %.2f, theirs untouched %s; medians: ours / theirs -z %s, ours memh=off / theirs %s' \
           "$bo2" "$bt2" "$([ "$mem" = host ] && [ "$row" != put ] && printf %.2f "$bt3" || echo -)" \

@@ -527,7 +527,7 @@ run() {
           awk -v a="$bo" -v b="$bt" 'BEGIN {exit !(a + 0 <= 0 || b + 0 <= 0)}' &&
             { failed=" FAILED (no figure)"; status=1; }
           printf '%-6s %5s %10.2f %10.2f %7s %7s  %-18s%s%s\n' "$row" "$size" "$bo" "$bt" "$ratio" \
-            "$(median "${rr[@]}")" "$(interval "$row" "${rr[@]}")" "$failed" "$(suspect "$row" "$ratio")"
+            "$(median "${rr[@]}")" "$(interval "$row" "${rr[@]}")" "$failed" "$(suspect "$row" "$ratio" "$(median "${rr[@]}")")"
         done
         echo "       per iteration: $(note $row "$mem")"
       done

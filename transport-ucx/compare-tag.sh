@@ -219,7 +219,7 @@ for tls in "${TLS_LIST[@]}"; do
         "$tls" "$row" "$size" "$o" "$t" "$ratio" "$(median "${rr[@]}")" \
         "$(above "$row" "${rr[@]}")" "$(interval "$row" "${rr[@]}")" \
         "$extra" "$(cut -d' ' -f1 "$OUT/o" | paste -sd/)" \
-        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)" "$(suspect "$row" "$ratio")$eq"
+        "$(cut -d' ' -f1 "$OUT/t" | paste -sd/)" "$(suspect "$row" "$ratio" "$(median "${rr[@]}")")$eq"
     done
   done
 done

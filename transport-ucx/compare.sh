@@ -138,7 +138,7 @@ for tls in "${TLS_LIST[@]}"; do
     mapfile -t rr < <(round_ratios "${os[*]}" "${refs[*]}")
     printf '%-4s %8s %12s %14s %14s %8s %8s %10s  %-18s%s   rounds: ours %s theirs %s\n' "$tls" \
       "$size" "$o" "$p" "$h" "$r" "$(median "${rr[@]}")" "$(above put "${rr[@]}")" \
-      "$(interval put "${rr[@]}")" "$(suspect put "$r")" "$(IFS=/; echo "${os[*]}")" \
+      "$(interval put "${rr[@]}")" "$(suspect put "$r" "$(median "${rr[@]}")")" "$(IFS=/; echo "${os[*]}")" \
       "$(IFS=/; echo "${refs[*]}")"
   done
 done
