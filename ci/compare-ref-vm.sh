@@ -19,16 +19,24 @@ vm_modes() { if [ "$1" = ucx-rc ]; then echo plain; else echo "${VMODES[@]}"; fi
 # writer (core 1, as the tools' clients), its client on core 0. At 1 MiB ours read 0.24-0.25
 # Gbit/s as one process holding both ends (`loopback`) against 0.18-0.19 as two, in this VM.
 vm_ours() {
-  local row=$1 size=$2 mode=$3 n=$4 r=$5 port=$6 ma k f b d0= d1= e0= e1=
-  k=$(( n / PLAIN_K )); [ $k -ge 2 ] || k=2
+  local row=$1 size=$2 mode=$3 n=$4 r=$5 port=$6 ma k f b d0= d1= e0= e1= ops pages win=$W pk=$PLAIN_K
+  # plain: N / K immediates, each after K WRITEs; K = PLAIN_K, or N / 2 where N holds fewer
+  # than two of PLAIN_K (N is at least 64 here), so that ours moves the tool's N WRITEs
+  [ $(( n / pk )) -ge 2 ] || pk=$(( n / 2 ))
+  k=$(( n / pk ))
   case $mode in
-    single) ma="--single-buffer -n $n" ;;
-    plain) ma="--single-buffer --imm-every $PLAIN_K -n $k" ;;
-    *) ma="-n $(( n / 256 > 2 ? n / 256 : 2 ))" ;;
+    single) ma="--single-buffer -n $n"; ops=$n ;;
+    plain) ma="--single-buffer --imm-every $pk -n $k"; ops=$(( k * pk )) ;;
+    # paged: as the host rows, 256 pages a repeat where N holds two repeats, else N / 2
+    # pages, so ours moves the tool's bytes (256-page repeats moved 4x them at 1 MiB).
+    *) pages=$(paged_pages "$n"); ma="--pages $pages -n $(( n / pages ))"; ops=$(( n / pages * pages )) ;;
   esac
+  [ "$row" != ucx-rc ] || win=32  # ucx_perftest's ucp_put_bw: 32 puts outstanding
   f=raw/$row.o.$size.$mode.$r
   # TCG moves tens of Mbit/s: a 256-page repeat of 1 MiB takes longer than the default idle timeout
-  ma="-s $size --no-verify $ma --idle-timeout 120 --json"
+  ma="-s $size --no-verify $ma --window $win --idle-timeout 120 --json"
+  # What the run must show in its JSON (bytes moved, window), checked when the rows are read.
+  echo "echo '$(( ops * $(bytes_of "$size") )) $win' > $f.want"
   case $row in
     verbs) b="--backend verbs" d0="--devices rxe0" d1="--devices rxe1" ;;
     fi-verbs)
@@ -40,7 +48,7 @@ vm_ours() {
       # with the flush and the immediate (the clock stops at the last immediate), 32 in
       # flight, N/10 warm-up puts.
       b="--backend ucx --provider rc_verbs,tcp" e0='env $U0 ' e1='env $U1 '
-      ma="$ma --window 32 --warmup $(( n / 640 > 1 ? n / 640 : 1 ))" ;;
+      ma="$ma --warmup $(( n / 640 > 1 ? n / 640 : 1 ))" ;;
   esac
   echo "echo \"\\\$ ${e0}rdma-bench server $b $d0   # the writer, core 1; client, core 0: ${e1}rdma-bench client $b $d1 $ma\" > $f.cmd"
   echo "${e0}timeout 600 taskset -c 1 ./bin/rdma-bench server $b $d0 --listen 10.99.0.1:$port --sessions 1 > $f.srv 2>&1 &"
@@ -57,12 +65,14 @@ vm_theirs() {
   case $row in
     verbs)
       bin= lp=18515  # ib_write_bw's default port
-      srv="ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n"
-      cli="ib_write_bw -d rxe1 -x \$G1 -F --report_gbits -s $b -n $n 10.99.0.1" ;;
+      # -t W: the window, named (perftest's default tx depth differs between its releases)
+      srv="ib_write_bw -d rxe0 -x \$G0 -F --report_gbits -s $b -n $n -t $W"
+      cli="ib_write_bw -d rxe1 -x \$G1 -F --report_gbits -s $b -n $n -t $W 10.99.0.1" ;;
     fi-verbs)
       e0='env $FI ' e1='env $FI '
-      srv="fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W 64 -S $b -I $n -E=$port -d rxe0 -s 10.99.0.1"
-      cli="fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W 64 -S $b -I $n -E=$port -d rxe1 -s 10.99.0.2 10.99.0.1" ;;
+      # -w W: a warm-up of one whole window, drained before the clock (compare-ref's theirs)
+      srv="fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W $W -w $W -S $b -I $n -E=$port -d rxe0 -s 10.99.0.1"
+      cli="fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W $W -w $W -S $b -I $n -E=$port -d rxe1 -s 10.99.0.2 10.99.0.1" ;;
     ucx-rc)
       # -e: peer error handling, ours' default; without it UCX 1.13 finds no transport to
       # wire rc_verbs up over ("no auxiliary transport").
@@ -192,12 +202,18 @@ for row in "${VMROWS[@]}"; do
       for r in $(seq 1 "$ROUNDS"); do
         f=$VD/raw/$row.o.$size.$mode.$r
         [ -f "$f.cmd" ] && co=$(sed 's/^\$ //' "$f.cmd")
-        # UCX may print its log lines on stdout, before the JSON
-        v=$(grep -v '^\[[0-9]' "$f.json" 2>/dev/null | jq -r '.gbps | numbers' 2>/dev/null || true)
+        # UCX may print its log lines on stdout, before the JSON. A run that moved other
+        # bytes or ran another window than its .want asked is no figure (as the host rows).
+        read -r wb ww < "$f.want" 2>/dev/null || wb=- ww=-
+        v=$(grep -v '^\[[0-9]' "$f.json" 2>/dev/null | jq -r --arg b "$wb" --arg w "$ww" \
+          'if (.gbps | type) == "number" and (.bytes | tostring) == $b and (.knobs.window | tostring) == $w then .gbps
+           else "moved \(.bytes) bytes with window \(.knobs.window), asked \($b) with \($w)" end' 2>/dev/null || true)
+        why=$(tail -1 "$f.err" 2>/dev/null)
+        case $v in [0-9]*) ;; *) [ -z "$v" ] || why=$v; v=0 ;; esac
         [ "$row" != ucx-rc ] || [ -n "${over_rc[ours]:-}" ] || v=0
         vm_ran "$f" || v=0
         awk -v v="$v" 'BEGIN {exit !(v + 0 == 0)}' &&
-          fail "$row $size $mode round $r, ours (exit $(cat "$f.rc" 2>/dev/null)/$(cat "$f.src" 2>/dev/null)): $(tail -1 "$f.err" 2>/dev/null)" > /dev/null
+          fail "$row $size $mode round $r, ours (exit $(cat "$f.rc" 2>/dev/null)/$(cat "$f.src" 2>/dev/null)): $why" > /dev/null
         os+=("${v:-0}")
       done
       best_o=0 best_t=0

@@ -5,7 +5,7 @@
 # rounds' own ratios, in how many rounds ours led, and the median's 95% confidence interval
 # (ci/suspect.sh's interval, from 6 rounds: "level" where it holds 1.0).
 #
-#   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 3 rounds, VM rows included
+#   ci/compare-ref.sh                  every row at 4K, 64K and 1M, 6 rounds, VM rows included
 #   ci/compare-ref.sh --json           one JSON object instead of the table
 #   ci/compare-ref.sh --rows shm-write,tcp-send --sizes 64K --rounds 5
 #   ci/compare-ref.sh --quick          smoke test (CI): one size, one round, short runs, no VM
@@ -19,8 +19,8 @@
 # JSON). Like for like: both tools as two processes on this host, server first, client on
 # 127.0.0.1 (ours' server writes, as the tools' clients do); ours with the tools' window
 # (--window W against -W W, W = FT_WINDOW, default 64) and the same N operations (BYTES /
-# SIZE, at least 128; paged: 256-page repeats, at least 2). A run that gives no figure, or
-# whose JSON shows other bytes or another window than asked, fails the script after its
+# SIZE, at least 128; paged: N / P repeats of P pages, P 256 or N / 2: paged_pages). A run
+# that gives no figure, or whose JSON shows other bytes or another window than asked, fails the script after its
 # table (its round reads 0, its ratio "-").
 #   shm-write  rdma-bench server --provider shm; client --workload write -s SIZE --window W
 #              --no-verify MODE | fi_rma_bw -p shm -o writedata -S SIZE -I N -W W -E=PORT -B PORT'
@@ -41,13 +41,14 @@
 #   writing side (ours' server, the tools' clients) on core 1, the other on core 0; rounds
 #   paired, each tool first in turn:
 #   verbs      rdma-bench server/client --backend verbs --devices rxe0|rxe1 -s SIZE --no-verify
-#              MODE (two processes, as the tools; the server writes)
-#              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N (server, client)
+#              --window W MODE (two processes, as the tools; the server writes)
+#              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N -t W (server,
+#              client; -t names perftest's window, whose default differs between releases)
 #   fi-verbs   libfabric 2.6.0 with its verbs provider (LIBFABRIC_VERBS=1 ci/libfabric.sh; Debian's
 #              1.17 has none), FI_EP_RDM over verbs;ofi_rxm, FI_UNIVERSE_SIZE=64 for both (rxm
 #              sizes its CQ by it, and rxe refuses 256 peers' worth):
-#              rdma-bench server/client --backend efa --provider 'verbs;ofi_rxm' --devices rxe0|rxe1 ...
-#              | fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W 64 -S SIZE -I N -d rxe0|rxe1
+#              rdma-bench server/client --backend efa --provider 'verbs;ofi_rxm' --devices rxe0|rxe1
+#              --window W ... | fi_rma_bw -p 'verbs;ofi_rxm' -o writedata -W W -S SIZE -I N -d rxe0|rxe1
 #   ucx-rc     UCX 1.13 (this host's, copied in) over rc_verbs, tcp on the veths wiring it up
 #              (UCX_TLS=rc_verbs,tcp, UCX_NET_DEVICES rxe0:1,veth0 | rxe1:1,veth1), two
 #              processes each, mode plain only:
@@ -66,12 +67,14 @@
 # --libfabric 2.x matches, above 4 KiB, with --pages W, as ci/gpu-host.sh does); `plain` (WRITE rows only) is --single-buffer --imm-every 64
 # (one WRITE in 64 carries an immediate, the others are plain WRITEs: what ib_write_bw posts,
 # whose target handles no completion at all); `paged` is rdma-bench's default (256 pages per
-# repeat in random order, one immediate per repeat; 256 x SIZE bytes of buffer per side).
+# repeat in random order, one immediate per repeat; 256 x SIZE bytes of buffer per side;
+# where N is under 512, N / 2 pages, so that ours moves the tool's bytes).
 # Default `both`: single and paged, and plain as well on the verbs row, whose reference
 # (ib_write_bw) posts plain WRITEs. The reference tool is the same for every mode.
 #
 # Every run moves about BYTES bytes (default 1 GiB on the host, 128 MiB in the VM; --quick:
-# 16 MiB): N = BYTES / SIZE operations (paged: N / 256 repeats, at least 2).
+# 16 MiB): N = BYTES / SIZE operations (paged: N / P repeats of P pages, P = 256 or N / 2).
+# The VM rows' JSON must show those bytes and the window too, or the run reads 0.
 # Scheduling: on a shared machine, other jobs preempt the busy-polling threads of both tools
 # for whole scheduler ticks, which swamps the difference being measured. Both tools therefore
 # run under SCHED_FIFO priority 10 (`chrt -f 10`; the kernel's RT throttling still leaves 5%
@@ -88,7 +91,7 @@ source ci/listening.sh
 ALL_ROWS=shm-write,tcp-write,shm-send,tcp-send,tcp-send-rdm,verbs,fi-verbs,ucx-rc
 ROWS=$ALL_ROWS
 SIZES=4K,64K,1M
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-6}  # 6: the fewest rounds from which ci/suspect.sh's interval gives one
 MODE=both
 JSON=0; QUICK=0; SHOW=0; LFV=; LADDER=0
 BYTES=${BYTES:-$((1 << 30))}
@@ -188,6 +191,10 @@ PORT=$((20000 + RANDOM % 20000))
 # ops SIZE: the operations every run of a row moves, ours and theirs alike (BYTES / SIZE, at
 # least 128)
 ops() { local n=$(( BYTES / $(bytes_of "$1") )); [ $n -ge 128 ] || n=128; echo $n; }
+# paged_pages N: pages a repeat of the paged mode for N WRITEs: 256 (rdma-bench's default)
+# where N holds two repeats of them, else N / 2, so that N / P repeats move N WRITEs'
+# bytes (at least two repeats, N a power of 2 as the sizes give; VM rows: N at least 64)
+paged_pages() { local p=$(( $1 / 2 )); echo $(( p < 256 ? p : 256 )); }
 # fail WHAT: count a failed run (the rounds run in subshells: a file, not a variable) and
 # print the 0 that keeps its round paired; the script exits 1 after its table
 fail() { log "$*"; echo "$*" >> "$OUT/failed"; echo 0; }
@@ -226,9 +233,9 @@ ours() {
     local k=$(( n / PLAIN_K )); [ $k -ge 2 ] || k=2
     args+=(--single-buffer --imm-every "$PLAIN_K" -n "$k"); ops_asked=$(( k * PLAIN_K ))
   elif [ $wl = write ]; then
-    # paged: 256 pages a repeat, so at least 512 WRITEs (theirs: n)
-    local reps=$(( n / 256 )); [ $reps -ge 2 ] || reps=2
-    args+=(-n "$reps"); ops_asked=$(( reps * 256 ))
+    # paged: N / P repeats of P pages, P = 256 or N / 2 (paged_pages): the tool's N WRITEs
+    local pages; pages=$(paged_pages "$n")
+    args+=(--pages "$pages" -n $(( n / pages ))); ops_asked=$(( n / pages * pages ))
   else
     args+=(-n "$n"); ops_asked=$n
   fi
@@ -260,7 +267,11 @@ theirs() {
   local row=$1 size=$2 b n tool
   b=$(bytes_of "$size"); n=$(ops "$size")
   PORT=$((PORT + 3))
-  local common=(-S "$b" -I "$n")
+  # -w W: a warm-up of one whole window, which the tools drain before their clock starts.
+  # Their default, 10, leaves 10 warm-up operations in flight when the clock starts (1.17's
+  # loops, and 2.x's send loop): their first timed window completes them too, so the figure
+  # counts N operations for the time of N + 10 (about 1% at 1 MiB, in ours' favour).
+  local common=(-S "$b" -I "$n" -w "$W")
   case $row in
     shm-write) tool=(fi_rma_bw -p shm -o writedata -W "$W") ;;
     tcp-write) tool=(fi_rma_bw -p tcp -o writedata -W "$W") ;;
@@ -365,7 +376,7 @@ else
   while IFS=$'\t' read -r row size mode o t co ct med ahead ci; do
     ratio=$(ratio "$o" "$t")
     printf '%-13s %5s %-7s %9.2f %9.2f %7s %7s %10s  %-18s %s%s\n' "$row" "$size" "$mode" "$o" \
-      "$t" "$ratio" "$med" "$ahead" "$ci" "$(ref_name "$row")" "$(suspect "$row" "$ratio")"
+      "$t" "$ratio" "$med" "$ahead" "$ci" "$(ref_name "$row")" "$(suspect "$row" "$ratio" "$med")"
   done < "$RESULTS"
   if [ $SHOW = 1 ]; then
     echo; echo "commands (last round of each row):"

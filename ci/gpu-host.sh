@@ -479,8 +479,10 @@ run() {
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
       port=$((port + 3))
       case $row in
-        write) tool=(fi_rma_bw -p shm -o writedata "${dev[@]}" -W "$ftw" -S "$b" -I "$n") ;;
-        send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W "$ftw" -S "$b" -I "$n") ;;
+        # -w W: the warm-up one whole window, drained before the clock starts (the default
+        # 10 leaves 10 warm-up sends in flight into fi_rdm_tagged_bw's first timed window)
+        write) tool=(fi_rma_bw -p shm -o writedata "${dev[@]}" -W "$ftw" -w "$ftw" -S "$b" -I "$n") ;;
+        send) tool=(fi_rdm_tagged_bw -p shm "${dev[@]}" -W "$ftw" -w "$ftw" -S "$b" -I "$n") ;;
         lat) tool=(fi_rdm_pingpong -p shm "${dev[@]}" -S "$b" -I "$lat_iters") ;;
       esac
       timeout 120 "${pin_srv[@]}" "${tool[@]}" -E=$port -B $((port + 1)) > "$out/tsrv" 2>&1 &
