@@ -42,8 +42,11 @@
 #   paired, each tool first in turn:
 #   verbs      rdma-bench server/client --backend verbs --devices rxe0|rxe1 -s SIZE --no-verify
 #              --window W MODE (two processes, as the tools; the server writes)
-#              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N -t W (server,
-#              client; -t names perftest's window, whose default differs between releases)
+#              | ib_write_bw -d rxe0|rxe1 -x GID -F --report_gbits -s SIZE -n N -t W -Q 1
+#              (server, client; -t names perftest's window, whose default differs between
+#              releases; -Q 1 a completion for every WRITE, as ours: perftest moderates them to
+#              one in min(100, -t) and refills only as they come, so -t 64 alone drained its
+#              pipeline every 64 WRITEs)
 #   fi-verbs   libfabric 2.6.0 with its verbs provider (LIBFABRIC_VERBS=1 ci/libfabric.sh; Debian's
 #              1.17 has none), FI_EP_RDM over verbs;ofi_rxm, FI_UNIVERSE_SIZE=64 for both (rxm
 #              sizes its CQ by it, and rxe refuses 256 peers' worth):
