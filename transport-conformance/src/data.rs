@@ -268,8 +268,8 @@ pub fn fill_queue_then_drain<T: Transport>(p: &mut Pair<T>) -> Result<()> {
 /// What a consumer does after the completions that announce a region's bytes:
 /// [`Transport::make_gpu_visible`] on the region (here host memory, which needs nothing), then
 /// read. On both sides, for a WRITE with immediate and for a receive, the call succeeds and
-/// the bytes are the new ones. (GPU memory: `transport-efa/tests/gpu.rs` and
-/// `gpu_visibility.rs` on the GPU host.)
+/// the bytes are the new ones, and no completion comes beyond the four the operations owe.
+/// (GPU memory: `transport-efa/tests/gpu.rs` and `gpu_visibility.rs` on the GPU host.)
 pub fn visible_after_completion<T: Transport>(p: &mut Pair<T>) -> Result<()> {
     let data = pattern(4096, 5);
     let src = host_mr(&mut p.a, &data)?;
@@ -298,6 +298,14 @@ pub fn visible_after_completion<T: Transport>(p: &mut Pair<T>) -> Result<()> {
         }
         Ok(local == 2 && landed && received)
     })?;
+    // Four operations, four completions: a fifth (a local one reported twice, say) may come
+    // after the remote ones that ended the wait, so both sides are polled a while longer.
+    let settle = std::time::Instant::now() + Duration::from_millis(100);
+    while std::time::Instant::now() < settle {
+        poll_both(p, |side, c| {
+            panic!("an extra completion {c:?} on side {side}")
+        })?;
+    }
     p.b.make_gpu_visible(&dst)?;
     p.a.make_gpu_visible(&src)?;
     let got = host_bytes(&dst);

@@ -6,7 +6,9 @@ use crate::{Completion, Error, Result, Transport};
 
 /// Poll `t` until `done` returns true for the completions seen so far, or `timeout` passes.
 ///
-/// `done` is called once per completion; an `Err` from it stops the wait.
+/// `done` is called once per completion; an `Err` from it stops the wait. Every completion
+/// polled reaches `done`: those that came in the same poll after the one that ended the wait
+/// too, so none is taken from the queue unseen.
 pub fn wait_for<T: Transport>(
     t: &mut T,
     what: &str,
@@ -19,7 +21,8 @@ pub fn wait_for<T: Transport>(
 /// Poll two endpoints in turn until `done` returns true, or `timeout` passes.
 ///
 /// Progress is manual on every backend, so a transfer between two endpoints driven from one
-/// thread must poll both. `done` gets the side (0 or 1) and the completion.
+/// thread must poll both. `done` gets the side (0 or 1) and the completion: every one polled,
+/// as in [`wait_for`].
 pub fn wait_pair<A: Transport, B: Transport>(
     a: &mut A,
     b: &mut B,
@@ -40,6 +43,9 @@ pub fn wait_pair<A: Transport, B: Transport>(
 /// The loop of both waits: poll each of `sides` in turn, hand `done` every completion. The
 /// deadline is checked on every turn, not only on empty ones: a backend that never stops
 /// returning completions (one it repeats, a flood of unexpected ones) must still end the wait.
+/// The rest of a poll's batch after the completion that ended the wait still goes to `done`
+/// (its answer no longer matters): dropped, a completion the caller did not expect (a second
+/// one for an operation, say) would pass unseen.
 fn wait_with(
     what: &str,
     timeout: Duration,
@@ -54,10 +60,12 @@ fn wait_with(
         for side in 0..sides {
             let n = poll(&mut buf, side)?;
             seen += n;
+            let mut finished = false;
             for c in &buf[..n] {
-                if done(side, c)? {
-                    return Ok(());
-                }
+                finished |= done(side, c)?;
+            }
+            if finished {
+                return Ok(());
             }
         }
         if start.elapsed() > timeout {
@@ -90,6 +98,24 @@ mod tests {
         });
         assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
         assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+
+    /// The completions polled with the one that ends the wait reach `done` too.
+    #[test]
+    fn the_rest_of_the_batch_is_not_dropped() {
+        let mut seen = Vec::new();
+        let poll = |buf: &mut [Completion], _| {
+            for (i, c) in buf[..3].iter_mut().enumerate() {
+                c.ctx = i as u64;
+            }
+            Ok(3)
+        };
+        let r = wait_with("three", Duration::from_secs(5), poll, 1, |_, c| {
+            seen.push(c.ctx);
+            Ok(c.ctx == 0)
+        });
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(seen, [0, 1, 2]);
     }
 
     /// `done` sees each side's completions with its side, and ends the wait.
