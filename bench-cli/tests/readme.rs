@@ -109,7 +109,7 @@ const ELSEWHERE: &[(&str, &str)] = &[
     ),
     ("ci/test.sh", ".ci/run runs ci/test.sh after ci/main.sh"),
     (
-        "ci/compare-ref.sh --rounds 3",
+        "ci/compare-ref.sh --rounds 6",
         "ci/test.sh's step `ci/compare-ref.sh --quick` runs every row (one round)",
     ),
     (
