@@ -174,13 +174,23 @@ fn efa_libfabric() -> Libfabric {
 }
 
 fn run(fx: &Fx, env: &[(&str, &str)], lf: Option<Libfabric>) -> Report {
+    run_on(fx, env, lf, None)
+}
+
+/// `run` with a topology (hwloc's, or one built for the test).
+fn run_on(
+    fx: &Fx,
+    env: &[(&str, &str)],
+    lf: Option<Libfabric>,
+    topology: Option<topo::Topology>,
+) -> Report {
     let r = doctor::run(&Inputs {
         root: fx.root.clone(),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        topology: None,
+        topology,
         libfabric: lf,
         probes: vec![],
     });
@@ -545,21 +555,10 @@ fn topology_gpus_of_unknown_numa_node_are_not_vouched_for() {
         );
         serde_json::from_str(&json).expect("topology JSON")
     };
-    let report = |t: topo::Topology| {
-        let r = doctor::run(&Inputs {
-            root: fx.root.clone(),
-            env: vec![],
-            topology: Some(t),
-            libfabric: None,
-            probes: vec![],
-        });
-        eprintln!("{}", doctor::render(&r));
-        r
-    };
-    let r = report(topology("null"));
+    let r = run_on(&fx, &[], None, Some(topology("null")));
     expect(&r, "numa.nic", Status::Skip);
     assert!(r.get("numa.nic").unwrap().summary.contains("unknown"));
-    let r = report(topology("0"));
+    let r = run_on(&fx, &[], None, Some(topology("0")));
     expect(&r, "numa.nic", Status::Ok);
     let s = &r.get("numa.nic").unwrap().summary;
     assert!(
@@ -904,14 +903,7 @@ fn p5_topology_from_hwloc_export() {
     }
     let fx = p5("p5-topo");
     let t = topo::from_xml(&xml).expect("p5 export loads");
-    let r = doctor::run(&Inputs {
-        root: fx.root.clone(),
-        env: vec![],
-        topology: Some(t),
-        libfabric: None,
-        probes: vec![],
-    });
-    eprintln!("{}", doctor::render(&r));
+    let r = run_on(&fx, &[], None, Some(t));
     expect(&r, "numa.nic", Status::Ok);
     assert!(r
         .get("numa.nic")
