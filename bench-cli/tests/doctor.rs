@@ -536,35 +536,105 @@ fn gpus_of_unknown_numa_node_are_not_vouched_for() {
     );
 }
 
+/// GPUs of known node whose NICs' nodes sysfs does not know: a NIC of unknown node may be
+/// on the GPU's node, so the GPU is not compared, where it read as far from every NIC.
+#[test]
+fn nics_of_unknown_numa_node_are_not_read_as_far() {
+    let fx = connectx("cx-nic-numa-unknown", OPEN_DRIVER);
+    // The NICs of NUMA 1 (GPUs 0000:60 and 0000:80) lose their node.
+    fx.file("/sys/bus/pci/devices/0000:61:00.0/numa_node", "-1");
+    fx.file("/sys/bus/pci/devices/0000:81:00.0/numa_node", "-1");
+    let r = run(&fx, &[], None);
+    expect(&r, "numa.nic", Status::Ok);
+    let s = &r.get("numa.nic").unwrap().summary;
+    assert!(
+        s.contains("2 of 4 GPU(s)")
+            && s.contains("not compared")
+            && s.contains("GPU 0000:60:00.0 (NUMA 1; a NIC's node unknown)")
+            && s.contains("GPU 0000:80:00.0"),
+        "{s}"
+    );
+    // Every NIC's node unknown: no GPU compared.
+    for g in 0..4usize {
+        fx.file(
+            &format!(
+                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
+                0x21 + g * 0x20
+            ),
+            "-1",
+        );
+    }
+    let r = run(&fx, &[], None);
+    expect(&r, "numa.nic", Status::Skip);
+    assert!(r
+        .get("numa.nic")
+        .unwrap()
+        .summary
+        .contains("no GPU's NUMA node could be compared"));
+    // A NIC's node known and far from a GPU with no unknown NIC left: still a warning.
+    for g in 0..4usize {
+        fx.file(
+            &format!(
+                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
+                0x21 + g * 0x20
+            ),
+            "0",
+        );
+    }
+    let r = run(&fx, &[], None);
+    expect(&r, "numa.nic", Status::Warn);
+}
+
 /// The same from a topology (hwloc): a GPU whose NUMA node the topology does not know had
 /// its NICs counted as on its node. Now every GPU unknown skips, and a partly known
 /// topology's Ok names the GPUs it did not compare.
 #[test]
 fn topology_gpus_of_unknown_numa_node_are_not_vouched_for() {
     let fx = connectx("cx-topo-numa-unknown", OPEN_DRIVER);
-    let topology = |numa0: &str| -> topo::Topology {
+    // The NUMA nodes of GPU 0, GPU 1, and the groups of mlx5_0 and mlx5_1.
+    let topology = |gpu0: &str, gpu1: &str, nic0: &str, nic1: &str| -> topo::Topology {
         let json = format!(
             r#"{{"gpus":[
-                {{"index":0,"pci":"0000:20:00.0","numa":{numa0},
+                {{"index":0,"pci":"0000:20:00.0","numa":{gpu0},
                   "nics":[{{"name":"mlx5_0","pci":"0000:21:00.0"}}],"cores":[0]}},
-                {{"index":1,"pci":"0000:40:00.0","numa":null,
+                {{"index":1,"pci":"0000:40:00.0","numa":{gpu1},
                   "nics":[{{"name":"mlx5_1","pci":"0000:41:00.0"}}],"cores":[1]}}],
               "unassigned_nics":[],
-              "numa_groups":[{{"numa":0,"nics":[{{"name":"mlx5_0","pci":"0000:21:00.0"}}],"cores":[0]}},
-                {{"numa":null,"nics":[{{"name":"mlx5_1","pci":"0000:41:00.0"}}],"cores":[0,1]}}]}}"#
+              "numa_groups":[{{"numa":{nic0},"nics":[{{"name":"mlx5_0","pci":"0000:21:00.0"}}],"cores":[0]}},
+                {{"numa":{nic1},"nics":[{{"name":"mlx5_1","pci":"0000:41:00.0"}}],"cores":[0,1]}}]}}"#
         );
         serde_json::from_str(&json).expect("topology JSON")
     };
-    let r = run_on(&fx, &[], None, Some(topology("null")));
+    let r = run_on(&fx, &[], None, Some(topology("null", "null", "0", "null")));
     expect(&r, "numa.nic", Status::Skip);
     assert!(r.get("numa.nic").unwrap().summary.contains("unknown"));
-    let r = run_on(&fx, &[], None, Some(topology("0")));
+    let r = run_on(&fx, &[], None, Some(topology("0", "null", "0", "null")));
     expect(&r, "numa.nic", Status::Ok);
     let s = &r.get("numa.nic").unwrap().summary;
     assert!(
-        s.contains("each of 1 GPU(s) of known NUMA node") && s.contains("not compared: GPU 1"),
+        s.contains("each of 1 GPU(s) compared")
+            && s.contains("not compared, a NUMA node unknown: GPU 1"),
         "{s}"
     );
+    // A GPU of known node whose NIC's node is unknown was read as crossing NUMA: it is not
+    // compared.
+    let r = run_on(&fx, &[], None, Some(topology("0", "1", "null", "1")));
+    expect(&r, "numa.nic", Status::Ok);
+    let s = &r.get("numa.nic").unwrap().summary;
+    assert!(
+        s.contains("each of 1 GPU(s) compared") && s.contains("GPU 0 (its NICs' node unknown)"),
+        "{s}"
+    );
+    let r = run_on(&fx, &[], None, Some(topology("0", "1", "null", "null")));
+    expect(&r, "numa.nic", Status::Skip);
+    // Known and on another node: still crossing.
+    let r = run_on(&fx, &[], None, Some(topology("0", "1", "1", "1")));
+    expect(&r, "numa.nic", Status::Warn);
+    assert!(r
+        .get("numa.nic")
+        .unwrap()
+        .summary
+        .contains("cross-NUMA NIC: GPU 0 (NUMA 0)"));
 }
 
 /// This kind of box: no GPU, no RDMA device, an 8 MiB memlock limit.

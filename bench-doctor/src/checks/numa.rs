@@ -36,6 +36,9 @@ pub(crate) fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
                     .and_then(|p| p.numa)
             })
             .collect();
+    // A NIC of unknown node may be on any GPU's node: a GPU with no NIC known to be on its
+    // node is then not compared, rather than called far.
+    let nic_unknown = nic_numa.contains(&None);
     let mut far = Vec::new();
     let mut unknown = Vec::new();
     for g in &gpus {
@@ -43,7 +46,12 @@ pub(crate) fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
             unknown.push(format!("GPU {}", g.addr));
             continue;
         };
-        if !nic_numa.contains(&Some(n)) {
+        if nic_numa.contains(&Some(n)) {
+            continue;
+        }
+        if nic_unknown {
+            unknown.push(format!("GPU {} (NUMA {n}; a NIC's node unknown)", g.addr));
+        } else {
             far.push(format!("GPU {} (NUMA {n})", g.addr));
         }
     }
@@ -53,9 +61,10 @@ pub(crate) fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
             "numa.nic",
             Status::Skip,
             format!(
-                "the NUMA node of every GPU is unknown (sysfs numa_node -1): a host of one NUMA \
-                 node, or firmware that names none ({} GPU(s))",
-                gpus.len()
+                "no GPU's NUMA node could be compared with its NICs', a node unknown (sysfs \
+                 numa_node -1 on the GPUs or NICs: a host of one NUMA node, or firmware that \
+                 names none): {}",
+                short_list(&unknown)
             ),
             Some("on a host of several sockets, check the BIOS's NUMA setting (and its ACPI SRAT); `rdma-bench topo` shows the layout"),
         )
@@ -63,13 +72,16 @@ pub(crate) fn numa(f: &Facts, topo: Option<&topo::Topology>) -> Vec<Check> {
         let of = if unknown.is_empty() {
             String::new()
         } else {
-            format!("; NUMA node unknown: {}", short_list(&unknown))
+            format!(
+                "; not compared, a NUMA node unknown: {}",
+                short_list(&unknown)
+            )
         };
         check_vec(
             "numa.nic",
             Status::Ok,
             format!(
-                "every GPU of known NUMA node has an RDMA NIC on it ({} of {} GPU(s), from \
+                "every GPU compared has an RDMA NIC on its NUMA node ({} of {} GPU(s), from \
                  sysfs{of})",
                 gpus.len() - unknown.len(),
                 gpus.len()
@@ -117,6 +129,12 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
             .iter()
             .filter(|n| nic_numa(&n.name) == g.numa)
             .count();
+        // None of its NICs known to be on its node, and one of unknown node: that one may
+        // be, so the GPU was not compared rather than crossing.
+        if same == 0 && g.nics.iter().any(|n| nic_numa(&n.name).is_none()) {
+            unknown.push(format!("GPU {} (its NICs' node unknown)", g.index));
+            continue;
+        }
         if same == 0 {
             cross.push(format!(
                 "GPU {} (NUMA {}) -> {}",
@@ -170,8 +188,9 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
             "numa.nic",
             Status::Skip,
             format!(
-                "the NUMA node of every GPU is unknown to the topology, so no NIC's node was \
-                 compared with it ({n} GPU(s), each with its nearest NIC(s), {per} per GPU)"
+                "no GPU's NUMA node could be compared with its NICs', a node unknown to the \
+                 topology ({n} GPU(s), each with its nearest NIC(s), {per} per GPU): {}",
+                short_list(&unknown)
             ),
             Some("on a host of several sockets, check the BIOS's NUMA setting (and its ACPI SRAT); `rdma-bench topo` shows the layout"),
         );
@@ -180,7 +199,7 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
         String::new()
     } else {
         format!(
-            "; NUMA node unknown, not compared: {}",
+            "; not compared, a NUMA node unknown: {}",
             short_list(&unknown)
         )
     };
@@ -188,8 +207,8 @@ fn numa_topo(f: &Facts, t: &topo::Topology) -> Check {
         "numa.nic",
         Status::Ok,
         format!(
-            "each of {} GPU(s) of known NUMA node has its nearest NIC(s) on that node ({per} per \
-             GPU, topo{of})",
+            "each of {} GPU(s) compared has its nearest NIC(s) on its NUMA node ({per} per GPU, \
+             topo{of})",
             n - unknown.len()
         ),
         None,
