@@ -46,7 +46,8 @@ vm_ours() {
       # As transport-ucx/compare.sh with PUT_IMM_EVERY=PLAIN_K (its default K is now up to
       # 4096: ci/suspect.sh's put_plan; this row keeps the plain rows' K): N puts, one in K
       # with the flush and the immediate (the clock stops at the last immediate), 32 in
-      # flight, N/10 warm-up puts.
+      # flight, N/10 warm-up puts rounded down to whole repeats of 64 (at least one), and
+      # ucx_perftest's -w the same puts.
       b="--backend ucx --provider rc_verbs,tcp" e0='env $U0 ' e1='env $U1 '
       ma="$ma --warmup $(( n / 640 > 1 ? n / 640 : 1 ))" ;;
   esac
@@ -80,7 +81,8 @@ vm_theirs() {
       # -e: peer error handling, ours' default; without it UCX 1.13 finds no transport to
       # wire rc_verbs up over ("no auxiliary transport").
       e0='env $U0 ' e1='env $U1 '
-      srv="ucx_perftest -t ucp_put_bw -e -s $b -n $n -w $(( n / 10 )) -f -p $port"
+      # -w: ours' warm-up puts, --warmup repeats of 64 (compare-ref-vm's ours)
+      srv="ucx_perftest -t ucp_put_bw -e -s $b -n $n -w $(( 64 * (n / 640 > 1 ? n / 640 : 1) )) -f -p $port"
       cli="$srv 10.99.0.1" ;;
   esac
   echo "echo \"\\\$ $e0$srv   # server, core 0; client, core 1: $e1$cli\" > $f.cmd"

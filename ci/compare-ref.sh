@@ -56,9 +56,10 @@
 #              (UCX_TLS=rc_verbs,tcp, UCX_NET_DEVICES rxe0:1,veth0 | rxe1:1,veth1), two
 #              processes each, mode plain only:
 #              rdma-bench server/client --backend ucx --provider rc_verbs,tcp --single-buffer
-#              --imm-every 64 --window 32 -s SIZE -n N/64 --warmup N/640 (N puts, one in 64
+#              --imm-every 64 --window 32 -s SIZE -n N/64 --warmup W/64 (W: N/10 puts in whole
+#              repeats of 64, at least one; N puts, one in 64
 #              with the flush and the immediate, the clock stopping at the last immediate)
-#              | ucx_perftest -t ucp_put_bw -e -s SIZE -n N -w N/10 (32 puts outstanding, the
+#              | ucx_perftest -t ucp_put_bw -e -s SIZE -n N -w W (ours' warm-up puts; 32 outstanding, the
 #              clock stopping after its final flush); -e is peer error handling, ours' default,
 #              without which UCX 1.13 cannot wire rc_verbs up ("no auxiliary transport"). UCX's
 #              own summary must show each tool's puts on rc_verbs, or that tool reads 0.

@@ -46,7 +46,8 @@
 #          in K puts, K up to 4096: ci/suspect.sh's put_plan; naming the
 #          region's memh, as the tag row's sends do) against
 #          ucx_perftest -t ucp_put_bw (one buffer each side, N puts, 32 outstanding: perftest's
-#          default window for this test; -w N/10 warm-up, ours --warmup the same puts);
+#          default window for this test; ours --warmup N/10 puts rounded down to whole
+#          repeats of K, perftest's -w the same puts: put_warm);
 #     tag  rdma-bench --workload send --single-buffer --window 32 against ucx_perftest -t
 #          tag_bw, whose window is 32 (ours SENDs are ucp_tag_send_nbx into ucp_tag_recv_nbx,
 #          naming the region's memh and memory type as perftest -z does:
@@ -187,7 +188,7 @@ bytes_of() {
 note() {  # ROW MEM: what each side does per iteration
   local m=; [ "$2" = cuda ] && m=" -m cuda"
   case $1 in
-    put) echo "ours: ucp_put_nbx from one SIZE buffer into one, naming the region's memh and memory type (as perftest -z; UCX_AB=1 runs both pairings), at most 32 outstanding (--window 32), n / 10 warm-up puts; every Kth put (K up to 4096: put_plan in ci/suspect.sh) is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate); the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_put_nbx from one buffer into one (without -z naming no memh: UCX registers the buffer per put), its default window for this test (32 outstanding), -w n / 10, clock stops after ucp_worker_flush" ;;
+    put) echo "ours: ucp_put_nbx from one SIZE buffer into one, naming the region's memh and memory type (as perftest -z; UCX_AB=1 runs both pairings), at most 32 outstanding (--window 32), n / 10 warm-up puts rounded down to whole repeats of K; every Kth put (K up to 4096: put_plan in ci/suspect.sh) is followed by ucp_ep_flush_nbx and a 4-byte active message (the immediate); the clock stops at the server's ack of the last immediate (to delivery) | ucx_perftest -t ucp_put_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_put_nbx from one buffer into one (without -z naming no memh: UCX registers the buffer per put), its default window for this test (32 outstanding), -w ours' warm-up puts, clock stops after ucp_worker_flush" ;;
     tag) echo "ours: ucp_tag_send_nbx of SIZE from one buffer into one posted ucp_tag_recv_nbx buffer (receives kept posted, 1024 deep up to 16 KiB and 256 from 64 KiB (16 MiB of receives between), credits back every quarter of that: an 8-byte WRITE with immediate, one active message), at most 32 sends in flight (--window 32), both naming the region's memh and memory type (UCP_OP_ATTR_FIELD_MEMH, as perftest -z); the receiver acknowledges once at the end | ucx_perftest -t tag_bw$m ${UCX_PERFTEST_OPTS:-}: ucp_tag_send_nbx into ucp_tag_recv_nbx, one buffer each side, up to 32 sends outstanding; its clock stops at the receiver's 1-byte ack" ;;
     lat) echo "ours: ucp_tag_send_nbx ping-pong (--op send), each side has the message before it answers, two receives kept posted (each re-posted while a message is in flight), one clock read per round trip; one-way = total / iters / 2 | ucx_perftest -t tag_lat$m: tag ping-pong, overall latency (half a round trip)" ;;
   esac
@@ -339,12 +340,13 @@ run() {
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
     case $row in
-      # perftest's window (ucp_put_bw: 32 puts outstanding) and warm-up (-w: n / 10 puts;
-      # ours' --warmup counts repeats of K puts, each ending with the immediate: put_plan).
+      # perftest's window (ucp_put_bw: 32 puts outstanding) and warm-up (-w: ours' warm-up
+      # puts, put_warm; ours' --warmup counts repeats of K puts, each ending with the
+      # immediate: put_plan).
       put) local plan; read -ra plan <<< "$(put_plan "$n")"
         args=(--workload write --single-buffer "${plan[@]}" --window 32 -s "$size" --no-verify) ;;
-      # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
-      # depth (send_warmup).
+      # Warm-up as perftest's -w: --warmup counts repeats of the receive depth (send_warmup);
+      # perftest's -w is the same messages (send_warm).
       tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
             --warmup "$(send_warmup "$n" "$b")") ;;
       lat) n=$(lat_n "$b" "$mem")
@@ -384,8 +386,14 @@ run() {
     local row=$1 size=$2 mem=$3 b n t iters buf=${5:-${PERFTEST_BUF:-written}}
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
     port=$((port + 3))
-    case $row in put) t=ucp_put_bw; iters=$n ;; tag) t=tag_bw; iters=$n ;; lat) t=tag_lat; iters=$(lat_n "$b" "$mem") ;; esac
-    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w $((iters / 10)) -m "$mem" -p "$port" -f ${UCX_PERFTEST_OPTS:-} ${4:-})
+    # -w: ours' warm-up (put_warm, send_warm: n / 10 rounded down to whole repeats).
+    local w
+    case $row in
+      put) t=ucp_put_bw; iters=$n; w=$(put_warm "$n") ;;
+      tag) t=tag_bw; iters=$n; w=$(send_warm "$n" "$b") ;;
+      lat) t=tag_lat; iters=$(lat_n "$b" "$mem"); w=$((iters / 10)) ;;
+    esac
+    local cmd=("$perf" -t "$t" -s "$b" -n "$iters" -w "$w" -m "$mem" -p "$port" -f ${UCX_PERFTEST_OPTS:-} ${4:-})
     # Host buffers from the heap, as ours: perftest's default host buffers are UCX's own
     # shared-memory segments (UCX_ALLOC_PRIO's md:sysv first), which its peer maps, so a put
     # is one memcpy (docs/measurements.md, "UCX backend against ucx_perftest").

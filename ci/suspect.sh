@@ -150,12 +150,20 @@ put_plan() {
   echo "--imm-every $k -n $((n / k)) --warmup $((w > 1 ? w : 1))"
 }
 
+# put_warm N: the puts of put_plan's warm-up (WARMUP repeats of K), which the scripts pass
+# as ucx_perftest's -w beside it: N/10 rounded down to a whole repeat (1024 at N = 16384,
+# where perftest's own N/10 is 1638), so both tools warm up with the same puts.
+put_warm() { local k w; read -r _ k _ _ _ w <<< "$(put_plan "$1")"; echo $((k * w)); }
+
 # send_warmup N SIZE: ours' --warmup for a send run of N messages of SIZE bytes whose warm-up
 # is perftest's -w, N / 10 messages (at least one repeat): --warmup counts repeats of the
 # receive depth, the rule of recv_depth in bench-core/src/workload/send.rs (16 MiB of
 # receives, between 256 and 1024; the UCX backend's receive queue holds 1024).
 send_depth() { local d=$((16777216 / $1)); echo $((d < 256 ? 256 : d > 1024 ? 1024 : d)); }
 send_warmup() { local w=$(($1 / 10 / $(send_depth "$2"))); echo $((w > 1 ? w : 1)); }
+# send_warm N SIZE: the messages of that warm-up (repeats x depth), ucx_perftest's -w beside
+# it: 25600 at 4 KiB and N = 262144, 256 at 1 MiB and N = 1024 (perftest's own N/10: 102).
+send_warm() { echo $(($(send_warmup "$1" "$2") * $(send_depth "$2"))); }
 
 # pin_sides: sets PIN_SRV and PIN_CLI, the prefixes that put a comparison's server and client
 # each on a core of its own, the same for both tools, and PIN_CORES ("server,client", or
@@ -254,6 +262,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   got="$(send_warmup 262144 4096)/$(send_warmup 16384 65536)/$(send_warmup 1024 1048576)"
   got+="/$(send_warmup 1000 4096)/$(send_depth 32768)"
   [ "$got" = "25/6/1/1/512" ] || { echo "send_warmup: $got, want 25/6/1/1/512" >&2; bad=1; }
+  got="$(put_warm 1048576)/$(put_warm 262144)/$(put_warm 16384)/$(put_warm 5)"
+  got+="/$(send_warm 262144 4096)/$(send_warm 16384 65536)/$(send_warm 1024 1048576)"
+  want="102400/24576/1024/1/25600/1536/256"
+  [ "$got" = "$want" ] || { echo "put_warm/send_warm: $got, want $want" >&2; bad=1; }
   got=$(CORES=0,1 pin_sides; echo "${PIN_SRV[*]}/${PIN_CLI[*]}/$PIN_CORES")
   got+="|$(CORES=none pin_sides; echo "${#PIN_SRV[@]}${#PIN_CLI[@]}/$PIN_CORES")"
   want="taskset -c 0/taskset -c 1/0,1|00/none"
@@ -264,6 +276,6 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
       echo "$f: takes a number for the row's name, or refuses a row named tag" >&2; bad=1
     fi
   done
-  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 14 cases (a median as well as a best-of), ratio in 4, round_trips in 4, median in 4, interval in 7, adjusted in 4, round_ratios, one_figure and above in 5, the two parsers in 3, put_plan in 5, send_warmup in 5, pin_sides in 2; above, interval, adjusted and suspect refuse a number for the row's name"
+  [ $bad = 0 ] && echo "suspect: the 1.5x rule holds in 14 cases (a median as well as a best-of), ratio in 4, round_trips in 4, median in 4, interval in 7, adjusted in 4, round_ratios, one_figure and above in 5, the two parsers in 3, put_plan in 5, send_warmup in 5, put_warm and send_warm in 7, pin_sides in 2; above, interval, adjusted and suspect refuse a number for the row's name"
   exit $bad
 fi

@@ -20,7 +20,8 @@
 #           that), at most 32 sends posted and not yet reported complete (an
 #           immediately completed one counts until the next poll reports it); the clock stops
 #           at the receiver's acknowledgement after the last message.
-#      perftest -t tag_bw -s SIZE -n N -w N/10: ucp_tag_send_nbx with up to 32 sends
+#      perftest -t tag_bw -s SIZE -n N -w W (ours' warm-up messages: N/10 rounded down to
+#           whole repeats of the receive depth, at least one: send_warm; lat: -w N/10): ucp_tag_send_nbx with up to 32 sends
 #           outstanding (immediately completed ones not counted), the receiver posts up to 32
 #           receives; from UCX 1.18 its clock stops when the receiver's 1-byte ack (a tag
 #           send) arrived. Before 1.18 (Debian's 1.13.1, this box's rows) there is no ack
@@ -123,15 +124,17 @@ iters() { # ROW SIZE
 theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_TIME only)
   local row=$1 tls=$2 size=$3 n t; n=$(iters "$row" "$size")
   [ "$row" = lat ] && t=tag_lat || t=tag_bw
+  # Ours' warm-up: n / 10 round trips (lat); whole repeats of the receive depth (tag).
+  local w=$((n / 10)); [ "$row" = lat ] || w=$(send_warm "$n" "$size")
   PORT=$((PORT + 1))
   local env=(UCX_TLS="$tls" UCX_NET_DEVICES=lo UCX_ALLOC_PRIO=heap "${PRELOAD[@]}")
   env "${env[@]}" timeout 120 "${PIN_SRV[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
-    -w $((n / 10)) -p $PORT -f > "$OUT/tsrv" 2>&1 &
+    -w "$w" -p $PORT -f > "$OUT/tsrv" 2>&1 &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   # Final line: iters, lat 50%, lat avg, lat overall (us), bw avg, overall (MB/s), rates.
   env "${env[@]}" timeout 120 "${PIN_CLI[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
-    -w $((n / 10)) -p $PORT -f 127.0.0.1 > "$OUT/tcli" 2>&1 || true
+    -w "$w" -p $PORT -f 127.0.0.1 > "$OUT/tcli" 2>&1 || true
   wait "$srv" || true
   keep_reacts "$row" "$OUT/rt" "$OUT/tsrv" "$OUT/tcli"
   if [ "$PERFTEST_BUF" = written ] && ! grep -qE '^perftest-written: [0-9]+ bytes at .* \(placed\)' "$OUT/tcli" "$OUT/tsrv"; then
@@ -152,8 +155,9 @@ ours() { # ROW TLS SIZE -> "value median speed", as theirs
   local common=(--backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off)
   local place=(--buf-offset "$BUF_OFFSET")
   case $row in
-    # Warm-up as perftest's -w (n / 10 messages): --warmup counts repeats of the receive
-    # depth (send_warmup).
+    # Warm-up as perftest's -w: --warmup counts repeats of the receive depth (send_warmup),
+    # n / 10 messages in whole repeats, at least one; perftest's -w is the same count
+    # (send_warm).
     tag) args=(--workload send --single-buffer --window 32 -s "$size" -n "$n" --no-verify
           --warmup "$(send_warmup "$n" "$size")") ;;
     lat) args=(--workload lat --op send -s "$size" -n "$n" --warmup $((n / 10))) ;;

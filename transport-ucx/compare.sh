@@ -7,14 +7,15 @@
 #
 # ours:  rdma-bench server/client --backend ucx --provider TLS --single-buffer --imm-every K
 #        --window 32 -s SIZE -n N/K --warmup W (ci/suspect.sh's put_plan: K up to 4096, W
-#        repeats about N/10 puts; N/K rounded down where K does not divide N): N puts, one in
+#        repeats of K, N/10 puts rounded down to whole repeats (put_warm); N/K rounded down
+#        where K does not divide N): N puts, one in
 #        K followed by the flush and the immediate (every figure to delivery: the clock stops
-#        at the last immediate), at most 32 outstanding and N/10 warm-up puts, as perftest;
+#        at the last immediate), at most 32 outstanding and W x K warm-up puts, as perftest;
 #        no peer error handling (--nic-opt peer_errors=off), as perftest without -e (the
 #        backend's default, auto, is on over tcp). PUT_IMM_EVERY=64 gives the plan this
 #        script had before 2026-12-03 (one immediate in 64, which holds ours to 1 MiB in
 #        flight at 4 KiB: put_plan says why).
-# ucx_perftest -t ucp_put_bw -s SIZE -n N -w N/10 (its window: -O 0, that is this test's
+# ucx_perftest -t ucp_put_bw -s SIZE -n N -w W*K, ours' warm-up puts (its window: -O 0, that is this test's
 # default, 32 puts outstanding), twice for shared memory: with its own buffers (ucp_mem_map
 # allocates them by UCX_ALLOC_PRIO, first md:sysv: shared memory the peer attaches, so a put
 # is one memcpy by the initiator into the target's buffer, uct_sm_ep_put_short/bcopy, the
@@ -79,11 +80,11 @@ perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3 bw; shift 3
   PORT=$((PORT + 1))
   env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "${PIN_SRV[@]}" "$PERFTEST" -t ucp_put_bw -s "$size" \
-    -n "$n" -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
+    -n "$n" -w "$(put_warm "$n")" -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
   local srv=$!
   wait_listening "$PORT" 30 || true  # past that the client runs anyway, and reports
   env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "${PIN_CLI[@]}" "$PERFTEST" -t ucp_put_bw -s "$size" \
-    -n "$n" -w $((n / 10)) -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
+    -n "$n" -w "$(put_warm "$n")" -p "$PORT" -f ${PERFTEST_OPTS:-} 127.0.0.1 >"$ERR/out" 2>"$ERR/cli" || true
   bw=$(ucx_perftest_gbps "$ERR/out")
   wait "$srv" || true
   # A heap run that the shim did not write and place compared against the zero page, or
