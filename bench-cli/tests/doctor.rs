@@ -508,20 +508,25 @@ fn connectx_with_open_modules_uses_dmabuf() {
     assert_eq!(r.exit_code, 1);
 }
 
+/// Sets sysfs's numa_node of connectx's four GPUs (FIRST 0x20) or four NICs (0x21) to NODE.
+fn set_numa_nodes(fx: &Fx, first: usize, node: &str) {
+    for g in 0..4usize {
+        fx.file(
+            &format!(
+                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
+                first + g * 0x20
+            ),
+            node,
+        );
+    }
+}
+
 /// GPUs whose NUMA node sysfs does not know (-1, as with NUMA off in the BIOS): nothing is
 /// compared, so the check skips and says why instead of vouching for the placement.
 #[test]
 fn gpus_of_unknown_numa_node_are_not_vouched_for() {
     let fx = connectx("cx-numa-unknown", OPEN_DRIVER);
-    for g in 0..4usize {
-        fx.file(
-            &format!(
-                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
-                0x20 + g * 0x20
-            ),
-            "-1",
-        );
-    }
+    set_numa_nodes(&fx, 0x20, "-1");
     let r = run(&fx, &[], None);
     expect(&r, "numa.nic", Status::Skip);
     assert!(r.get("numa.nic").unwrap().summary.contains("unknown"));
@@ -555,15 +560,7 @@ fn nics_of_unknown_numa_node_are_not_read_as_far() {
         "{s}"
     );
     // Every NIC's node unknown: no GPU compared.
-    for g in 0..4usize {
-        fx.file(
-            &format!(
-                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
-                0x21 + g * 0x20
-            ),
-            "-1",
-        );
-    }
+    set_numa_nodes(&fx, 0x21, "-1");
     let r = run(&fx, &[], None);
     expect(&r, "numa.nic", Status::Skip);
     assert!(r
@@ -572,15 +569,7 @@ fn nics_of_unknown_numa_node_are_not_read_as_far() {
         .summary
         .contains("no GPU's NUMA node could be compared"));
     // A NIC's node known and far from a GPU with no unknown NIC left: still a warning.
-    for g in 0..4usize {
-        fx.file(
-            &format!(
-                "/sys/bus/pci/devices/0000:{:02x}:00.0/numa_node",
-                0x21 + g * 0x20
-            ),
-            "0",
-        );
-    }
+    set_numa_nodes(&fx, 0x21, "0");
     let r = run(&fx, &[], None);
     expect(&r, "numa.nic", Status::Warn);
 }
