@@ -46,10 +46,11 @@ vm_ours() {
       # As transport-ucx/compare.sh with PUT_IMM_EVERY=PLAIN_K (its default K is now up to
       # 4096: ci/suspect.sh's put_plan; this row keeps the plain rows' K): N puts, one in K
       # with the flush and the immediate (the clock stops at the last immediate), 32 in
-      # flight, N/10 warm-up puts rounded down to whole repeats of 64 (at least one), and
-      # ucx_perftest's -w the same puts.
+      # flight, N/10 warm-up puts rounded down to whole repeats of K (at least one: put_plan's
+      # warm-up), and ucx_perftest's -w the same puts (put_warm, in vm_theirs).
       b="--backend ucx --provider rc_verbs,tcp" e0='env $U0 ' e1='env $U1 '
-      ma="$ma --warmup $(( n / 640 > 1 ? n / 640 : 1 ))" ;;
+      local plan; read -ra plan <<< "$(PUT_IMM_EVERY=$pk put_plan "$n")"
+      ma="$ma ${plan[*]: -2}" ;;
   esac
   echo "echo \"\\\$ ${e0}rdma-bench server $b $d0   # the writer, core 1; client, core 0: ${e1}rdma-bench client $b $d1 $ma\" > $f.cmd"
   echo "${e0}timeout 600 taskset -c 1 ./bin/rdma-bench server $b $d0 --listen 10.99.0.1:$port --sessions 1 > $f.srv 2>&1 &"
@@ -81,8 +82,8 @@ vm_theirs() {
       # -e: peer error handling, ours' default; without it UCX 1.13 finds no transport to
       # wire rc_verbs up over ("no auxiliary transport").
       e0='env $U0 ' e1='env $U1 '
-      # -w: ours' warm-up puts, --warmup repeats of 64 (compare-ref-vm's ours)
-      srv="ucx_perftest -t ucp_put_bw -e -s $b -n $n -w $(( 64 * (n / 640 > 1 ? n / 640 : 1) )) -f -p $port"
+      # -w: ours' warm-up puts (vm_ours: put_plan's warm-up at K = PLAIN_K)
+      srv="ucx_perftest -t ucp_put_bw -e -s $b -n $n -w $(PUT_IMM_EVERY=$PLAIN_K put_warm "$n") -f -p $port"
       cli="$srv 10.99.0.1" ;;
   esac
   echo "echo \"\\\$ $e0$srv   # server, core 0; client, core 1: $e1$cli\" > $f.cmd"
