@@ -190,7 +190,6 @@ if [ $LADDER = 1 ]; then
   done
   exit 0
 fi
-PORT=$((20000 + RANDOM % 20000))
 
 # ops SIZE: the operations every run of a row moves, ours and theirs alike (BYTES / SIZE, at
 # least 128)
@@ -243,7 +242,7 @@ ours() {
   else
     args+=(-n "$n"); ops_asked=$n
   fi
-  PORT=$((PORT + 3))
+  PORT=$(free_port) || { fail "no free port"; return; }
   echo "$RB server ${sargs[*]} --listen 127.0.0.1:$PORT --sessions 1   # client: $RB client --connect 127.0.0.1:$PORT ${args[*]}" > "$OUT/cmd"
   "${PRIO[@]}" timeout 120 "$RB" server "${sargs[@]}" --listen "127.0.0.1:$PORT" --sessions 1 \
     > "$OUT/ours.srv" 2>&1 &
@@ -270,7 +269,7 @@ ours() {
 theirs() {
   local row=$1 size=$2 b n tool
   b=$(bytes_of "$size"); n=$(ops "$size")
-  PORT=$((PORT + 3))
+  PORT=$(free_port 3) || { fail "no free port"; return; }
   # -w W: a warm-up of one whole window, which the tools drain before their clock starts.
   # Their default, 10, leaves 10 warm-up operations in flight when the clock starts (1.17's
   # loops, and 2.x's send loop): their first timed window completes them too, so the figure

@@ -174,7 +174,7 @@ run() {
   export PATH=$LF/bin:$PATH
   export FI_EFA_ENABLE_SHM_TRANSFER=0
   ! command -v nvidia-smi >/dev/null || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
-  local passed=0 failed=0 port=$((20000 + RANDOM % 20000))
+  local passed=0 failed=0
   pass() { passed=$((passed + 1)); echo "efasim: PASS $*"; }
   fail() { failed=$((failed + 1)); echo "efasim: FAIL $*"; }
   # gpu_counts CHECK STATS: the simulator moved GPU bytes both ways in this check.
@@ -257,7 +257,8 @@ run() {
   if [[ ,$checks, == *,twoproc,* ]]; then
     # Two processes on two simulated p5s (EFA_SIM_HOST), the server taking the client's
     # GPU memory, layout and NICs; the client verifies every byte by default.
-    local st=$run/twoproc.stats out=$run/twoproc.out p=$((port + 7))
+    local st=$run/twoproc.stats out=$run/twoproc.out p
+    p=$(free_port) || { fail "twoproc: no free port"; p=1; }
     log "twoproc: rdma-bench server (host 0) + client (host 1) --mem $mem"
     EFA_SIM_STATS=$st EFA_SIM_HOST=0 FI_LOG_LEVEL=warn timeout 300 "$rb" server \
       --listen 127.0.0.1:$p --provider efa --sessions 1 > "$run/server.out" 2>&1 &
@@ -291,7 +292,7 @@ run() {
     # fabtests' own FI_HMEM path: the provider registers their cudaMalloc'd buffers itself
     # (dmabuf first, as on a p5); -v checks the data; server and client are processes of
     # their own, -E exchanges addresses over TCP on this host.
-    local t st cmd p=$((port + 20)) crc src
+    local t st cmd p crc src
     # The last one with dmabuf off: the provider registers GPU memory by address
     # (ibv_reg_mr on the device pointer, nvidia-peermem's path on a p5).
     for t in "fi_rma_bw -D cuda -o write -I 10 -W 8 -S all -v" \
@@ -301,7 +302,7 @@ run() {
              "FI_HMEM_CUDA_USE_DMABUF=0 fi_rma_bw -D cuda -o write -I 10 -W 8 -S all -v"; do
       [ $gpu = 1 ] || t=${t//-D cuda /}
       read -r -a cmd <<< "env $t"
-      st=$run/ft.stats; rm -f "$st"; p=$((p + 1))
+      st=$run/ft.stats; rm -f "$st"; p=$(free_port) || { fail "fabtests: no free port"; continue; }
       EFA_SIM_STATS=$st FI_LOG_LEVEL=warn timeout 240 "${cmd[@]}" -p efa -E=$p > "$run/ft.server" 2>&1 &
       local spid=$!
       # The server's out-of-band socket (-E) is up once it listens: no fixed sleep.

@@ -213,11 +213,11 @@ unpack() {  # the wheel's UCX into CARRY/build/ucx (once per ucx.tar.xz); prints
 # active messages: into GPU memory a rendezvous, from GPU memory an eager message that UCX
 # packs with cuda_copy. Needs LD_LIBRARY_PATH set (run does it).
 mixed() {
-  local rb=$1 tls_list=$2 out=$3 port=$((20000 + RANDOM % 20000)) status=0 tls sm cm w extra
+  local rb=$1 tls_list=$2 out=$3 port status=0 tls sm cm w extra
   for tls in $tls_list; do
     extra=(); [[ $tls == *tcp* ]] || extra=(--nic-opt peer_errors=off)
     for pair in host,cuda cuda,host; do
-      sm=${pair%,*}; cm=${pair#*,}; port=$((port + 3))
+      sm=${pair%,*}; cm=${pair#*,}; port=$(free_port)
       log "mixed memory over $tls: server $sm memory, client $cm memory, every byte verified"
       timeout 180 "$rb" server --listen 127.0.0.1:$port --backend ucx --provider "$tls" \
         "${extra[@]}" --mem "$sm" --sessions 2 > "$out/srv" 2>&1 &
@@ -256,14 +256,14 @@ run() {
   IFS=, read -r -a memv <<< "$mems"
   local tls=${UCX_STEP_TLS:-sm,cuda_copy,cuda_ipc,self}
   local common=(--backend ucx --provider "$tls" --nic-opt peer_errors=off ${UCX_OURS_OPTS:-})
-  local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
+  local port out; out=$(mktemp -d)
   local pin_srv=() pin_cli=()
   pin_sides; pin_srv=("${PIN_SRV[@]}") pin_cli=("${PIN_CLI[@]}")
 
   # Two processes, every byte verified (the client verifies by default).
   for mem in "${memv[@]}"; do
     log "rdma-bench-ucx server/client, TLS=$tls, $mem memory, every byte verified"
-    port=$((port + 3))
+    port=$(free_port)
     timeout 120 "$rb" server --listen 127.0.0.1:$port "${common[@]}" --mem "$mem" \
       --sessions 1 > "$out/srv" 2>&1 &
     local spid=$!
@@ -338,7 +338,7 @@ run() {
       else more+=("${flags[f]}"); fi
     done
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
-    port=$((port + 3))
+    port=$(free_port)
     case $row in
       # perftest's window (ucp_put_bw: 32 puts outstanding) and warm-up (-w: ours' warm-up
       # puts, put_warm; ours' --warmup counts repeats of K puts, each ending with the
@@ -385,7 +385,7 @@ run() {
   theirs() {  # ROW SIZE MEM [PERFTEST FLAGS [written|untouched]]
     local row=$1 size=$2 mem=$3 b n t iters buf=${5:-${PERFTEST_BUF:-written}}
     b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 128 ] || n=128
-    port=$((port + 3))
+    port=$(free_port)
     # -w: ours' warm-up (put_warm, send_warm: n / 10 rounded down to whole repeats).
     local w
     case $row in

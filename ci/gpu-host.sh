@@ -288,10 +288,10 @@ run() {
     # The README's two-node recipe: a server with no layout flags takes the client's GPU
     # memory; the client verifies by default.
     log "two processes (server, client), shm, GPU memory, every byte verified"
-    local port=$((20000 + RANDOM % 20000)) cs; cs=$(mktemp)
+    local port cs; cs=$(mktemp); port=$(free_port) || status=1
     timeout 120 "$RB" server --listen 127.0.0.1:$port --provider shm --sessions 1 >&2 &
     local spid=$!
-    sleep 1
+    wait_listening "$port" 30 || true  # past that the client runs anyway, and fails
     timeout 120 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda \
       --sizes 4K,64K,1M,16M --pages 16 | tee "$cs" >&2 || status=1
     grep -q "cuda memory.*every byte verified\|GPU memory.*every byte verified" "$cs" ||
@@ -299,10 +299,10 @@ run() {
     rm -f "$cs"
     wait $spid || true
     log "two processes: the ladder with 4 NICs per GPU (CUDA IPC)"
-    port=$((port + 5))
+    port=$(free_port) || status=1
     timeout 300 "$RB" server --listen 127.0.0.1:$port --provider shm --mem cuda --nics-per-gpu 4 >&2 &
     spid=$!
-    sleep 1
+    wait_listening "$port" 30 || true
     timeout 290 "$RB" client --connect 127.0.0.1:$port --provider shm --mem cuda --ladder \
       --nics-per-gpu 4 --no-verify -n 100 --rounds 3 >&2 || status=1
     kill $spid 2>/dev/null; wait $spid 2>/dev/null || true
@@ -418,7 +418,7 @@ run() {
 
   if [[ ,$steps, == *,table,* ]]; then
     local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))} lat_iters=${LAT_ITERS:-2000}
-    local port=$((20000 + RANDOM % 20000)) out; out=$(mktemp -d)
+    local port out; out=$(mktemp -d)
     local mem dev=() pin_srv=() pin_cli=() ftw=${FT_WINDOW:-64}
     # Each side of every run, ours and theirs, on a core of its own (CORES=server,client;
     # CORES=none: wherever the scheduler puts them). Unpinned, two busy-polling processes
@@ -431,7 +431,7 @@ run() {
     ours() {
       local row=$1 size=$2 b n args
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
-      port=$((port + 3))
+      port=$(free_port) || { log "no free port"; return 1; }
       case $row in
         # Above 4 KiB, 64 pages: fi_rma_bw -W 64's footprint (64 source and 64 target slots);
         # one source and one target buffer stayed in cache and read 2.7x fi_rma_bw at 1 MiB
@@ -477,7 +477,7 @@ run() {
     theirs() {
       local row=$1 size=$2 b n tool
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
-      port=$((port + 3))
+      port=$(free_port 3) || { log "no free port"; return 1; }
       case $row in
         # -w W: the warm-up one whole window, drained before the clock starts (the default
         # 10 leaves 10 warm-up sends in flight into fi_rdm_tagged_bw's first timed window)

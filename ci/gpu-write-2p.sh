@@ -33,6 +33,7 @@
 # that it copied GPU memory through host memory where CUDA IPC was asked fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source ci/listening.sh
 RB=${RB:-gpu-carry/bin/rdma-bench}
 cuda=${CUDA:-/usr/local/cuda}
 export LD_LIBRARY_PATH=$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -42,7 +43,7 @@ log() { echo "gpu-write-2p: $*" >&2; }
 status=0
 for mem in ${MEMS:-host cuda}; do
   mem=${mem//,/}
-  port=$((20000 + RANDOM % 20000))
+  port=$(free_port) || { log "no free port"; exit 1; }
   srvlog=$(mktemp); out=$(mktemp)
   read -r -a sargs <<< "${SERVER_ARGS:-}"
   cextra=()
@@ -56,6 +57,7 @@ for mem in ${MEMS:-host cuda}; do
   FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn} "$RB" server "${bargs[@]}" --listen "127.0.0.1:$port" --sessions 1 \
     ${sargs[@]+"${sargs[@]}"} >/dev/null 2>"$srvlog" &
   srv=$!
+  wait_listening "$port" 30 || true  # past that the client runs anyway, and fails
   echo; echo "== issue 27: gpu-write, two processes (${bargs[*]}), --producer ${PRODUCER:-cuda}, $mem memory"
   echo "   $RB server ${bargs[*]} --listen 127.0.0.1:$port --sessions 1 ${sargs[*]+${sargs[*]}}"
   echo "   $RB client --connect 127.0.0.1:$port ${bargs[*]} --mem $mem --workload gpu-write --producer ${PRODUCER:-cuda} ${args[*]} ${cextra[*]+${cextra[*]}}"

@@ -140,16 +140,8 @@ trap 'exit 130' INT TERM
 # 911426). The processes' own timeouts run on the monotonic clock, as mono_ms does.
 now_ms() { local t=${EPOCHREALTIME/./}; echo $(( t / 1000 )); }
 mono_ms() { local u _; read -r u _ </proc/uptime; u=${u/./}; echo $(( 10#$u * 10 )); }
-# A port nothing listens on, below the kernel's ephemeral range (a port that a connection of
-# anyone's uses as its local end cannot be bound either); nothing but bash needed.
-EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-free_port() {
-  local p
-  while :; do
-    p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-}
+# free_port: a port no socket holds, below the kernel's ephemeral range.
+source ci/listening.sh
 log() { echo "kill-soak: $*" >&2; }
 # A provider's own abort (UCX's ucs_fatal): its status may be 1 (libinfinipath's handler).
 ABORTED='Fatal: |==== backtrace|Caught signal'

@@ -41,7 +41,7 @@ want() { [ -z "${LAUNCHERS_ONLY:-}" ] || [ "$LAUNCHERS_ONLY" = "$1" ]; }
 case ${LAUNCHERS_ONLY:-} in ""|mpi|kill|slurm) ;;
   *) echo "launchers-test: LAUNCHERS_ONLY=$LAUNCHERS_ONLY: no such part (mpi, kill, slurm); nothing ran" >&2; exit 2 ;;
 esac
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source ci/listening.sh  # free_port: a port no socket holds, below the ephemeral range
 export FI_TCP_IFACE=lo
 
 # ---- 1. Open MPI ---------------------------------------------------------------------------
@@ -119,7 +119,7 @@ dd if=/dev/urandom of="$S/munge/key" bs=1024 count=1 status=none; chmod 400 "$S/
 munged --force -S "$S/munge/sock" --key-file "$S/munge/key" --pid-file "$S/munge/pid" \
   --log-file "$S/munge/log" --seed-file "$S/munge/seed" || fail "munged did not start"
 PIDS+=("$(cat "$S/munge/pid")")
-CPORT=$(free_port); DPORT=$(free_port)
+CPORT=$(free_port 2); DPORT=$((CPORT + 1))
 cat > "$S/slurm.conf" <<EOF
 ClusterName=rdmabench
 SlurmctldHost=localhost(127.0.0.1)

@@ -114,6 +114,7 @@ compare_quick() {
 step "ci/compare-ref.sh --quick (smoke: every host row runs on both sides)" compare_quick
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 step "the compare scripts' 1.5x suspect rule (ci/suspect.sh)" bash ci/suspect.sh
+step "free_port passes over ports that sockets hold, in any state (ci/listening-test.sh)" bash ci/listening-test.sh
 step "the UCX comparisons' shims: placed and written buffers, ucp-time on ucx_perftest and rdma-bench (transport-ucx/shims-test.sh)" \
   env RDMA_BENCH="${CARGO_TARGET_DIR:-target}/debug/rdma-bench" transport-ucx/shims-test.sh
 

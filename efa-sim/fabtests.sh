@@ -10,7 +10,8 @@
 # where the test's traffic needs receives (not the RMA tests), and over the whole run.
 set -uo pipefail
 LIMIT=${FABTESTS_TIMEOUT:-120}
-PORT=${FABTESTS_PORT:-$((20000 + RANDOM % 20000))}
+# Each pair's out-of-band port is one that no socket holds (free_port).
+source "$(dirname "$0")/../ci/listening.sh"
 if [ $# -eq 0 ]; then
   set -- "fi_rdm_pingpong -I 100 -S all -v" \
          "fi_rdm_tagged_bw -I 20 -W 8 -S all -v" \
@@ -24,7 +25,7 @@ ALL=$(mktemp)
 trap 'rm -f "$ALL"' EXIT
 failed=0 passed=0
 for t in "$@"; do
-  PORT=$((PORT + 1))
+  PORT=$(free_port) || { echo "fabtests.sh: no free port" >&2; exit 1; }
   # -E: out-of-band address exchange over a TCP socket on this host (EFA addresses are
   # not host names). -p efa: the efa provider only.
   read -r -a cmd <<< "$t"
@@ -36,7 +37,7 @@ for t in "$@"; do
   case $t in fi_rma_bw*) ;; *) [ "${EFA_SIM_RNR_PERMILLE:-0}" -gt 0 ] && knobs+=(rnr_permille) ;; esac
   timeout "$LIMIT" "${cmd[@]}" -p efa -E="$PORT" >"$out.server" 2>&1 &
   server=$!
-  sleep 1
+  wait_listening "$PORT" 30 || true  # past that the client runs anyway, and fails
   timeout "$LIMIT" "${cmd[@]}" -p efa -E="$PORT" 127.0.0.1 >"$out.client" 2>&1
   crc=$?
   wait $server

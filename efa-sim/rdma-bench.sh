@@ -44,7 +44,7 @@ counter() {
   awk -v k="$1" '$1 == "efa-sim" && $2 == "stats" { for (i = 3; i <= NF; i++) { split($i, kv, "=")
     if (kv[1] == k) { n = split(kv[2], se, ":"); s += se[n] } } } END { print s + 0 }' "$2"
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source ci/listening.sh  # free_port: a port no socket holds, below the ephemeral range
 
 case $MODE in
 p5)

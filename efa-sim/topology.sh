@@ -101,7 +101,7 @@ two-hosts)
     fail "the two hosts share GIDs: $(head -1 "$TMP/gids-1") / $(head -1 "$TMP/gids-2")"
   fi
   echo "two hosts, $(wc -l < "$TMP/gids-1") NICs each, each NIC with its own GID per host"
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$(source ci/listening.sh && free_port)
   EFA_SIM_HOST=1 timeout 300 "$B" server --provider efa --listen "127.0.0.1:$port" \
     --gpus 0-7 --nics-per-gpu 4 --sessions 1 > "$TMP/server" 2>&1 &
   server=$!

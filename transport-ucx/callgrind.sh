@@ -52,13 +52,12 @@ case $ROW in tag|lat) ;; *) echo "callgrind: ROW is tag or lat, not $ROW" >&2; e
 if [ $# -gt 0 ]; then WHAT=("$@")
 elif [ "$ROW" = lat ]; then WHAT=(ours:ping perftest:ping)
 else WHAT=(ours:sender ours:receiver perftest:sender perftest:receiver); fi
-PORT=${PORT:-$((21000 + RANDOM % 20000))}
 VG=(valgrind --tool=callgrind --fair-sched=yes)
 
 # run WHO SIDE N OUT: one profile of SIDE (valgrind), its peer native; fails if either fails
 run() {
   local who=$1 side=$2 n=$3 out=$4 srv=() cli=() vs=() vc=() env=() sp rc=0
-  PORT=$((PORT + 1))
+  PORT=$(free_port) || { echo "$(basename "$0"): no free port" >&2; exit 1; }
   # The side the server is: ours' sends (tag) and answers (lat), perftest's receives and
   # pings (libperf's group index 0, the side without a host argument).
   local on_srv

@@ -36,12 +36,13 @@ out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/written.so" perftest-written.c -ldl
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/time.so" ucp-time.c -ldl
 ${CC:-cc} -O2 -Wall -Werror -shared -fPIC -o "$out/features.so" perftest-features.c -ldl
-B=1088 port=$((22000 + RANDOM % 20000)) bad=0 extra=()
+B=1088 bad=0 extra=()
 source ../ci/listening.sh
 run() { # SERVER-OFFSET CLIENT-OFFSET [TEST N] (default tag_bw 4000) -> perftest's logs in
   # $out/srv, $out/cli; the client's status
   local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so${extra[*]:+ $out/features.so}" "${extra[@]}")
-  local t=(-t "${3:-tag_bw}" -s 4096 -n "${4:-4000}" -p $((port += 1)))
+  local port; port=$(free_port) || { echo "shims-test: no free port" >&2; return 1; }
+  local t=(-t "${3:-tag_bw}" -s 4096 -n "${4:-4000}" -p "$port")
   env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" "${t[@]}" > "$out/srv" 2>&1 &
   local s=$! rc=0
   wait_listening $port 10 || echo "shims-test: ucx_perftest's server does not listen on $port" >&2
@@ -110,7 +111,8 @@ done
 if [ -n "${RDMA_BENCH:-}" ]; then
   srv=() # the server's own flags for the next run
   ours() { # ARGS (the client's) -> ours' logs in $out/osrv (the active side: sender, writer), $out/ocli
-    local p=$((port += 1)) env=(LD_PRELOAD="$out/time.so") s rc=0
+    local p env=(LD_PRELOAD="$out/time.so") s rc=0
+    p=$(free_port) || { echo "shims-test: no free port" >&2; return 1; }
     local c=(--backend ucx --provider sm --nic-opt peer_errors=off)
     env "${env[@]}" timeout 60 "$RDMA_BENCH" server "${c[@]}" "${srv[@]}" --listen 127.0.0.1:$p --sessions 1 > "$out/osrv" 2>&1 &
     s=$!
