@@ -10,7 +10,8 @@ fail() { echo "listening-test: $*" >&2; bad=1; }
 base=$(FREE_PORTS="10000 30000" free_port 4) || { echo "listening-test: no 4 free ports" >&2; exit 1; }
 ready=$(mktemp) && rm -f "$ready"
 # base listens; base+1 is a live connection's local end (to base); base+2's connection closed
-# on this side first, so base+2 sits in TIME_WAIT. base+3 stays free.
+# on this side first, so base+2 sits in TIME_WAIT. base+3 stays free for TCP, and a UDP
+# socket holds it (ci/verbs-2vm-test.sh's datagram wire asks free_port for UDP ports).
 python3 - "$base" "$ready" <<'PY' &
 import socket, sys, time
 b, ready = int(sys.argv[1]), sys.argv[2]
@@ -21,6 +22,7 @@ def conn(port):
     return c, lst.accept()[0]
 live = conn(b + 1)
 c, s = conn(b + 2); c.close(); time.sleep(0.2); s.close()
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("127.0.0.1", b + 3))
 open(ready, "w").close()
 time.sleep(30)
 PY
@@ -38,9 +40,10 @@ done
 got=$(FREE_PORTS="$base $((base + 4))" free_port 2) || got=none
 [ "$got" = $((base + 3)) ] || fail "free_port 2 in $base..$((base + 4)) named $got, want $((base + 3))"
 FREE_PORTS="$base $((base + 2))" free_port >/dev/null && fail "free_port in $base..$((base + 2)), all held, named a port"
+FREE_PORTS="$((base + 3)) $((base + 3))" free_port 1 udp >/dev/null && fail "free_port 1 udp named $((base + 3)), which a UDP socket holds"
 got=$(free_port) || got=none
 eph=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
 { [ "$got" -ge 10000 ] && [ "$got" -lt "$eph" ]; } 2>/dev/null || fail "free_port named $got, not in 10000..$((eph - 1))"
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; rm -f "$ready"
-[ $bad = 0 ] && echo "listening-test: free_port passed over a listening port, a connection's and one in TIME_WAIT (50 tries), found a pair, refused a full range, and stays below the ephemeral range ($eph)"
+[ $bad = 0 ] && echo "listening-test: free_port passed over a listening port, a connection's and one in TIME_WAIT (50 tries), found a pair, refused a full range and a UDP port held, and stays below the ephemeral range ($eph)"
 exit $bad

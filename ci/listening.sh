@@ -26,15 +26,15 @@ wait_listening() {
   listening "$1"
 }
 
-# free_port [N]: a TCP port P such that no socket, in any state, holds one of P..P+N-1 (N is 1
-# by default), picked at random in FREE_PORTS ("LOW HIGH"; by default 10000 to just below the
+# free_port [N [PROTO]]: a port P such that no socket of PROTO (tcp by default, or udp), in any
+# state, holds one of P..P+N-1 (N is 1 by default), picked at random in FREE_PORTS ("LOW HIGH"; by default 10000 to just below the
 # kernel's ephemeral range). A port that a connection of anyone's took as its local end cannot
 # be bound, even with SO_REUSEADDR, while that socket lives (TIME_WAIT included): a random port
 # in 20000-39999 met one in CI and failed the fabtests' server with "bind: Address already in
 # use". Random, so that two scripts side by side seldom pick the same one. Fails if 1000 tries
 # found none free (ci/listening-test.sh).
 free_port() {
-  { cat /proc/net/tcp; cat /proc/net/tcp6 2>/dev/null || true; } |
+  { cat "/proc/net/${2:-tcp}"; cat "/proc/net/${2:-tcp}6" 2>/dev/null || true; } |
     awk -v n="${1:-1}" -v seed="$(od -An -N4 -tu4 /dev/urandom)" -v range="${FREE_PORTS:-}" \
       -v eph="$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)" '
       { k = split($2, a, ":"); if (k > 1) used[a[k]] = 1 }

@@ -74,16 +74,14 @@ EOF
 # falls behind (rxe's retransmission paths then run; see ci/vm/README.md).
 NETKIND=${VM2_NET:-socket}
 proto=tcp; [ "$NETKIND" = dgram ] && proto=udp
-used=$(awk 'NR > 1 {split($2, a, ":"); print a[2]}' /proc/net/$proto /proc/net/${proto}6 2>/dev/null | sort -u)
-P=$((20000 + ($$ * 7) % 20000 / 2 * 2))
-while echo "$used" | grep -qix -e "$(printf %04X $P)" -e "$(printf %04X $((P + 1)))"; do P=$((P + 2)); done
+source ci/listening.sh
+P=$(free_port 2 $proto)  # P and P+1: no socket of $proto holds them
 netdev() {  # netdev N: the -netdev spec of vm N
   case $NETKIND in
     dgram) echo "dgram,local.type=inet,local.host=127.0.0.1,local.port=$((P + $1)),remote.type=inet,remote.host=127.0.0.1,remote.port=$((P + 1 - $1))" ;;
     *) if [ "$1" = 0 ]; then echo "socket,listen=127.0.0.1:$P"; else echo "socket,connect=127.0.0.1:$P"; fi ;;
   esac
 }
-source ci/listening.sh
 source ci/vm/relay.sh   # INIT_LINE: a VM whose log lacks it never started
 
 cleanup() {  # end whatever is left of either VM's process group (a qemu may outlive run-vm.sh)
@@ -154,8 +152,7 @@ for attempt in 1 2; do
   say "nothing ran; booting both VMs once more (the first boot's logs: $RUN/logs/*.boot1.log)"
   REBOOTED=$hung
   for n in 0 1; do mv "$RUN/logs/vm$n.log" "$RUN/logs/vm$n.boot1.log"; done
-  P=$((P + 2))
-  while echo "$used" | grep -qix -e "$(printf %04X $P)" -e "$(printf %04X $((P + 1)))"; do P=$((P + 2)); done
+  P=$(free_port 2 $proto)
 done
 cleanup; trap - EXIT
 
