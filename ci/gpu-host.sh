@@ -431,7 +431,7 @@ run() {
     ours() {
       local row=$1 size=$2 b n args
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
-      port=$(free_port) || { log "no free port"; return 1; }
+      port=$(free_port) || return 1
       case $row in
         # Above 4 KiB, 64 pages: fi_rma_bw -W 64's footprint (64 source and 64 target slots);
         # one source and one target buffer stayed in cache and read 2.7x fi_rma_bw at 1 MiB
@@ -477,7 +477,7 @@ run() {
     theirs() {
       local row=$1 size=$2 b n tool
       b=$(bytes_of "$size"); n=$(( bytes / b )); [ $n -ge 64 ] || n=64
-      port=$(free_port 3) || { log "no free port"; return 1; }
+      port=$(free_port 3) || return 1
       case $row in
         # -w W: the warm-up one whole window, drained before the clock starts (the default
         # 10 leaves 10 warm-up sends in flight into fi_rdm_tagged_bw's first timed window)

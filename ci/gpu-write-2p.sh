@@ -43,7 +43,7 @@ log() { echo "gpu-write-2p: $*" >&2; }
 status=0
 for mem in ${MEMS:-host cuda}; do
   mem=${mem//,/}
-  port=$(free_port) || { log "no free port"; exit 1; }
+  port=$(free_port) || exit 1
   srvlog=$(mktemp); out=$(mktemp)
   read -r -a sargs <<< "${SERVER_ARGS:-}"
   cextra=()

@@ -39,11 +39,14 @@ for _ in $(seq 50); do
 done
 got=$(FREE_PORTS="$base $((base + 4))" free_port 2) || got=none
 [ "$got" = $((base + 3)) ] || fail "free_port 2 in $base..$((base + 4)) named $got, want $((base + 3))"
-FREE_PORTS="$base $((base + 2))" free_port >/dev/null && fail "free_port in $base..$((base + 2)), all held, named a port"
-FREE_PORTS="$((base + 3)) $((base + 3))" free_port 1 udp >/dev/null && fail "free_port 1 udp named $((base + 3)), which a UDP socket holds"
+# A refusal names what was asked on stderr, so that callers need say nothing more.
+err=$(FREE_PORTS="$base $((base + 2))" free_port 2>&1 >/dev/null) && fail "free_port in $base..$((base + 2)), all held, named a port"
+[ "$err" = "free_port: no 1 free tcp port(s) in a row in $base..$((base + 2))" ] || fail "free_port's refusal said: $err"
+err=$(FREE_PORTS="$((base + 3)) $((base + 3))" free_port 1 udp 2>&1 >/dev/null) && fail "free_port 1 udp named $((base + 3)), which a UDP socket holds"
+[ "$err" = "free_port: no 1 free udp port(s) in a row in $((base + 3))..$((base + 3))" ] || fail "free_port's udp refusal said: $err"
 got=$(free_port) || got=none
 eph=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
 { [ "$got" -ge 10000 ] && [ "$got" -lt "$eph" ]; } 2>/dev/null || fail "free_port named $got, not in 10000..$((eph - 1))"
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; rm -f "$ready"
-[ $bad = 0 ] && echo "listening-test: free_port passed over a listening port, a connection's and one in TIME_WAIT (50 tries), found a pair, refused a full range and a UDP port held, and stays below the ephemeral range ($eph)"
+[ $bad = 0 ] && echo "listening-test: free_port passed over a listening port, a connection's and one in TIME_WAIT (50 tries), found a pair, refused a full range and a UDP port held (saying so), and stays below the ephemeral range ($eph)"
 exit $bad

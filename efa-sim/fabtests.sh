@@ -25,7 +25,7 @@ ALL=$(mktemp)
 trap 'rm -f "$ALL"' EXIT
 failed=0 passed=0
 for t in "$@"; do
-  PORT=$(free_port) || { echo "fabtests.sh: no free port" >&2; exit 1; }
+  PORT=$(free_port) || exit 1
   # -E: out-of-band address exchange over a TCP socket on this host (EFA addresses are
   # not host names). -p efa: the efa provider only.
   read -r -a cmd <<< "$t"

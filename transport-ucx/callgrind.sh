@@ -57,7 +57,7 @@ VG=(valgrind --tool=callgrind --fair-sched=yes)
 # run WHO SIDE N OUT: one profile of SIDE (valgrind), its peer native; fails if either fails
 run() {
   local who=$1 side=$2 n=$3 out=$4 srv=() cli=() vs=() vc=() env=() sp rc=0
-  PORT=$(free_port) || { echo "$(basename "$0"): no free port" >&2; exit 1; }
+  PORT=$(free_port) || exit 1
   # The side the server is: ours' sends (tag) and answers (lat), perftest's receives and
   # pings (libperf's group index 0, the side without a host argument).
   local on_srv

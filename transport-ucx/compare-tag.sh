@@ -125,7 +125,7 @@ theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_
   [ "$row" = lat ] && t=tag_lat || t=tag_bw
   # Ours' warm-up: n / 10 round trips (lat); whole repeats of the receive depth (tag).
   local w=$((n / 10)); [ "$row" = lat ] || w=$(send_warm "$n" "$size")
-  PORT=$(free_port) || { echo "$(basename "$0"): no free port" >&2; exit 1; }
+  PORT=$(free_port) || exit 1
   local env=(UCX_TLS="$tls" UCX_NET_DEVICES=lo UCX_ALLOC_PRIO=heap "${PRELOAD[@]}")
   env "${env[@]}" timeout 120 "${PIN_SRV[@]}" "$PERFTEST" -t $t -s "$size" -n "$n" \
     -w "$w" -p $PORT -f > "$OUT/tsrv" 2>&1 &
@@ -149,7 +149,7 @@ theirs() { # ROW TLS SIZE -> "value median speed" (median: lat only; speed: UCX_
 }
 ours() { # ROW TLS SIZE -> "value median speed", as theirs
   local row=$1 tls=$2 size=$3 n dev=() args; n=$(iters "$row" "$size")
-  PORT=$(free_port) || { echo "$(basename "$0"): no free port" >&2; exit 1; }
+  PORT=$(free_port) || exit 1
   [ "$tls" = tcp ] && dev=(--devices lo)
   local common=(--backend ucx --provider "$tls" "${dev[@]}" --nic-opt peer_errors=off)
   local place=(--buf-offset "$BUF_OFFSET")

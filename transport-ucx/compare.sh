@@ -82,7 +82,7 @@ case $PERFTEST_BUF in
 esac
 perftest() { # TLS SIZE N [ENV...]
   local tls=$1 size=$2 n=$3 bw; shift 3
-  PORT=$(free_port) || { echo "$(basename "$0"): no free port" >&2; exit 1; }
+  PORT=$(free_port) || exit 1
   env UCX_TLS="$tls" UCX_NET_DEVICES=lo "$@" "${PIN_SRV[@]}" "$PERFTEST" -t ucp_put_bw -s "$size" \
     -n "$n" -w "$(put_warm "$n")" -p "$PORT" -f ${PERFTEST_OPTS:-} >/dev/null 2>"$ERR/srv" &
   local srv=$!
@@ -102,7 +102,7 @@ perftest() { # TLS SIZE N [ENV...]
 }
 ours() { # TLS SIZE N
   local tls=$1 size=$2 n=$3 dev=()
-  PORT=$(free_port) || { echo "$(basename "$0"): no free port" >&2; exit 1; }
+  PORT=$(free_port) || exit 1
   [ "$tls" = tcp ] && dev=(--devices lo)
   "${PIN_CLI[@]}" "$B" server --backend ucx --provider "$tls" "${dev[@]}" \
     --nic-opt peer_errors=off $OURS_OPTS --listen 127.0.0.1:$PORT --sessions 1 >/dev/null 2>&1 &

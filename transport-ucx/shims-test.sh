@@ -41,7 +41,7 @@ source ../ci/listening.sh
 run() { # SERVER-OFFSET CLIENT-OFFSET [TEST N] (default tag_bw 4000) -> perftest's logs in
   # $out/srv, $out/cli; the client's status
   local env=(UCX_TLS=posix,self UCX_ALLOC_PRIO=heap LD_PRELOAD="$out/written.so $out/time.so${extra[*]:+ $out/features.so}" "${extra[@]}")
-  local port; port=$(free_port) || { echo "shims-test: no free port" >&2; return 1; }
+  local port; port=$(free_port) || return 1
   local t=(-t "${3:-tag_bw}" -s 4096 -n "${4:-4000}" -p "$port")
   env "${env[@]}" PERFTEST_BUF_OFFSET="$1" timeout 60 "$PERF" "${t[@]}" > "$out/srv" 2>&1 &
   local s=$! rc=0
@@ -112,7 +112,7 @@ if [ -n "${RDMA_BENCH:-}" ]; then
   srv=() # the server's own flags for the next run
   ours() { # ARGS (the client's) -> ours' logs in $out/osrv (the active side: sender, writer), $out/ocli
     local p env=(LD_PRELOAD="$out/time.so") s rc=0
-    p=$(free_port) || { echo "shims-test: no free port" >&2; return 1; }
+    p=$(free_port) || return 1
     local c=(--backend ucx --provider sm --nic-opt peer_errors=off)
     env "${env[@]}" timeout 60 "$RDMA_BENCH" server "${c[@]}" "${srv[@]}" --listen 127.0.0.1:$p --sessions 1 > "$out/osrv" 2>&1 &
     s=$!
