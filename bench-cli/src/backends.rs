@@ -5,7 +5,7 @@
 //! Adding a backend: its crate, one line here, and its feature in `Cargo.toml`.
 
 use bench_coord::backend::Backend;
-use transport_core::{Probe, ProbeAsk};
+use transport_core::{BackendInfo, Probe, ProbeAsk};
 
 /// Every backend this binary knows, built in or not, in the order `--help` lists them; the
 /// first is the default.
@@ -42,6 +42,106 @@ pub fn probes() -> Vec<fn(&ProbeAsk) -> Probe> {
         .filter(|b| b.is_built())
         .filter_map(|b| b.info().probe)
         .collect()
+}
+
+/// The built-in backends, in the table's order.
+fn built() -> impl Iterator<Item = &'static BackendInfo> {
+    BACKENDS.iter().filter(|b| b.is_built()).map(|b| b.info())
+}
+
+/// `--provider`'s help: what each built-in backend with providers calls one.
+pub fn provider_help() -> String {
+    let with: Vec<_> = built()
+        .filter_map(|i| Some((i, i.provider.as_ref()?)))
+        .collect();
+    let what: Vec<String> = with
+        .iter()
+        .map(|(i, p)| format!("{}: {}", i.name, p.names))
+        .collect();
+    let loopback: Vec<String> = with
+        .iter()
+        .map(|(i, p)| format!("{} {}", i.name, p.loopback_default))
+        .collect();
+    format!(
+        "The provider, for a backend with providers ({}). Not given: loopback and compare take \
+         the backend's own ({}), server, client and run leave it to the backend",
+        what.join("; "),
+        loopback.join(", ")
+    )
+}
+
+/// `--devices`' help: what a device name is to each built-in backend.
+pub fn devices_help() -> String {
+    let what: Vec<String> = built()
+        .map(|i| format!("{}: {}", i.name, i.devices))
+        .collect();
+    format!(
+        "NICs to use, comma separated ({}). Loopback gives the first half to one side and the \
+         second half to the other",
+        what.join("; ")
+    )
+}
+
+/// `--nic-opt`'s help: each built-in backend's options, as `key=values` (`long`: each with
+/// its line of help, and where the backend reads more from the environment).
+pub fn options_help(long: bool) -> String {
+    let mut s = String::from(
+        "Backend option for every NIC, KEY=VALUE, repeatable; a key the backend does not list \
+         is refused.",
+    );
+    for i in built() {
+        if long {
+            s.push_str(&format!("\n\n{}:", i.name));
+            for o in i.options {
+                s.push_str(&format!("\n  {}={}: {}", o.key, o.values, o.help));
+            }
+            if let Some(e) = &i.options_env {
+                s.push_str(&format!(
+                    "\n  (also ${}, e.g. {}, below the command line's)",
+                    e.name, e.example
+                ));
+            }
+        } else {
+            s.push_str(&format!(" {}: {}.", i.name, i.known_options()));
+        }
+    }
+    s
+}
+
+/// `compare --pairs`' help: the forms of a pair, with each built-in backend's.
+pub fn pairs_help() -> String {
+    let (with, without): (Vec<_>, Vec<_>) = built().partition(|i| i.provider.is_some());
+    let with: Vec<String> = with
+        .iter()
+        .filter_map(|i| {
+            Some(format!(
+                "{}:{}",
+                i.name,
+                i.provider.as_ref()?.loopback_default
+            ))
+        })
+        .collect();
+    let without: Vec<String> = without
+        .iter()
+        .map(|i| format!("{}:DEV+DEV", i.name))
+        .collect();
+    let mut s = format!(
+        "Pairs, comma separated: BACKEND:PROVIDER ({}), or BACKEND:DEV+DEV, a device a side, for \
+         a backend without providers ({})",
+        with.join(", "),
+        without.join(", ")
+    );
+    let aliases: Vec<String> = built()
+        .flat_map(|i| {
+            i.aliases
+                .iter()
+                .map(move |a| format!("`{a}:` for `{}:`", i.name))
+        })
+        .collect();
+    if !aliases.is_empty() {
+        s.push_str(&format!("; {} is accepted", aliases.join(", ")));
+    }
+    s
 }
 
 /// One `compare --pairs` entry: `BACKEND:PROVIDER` for a backend with providers

@@ -39,6 +39,36 @@ fn backend() -> impl TypedValueParser<Value = &'static Backend> {
     .try_map(|s| backends::find(&s).ok_or_else(|| format!("{s:?}: not one of the values listed")))
 }
 
+/// The command line, with the help of `--provider`, `--devices`, `--nic-opt` and `compare
+/// --pairs` written from the table of backends: what each built-in backend says of itself.
+pub fn command() -> clap::Command {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    for sub in cmd.get_subcommands_mut() {
+        let has = |c: &clap::Command, id: &str| c.get_arguments().any(|a| a.get_id() == id);
+        if !has(sub, "nic_opts") {
+            continue;
+        }
+        let mut c = std::mem::take(sub)
+            .mut_arg("provider", |a| a.help(backends::provider_help()))
+            .mut_arg("devices", |a| a.help(backends::devices_help()))
+            .mut_arg("nic_opts", |a| {
+                a.help(backends::options_help(false))
+                    .long_help(backends::options_help(true))
+            });
+        if has(&c, "pairs") {
+            c = c.mut_arg("pairs", |a| a.help(backends::pairs_help()));
+        }
+        *sub = c;
+    }
+    cmd
+}
+
+/// The command line as given, parsed against [`command`] (a usage error exits as clap's do).
+pub fn parse() -> Cli {
+    let m = command().get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+}
+
 /// One RDMA benchmark for every backend it was built with (`--backend`), GPU or host memory,
 /// with each step of the 3200 Gbps write-up as a knob.
 #[derive(Debug, Parser)]
@@ -93,16 +123,14 @@ pub struct Common {
     /// Transport backend.
     #[arg(long, value_parser = backend(), default_value = backends::default_name())]
     pub backend: &'static Backend,
-    /// libfabric provider for the libfabric backend: efa, shm, tcp, ...
+    /// The provider, for a backend with providers (`--help` lists them: [`command`]).
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
-    /// NICs to use, comma separated (verbs: rxe0,rxe1; libfabric: its domains). Loopback gives
-    /// the first half to one side and the second half to the other.
+    /// NICs to use, comma separated (`--help` says what each backend's are: [`command`]).
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub devices: Vec<String>,
-    /// Backend option for every NIC, KEY=VALUE, repeatable: passed to the backend as is, e.g.
-    /// libfabric: write_completion=auto|delivery|transmit, mr_mode=strict, hmem=auto|on|off,
-    /// fabric=efa-direct, shm=off|on, cuda_api=auto|on|off, gpu_ipc=on|off.
+    /// Backend option for every NIC, KEY=VALUE, repeatable (`--help` lists each backend's:
+    /// [`command`]).
     #[arg(long = "nic-opt", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub nic_opts: Vec<(String, String)>,
     /// GPUs to use, e.g. 0 or 0-7 or 0,2 [default: 0]. With host memory on a machine without
@@ -326,8 +354,7 @@ pub struct CompareArgs {
     pub common: Common,
     #[command(flatten)]
     pub work: WorkloadArgs,
-    /// backend:provider pairs, e.g. libfabric:shm,libfabric:tcp,verbs:rxe0+rxe1 (`efa:` is
-    /// accepted for `libfabric:`)
+    /// BACKEND:PROVIDER or BACKEND:DEV+DEV pairs (`--help` gives each backend's: [`command`]).
     #[arg(
         long,
         value_name = "LIST",
@@ -506,4 +533,45 @@ pub struct RunArgs {
     /// launcher starts one rank per GPU). Without it every rank drives all of --gpus.
     #[arg(long)]
     pub gpu_per_rank: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command that opens NICs says, in its `--help`, what each built-in backend takes:
+    /// its device names, its providers and every option with its values and help.
+    #[test]
+    fn help_says_what_each_built_backend_takes() {
+        let mut cmd = command();
+        let subs = ["loopback", "server", "client", "compare", "run"];
+        for name in subs {
+            let sub = cmd.find_subcommand_mut(name).expect(name);
+            let help = sub.render_long_help().to_string();
+            let built = backends::BACKENDS.iter().filter(|b| b.is_built());
+            for i in built.map(|b| b.info()) {
+                assert!(
+                    help.contains(i.devices),
+                    "{name}: {}'s devices\n{help}",
+                    i.name
+                );
+                if let Some(p) = &i.provider {
+                    assert!(help.contains(p.names), "{name}: {}'s providers", i.name);
+                }
+                for o in i.options {
+                    let kv = format!("{}={}: {}", o.key, o.values, o.help);
+                    assert!(help.contains(&kv), "{name}: {kv}\n{help}");
+                }
+            }
+            let short = sub.render_help().to_string();
+            for i in backends::BACKENDS.iter().filter(|b| b.is_built()) {
+                let known = i.info().known_options();
+                let flat = short.split_whitespace().collect::<Vec<_>>().join(" ");
+                assert!(flat.contains(&known), "{name} -h: {known}\n{short}");
+            }
+        }
+        let compare = cmd.find_subcommand_mut("compare").expect("compare");
+        let help = compare.render_long_help().to_string();
+        assert!(help.contains("libfabric:shm"), "{help}");
+    }
 }

@@ -8,8 +8,6 @@ mod app;
 mod backends;
 mod cli;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    app::main_with(cli::Cli::parse())
+    app::main_with(cli::parse())
 }

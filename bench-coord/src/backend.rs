@@ -208,6 +208,7 @@ macro_rules! missing_info {
             help: concat!("not in this build (rebuild with --features ", $feature, ")"),
             library: $feature,
             provider: None,
+            devices: "",
             nic_driver: $crate::backend::no_nic_driver,
             options: &[],
             options_env: None,

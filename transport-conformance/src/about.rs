@@ -11,8 +11,9 @@ fn fail(what: String) -> Error {
     Error::InvalidArgument(what)
 }
 
-/// `INFO` names the backend as `BACKEND` does, its names and option keys are unique, every
-/// option has a usable key, its values and help, and an option it does not list is refused;
+/// `INFO` names the backend as `BACKEND` does, its names and option keys are unique, it says
+/// what its device names and (with providers) provider names are, every option has a usable
+/// key, its values and help, and an option it does not list is refused;
 /// each endpoint's `runtime()` names this backend, a library, the NIC `nic_name()` gives and,
 /// for a backend with providers, the provider `provider()` gives.
 pub fn describes_itself<T: Transport>(p: &mut Pair<T>) -> Result<()> {
@@ -29,6 +30,13 @@ pub fn describes_itself<T: Transport>(p: &mut Pair<T>) -> Result<()> {
         if !names.insert(n) {
             return Err(fail(format!("the name {n:?} is given twice")));
         }
+    }
+    // Users read these in `--help` (`--devices`, `--provider`).
+    if info.devices.is_empty() || info.provider.as_ref().is_some_and(|p| p.names.is_empty()) {
+        return Err(fail(
+            "INFO needs what a device name names and, with providers, what a provider is"
+                .to_string(),
+        ));
     }
     let mut keys = BTreeSet::new();
     for o in info.options {

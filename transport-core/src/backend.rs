@@ -27,6 +27,9 @@ pub struct BackendInfo {
     /// Whether the backend runs over one of several providers its library offers, chosen by
     /// name (`NicDesc::provider`); `None` where a device name is all there is to choose.
     pub provider: Option<ProviderInfo>,
+    /// What a device name (`NicDesc::device`, a program's `--devices`) names for this backend,
+    /// in a few words with examples, for help: `"ibverbs devices: mlx5_0, rxe0"`.
+    pub devices: &'static str,
     /// The driver of the NICs a run with this provider goes over, as an instance table names
     /// it (`"efa"`, `"mlx5"`); `None` where the provider uses no NIC of the machine's (a
     /// provider that copies memory). A run places its endpoints on each GPU's NIC group only
@@ -53,6 +56,8 @@ pub struct BackendInfo {
 /// How a backend's providers are chosen (see [`BackendInfo::provider`]).
 #[derive(Debug)]
 pub struct ProviderInfo {
+    /// What a provider's name is, in a few words with examples, for help: `"efa, shm, tcp"`.
+    pub names: &'static str,
     /// The provider a run with both sides in one process opens when none is named.
     pub loopback_default: &'static str,
     /// Environment variables a provider needs before any thread or library call exists,
@@ -233,6 +238,7 @@ mod tests {
         help: "",
         library: "libdemo",
         provider: None,
+        devices: "demo devices",
         nic_driver: none,
         options: &[
             OptionInfo {

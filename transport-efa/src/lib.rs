@@ -172,9 +172,11 @@ pub(crate) const INFO: BackendInfo = BackendInfo {
     help: "libfabric: AWS EFA (--provider efa), and the shm and tcp providers anywhere",
     library: "libfabric",
     provider: Some(ProviderInfo {
+        names: "efa, shm, tcp, verbs;ofi_rxm",
         loopback_default: "shm",
         env: about::provider_env,
     }),
+    devices: "domains: rdmap79s0-rdm on efa, or its device rdmap79s0",
     nic_driver: about::nic_driver,
     options: about::OPTIONS,
     options_env: None,

@@ -401,12 +401,14 @@ fn no_env(_provider: &str) -> &'static [(&'static str, &'static str)] {
 pub(crate) const INFO: BackendInfo = BackendInfo {
     name: "ucx",
     aliases: &[],
-    help: "UCX UCP (put + flush + active message; --provider is UCX_TLS: sm, tcp, rc_verbs)",
+    help: "UCX UCP (puts or active messages, tagged SEND/RECV; --provider is UCX_TLS: sm, tcp, rc_verbs)",
     library: "ucx",
     provider: Some(ProviderInfo {
+        names: "UCX_TLS, a transport list: sm, tcp, rc_verbs, sm,cuda_copy,cuda_ipc",
         loopback_default: "sm",
         env: no_env,
     }),
+    devices: "UCX_NET_DEVICES: lo, mlx5_0:1",
     nic_driver,
     options: OPTIONS,
     options_env: None,

@@ -128,6 +128,7 @@ pub(crate) const INFO: transport_core::BackendInfo = transport_core::BackendInfo
     help: "ibverbs RC (ConnectX, Soft-RoCE)",
     library: "verbs",
     provider: None,
+    devices: "ibverbs devices: mlx5_0, rxe0",
     nic_driver: about::nic_driver,
     options: about::OPTIONS,
     options_env: Some(transport_core::OptionsEnv {

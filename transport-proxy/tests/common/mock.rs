@@ -263,6 +263,7 @@ static INFO: BackendInfo = BackendInfo {
     help: "the proxy tests' in-process fabric",
     library: "none",
     provider: None,
+    devices: "none",
     nic_driver: |_| None,
     options: &[],
     options_env: None,
