@@ -1,4 +1,4 @@
-//! Raw bindings to UCX's UCP API, generated at build time with bindgen (libclang 16 or newer)
+//! Raw bindings to UCX's UCP API, generated at build time with bindgen (libclang 14 or newer)
 //! from the system's `ucp/api/ucp.h` (found through pkg-config `ucx`), limited to the calls
 //! `transport-ucx` makes. Links libucp and libucs.
 //!

@@ -1,4 +1,4 @@
-//! Raw bindings to rdma-core's libibverbs, generated at build time with bindgen (libclang 16
+//! Raw bindings to rdma-core's libibverbs, generated at build time with bindgen (libclang 14
 //! or newer) from the system's `infiniband/verbs.h`.
 //!
 //! The verbs calls that rdma-core offers only as `static inline` functions or macros (posting,
