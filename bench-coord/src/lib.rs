@@ -6,7 +6,7 @@
 //! - [`session`]: the server (one session per client), the client, and loopback (both sides
 //!   in one process), over `bench-core`'s control protocol.
 //! - [`ranks`]: `rdma-bench run`, N ranks: [`launch`] finds the rank in the launcher's
-//!   environment (Slurm, Open MPI, torchrun-style), [`rendezvous`] meets the others at rank 0.
+//!   environment (Slurm, Open MPI, PMI, torchrun-style), [`rendezvous`] meets the others at rank 0.
 //!
 //! # Running a workload from a program
 //!

@@ -1,7 +1,7 @@
 //! The `Transport` trait and the types every RDMA backend shares.
 //!
 //! One [`Transport`] value is one endpoint on one NIC. Backends (`transport-efa` over
-//! libfabric, `transport-verbs` over ibverbs) implement it and describe themselves
+//! libfabric, `transport-verbs` over ibverbs, `transport-ucx` over UCX) implement it and describe themselves
 //! ([`Transport::INFO`], [`BackendInfo`]); workloads are written once, generic over it. This
 //! crate has no FFI of its own and knows no backend.
 //!

@@ -1,9 +1,9 @@
 //! The libfabric backend of [`transport_core`]: one [`Endpoint`] is one `FI_EP_RDM`
 //! endpoint on one libfabric domain.
 //!
-//! The provider is chosen at run time: `efa` where present (AWS Elastic Fabric Adapter),
-//! otherwise the one named in [`NicDesc::provider`]: `shm` (same host, shared memory) or
-//! `tcp` (sockets; on libfabric 1.17 its RDM endpoint is `tcp;ofi_rxm`). The NIC is the
+//! The provider is chosen at run time, by name ([`NicDesc::provider`]; `efa`, the AWS
+//! Elastic Fabric Adapter, where none is named): `shm` (same host, shared memory) or `tcp`
+//! (sockets; on libfabric 1.17 its RDM endpoint is `tcp;ofi_rxm`). The NIC is the
 //! libfabric domain named in [`NicDesc::device`] (`rdmap79s0`, `lo`, `eth0`); `None` takes
 //! the provider's first.
 //!
@@ -120,10 +120,11 @@
 //!   between processes that may die needs the same. `tcp` reports a dead peer as an error
 //!   completion ("Connection reset by peer").
 //! - `shm` drops a WRITE whose key or range the target cannot verify without answering the
-//!   initiator. A WRITE that waits for the target's answer (above 4 KiB, or any size with
-//!   `write_completion=delivery`) then never completes, nor does any later operation to that
-//!   peer; one of up to 4 KiB under the default transmit completion completes as sent and
-//!   the pair goes on working (`tests/conformance_shm.rs`). `tcp` grants
+//!   initiator. Before 2.6, a WRITE that waits for the target's answer (any size with
+//!   `write_completion=delivery` on 1.17 and 2.1.0; above the 4 KiB inject size at the
+//!   default transmit completion too on 2.1.0) then never completes, nor does any later
+//!   operation to that peer; the others complete as sent and the pair goes on working, and
+//!   2.6 recovers in every case (`tests/conformance_shm.rs`). `tcp` grants
 //!   no memory registration mode bits at all, so `mr_mode=strict` is a request there.
 
 #![deny(clippy::undocumented_unsafe_blocks)]

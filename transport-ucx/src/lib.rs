@@ -2,7 +2,9 @@
 //!
 //! One [`Endpoint`] is one UCP context and one worker. Its address is the worker's address
 //! (`ucp_worker_get_address`); each peer is a `ucp_ep` created from it with
-//! `UCP_ERR_HANDLING_MODE_PEER`, so a dead peer is an error on its operations, not an abort.
+//! `UCP_ERR_HANDLING_MODE_PEER`, so a dead peer is an error on its operations, not an abort
+//! (option `peer_errors`: `auto`, the default, leaves it off where every transport named is
+//! shared memory or a CUDA copy, which cannot do it).
 //!
 //! - Registration: `ucp_mem_map` (host memory; CUDA memory with `UCS_MEMORY_TYPE_CUDA` where
 //!   the loaded UCX has it, else [`Error::Unsupported`](transport_core::Error::Unsupported)).
@@ -62,7 +64,7 @@
 //! - Progress: [`poll`](transport_core::Transport::poll) calls `ucp_worker_progress` when
 //!   it has nothing queued to report (an operation UCX finished inside its post call is
 //!   queued at once), and at least every 33rd poll (option `progress_skip`); again, up to 8
-//!   calls, while the last call did something and a send, put or flush is still unfinished
+//!   calls (1 where the provider names tcp alone), while the last call did something and a send, put or flush is still unfinished
 //!   at UCX (option `progress_burst`). Every
 //!   operation takes a slot of a fixed table made at open (the request slab) and runs in
 //!   that slot's own UCX request (`UCP_OP_ATTR_FIELD_REQUEST`, memory made at open too): UCX's
