@@ -1,6 +1,7 @@
 //! The one table of backends. Everything else follows from it: `--backend`'s values and help,
-//! `compare --pairs`, the providers and options each side gets, the server's checks (through
-//! `Transport::INFO`), which backends this build has, and what the doctor asks.
+//! the help of `--provider`, `--devices` and `--nic-opt`, `compare --pairs`, the providers
+//! and options each side gets, the server's checks (through `Transport::INFO`), which
+//! backends this build has, and what the doctor asks.
 //!
 //! Adding a backend: its crate, one line here, and its feature in `Cargo.toml`.
 
@@ -45,7 +46,7 @@ pub fn probes() -> Vec<fn(&ProbeAsk) -> Probe> {
 }
 
 /// The built-in backends, in the table's order.
-fn built() -> impl Iterator<Item = &'static BackendInfo> {
+pub(crate) fn built() -> impl Iterator<Item = &'static BackendInfo> {
     BACKENDS.iter().filter(|b| b.is_built()).map(|b| b.info())
 }
 
@@ -54,6 +55,9 @@ pub fn provider_help() -> String {
     let with: Vec<_> = built()
         .filter_map(|i| Some((i, i.provider.as_ref()?)))
         .collect();
+    if with.is_empty() {
+        return "The provider, for a backend with providers: none in this build".into();
+    }
     let what: Vec<String> = with
         .iter()
         .map(|(i, p)| format!("{}: {}", i.name, p.names))
@@ -62,9 +66,6 @@ pub fn provider_help() -> String {
         .iter()
         .map(|(i, p)| format!("{} {}", i.name, p.loopback_default))
         .collect();
-    if with.is_empty() {
-        return "The provider, for a backend with providers: none in this build".into();
-    }
     format!(
         "The provider, for a backend with providers ({}). Not given: loopback and compare take \
          the backend's own ({}), server, client and run leave it to the backend",
@@ -113,21 +114,13 @@ pub fn options_help(long: bool) -> String {
 
 /// `compare --pairs`' help: the forms of a pair, with each built-in backend's.
 pub fn pairs_help() -> String {
-    let (with, without): (Vec<_>, Vec<_>) = built().partition(|i| i.provider.is_some());
-    let with: Vec<String> = with
-        .iter()
-        .filter_map(|i| {
-            Some(format!(
-                "{}:{}",
-                i.name,
-                i.provider.as_ref()?.loopback_default
-            ))
-        })
-        .collect();
-    let without: Vec<String> = without
-        .iter()
-        .map(|i| format!("{}:DEV+DEV", i.name))
-        .collect();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in built() {
+        match &i.provider {
+            Some(p) => with.push(format!("{}:{}", i.name, p.loopback_default)),
+            None => without.push(format!("{}:DEV+DEV", i.name)),
+        }
+    }
     let mut forms = Vec::new();
     if !with.is_empty() {
         forms.push(format!("BACKEND:PROVIDER ({})", with.join(", ")));
