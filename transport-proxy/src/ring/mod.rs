@@ -285,7 +285,8 @@ impl<'a> Ring<'a> {
 
     /// CPU producer: claim a position, wait for room (failing when the error word is set),
     /// then store `cmd`'s words, word 0 last with Release (ordered: see the protocol).
-    /// Returns the position. `cmd.seq` is ignored. Spins; allocates nothing.
+    /// Returns the position. `cmd.seq` is ignored. Allocates nothing; while the ring is full it
+    /// spins, then yields the core (`backoff`: a proxy may share it on a small host).
     pub fn push(&self, cmd: &Command) -> Result<u64, RingError> {
         let pos = self.head().fetch_add(1, Ordering::Relaxed);
         self.wait_room(pos)?;
