@@ -25,7 +25,29 @@ pub fn core_for(
     all.get(slot % all.len()).map(|c| c.id)
 }
 
-/// Pin the calling thread to `core`; false where the OS refused.
+/// Cores a `cpu_set_t` holds (glibc's `CPU_SETSIZE`): `core_affinity` indexes one with the
+/// core's number and panics past it.
+const CPU_SETSIZE: usize = 1024;
+
+/// Pin the calling thread to `core`; false where the OS refused, or where the core's number
+/// is past what `sched_setaffinity`'s set holds (a topology file may name any).
 pub fn pin_current(core: usize) -> bool {
-    core_affinity::set_for_current(core_affinity::CoreId { id: core })
+    core < CPU_SETSIZE && core_affinity::set_for_current(core_affinity::CoreId { id: core })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A core past what the affinity set holds (a topology file may list any number) is a
+    /// refusal, not a panic inside `core_affinity`.
+    #[test]
+    fn a_core_past_the_set_is_refused() {
+        for core in [CPU_SETSIZE, 2048, usize::MAX] {
+            let pinned = std::thread::spawn(move || pin_current(core))
+                .join()
+                .expect("pin_current panicked");
+            assert!(!pinned, "core {core}");
+        }
+    }
 }

@@ -91,6 +91,12 @@ pub(crate) fn load_xml(xml: &str, origin: &str) -> Result<(HwTopology, Vec<Strin
         }
         Some(_) => {}
     }
+    if let Some((ty, i)) = xmlfix::index_past_bitmaps(xml) {
+        return Err(invalid(format!(
+            "a {ty} has os_index {i}, past the largest index hwloc's bitmaps hold ({})",
+            i32::MAX
+        )));
+    }
     let fixed = xmlfix::ensure_pus(xml);
     if fixed.is_some() {
         warnings.push(
@@ -136,7 +142,12 @@ impl NumaIndex {
     fn new(topology: &HwTopology) -> Self {
         let mut nodes = Vec::new();
         for node in topology.objects_with_type(ObjectType::NUMANode) {
-            let Some(os) = node.os_index().and_then(|i| u32::try_from(i).ok()) else {
+            // An index no bitmap holds (hwloc's are indexed by int) is in no nodeset.
+            let Some(os) = node
+                .os_index()
+                .and_then(|i| u32::try_from(i).ok())
+                .filter(|&i| i <= i32::MAX as u32)
+            else {
                 continue;
             };
             let cpus: BTreeSet<usize> = node

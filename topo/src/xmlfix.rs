@@ -227,6 +227,22 @@ pub(crate) fn single_bit_mask(bit: usize) -> String {
     parts.join(",")
 }
 
+/// hwloc's "no index" (`HWLOC_UNKNOWN_INDEX`, `(unsigned)-1`).
+const UNKNOWN_INDEX: u64 = u32::MAX as u64;
+
+/// The first PU or NUMA node whose `os_index` no hwloc bitmap can hold (past `INT_MAX`, but
+/// not hwloc's "no index"): its type and index. hwloc loads such a file, then its consistency
+/// check (debug builds) aborts the process, and a bitmap query for the index panics.
+pub(crate) fn index_past_bitmaps(xml: &str) -> Option<(String, u64)> {
+    scan_objects(xml)?
+        .into_iter()
+        .filter(|o| o.ty == "PU" || o.ty == "NUMANode")
+        .find_map(|o| {
+            let i = o.os_index?;
+            (i > i32::MAX as u64 && i != UNKNOWN_INDEX).then_some((o.ty, i))
+        })
+}
+
 /// What the scanner keeps about one `<object>` element.
 #[derive(Debug, Default)]
 struct ObjInfo {
@@ -235,6 +251,7 @@ struct ObjInfo {
     nodeset: Option<String>,
     complete_nodeset: Option<String>,
     gp_index: Option<u64>,
+    os_index: Option<u64>,
     parent: Option<usize>,
     /// Byte offset just past the start tag's `>`.
     start_tag_end: usize,
@@ -273,6 +290,7 @@ fn scan_objects(xml: &str) -> Option<Vec<ObjInfo>> {
                         nodeset: attr(&attrs, "nodeset"),
                         complete_nodeset: attr(&attrs, "complete_nodeset"),
                         gp_index: attr(&attrs, "gp_index").and_then(|g| g.trim().parse().ok()),
+                        os_index: attr(&attrs, "os_index").and_then(|g| g.trim().parse().ok()),
                         parent: parent_obj,
                         start_tag_end: end,
                         self_closing,

@@ -263,3 +263,27 @@ fn from_xml_str_matches_from_xml() {
     let t = topo::from_xml_str(&text).expect("loads from memory");
     assert_eq!(t, load("p4d.24xlarge.xml"));
 }
+
+/// A NUMA node or PU whose os_index no hwloc bitmap holds is refused with words that name it
+/// (before, a debug build's hwloc check aborted the process, and a release build panicked in
+/// the bitmap query).
+#[test]
+fn an_index_past_hwlocs_bitmaps_is_refused() {
+    let text = std::fs::read_to_string(fixture("cpu-only.xml")).expect("fixture readable");
+    for (from, to) in [
+        (
+            r#"<object type="NUMANode" os_index="1""#,
+            r#"<object type="NUMANode" os_index="3000000000""#,
+        ),
+        (
+            r#"<object type="PU" os_index="4""#,
+            r#"<object type="PU" os_index="2147483648""#,
+        ),
+    ] {
+        assert!(text.contains(from), "{from}");
+        let e = topo::from_xml_str(&text.replacen(from, to, 1))
+            .expect_err("an index past the bitmaps")
+            .to_string();
+        assert!(e.contains("os_index") && e.contains("2147483647"), "{e}");
+    }
+}

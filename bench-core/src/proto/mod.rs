@@ -52,6 +52,9 @@ pub const MAX_ADDR: usize = 4096;
 pub const MAX_KEY: usize = transport_core::KeyBytes::MAX_LEN;
 /// Most NICs one session may use.
 pub const MAX_NICS: usize = 1024;
+/// Largest region a peer may announce (64 TiB, beyond any host's or GPU's memory): a length
+/// past it is refused before it sizes anything (the server's buffer, a step's checks).
+pub const MAX_REGION: u64 = 1 << 46;
 /// Regions per NIC: the data buffer, then a small control buffer (credits).
 pub const MRS_PER_NIC: usize = 2;
 /// Largest name (provider, backend, NIC, a run record's facts) accepted.

@@ -2,8 +2,8 @@
 
 use super::{
     proto, Msg, NicWire, CTRL_LEN, MAGIC, MAX_ADDR, MAX_BATCH, MAX_FACTS, MAX_IMM_EVERY, MAX_ITERS,
-    MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_PATH, MAX_RANKS, MAX_RUNS, MAX_TEXT,
-    MAX_WARMUP, MAX_WINDOW, MRS_PER_NIC, VERSION,
+    MAX_LAT_ITERS, MAX_LINKS, MAX_NAME, MAX_NICS, MAX_PATH, MAX_RANKS, MAX_REGION, MAX_RUNS,
+    MAX_TEXT, MAX_WARMUP, MAX_WINDOW, MRS_PER_NIC, VERSION,
 };
 use crate::config::{Knobs, Workload};
 use crate::error::Result;
@@ -101,6 +101,12 @@ fn check_nics(nics: &[NicWire]) -> Result<()> {
                     "NIC {i}: region {m:?} wraps the address space"
                 )));
             }
+            if m.len > MAX_REGION {
+                return Err(proto(format!(
+                    "NIC {i}: a region of {} bytes (limit {MAX_REGION})",
+                    m.len
+                )));
+            }
         }
         if let Some(g) = n.link_gbps {
             if !g.is_finite() || g < 0.0 {
@@ -195,6 +201,15 @@ pub fn validate(msg: &Msg) -> Result<()> {
             }
             Ok(())
         }
+        // The step's region bounds what a server can have checked; with it the client's sum
+        // over its steps cannot overflow.
+        Msg::GpuStepDone(d) if d.checked > MAX_REGION || d.arrivals > MAX_ITERS => {
+            Err(proto(format!(
+                "a gpu-write step's result claims {} WRITEs and {} bytes checked (limits \
+                 {MAX_ITERS} and {MAX_REGION})",
+                d.arrivals, d.checked
+            )))
+        }
         Msg::GpuStepDone(_) => Ok(()),
         Msg::Join(j) => {
             check_magic(&j.magic, j.version)?;
@@ -255,10 +270,11 @@ pub fn validate(msg: &Msg) -> Result<()> {
                 // Receiving: where the pages land; sending: where the receiver's delivery
                 // acknowledgement lands (the pad past its pages).
                 match &k.mr {
-                    Some(m) if m.addr.checked_add(m.len).is_some() => {}
+                    Some(m) if m.addr.checked_add(m.len).is_some() && m.len <= MAX_REGION => {}
                     _ => {
                         return Err(proto(format!(
-                            "link {i}: every link carries one region that does not wrap"
+                            "link {i}: every link carries one region that does not wrap, of \
+                             at most {MAX_REGION} bytes"
                         )))
                     }
                 }
@@ -569,6 +585,33 @@ mod tests {
         let mut h = hello();
         h.nics[1].mrs[0].addr = u64::MAX;
         assert!(validate(&Msg::Hello(h)).is_err());
+        // A region that does not wrap but would size a buffer past any memory (the server
+        // allocates the client's length, as far as its --max-mem allows).
+        for len in [MAX_REGION + 1, 1 << 63] {
+            let mut h = hello();
+            (h.nics[1].mrs[0].addr, h.nics[1].mrs[0].len) = (0, len);
+            let e = validate(&Msg::Hello(h)).unwrap_err().to_string();
+            assert!(e.contains("limit"), "{len}: {e}");
+            let mut l = links();
+            if let Some(m) = l.links[0].mr.as_mut() {
+                (m.addr, m.len) = (0, len);
+            }
+            assert!(validate(&Msg::Links(l)).is_err(), "{len}");
+        }
+        let mut h = hello();
+        (h.nics[1].mrs[0].addr, h.nics[1].mrs[0].len) = (0, MAX_REGION);
+        validate(&Msg::Hello(h)).unwrap();
+        // A gpu-write step's result: what it claims is bounded by its region and count.
+        let done = |arrivals, checked| {
+            validate(&Msg::GpuStepDone(crate::proto::GpuStepDone {
+                arrivals,
+                checked,
+                ..Default::default()
+            }))
+        };
+        done(MAX_ITERS, MAX_REGION).unwrap();
+        assert!(done(0, u64::MAX).is_err());
+        assert!(done(u64::MAX, 0).is_err());
         let mut r = request();
         r.size = 0;
         assert!(validate(&Msg::Request(r)).is_err());

@@ -250,7 +250,7 @@ pub fn client<T: Transport>(
             Err(err) => return Err(err),
         };
         region = Some(r);
-        server_checked += done.checked;
+        server_checked = server_checked.saturating_add(done.checked);
         server_core = done.core;
         let secs = d.total.as_secs_f64();
         if cfg.verbose {
