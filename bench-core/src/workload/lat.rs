@@ -1,18 +1,22 @@
 //! `lat`: ping-pong on one NIC, WRITE-with-immediate or SEND. The client times round trips;
 //! latency is reported one-way, as half the round trip. Each side lands what it received
-//! ([`super::delivery::land`]: for GPU memory, visible to its GPU) before it answers, and the
-//! client's clock for a round trip stops only after it landed the answer. A round trip runs
-//! from the previous one's landing to its own: one clock read per round trip, and the round
+//! ([`super::delivery::make_visible`]: for GPU memory, visible to its GPU) before it answers,
+//! and the client's clock for a round trip stops only after it landed the answer. A round trip
+//! runs from the previous one's clock read to its own: one clock read per round trip, and the round
 //! trips add up to the wall time of the timed loop, re-posted receives included (what
 //! `ucx_perftest`'s and perftest's overall latency divide by the iterations).
 //!
-//! The client posts ping `i + 1` as soon as answer `i` arrived, and lands answer `i` and reads
-//! the clock after that, while the ping flies: landing and clock are off the path between an
-//! answer and the next ping (as the server's re-post is off the path between a ping and its
-//! answer). Each round trip still stops after its own landing, never before, and holds one
-//! post, one landing and one clock read; the post it holds is the next ping's (the first
-//! round trip holds the first two). On UCX sm at 4 KiB this took the clock read (about 25 ns,
-//! `clock_gettime`) off each round trip.
+//! The client lands answer `i`, posts ping `i + 1`, then reads the clock, while the ping
+//! flies: the landing is on the path between an answer and the next ping, as the server's is
+//! between a ping and its answer (on GPU memory a NIC wrote it is the device's flush, which a
+//! consumer that reads the answer before it sends again pays), and the clock read is off it.
+//! Each round trip stops after its own landing, never before, and holds one landing, one post
+//! and one clock read; the post it holds is the next ping's (the first round trip holds the
+//! first two). On UCX sm at 4 KiB, reading the clock after the post took its cost (about
+//! 25 ns, `clock_gettime`) off each round trip; over host memory and provider copies the
+//! landing costs a call that returns at once. (Until 2026-12-07 the client landed answer `i`
+//! after posting ping `i + 1`, so on GPU memory a NIC wrote, its flush overlapped the ping's
+//! flight; `workload::strict`'s test now refuses that order.)
 //!
 //! SEND keeps two receives posted on each side (`AHEAD`): the receive for message `i + 2` is
 //! posted right after this side sent message `i` (the client) or answered it (the server),
@@ -25,7 +29,7 @@ use transport_core::{
     Completion, CompletionKind, LocalSlice, PeerId, Post, RemoteSlice, Transport,
 };
 
-use super::delivery::{land, make_visible, Clock, Drain};
+use super::delivery::{make_visible, Clock, Delivered};
 use crate::config::LatOp;
 use crate::ctrl::Liveness;
 use crate::error::{Error, Result, TransportContext};
@@ -226,13 +230,13 @@ impl<T: Transport> PingPong<'_, T> {
             // the reply after next, posted while this ping is in flight.
             self.post_ahead(i, total)?;
             self.wait_msg(i, &mut local_done, &mut buf, live, idle)?;
-            // The next ping goes out before this reply is landed and the clock read: both
-            // are off the path between a reply and the next ping, as the server's re-post is
-            // (the answer does not wait for them), and the clock still stops after the land.
+            // The answer is landed before the next ping goes out, as the server lands each
+            // ping before it answers; the clock is read after that ping, off the path.
+            make_visible(self.ep, &[self.dst.mr])?;
             if i + 1 < total {
                 self.post_msg(i + 1, &mut local_done, &mut buf)?;
             }
-            let delivered = land(self.ep, &[self.dst.mr], Drain::No)?;
+            let delivered = Delivered::after_visible();
             if i >= warm {
                 rtts.push(clock.stop(delivered).as_nanos() as u64);
             }

@@ -13,6 +13,8 @@ pub mod gpu_write_cuda;
 pub mod lat;
 pub mod ranks;
 pub mod send;
+#[cfg(test)]
+pub(crate) mod strict;
 pub mod write;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -6,8 +6,10 @@
 //! client's proxy posts them; the server answers; the client's proxy counts the answers into
 //! the client ring's `arrivals`, which the producer waits on. The host-initiated figure
 //! beside each one posts the same WRITEs from a client thread. The server answers both the
-//! same way: a thread polls its endpoint and posts each answer once the immediate is counted,
-//! so the difference between the two figures is the client's initiator alone. With
+//! same way: a thread polls its endpoint and posts each answer once the immediate is counted
+//! and the bytes are visible (`make_gpu_visible`), so the difference between the two figures
+//! is the client's initiator alone. Both of the client's paths land each answer before they
+//! count it (the proxy's `landing`, the host path's thread), so both clocks stop at delivery. With
 //! `echo_ring` (`--server-echo ring`) it answers the proxy steps as a GPU consumer would:
 //! its proxy counts the immediates into its ring's `arrivals` and a CPU echo pushes the
 //! answers through that ring (two more hand-offs a round trip). Both halves of every region
@@ -428,6 +430,79 @@ pub fn ring_rate(producer: &dyn Producer, cfg: &GpuWriteCfg, core: Option<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host paths over shm, each side held to "land before you answer"
+    /// (`workload::strict`): the server makes each arrival visible before its answer (every
+    /// round, or once before the one answer of a bandwidth step), and the client each answer
+    /// before its clock stops.
+    #[test]
+    fn the_host_paths_land_before_they_answer() {
+        use crate::workload::strict::shm_pair;
+        use transport_core::MemoryRegion;
+        for (kind, size, n, warm) in [
+            (GpuStepKind::HostLat, 64u64, 20u64, 3u64),
+            (GpuStepKind::HostBw, 4096, 64, 0),
+        ] {
+            let (mut a, mut b, pb, pa, ma, mb) = shm_pair(1 << 16).expect("an shm pair");
+            let (la, lb) = (a.landings.clone(), b.landings.clone());
+            let ra = b.import(pa, &ma.remote()).expect("import");
+            let rb = a.import(pb, &mb.remote()).expect("import");
+            let step = GpuStep {
+                id: 0,
+                kind,
+                size,
+                n,
+                warm,
+                half: 1 << 15,
+                capacity: 256,
+                seed: 1,
+                verify: false,
+                pin: false,
+                echo_ring: false,
+            };
+            fn end<T: Transport>(
+                ep: &mut T,
+                peer: transport_core::PeerId,
+                remote: transport_core::RemoteRegion<T::RemoteKey>,
+            ) -> End<'_, T> {
+                End {
+                    ep,
+                    peer,
+                    remote,
+                    core: None,
+                    live: Liveness::default(),
+                    idle: Duration::from_secs(20),
+                }
+            }
+            std::thread::scope(|s| {
+                let step = &step;
+                let server = s.spawn(move || {
+                    let mut e = end(&mut b, pa, ra);
+                    server::server_host(&mut e, &mb, step)
+                });
+                let mut e = end(&mut a, pb, rb);
+                let rounds = client::client_host(&mut e, &ma, step, 16);
+                let served = server.join().expect("the server thread");
+                rounds.unwrap_or_else(|e| panic!("{kind:?}, client: {e}"));
+                served.unwrap_or_else(|e| panic!("{kind:?}, server: {e}"));
+            });
+            let answers = if kind == GpuStepKind::HostLat {
+                warm + n
+            } else {
+                1
+            };
+            assert_eq!(
+                lb.load(Ordering::Relaxed),
+                answers,
+                "{kind:?}: server landings"
+            );
+            assert_eq!(
+                la.load(Ordering::Relaxed),
+                answers,
+                "{kind:?}: client landings"
+            );
+        }
+    }
 
     #[test]
     fn ring_bytes_grow_with_the_capacity_and_refuse_a_bad_one() {

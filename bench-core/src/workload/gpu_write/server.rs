@@ -2,9 +2,11 @@
 //! that answers them.
 
 use super::*;
+use crate::workload::delivery::make_visible;
 
-/// The server's host path: answer every WRITE+imm (latency) or the last one (bandwidth). It
-/// answers the host steps, and the proxy steps unless `echo_ring`.
+/// The server's host path: answer every WRITE+imm (latency) or the last one (bandwidth), each
+/// answer after the bytes it answers are visible. It answers the host steps, and the proxy
+/// steps unless `echo_ring`.
 pub(super) fn server_host<T: Transport>(
     e: &mut End<'_, T>,
     src: &T::Mr,
@@ -34,6 +36,11 @@ pub(super) fn server_host<T: Transport>(
             )));
         }
         let due = if lat { imms } else { u64::from(imms == expect) };
+        // What arrived is visible here before the answer says so (on GPU memory a NIC wrote:
+        // the device's flush), as the ring path's proxy lands before it counts an arrival.
+        if sent < due {
+            make_visible(e.ep, &[src])?;
+        }
         while sent < due {
             let mut o = op;
             o.imm = Some(immediate(0, sent as u16));
