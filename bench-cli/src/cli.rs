@@ -327,7 +327,7 @@ pub struct ServerArgs {
     /// Close a session whose client sends nothing for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 120.0)]
     pub session_timeout: f64,
-    /// Exit after serving this many sessions (default: serve forever).
+    /// Exit after serving this many sessions (default: serve forever); non-zero if any failed.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub sessions: Option<u64>,
 }

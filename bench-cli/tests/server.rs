@@ -309,6 +309,26 @@ fn mismatches_are_refused_on_both_sides() {
     assert!(srv.alive());
 }
 
+/// A server that serves a set number of sessions (`--sessions N`, as scripts run it) exits
+/// 0 when they all succeeded, and non-zero, saying how many failed, when one did.
+#[test]
+fn a_server_with_sessions_exits_non_zero_when_one_failed() {
+    let mut srv = Server::start(&["--provider", "shm", "--sessions", "1"]);
+    quick_client(&srv).expect_ok();
+    assert_eq!(srv.exit_code(T), Some(0), "{}", srv.log());
+    let mut srv = Server::start(&["--provider", "shm", "--sessions", "2"]);
+    quick_client(&srv).expect_ok();
+    let mut a = client_args(&srv, SMALL);
+    a[4] = "tcp";
+    run(&a, T).expect_err("provider mismatch");
+    assert_eq!(srv.exit_code(T), Some(1), "{}", srv.log());
+    assert!(
+        srv.log().contains("served 2 session(s); 1 of them failed"),
+        "{}",
+        srv.log()
+    );
+}
+
 /// `--sessions 0` and `--max-sessions 0` would serve one session and then exit, or refuse
 /// every client as busy: both are usage errors.
 #[test]

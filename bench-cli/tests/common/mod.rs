@@ -198,6 +198,19 @@ impl Server {
         reap(&mut self.child);
     }
 
+    /// Wait up to `timeout` for the server to exit on its own: its exit code (`None`: still
+    /// running, or killed by a signal).
+    pub fn exit_code(&mut self, timeout: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Send the server `signal` (`STOP`, `CONT`, ...) with kill(1).
     pub fn signal(&self, signal: &str) {
         let st = std::process::Command::new("kill")

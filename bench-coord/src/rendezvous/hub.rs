@@ -299,19 +299,21 @@ impl Hub {
         joined[0] = true;
         while joined.iter().any(|j| !j) {
             self.check_failed()?;
+            // Every turn, not only when no one connects: connections that never say who they
+            // are (a port scanner, a rank restarted in a loop) must not hold rank 0 here.
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "{} of {world} to join at the rendezvous; were all ranks started, \
+                         with the same rendezvous address?",
+                        rank_list(&missing(&joined))
+                    ),
+                    after: timeout,
+                });
+            }
             let (mut s, from) = match listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if start.elapsed() > timeout {
-                        return Err(Error::Timeout {
-                            what: format!(
-                                "{} of {world} to join at the rendezvous; were all ranks \
-                                 started, with the same rendezvous address?",
-                                rank_list(&missing(&joined))
-                            ),
-                            after: timeout,
-                        });
-                    }
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 }
@@ -558,6 +560,63 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("rank 2"));
+    }
+
+    /// Connections that never say who they are, one after another past the deadline (a
+    /// port scanner, a rank restarted in a loop), do not keep rank 0 waiting: the rendezvous
+    /// times out on time and names the rank still missing.
+    #[test]
+    fn silent_connections_do_not_hold_the_rendezvous_past_its_timeout() {
+        use bench_core::config::{MemKind, Pattern, Workload};
+        use bench_core::proto::{RankSpec, MAGIC, VERSION};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let me = Join {
+            magic: MAGIC.into(),
+            version: VERSION,
+            rank: 0,
+            world: 2,
+            local_rank: 0,
+            host: "h".into(),
+            pid: 1,
+            spec: RankSpec {
+                build: "b".into(),
+                backend: "x".into(),
+                provider: "x".into(),
+                pattern: Pattern::Pairwise,
+                workload: Workload::Write,
+                gpus: 1,
+                nics_per_gpu: 1,
+                mem: MemKind::Host,
+                seed: 0,
+                verify: false,
+                runs: Vec::new(),
+            },
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let scanner = std::thread::spawn(move || {
+            let (mut held, t0) = (Vec::new(), Instant::now());
+            while !s2.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(15) {
+                if let Ok(c) = std::net::TcpStream::connect(addr) {
+                    held.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let start = Instant::now();
+        let r = Hub::accept(
+            &listener,
+            &me,
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+        );
+        let took = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        scanner.join().unwrap();
+        let e = r.err().expect("a timeout").to_string();
+        assert!(e.contains("rank 1"), "{e}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
     }
 
     #[test]

@@ -51,6 +51,9 @@ fn accept_loop<T: Transport>(
 ) -> Result<()> {
     let active = AtomicUsize::new(0);
     let next_id = AtomicU64::new(0);
+    // Sessions that ended in an error: a server that serves a set number of them exits
+    // non-zero if any did (a script's `server --sessions 1` must see its client's failure).
+    let failed = AtomicU64::new(0);
     std::thread::scope(|s| {
         let mut served = 0u64;
         // Each session's liveness and whether it ended: the scope would wait for ever on a
@@ -89,7 +92,7 @@ fn accept_loop<T: Transport>(
             }
             active.fetch_add(1, Ordering::AcqRel);
             let id = next_id.fetch_add(1, Ordering::Relaxed);
-            let active = &active;
+            let (active, failed) = (&active, &failed);
             sessions.retain(|(_, ended)| !ended.load(Ordering::Acquire));
             let (live, ended) = (Liveness::default(), Arc::new(AtomicBool::new(false)));
             sessions.push((live.clone(), ended.clone()));
@@ -105,6 +108,9 @@ fn accept_loop<T: Transport>(
                         session::<T>(cfg, stream, &label, live)
                     }))
                     .unwrap_or_else(|_| Err(Error::Protocol("the session panicked".into())));
+                    if r.is_err() {
+                        failed.fetch_add(1, Ordering::AcqRel);
+                    }
                     if !cfg.quiet {
                         match &r {
                             Ok(n) => eprintln!(
@@ -142,8 +148,14 @@ fn accept_loop<T: Transport>(
                 }
             }
         }
-    });
-    Ok(())
+        let failed = failed.load(Ordering::Acquire);
+        if failed > 0 && cfg.sessions.is_some() {
+            return Err(Error::Protocol(format!(
+                "served {served} session(s); {failed} of them failed (above)"
+            )));
+        }
+        Ok(())
+    })
 }
 
 /// What is left of the sessions when the server is done accepting.
