@@ -149,10 +149,16 @@ NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=10 State=UP OverSubscribe=FORCE
 EOF
 export SLURM_CONF=$S/slurm.conf
+# A daemon returns to the shell as it forks and writes its pid file later (after its plugins
+# and socket): wait for the file, up to 30 s on a loaded box, rather than a fixed sleep.
+pid_of() {
+  for _ in $(seq 300); do [ -s "$S/$1.pid" ] && { cat "$S/$1.pid"; return 0; }; sleep 0.1; done
+  fail "$1 wrote no pid file in 30 s: $(tail -5 "$S/log/$1.log")"
+}
 slurmctld -i || fail "slurmctld did not start: $(tail -5 "$S/log/slurmctld.log")"
-sleep 0.5; PIDS+=("$(cat "$S/slurmctld.pid")")
+PIDS+=("$(pid_of slurmctld)")
 slurmd -N localhost || fail "slurmd did not start: $(tail -5 "$S/log/slurmd.log")"
-sleep 0.5; PIDS+=("$(cat "$S/slurmd.pid")")
+PIDS+=("$(pid_of slurmd)")
 for _ in $(seq 60); do
   sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)' && break; sleep 0.5
 done

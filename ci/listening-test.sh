@@ -24,10 +24,10 @@ live = conn(b + 1)
 c, s = conn(b + 2); c.close(); time.sleep(0.2); s.close()
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("127.0.0.1", b + 3))
 open(ready, "w").close()
-time.sleep(30)
+time.sleep(600)  # killed below, once the checks ran (a loaded box may take more than 30 s)
 PY
 holder=$!
-for _ in $(seq 100); do [ -e "$ready" ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -e "$ready" ] && break; sleep 0.1; done
 [ -e "$ready" ] || fail "the python holder did not get ready"
 states=$(for p in 0 1 2; do
   awk -v p="$(printf ':%04X' $((base + p)))" 'substr($2, length($2) - 4) == p {print $4; exit}' /proc/net/tcp

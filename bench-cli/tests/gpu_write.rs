@@ -317,9 +317,15 @@ fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
     let log = Arc::new(Mutex::new(String::new()));
     let (tx, rx) = std::sync::mpsc::channel();
     let (log2, want) = (log.clone(), format!("{kind}, "));
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
+        // The step's "started" line, then the first "ready" after it: the server answered
+        // Ready, so stopping it now stops it inside the step, not before.
+        let mut started = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if line.contains(&want) && line.ends_with("started") {
+                started = true;
+            } else if started && line.ends_with("the server is ready") {
+                started = false;
                 let _ = tx.send(());
             }
             let mut l = log2.lock().unwrap();
@@ -332,7 +338,7 @@ fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
         reap(&mut child);
         panic!("no {kind} step started:\n{}", text());
     }
-    // Past the server's Ready, inside the step's 2.5 GB.
+    // Inside the step's 2.5 GB.
     std::thread::sleep(Duration::from_millis(500));
     srv.signal("STOP");
     let t = Instant::now();
@@ -352,7 +358,8 @@ fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
     };
     srv.signal("CONT");
     srv.kill();
-    std::thread::sleep(Duration::from_millis(100));
+    // The reader ends at the client's end of stderr: then the log holds its last line.
+    let _ = reader.join();
     let log = text();
     assert!(!st.success(), "{log}");
     assert!(log.contains(why), "expected {why:?}:\n{log}");

@@ -14,13 +14,6 @@ use common::*;
 
 const SMALL_RUN: &[&str] = &["-s", "4K", "--pages", "16", "-n", "3"];
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// Start rank `rank` of `world` with torchrun-style variables (and nothing of a launcher).
 fn spawn_rank(rank: u32, world: u32, port: u16, args: &[&str]) -> Child {
     let mut c = Command::new(bin());
@@ -268,8 +261,10 @@ fn kill_rank_2(nic: &[&str]) {
             o.stderr
         );
     }
-    // Well within the idle timeout (3 s) plus the watchdog's grace.
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // No hang: the idle timeout (3 s), then a survivor stuck in the provider ends through its
+    // watchdog's grace (3 s), and one that only sees that survivor go through its own grace
+    // after it: 9 s at most on an idle box; the bound is ci/kill-soak.sh's for a loaded one.
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 }
 
 #[test]

@@ -329,13 +329,6 @@ fn words(s: &str) -> Vec<String> {
     out
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// A free port in 20000..40000, the range Slurm's job id maps to (`20000 + id % 20000`).
 fn free_slurm_port() -> u16 {
     let base = 20000 + (std::process::id() % 19000) as u16;

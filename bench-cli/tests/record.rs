@@ -207,10 +207,7 @@ fn spawn_rank(rank: u32, port: u16) -> Child {
 
 #[test]
 fn a_rank_job_records_rank_0_and_the_ranks_that_differ() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let port = free_port();
     let kids: Vec<Child> = (0..2).map(|r| spawn_rank(r, port)).collect();
     let mut outs = kids.into_iter().map(|k| wait(k, T));
     let v = outs.next().unwrap().expect_ok().json();

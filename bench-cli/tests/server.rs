@@ -200,9 +200,10 @@ fn killed_client_leaves_server_and_others_serving() {
     );
     std::thread::sleep(Duration::from_millis(500));
     reap(&mut doomed);
-    // The server notices within 5 s and keeps serving.
+    // The server notices (within its watchdog's grace where a worker is stuck in the
+    // provider, with room for a loaded box) and keeps serving.
     assert!(
-        srv.wait_log("gone", Duration::from_secs(5)),
+        srv.wait_log("gone", Duration::from_secs(20)),
         "the server did not report the lost client:\n{}",
         srv.log()
     );
@@ -229,8 +230,10 @@ fn killed_server_is_reported_by_the_client() {
     srv.kill();
     let o = wait(long, Duration::from_secs(30));
     assert!(!o.ok());
+    // No hang: an error, or the watchdog's exit after its 2 s grace; the bound leaves room
+    // for a loaded box.
     assert!(
-        t.elapsed() < Duration::from_secs(5),
+        t.elapsed() < Duration::from_secs(20),
         "took {:?}",
         t.elapsed()
     );
@@ -248,10 +251,7 @@ fn killed_server_is_reported_by_the_client() {
 #[test]
 fn server_unreachable() {
     // Find a port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let o = run(
         &[

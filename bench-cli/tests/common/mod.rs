@@ -231,3 +231,25 @@ impl Drop for Server {
 pub const SMALL: &[&str] = &["-n", "2", "--pages", "16", "-s", "4K"];
 
 pub const T: Duration = Duration::from_secs(60);
+
+/// A TCP port for a rendezvous (`MASTER_PORT`) that nothing holds now, below the kernel's
+/// ephemeral range: a port the kernel hands to `bind(0)` (a provider's listener, another
+/// test's server) may be taken between this check and the rank that binds it; one below the
+/// range only by an explicit bind. Tried from a start that differs per process and call, so
+/// tests running side by side pick different ones (as `ci/listening.sh`'s `free_port`).
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768)
+        .clamp(11000, 65535);
+    let span = low - 10000;
+    let k = CALLS.fetch_add(1, Ordering::Relaxed);
+    let start = (std::process::id().wrapping_mul(7919) + k.wrapping_mul(104_729)) % span;
+    (0..span)
+        .map(|i| (10000 + (start + i) % span) as u16)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below the ephemeral range")
+}

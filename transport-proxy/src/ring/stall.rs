@@ -62,13 +62,14 @@ mod tests {
     fn a_stalled_ring_fails_its_producer() {
         let mem = RingMemory::new(RingLayout::new(2, 1).unwrap());
         let ring = mem.ring();
+        // Before the watch: its idle clock starts no earlier, however late this thread runs.
+        let start = Instant::now();
         let mut w = StallWatch::new(ring, Duration::from_millis(50));
         assert!(!w.check(ring), "nothing waits: no stall");
         ring.push(&Command::fence()).unwrap();
         ring.push(&Command::fence()).unwrap();
         std::thread::scope(|s| {
             let h = s.spawn(|| ring.push(&Command::fence()));
-            let start = Instant::now();
             while !w.check(ring) {
                 assert!(start.elapsed() < Duration::from_secs(5), "no stall seen");
                 std::thread::sleep(Duration::from_millis(5));
@@ -83,16 +84,17 @@ mod tests {
     fn progress_restarts_the_clock() {
         let mem = RingMemory::new(RingLayout::new(4, 1).unwrap());
         let ring = mem.ring();
-        // 6 steps of 100 ms: longer than the idle time in all, each shorter than it.
-        let mut w = StallWatch::new(ring, Duration::from_millis(400));
-        for p in 0..6u64 {
+        // 8 steps of 300 ms: longer than the idle time in all, each check well within it
+        // (150 ms of sleep against 1 s, room for a loaded box's late wake-ups).
+        let mut w = StallWatch::new(ring, Duration::from_secs(1));
+        for p in 0..8u64 {
             ring.push(&Command::fence()).unwrap();
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(150));
             assert!(!w.check(ring), "step {p}");
             // The proxy consumes and completes it.
             ring.release(p + 1);
             ring.done().store(p + 1, Ordering::Release);
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(150));
             assert!(!w.check(ring), "step {p}");
         }
         // Nothing waiting: even a watch with no patience at all sees no stall.

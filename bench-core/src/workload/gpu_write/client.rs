@@ -382,7 +382,11 @@ pub(super) fn client_step<T: Transport>(
     ctrl.send(&Msg::GpuStep(step.clone()))?;
     let wait = cfg.idle.max(Duration::from_secs(60));
     match ctrl.recv(wait, "the server to get ready")? {
-        Msg::Ready { id } if id == step.id => {}
+        Msg::Ready { id } if id == step.id => {
+            if cfg.verbose {
+                eprintln!("rdma-bench: gpu-write step {id}: the server is ready");
+            }
+        }
         m => {
             return Err(Error::Protocol(format!(
                 "expected ready for gpu-write step {}, got {}",
