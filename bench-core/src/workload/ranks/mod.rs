@@ -18,6 +18,8 @@
 //! the sending link's region, past its pages; the sending link's clock stops at that
 //! acknowledgement.
 
+use std::time::Instant;
+
 use transport_core::{
     Completion, CompletionKind, EndpointAddr, MemoryRegion, PeerId, RemoteRegion, Transport,
 };
@@ -61,6 +63,9 @@ pub struct Link<T: Transport> {
     /// Receiving: immediates of the next phase that arrived while this rank still waited
     /// for the barrier that starts it (the peer was released first).
     pub early: u64,
+    /// When the first of them was seen: the link's receive clock starts there, not at this
+    /// rank's start, so that its figure holds no byte that came before its clock.
+    pub early_since: Option<Instant>,
 }
 
 /// Index of the sending link of `rank` towards `target` on NIC `nic`: sending links come
@@ -148,6 +153,7 @@ pub fn open_links<T: Transport>(
                     remote: None,
                     tag,
                     early: 0,
+                    early_since: None,
                 });
             }
         }
@@ -411,7 +417,7 @@ impl Phase<'_> {
                     }),
                 ));
             } else {
-                let early = std::mem::take(&mut l.early);
+                let (early, early_since) = (std::mem::take(&mut l.early), l.early_since.take());
                 if early > 0 && !active {
                     return Err(Error::Protocol(format!(
                         "link {k} received {early} immediate(s) from rank {} in a run it \
@@ -437,6 +443,7 @@ impl Phase<'_> {
                         active,
                         bytes_per_rep: self.layout.slots(j) * size as u64,
                         early,
+                        early_since,
                     }),
                 ));
             }
@@ -492,6 +499,7 @@ pub fn poll_idle<T: Transport>(links: &mut [Link<T>], buf: &mut [Completion]) ->
             match c.kind {
                 CompletionKind::RemoteWrite { imm } if !l.send && imm & 0xffff == l.tag => {
                     l.early += 1;
+                    l.early_since.get_or_insert_with(Instant::now);
                 }
                 _ => return Err(super::unexpected(c, &format!("link {k} between phases"))),
             }

@@ -2,6 +2,7 @@
 //! per repeat; after the last one of a phase it lands its region (its clock stops there) and
 //! acknowledges into the pad past the sending link's pages ([`ack_pad`]).
 
+use std::time::Instant;
 use transport_core::{Completion, CompletionKind, PeerId, RemoteRegion, RemoteSlice, Transport};
 
 use super::ACK_PAD;
@@ -26,8 +27,11 @@ pub struct ImmSink<'a, T: Transport> {
     bytes_per_rep: u64,
     reps: u64,
     got: u64,
-    /// Immediates that arrived before the phase started.
+    /// Immediates that arrived before the phase started, and when the first did.
     carry: u64,
+    carry_since: Option<Instant>,
+    /// The first of them of this phase: the link's clock starts no later.
+    since: Option<Instant>,
     /// Immediates of this phase that arrived before it started, not yet reported as ops.
     owed: u64,
     /// The phase's bytes landed here (the link's clock stops there).
@@ -49,8 +53,9 @@ pub struct SinkParts<'a, T: Transport> {
     pub tag: u32,
     pub active: bool,
     pub bytes_per_rep: u64,
-    /// Immediates already received for this phase.
+    /// Immediates already received for this phase, and when the first came.
     pub early: u64,
+    pub early_since: Option<Instant>,
 }
 
 impl<'a, T: Transport> ImmSink<'a, T> {
@@ -68,6 +73,8 @@ impl<'a, T: Transport> ImmSink<'a, T> {
             reps: 0,
             got: 0,
             carry: p.early,
+            carry_since: p.early_since,
+            since: None,
             owed: 0,
             delivered: None,
             ack: 0,
@@ -98,6 +105,7 @@ impl<T: Transport> NicWork for ImmSink<'_, T> {
         // phase ends on the sum of the ops every poll reports, so ops counted only here
         // would leave it waiting for completions that already came.
         self.owed = std::mem::take(&mut self.carry);
+        self.since = self.carry_since.take();
         self.delivered = None;
         self.ack = 0;
     }
@@ -162,12 +170,25 @@ impl<T: Transport> NicWork for ImmSink<'_, T> {
         self.link
     }
 
+    /// From the phase's start, or from the first immediate that came before it (its peer
+    /// left the barrier first), whichever is earlier, to delivery: every byte counted came
+    /// inside the time it is divided by.
     fn stats(&self, clock: Clock) -> NicStats {
+        let clock = rx_clock(clock, self.since);
         NicStats {
             bytes: self.got * self.bytes_per_rep,
             ops: self.got,
             seconds: self.delivered.map_or(0.0, |d| clock.stop(d).as_secs_f64()),
         }
+    }
+}
+
+/// A receiving link's clock: the phase's, or one from `since` (the first immediate of the
+/// phase, seen before it started) where that is earlier.
+fn rx_clock(phase: Clock, since: Option<Instant>) -> Clock {
+    match since {
+        Some(t) if t < phase.started() => Clock::from(t),
+        _ => phase,
     }
 }
 
@@ -190,4 +211,22 @@ fn too_many(link: usize, reps: u64) -> Error {
     Error::Protocol(format!(
         "link {link} received more immediates than the {reps} expected"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Bytes that came before this rank's phase started count from when they came: the
+    /// receive clock starts at the first early immediate, never later than the phase's.
+    #[test]
+    fn the_receive_clock_starts_at_the_first_early_immediate() {
+        let t0 = Instant::now();
+        let phase = Clock::from(t0 + Duration::from_millis(5));
+        assert_eq!(rx_clock(phase, Some(t0)).started(), t0);
+        assert_eq!(rx_clock(phase, None).started(), phase.started());
+        let later = t0 + Duration::from_millis(9);
+        assert_eq!(rx_clock(phase, Some(later)).started(), phase.started());
+    }
 }
