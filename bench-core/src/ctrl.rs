@@ -202,6 +202,9 @@ pub struct Ctrl {
     gone_reason: Option<String>,
     /// This side sent `Bye`: the peer closing the connection after it is the session's end.
     bye_sent: Arc<AtomicBool>,
+    /// The reader's watchdog and the session's label, for [`Ctrl::watch_teardown`].
+    watchdog: Option<Watchdog>,
+    label: Option<String>,
 }
 
 impl Ctrl {
@@ -251,6 +254,7 @@ impl Ctrl {
         let stop = Arc::new(AtomicBool::new(false));
         let bye_sent = Arc::new(AtomicBool::new(false));
         let (live2, stop2, bye_sent2) = (live.clone(), stop.clone(), bye_sent.clone());
+        let label2 = label.clone();
         let reader = std::thread::Builder::new()
             .name("ctrl-reader".into())
             .spawn(move || {
@@ -289,7 +293,7 @@ impl Ctrl {
                     let closed = tx.send(ev).is_err();
                     if let Some(w) = v.watch {
                         let why = v.why.unwrap_or_else(|| format!("{name} left"));
-                        let _ = watch(&live2, &stop2, w, &why, label.as_deref());
+                        let _ = watch(&live2, &stop2, w, &why, label2.as_deref());
                     }
                     if closed || last {
                         return;
@@ -306,7 +310,32 @@ impl Ctrl {
             peer,
             gone_reason: None,
             bye_sent,
+            watchdog,
+            label,
         })
+    }
+
+    /// This side failed (`why`) and is about to close its endpoints with the peer still
+    /// connected (a peer that stopped: nothing on this connection arms the watchdog). Arm it
+    /// now, with at least [`TEARDOWN_GRACE`]: a close that waits for operations the stopped
+    /// peer never completes (efa's close waits for its sends) ends this process (`Exit`) or
+    /// abandons the session (`Warn`) instead of hanging. Nothing happens where the data path
+    /// is no longer busy by then, or this connection was dropped.
+    pub fn watch_teardown(&self, why: &str) {
+        self.watch_teardown_after(why, TEARDOWN_GRACE);
+    }
+
+    fn watch_teardown_after(&self, why: &str, grace: Duration) {
+        let Some(w) = self.watchdog.map(|w| w.at_least(grace)) else {
+            return;
+        };
+        let (live, stop) = (self.live.clone(), self.stop.clone());
+        let (why, label) = (why.to_string(), self.label.clone());
+        let _ = std::thread::Builder::new()
+            .name("ctrl-teardown".into())
+            .spawn(move || {
+                let _ = watch(&live, &stop, w, &why, label.as_deref());
+            });
     }
 
     /// The peer's address.
@@ -541,6 +570,46 @@ mod tests {
             ctrl.recv(Duration::from_secs(1), "x"),
             Err(Error::PeerGone(_))
         ));
+    }
+
+    /// This side failed with its peer still connected (a stopped peer): `watch_teardown`
+    /// arms the watchdog, which acts where the data path is still busy after the grace (an
+    /// endpoint close that does not return), and not where it went idle or the connection
+    /// was dropped.
+    #[test]
+    fn a_teardown_after_this_sides_failure_is_watched() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_b, _) = l.accept().unwrap();
+        let opts = |live| CtrlOpts {
+            watchdog: Some(Watchdog::Warn(Duration::from_millis(20))),
+            live: Some(live),
+            ..CtrlOpts::default()
+        };
+        let wait = |live: &Liveness| {
+            let start = std::time::Instant::now();
+            while !live.abandoned() && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        // Still busy (the close hangs): abandoned.
+        let live = Liveness::default();
+        let ctrl = Ctrl::with(a.try_clone().unwrap(), opts(live.clone())).unwrap();
+        let busy = live.busy();
+        ctrl.watch_teardown_after("this side failed", Duration::from_millis(50));
+        wait(&live);
+        assert!(live.abandoned(), "a close that hangs was not caught");
+        drop(busy);
+        drop(ctrl);
+        // Idle by the grace's end (the close returned): nothing.
+        let live = Liveness::default();
+        let ctrl = Ctrl::with(a, opts(live.clone())).unwrap();
+        let busy = live.busy();
+        ctrl.watch_teardown_after("this side failed", Duration::from_millis(300));
+        drop(busy);
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(!live.abandoned(), "a close that returned was abandoned");
+        drop(ctrl);
     }
 
     #[test]

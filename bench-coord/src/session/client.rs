@@ -143,21 +143,37 @@ fn client_inner<T: Transport>(
     let live = ctrl.liveness();
     let _busy = live.busy();
     let mut side = Side::<T>::open(cfg)?;
-    for p in &plan.runs {
-        check_size(plan, &side, p.size, false)?;
+    let r = client_runs(&mut side, cfg, plan, ctrl, json);
+    if let Err(e) = &r {
+        // The endpoints close next, perhaps with WRITEs to a server that stopped.
+        ctrl.watch_teardown(&e.to_string());
     }
-    let len = data_len(plan, &side)?;
+    r
+}
+
+/// The client's session on its opened endpoints: regions, hello, every run, goodbye.
+fn client_runs<T: Transport>(
+    side: &mut Side<T>,
+    cfg: &SideCfg,
+    plan: &Plan,
+    ctrl: &mut Ctrl,
+    json: bool,
+) -> Result<ClientOut> {
+    for p in &plan.runs {
+        check_size(plan, side, p.size, false)?;
+    }
+    let len = data_len(plan, side)?;
     side.register(cfg.mem, len, cfg.buf_offset)?;
     if cfg.verbose > 0 {
-        eprintln!("rdma-bench: {}", regions_line(&side, cfg.mem, len as u64));
+        eprintln!("rdma-bench: {}", regions_line(side, cfg.mem, len as u64));
     }
-    let (facts, peer) = greet(&mut side, cfg, ctrl, len)?;
+    let (facts, peer) = greet(side, cfg, ctrl, len)?;
     for p in &plan.runs {
-        check_size(plan, &side, p.size, true)?;
+        check_size(plan, side, p.size, true)?;
     }
     let mut reports = Vec::with_capacity(plan.runs.len());
     for (k, p) in plan.runs.iter().enumerate() {
-        let r = run_one(&mut side, ctrl, cfg, plan, p, k as u32, json)?;
+        let r = run_one(side, ctrl, cfg, plan, p, k as u32, json)?;
         if cfg.verbose > 0 {
             eprintln!(
                 "rdma-bench: run {k}{}: {:.2} Gbit/s, {:.3} Mops; knobs: {}; server threads {}",

@@ -249,6 +249,24 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
     let live = ctrl.liveness();
     let _busy = live.busy();
     let mut side = Side::<T>::open(&scfg)?;
+    let r = serve_session(&mut side, cfg, &scfg, hello, want, ctrl);
+    if let Err(e) = &r {
+        // The endpoints close next, perhaps with WRITEs to a client that stopped.
+        ctrl.watch_teardown(&e.to_string());
+    }
+    r
+}
+
+/// The session on the server's opened endpoints: regions, welcome, every request until the
+/// client's goodbye; the runs served.
+fn serve_session<T: Transport>(
+    side: &mut Side<T>,
+    cfg: &ServerCfg,
+    scfg: &bench_core::side::SideCfg,
+    hello: bench_core::proto::Hello,
+    want: u64,
+    ctrl: &mut Ctrl,
+) -> Result<u64> {
     // A backend with providers runs both sides over the same one.
     if T::INFO.provider.is_some() && side.provider() != hello.provider {
         return Err(Error::Protocol(format!(
@@ -259,7 +277,7 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
     }
     side.register(scfg.mem, want.max(64) as usize, scfg.buf_offset)?;
     if scfg.verbose > 0 {
-        eprintln!("rdma-bench: {}", regions_line(&side, scfg.mem, want));
+        eprintln!("rdma-bench: {}", regions_line(side, scfg.mem, want));
     }
     let wire = side.wire();
     side.connect(hello.nics)?;
@@ -283,7 +301,7 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
                     // The client announced its endpoints before its first request.
                     side.settle()?;
                 }
-                let done = serve_request(&mut side, ctrl, cfg, &r)?;
+                let done = serve_request(side, ctrl, cfg, &r)?;
                 ctrl.send(&Msg::Done(done))?;
                 runs += 1;
             }
@@ -291,7 +309,7 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
                 if runs == 0 {
                     side.settle()?;
                 }
-                let done = super::gpu_write::serve_gpu_step(&mut side, ctrl, cfg, &g)?;
+                let done = super::gpu_write::serve_gpu_step(side, ctrl, cfg, &g)?;
                 ctrl.send(&Msg::GpuStepDone(done))?;
                 runs += 1;
             }
