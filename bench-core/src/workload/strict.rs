@@ -174,6 +174,25 @@ mod tests {
         Ok(())
     }
 
+    /// One side of the ping-pong: it sends from the upper half of its region and receives
+    /// into the lower half, and WRITEs into the peer's lower half.
+    fn side<'a, T: Transport>(
+        ep: &'a mut T,
+        peer: PeerId,
+        mr: &'a T::Mr,
+        remote: &RemoteRegion<T::RemoteKey>,
+        op: LatOp,
+    ) -> crate::error::Result<PingPong<'a, T>> {
+        Ok(PingPong {
+            ep,
+            peer,
+            src: LocalSlice::new(mr, 4096, 64).ctx(|| "src")?,
+            dst: LocalSlice::new(mr, 0, 64).ctx(|| "dst")?,
+            remote: remote.slice(0, 64).ctx(|| "remote")?,
+            op,
+        })
+    }
+
     fn ping_pong(op: LatOp) -> crate::error::Result<()> {
         let (mut a, mut b, pb, pa, ma, mb) = shm_pair(8192).ctx(|| "an shm pair")?;
         let (la, lb) = (a.landings.clone(), b.landings.clone());
@@ -184,25 +203,11 @@ mod tests {
         let live = Liveness::default();
         std::thread::scope(|s| -> crate::error::Result<()> {
             let server = s.spawn(move || -> crate::error::Result<()> {
-                let mut pp = PingPong {
-                    ep: &mut b,
-                    peer: pa,
-                    src: LocalSlice::new(&mb, 4096, 64).ctx(|| "src")?,
-                    dst: LocalSlice::new(&mb, 0, 64).ctx(|| "dst")?,
-                    remote: ra.slice(0, 64).ctx(|| "remote")?,
-                    op,
-                };
+                let mut pp = side(&mut b, pa, &mb, &ra, op)?;
                 pp.prepare(total)?;
                 pp.pong(total, &Liveness::default(), IDLE)
             });
-            let mut pp = PingPong {
-                ep: &mut a,
-                peer: pb,
-                src: LocalSlice::new(&ma, 4096, 64).ctx(|| "src")?,
-                dst: LocalSlice::new(&ma, 0, 64).ctx(|| "dst")?,
-                remote: rb.slice(0, 64).ctx(|| "remote")?,
-                op,
-            };
+            let mut pp = side(&mut a, pb, &ma, &rb, op)?;
             pp.prepare(total)?;
             let rtts = pp.ping(warm, iters, &live, IDLE, &mut Progress::new("lat", true))?;
             assert_eq!(rtts.len() as u64, iters);
