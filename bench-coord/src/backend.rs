@@ -21,7 +21,7 @@ use crate::session::{self, ClientOut, ServerCfg};
 type LoopbackFn = fn(&SideCfg, &ServerCfg, &Plan, bool) -> Result<ClientOut>;
 type ServeFn = fn(&ServerCfg, &str) -> Result<()>;
 type ClientFn = fn(&SideCfg, &Plan, TcpStream, bool) -> Result<ClientOut>;
-type RankFn = fn(RunCfg) -> Result<Option<JobReport>>;
+type RankFn = fn(RunCfg, &mut dyn FnMut(&JobReport)) -> Result<()>;
 type GpuWriteFn = fn(&SideCfg, &ServerCfg, &GpuWriteCfg, &dyn Producer) -> Result<GpuWriteReport>;
 type GpuClientFn = fn(&SideCfg, TcpStream, &GpuWriteCfg, &dyn Producer) -> Result<GpuWriteReport>;
 
@@ -166,9 +166,9 @@ impl Backend {
         (self.entry()?.client)(cfg, plan, stream, json)
     }
 
-    /// [`crate::ranks::run`] on this backend.
-    pub fn rank(&self, cfg: RunCfg) -> Result<Option<JobReport>> {
-        (self.entry()?.rank)(cfg)
+    /// [`crate::ranks::run`] on this backend: rank 0 hands its report to `emit`.
+    pub fn rank(&self, cfg: RunCfg, emit: &mut dyn FnMut(&JobReport)) -> Result<()> {
+        (self.entry()?.rank)(cfg, emit)
     }
 }
 

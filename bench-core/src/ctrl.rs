@@ -325,7 +325,9 @@ impl Ctrl {
         self.watch_teardown_after(why, TEARDOWN_GRACE);
     }
 
-    fn watch_teardown_after(&self, why: &str, grace: Duration) {
+    /// [`Ctrl::watch_teardown`] with at least `grace` (a teardown of many endpoints may need
+    /// more than [`TEARDOWN_GRACE`]).
+    pub fn watch_teardown_after(&self, why: &str, grace: Duration) {
         let Some(w) = self.watchdog.map(|w| w.at_least(grace)) else {
             return;
         };

@@ -419,16 +419,19 @@ fn run_rank(a: RunArgs) -> Result<()> {
         gpu_per_rank: a.gpu_per_rank,
         provider: a.common.provider.clone().unwrap_or_default(),
     };
-    if let Some(rep) = a.common.backend.rank(cfg)? {
-        if a.common.json {
+    // Rank 0's report, printed before the rank closes its links.
+    let json = a.common.json;
+    a.common.backend.rank(cfg, &mut |rep| {
+        if json {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&rep)
+                serde_json::to_string_pretty(rep)
                     .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
             );
         } else {
-            print!("{}", ranks::render(&rep));
+            print!("{}", ranks::render(rep));
         }
-    }
-    Ok(())
+        // Out now: a close that hangs ends this process through the watchdog.
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
 }

@@ -9,6 +9,7 @@ use crate::launch::{self, Launch, Rendezvous};
 use crate::rendezvous::{self, Coord, Hub, Leaf, Member};
 use bench_core::buffers::PageLayout;
 use bench_core::config::Pattern;
+use bench_core::ctrl::TEARDOWN_GRACE;
 use bench_core::error::{Error, Result};
 use bench_core::plan::Plan;
 use bench_core::proto::{Join, Links, RankDone, RankSpec, RunSpec, MAGIC, MAX_NAME, VERSION};
@@ -28,6 +29,10 @@ pub(super) struct Job<'a> {
     pub(super) provider: String,
     pub(super) timeout: Duration,
 }
+
+/// What a good job's teardown may take per link beyond [`TEARDOWN_GRACE`]: a backend bounds
+/// each close (UCX waits up to 2 s for a forced close to complete).
+const PER_LINK_CLOSE: Duration = Duration::from_secs(2);
 
 fn layout(plan: &Plan, i: usize, npg: usize) -> PageLayout {
     let p = &plan.runs[i];
@@ -65,7 +70,7 @@ fn spec<T: Transport>(j: &Job<'_>) -> RankSpec {
     }
 }
 
-pub(super) fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
+pub(super) fn job<T: Transport>(j: &Job<'_>, emit: &mut dyn FnMut(&JobReport)) -> Result<()> {
     let (rank, world) = (j.launch.rank, j.launch.world);
     let cfg = j.cfg;
     // The watchdog acts within the idle timeout of a rank's death.
@@ -92,19 +97,29 @@ pub(super) fn job<T: Transport>(j: &Job<'_>) -> Result<Option<JobReport>> {
     } else {
         Coord::Leaf(Leaf::join(j.rdv, &me, j.timeout, grace)?)
     };
-    // From the first endpoint to the last barrier this process uses its endpoints: should a
-    // peer die and this rank not end on its own within the grace period (a thread spinning
-    // inside the provider), the control connection's watchdog ends it.
+    // From the first endpoint until the last is closed this process uses its endpoints:
+    // should a peer die and this rank not end on its own within the grace period (a thread
+    // spinning inside the provider), the control connection's watchdog ends it.
     let live = coord.liveness();
     let busy = live.busy();
     let mut links: Vec<Link<T>> = Vec::new();
     let r = ranks_main(j, &mut coord, &mut links);
     match r {
         Ok(rep) => {
+            // The job is done: rank 0's report goes out before any link closes, so a close
+            // that hangs cannot lose it. The closes stay under the watchdog, armed now with
+            // the teardown's grace (a peer closing its connection arms it too, but one that
+            // stopped closes nothing), and a bounded allowance per link.
+            if let Some(rep) = &rep {
+                emit(rep);
+            }
+            let grace = TEARDOWN_GRACE + PER_LINK_CLOSE * links.len() as u32;
+            coord.watch_teardown("the job is complete and its links are closing", grace);
+            drop(links);
             drop(busy);
-            Ok(rep)
+            Ok(())
         }
-        Err(_) if links.is_empty() => r.map_err(|e| coord.fail(e)),
+        Err(e) if links.is_empty() => Err(coord.fail(e)),
         Err(e) => {
             let e = coord.fail(e);
             // The job failed, often because a peer died: closing endpoints it may have

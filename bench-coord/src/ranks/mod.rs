@@ -22,6 +22,8 @@ use bench_core::side::SideCfg;
 
 mod job;
 mod report;
+#[cfg(test)]
+mod teardown_test;
 
 use job::Job;
 pub use report::{render, spread, summarize, JobReport, JobRun, NicRow, RankRow, Slowest, Spread};
@@ -47,9 +49,10 @@ pub struct RunCfg {
     pub provider: String,
 }
 
-/// The `run` subcommand: this rank's part of the job, on backend `T`. Rank 0 returns the job's
-/// report, the other ranks `None`.
-pub fn run<T: Transport>(a: RunCfg) -> Result<Option<JobReport>> {
+/// The `run` subcommand: this rank's part of the job, on backend `T`. Rank 0 hands the job's
+/// report to `emit` once every rank is done, before it closes its links (a close that hangs
+/// cannot lose the report); the other ranks never call it.
+pub fn run<T: Transport>(a: RunCfg, emit: &mut dyn FnMut(&JobReport)) -> Result<()> {
     let env = |k: &str| std::env::var(k).ok();
     let launch = launch::detect(&env)?;
     let rdv = launch::rendezvous(a.rendezvous.as_deref(), &env)?;
@@ -106,5 +109,5 @@ pub fn run<T: Transport>(a: RunCfg) -> Result<Option<JobReport>> {
         provider: a.provider,
         timeout: Duration::from_secs_f64(t),
     };
-    job::job::<T>(&job)
+    job::job::<T>(&job, emit)
 }

@@ -103,6 +103,22 @@ impl Coord {
         }
     }
 
+    /// This rank is about to close its links (the job is done, or failed with its peers
+    /// still connected): arm the watchdog now, with at least `grace`, so a close that waits
+    /// forever on a peer that stopped ends the rank instead of hanging it (see
+    /// [`Ctrl::watch_teardown_after`](bench_core::ctrl::Ctrl::watch_teardown_after)).
+    pub fn watch_teardown(&self, why: &str, grace: Duration) {
+        match self {
+            Coord::Root(h) => {
+                // Every rank's connection shares rank 0's liveness: one watch covers them.
+                if let Some(c) = h.ctrls.iter().flatten().next() {
+                    c.watch_teardown_after(why, grace);
+                }
+            }
+            Coord::Leaf(l) => l.ctrl.watch_teardown_after(why, grace),
+        }
+    }
+
     /// Every rank waits here until all have arrived at barrier `id`.
     pub fn barrier(
         &mut self,
