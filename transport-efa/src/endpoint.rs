@@ -16,6 +16,7 @@ use transport_core::{
 
 use crate::domain::Domain;
 use crate::error::{provider, runtime_version};
+use crate::grave::Grave;
 use crate::imm::ImmRecvs;
 use crate::mr::{self, Mr, MrMode, RegisterOn};
 use crate::nic::{DomainInfo, Pci};
@@ -66,6 +67,9 @@ pub struct Endpoint {
     /// Send the provider's connection request from `add_peer` (see [`Endpoint::announce`]).
     pub(crate) announce_peers: bool,
     pub(crate) info: EndpointInfo,
+    /// Regions dropped while an operation may still use them (`grave.rs`); emptied by
+    /// `poll` once no operation is in flight, and by Drop after the endpoint closed.
+    pub(crate) grave: Arc<Grave<Mr>>,
 }
 
 /// How an endpoint was opened: the settings that decide how it behaves on real hardware,
@@ -128,9 +132,9 @@ impl fmt::Display for EndpointInfo {
 }
 
 // SAFETY: the endpoint owns its libfabric objects; every call on them takes `&mut self`, so
-// one thread at a time uses them (FI_THREAD_DOMAIN's contract), and regions that may be
-// dropped elsewhere only touch the provider's registration map, which it guards with the
-// domain's own lock (see `select::THREADING`). The slab's slots and the immediate receives'
+// one thread at a time uses them (FI_THREAD_DOMAIN's contract). A region dropped on another
+// thread while the endpoint lives makes no libfabric call there: it waits in the endpoint's
+// grave (a lock), and the endpoint closes it on its own thread. The slab's slots and the immediate receives'
 // contexts are only touched through `&mut self`.
 unsafe impl Send for Endpoint {}
 
@@ -168,6 +172,9 @@ impl Drop for Endpoint {
                 fi::rs_fi_close(fi::rs_fi_cq_fid(self.cq));
             }
         }
+        // Nothing runs any more: the regions dropped meanwhile, and the endpoint's own, go.
+        drop(self.imm_mr.take());
+        self.grave.empty();
     }
 }
 
@@ -254,6 +261,7 @@ impl Endpoint {
             hmem_flags: self.hmem_flags,
             ep: self.ep,
             data_ep: self.imm.as_ref().map(|i| i.ep).filter(|p| !p.is_null()),
+            grave: Some(&self.grave),
         }
     }
 }
@@ -295,6 +303,16 @@ impl Transport for Endpoint {
     }
 
     fn deregister(&mut self, mr: Mr) -> Result<Memory> {
+        if !self.slab.idle() {
+            // The provider may still use its memory; the region stays registered, and the
+            // endpoint frees it once no operation is in flight (as a dropped region).
+            return Err(Error::InvalidArgument(
+                "deregister: operations of this endpoint are still in flight (a posted \
+                 receive, a SEND or WRITE not completed); poll until they complete first. The \
+                 region is dropped: the endpoint frees it once they have"
+                    .into(),
+            ));
+        }
         mr.into_memory()
     }
 
@@ -316,8 +334,9 @@ impl Transport for Endpoint {
         let Some(slot) = self.slab.acquire(Kind::Send, ctx) else {
             return Ok(Post::QueueFull);
         };
-        // SAFETY: ep is enabled; the buffer lies in a region of this domain kept alive by
-        // the caller until the completion; slot stays valid until the completion.
+        // SAFETY: ep is enabled; the buffer lies in a region of this domain, which stays
+        // registered and allocated until the completion even if dropped (a dropped region
+        // waits in the grave until no slot is busy); slot stays valid until the completion.
         let ret = unsafe { fi::rs_fi_send(self.ep, addr, buf.len, desc, dest, slot) };
         self.posted("fi_send", ret, slot)
     }
@@ -386,6 +405,9 @@ impl Transport for Endpoint {
 
     #[inline]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        if self.grave.pending() && self.slab.idle() {
+            self.grave.empty();
+        }
         if out.is_empty() {
             return Ok(0);
         }

@@ -137,6 +137,7 @@ mod domain; // the fabric and domain, shared by the endpoint and its regions
 mod endpoint; // Endpoint, EndpointInfo, and impl Transport: the table of contents
 mod error; // libfabric return codes as transport_core errors
 mod gpu; // GPU memory registration: a dmabuf, or the device address
+mod grave; // regions dropped while their endpoint lives, closed once nothing uses them
 mod imm; // receives for immediates, where the provider wants them (FI_RX_CQ_DATA)
 mod mr; // MrMode, Mr, and registration
 mod nic; // matching a NIC to a domain: Pci, DomainInfo, match_nic

@@ -7,7 +7,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use libfabric_sys as fi;
 use transport_core::{Error, KeyBytes, Memory, MemoryMut, MemoryRegion, RemoteMr, Result};
@@ -15,6 +15,7 @@ use transport_core::{Error, KeyBytes, Memory, MemoryMut, MemoryRegion, RemoteMr,
 use crate::domain::Domain;
 use crate::error::{provider, runtime_version};
 use crate::gpu;
+use crate::grave::Grave;
 
 /// Access every region is registered with.
 const ACCESS: u64 = fi::FI_SEND | fi::FI_RECV | fi::FI_WRITE | fi::FI_REMOTE_WRITE;
@@ -150,12 +151,16 @@ pub struct Mr {
     _domain: Arc<Domain>,
     pub(crate) domain_id: u64,
     state: MrState,
+    /// The registering endpoint's graveyard, where a drop leaves the region while the
+    /// endpoint lives (`grave.rs`); empty for a region the grave holds.
+    grave: Weak<Grave<Mr>>,
 }
 
-// SAFETY: the region owns its memory; its libfabric object is only closed (once, from
-// `deregister` or Drop, on whatever thread), which the provider serializes with the domain's
-// own lock whatever the threading model (see `select::THREADING`). `desc`
-// is an opaque value only read by the owning endpoint's posts.
+// SAFETY: the region owns its memory. Its libfabric object is closed once: by `deregister`
+// (on the endpoint's thread: it takes `&mut Endpoint`), by the endpoint from its graveyard
+// (its own thread) when the region is dropped while the endpoint lives, or by a drop after
+// the endpoint closed, when nothing of it runs any more. `desc` is an opaque value only read
+// by the owning endpoint's posts.
 unsafe impl Send for Mr {}
 
 impl fmt::Debug for Mr {
@@ -191,6 +196,13 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
+        if self.state == MrState::Live {
+            if let Some(grave) = self.grave.upgrade() {
+                // Its endpoint is open and may still use the memory: the endpoint closes it.
+                grave.bury(self.take_live());
+                return;
+            }
+        }
         let _ = self.close();
         if self.state == MrState::Closed {
             // SAFETY: the region is deregistered, so nothing uses the memory; dropped once.
@@ -243,6 +255,8 @@ pub(crate) struct RegisterOn<'a> {
     pub ep: *mut fi::fid_ep,
     /// The data endpoint where peers' WRITEs land (`FI_RX_CQ_DATA`), where there is one.
     pub data_ep: Option<*mut fi::fid_ep>,
+    /// The endpoint's graveyard; `None` for the endpoint's own buffers, which it closes itself.
+    pub grave: Option<&'a Arc<Grave<Mr>>>,
 }
 
 impl Mr {
@@ -311,6 +325,7 @@ impl Mr {
             _domain: Arc::clone(on.domain),
             domain_id: on.domain.id,
             state: MrState::Live,
+            grave: on.grave.map(Arc::downgrade).unwrap_or_default(),
         };
         if on.mr_mode.contains(MrMode::ENDPOINT) {
             // Bound to the message endpoint, and to the data endpoint where peers' WRITEs land
@@ -354,6 +369,26 @@ impl Mr {
 
     /// Deregister and hand the memory back
     /// ([`Transport::deregister`](transport_core::Transport::deregister)).
+    /// The live region moved out into one the grave can hold (no grave of its own); `self`
+    /// is left `Taken`.
+    fn take_live(&mut self) -> Mr {
+        // SAFETY: the memory is taken exactly once: state Taken tells Drop not to drop it.
+        let mem = unsafe { ManuallyDrop::take(&mut self.mem) };
+        self.state = MrState::Taken;
+        Mr {
+            mem: ManuallyDrop::new(mem),
+            fid: self.fid,
+            desc: self.desc,
+            base: self.base,
+            len: self.len,
+            remote: self.remote.clone(),
+            _domain: Arc::clone(&self._domain),
+            domain_id: self.domain_id,
+            state: MrState::Live,
+            grave: Weak::new(),
+        }
+    }
+
     pub(crate) fn into_memory(mut self) -> Result<Memory> {
         self.close()?;
         // SAFETY: the region is closed and its memory is taken exactly once; state Taken

@@ -151,6 +151,7 @@ impl Endpoint {
             },
             gpu_reason: sel.gpu_reason.clone(),
             announce_peers: v.core() == "shm" && error::runtime_major() >= 2,
+            grave: Arc::default(),
             info: EndpointInfo {
                 api_version: select::version_string(if v.api_version > 0 {
                     v.api_version

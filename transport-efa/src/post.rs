@@ -155,8 +155,9 @@ impl Endpoint {
             flags |= fi::FI_REMOTE_CQ_DATA;
         }
         // SAFETY: ep is enabled; [addr, addr+len) lies in a region registered on this domain
-        // (checked by `local`), which the caller keeps alive until the completion; slot is a
-        // slab slot that stays valid until the completion returns it.
+        // (checked by `local`), which stays registered and allocated until the completion
+        // even if dropped (`grave.rs`); slot is a slab slot that stays valid until the
+        // completion returns it.
         let ret = unsafe {
             fi::rs_fi_writemsg1(
                 self.ep,

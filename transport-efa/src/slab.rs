@@ -60,6 +60,9 @@ pub(crate) struct Slab {
     tx_head: u32,
     rx_head: u32,
     tx_free: usize,
+    /// Slots of both sides that an operation holds: none, and no operation of the endpoint
+    /// uses a region (what a region dropped meanwhile waits for, see `grave.rs`).
+    busy: usize,
 }
 
 impl Slab {
@@ -90,6 +93,7 @@ impl Slab {
             tx_head: if tx > 0 { 0 } else { NONE },
             rx_head: if rx > 0 { tx as u32 } else { NONE },
             tx_free: tx,
+            busy: 0,
         }
     }
 
@@ -97,6 +101,12 @@ impl Slab {
     #[inline]
     pub fn tx_free(&self) -> usize {
         self.tx_free
+    }
+
+    /// Whether no operation holds a slot.
+    #[inline(always)]
+    pub fn idle(&self) -> bool {
+        self.busy == 0
     }
 
     /// Take a slot for `kind`; `None` where that side is full.
@@ -121,6 +131,7 @@ impl Slab {
             }
             (*slot).user = user;
             (*slot).kind = kind;
+            self.busy += 1;
             Some(slot.cast())
         }
     }
@@ -155,6 +166,7 @@ impl Slab {
                 return None;
             }
             (*slot).kind = Kind::Free;
+            self.busy -= 1;
             if kind == Kind::Recv {
                 (*slot).next = self.rx_head;
                 self.rx_head = idx as u32;
@@ -196,6 +208,7 @@ mod tests {
         assert_eq!(s.release(std::ptr::null_mut()), None);
         assert_eq!(s.release((a as usize + 1) as *mut c_void), None);
         assert_eq!(s.tx_free(), 2);
+        assert!(s.idle(), "every slot given back");
         // Slots come back in any order and can all be taken again, each once.
         let mut got: Vec<_> = (0..2).map(|i| s.acquire(Kind::Write, i).unwrap()).collect();
         assert!(s.acquire(Kind::Send, 9).is_none());
@@ -203,6 +216,7 @@ mod tests {
         got.dedup();
         assert_eq!(got.len(), 2);
         assert_eq!(s.tx_free(), 0);
+        assert!(!s.idle());
     }
 
     #[test]
