@@ -52,8 +52,12 @@
 //!   their order. (Verbs RC happens to be ordered per QP; libfabric RDM is not.)
 //! - That a remote write without immediate is visible at the target before some later signal:
 //!   use a WRITE with immediate (or a SEND after the write's local completion) to signal.
-//! - Safety of freeing memory with operations still in flight: keep a [`MemoryRegion`] alive
-//!   until every operation that uses it has completed.
+//! - That an operation still in flight succeeds once its region is dropped or deregistered.
+//!   Memory safety holds either way: a region dropped while an operation may use it stays
+//!   registered and allocated until none does (or its device stopped using it before the
+//!   drop returned), and [`Transport::deregister`] refuses where handing the memory back
+//!   could let the provider write into it afterwards. Keep a region until its operations
+//!   completed.
 //!
 //! # Lifecycle
 //! Endpoint `a` WRITEs into a region of endpoint `b`. Here both are in one program; between
@@ -232,7 +236,9 @@ pub trait Transport: Send + Sized {
     /// Register memory (host or GPU) for local use and remote writes.
     fn register(&mut self, mem: Memory) -> Result<Self::Mr>;
 
-    /// Deregister a region and get its memory back.
+    /// Deregister a region and get its memory back. A backend whose provider may still
+    /// write into the memory after it (operations of this endpoint in flight) returns an
+    /// error instead, and the region is dropped: it is freed once nothing uses it.
     fn deregister(&mut self, mr: Self::Mr) -> Result<Memory>;
 
     /// Read a peer's [`RemoteMr`] (from [`MemoryRegion::remote`] on the peer's side) for

@@ -60,7 +60,6 @@ impl Landings {
     }
 
     /// Whether nothing is landing (and so no immediate is held).
-    #[cfg(test)]
     pub(super) fn is_empty(&self) -> bool {
         self.held == 0
     }

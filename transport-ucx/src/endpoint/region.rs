@@ -35,11 +35,12 @@ impl Drop for Context {
     }
 }
 
-/// Memory of regions dropped while their endpoint lives: a peer's put over tcp or cma writes
-/// at the address it was given without the target checking any registration, so a put still
-/// on its way when a region is dropped must find the memory there. The endpoint frees it once
-/// its worker is destroyed (nothing arrives any more).
-pub(super) type Graveyard = Mutex<Vec<Memory>>;
+/// Regions dropped while their endpoint lives, mapping and memory: a peer's put over tcp or
+/// cma writes at the address it was given without the target checking any registration, a
+/// receive or a landing may still be under way into the memory, and operations still queued
+/// name the mapping (`memh`). The endpoint unmaps and frees them once its worker is destroyed
+/// (nothing runs or arrives any more); each pair drops mapping first, then memory.
+pub(super) type Graveyard = Mutex<Vec<(Mapping, Memory)>>;
 
 /// A registered region.
 pub struct UcxMr {
@@ -88,12 +89,30 @@ impl Drop for Mapping {
 
 impl Drop for UcxMr {
     fn drop(&mut self) {
-        let _ = self.map.unmap();
-        if let (Some(mem), Some(grave)) = (self.mem.take(), self.grave.upgrade()) {
-            if let Ok(mut g) = grave.lock() {
-                g.push(mem);
+        let Some(mem) = self.mem.take() else {
+            // Handed back by deregister, which unmapped it.
+            return;
+        };
+        let Some(grave) = self.grave.upgrade() else {
+            // The endpoint is gone, its worker with it: nothing uses the region any more.
+            let _ = self.map.unmap();
+            return;
+        };
+        let map = Mapping {
+            memh: std::mem::replace(&mut self.map.memh, ptr::null_mut()),
+            ctx: self.map.ctx.clone(),
+        };
+        let dead = (map, mem);
+        let left = match grave.lock() {
+            Ok(mut g) => {
+                g.push(dead);
+                None
             }
-        }
+            Err(_) => Some(dead),
+        };
+        // A thread panicked holding the lock: leak both rather than unmap or free what UCX
+        // may still use.
+        std::mem::forget(left);
     }
 }
 
@@ -152,4 +171,78 @@ pub(super) fn region_token() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_usize(0x7563_785f);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use transport_core::wait::wait_pair;
+    use transport_core::{
+        CompletionKind, Error, HostBuffer, LocalSlice, Memory, NicDesc, Post, Transport,
+    };
+
+    use super::super::Endpoint;
+
+    /// A region dropped with a receive posted into it keeps its mapping and its memory until
+    /// the endpoint goes (the receive still lands in it); deregister refuses while an
+    /// operation is in flight and hands the memory back once none is.
+    #[test]
+    fn a_region_dropped_in_use_keeps_its_mapping_and_memory() {
+        let nic = NicDesc::provider("sm").with_option("peer_errors", "off");
+        let (mut a, mut b) = (Endpoint::open(&nic).unwrap(), Endpoint::open(&nic).unwrap());
+        let to_b = a.add_peer(&b.address()).unwrap();
+        b.add_peer(&a.address()).unwrap();
+        let len = 64 << 10;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+        let src = a
+            .register(Memory::Host(HostBuffer::from_slice(&data)))
+            .unwrap();
+        let dst = b.register(Memory::Host(HostBuffer::new(len))).unwrap();
+        assert_eq!(b.post_recv(LocalSlice::all(&dst), 7).unwrap(), Post::Posted);
+        drop(dst);
+        {
+            let g = b.grave.lock().unwrap();
+            assert_eq!(g.len(), 1);
+            assert!(
+                !g[0].0.memh.is_null(),
+                "a region dropped in use was unmapped"
+            );
+        }
+        let spare = b.register(Memory::Host(HostBuffer::new(4096))).unwrap();
+        match b.deregister(spare) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("in flight"), "{m}"),
+            other => panic!("deregister with a receive posted: {other:?}"),
+        }
+        assert_eq!(
+            b.grave.lock().unwrap().len(),
+            2,
+            "the refused region waits too"
+        );
+        assert_eq!(
+            a.post_send(to_b, LocalSlice::all(&src), 9).unwrap(),
+            Post::Posted
+        );
+        let (mut sent, mut got) = (false, false);
+        wait_pair(
+            &mut a,
+            &mut b,
+            "the SEND",
+            Duration::from_secs(20),
+            |side, c| {
+                match (side, &c.kind) {
+                    (0, CompletionKind::Send) => sent = true,
+                    (1, CompletionKind::Recv { len: n, .. }) => {
+                        assert_eq!(*n, len);
+                        got = true;
+                    }
+                    _ => {}
+                }
+                Ok(sent && got)
+            },
+        )
+        .unwrap();
+        let r = b.register(Memory::Host(HostBuffer::new(4096))).unwrap();
+        assert_eq!(b.deregister(r).unwrap().len(), 4096, "deregister when idle");
+    }
 }

@@ -168,11 +168,28 @@ impl Transport for Endpoint {
         })
     }
 
-    /// The memory comes back at once. Over tcp and cma, UCX's target side checks no
-    /// registration: a peer's put still on its way lands in it anyway. Deregister a region
-    /// peers write into only after their last WRITE's immediate (as the trait asks); a
-    /// region that is dropped instead stays allocated until the endpoint goes.
+    /// The memory comes back at once, where no operation of this endpoint is in flight (a
+    /// receive posted, a send, put or immediate unfinished, a WRITE still landing); else an
+    /// error, and the region is dropped (below). Over tcp and cma, UCX's target side checks
+    /// no registration: a peer's put still on its way lands in it anyway. Deregister a
+    /// region peers write into only after their last WRITE's immediate (as the trait asks);
+    /// a region that is dropped instead stays mapped and allocated until the endpoint goes.
     fn deregister(&mut self, mr: UcxMr) -> Result<Memory> {
+        let busy = self
+            .shared
+            .slots
+            .iter()
+            .any(|s| s.state.get() != State::Free)
+            || !self.shared.landings.borrow().is_empty();
+        if busy {
+            return Err(Error::InvalidArgument(
+                "deregister: operations of this endpoint are still in flight (a posted \
+                 receive, a SEND, WRITE or immediate not completed, a WRITE landing); poll \
+                 until they complete first. The region is dropped: it stays mapped and \
+                 allocated until the endpoint closes"
+                    .into(),
+            ));
+        }
         let mut mr = mr;
         check(
             "ucp_mem_unmap",

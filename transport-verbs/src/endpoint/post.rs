@@ -80,8 +80,10 @@ impl Endpoint {
         };
         let mut bad = ptr::null_mut();
         // SAFETY: `recv_srq` is live; `wr` and `sge` live across the call (the provider copies
-        // them); the SGE lies in a region of this endpoint (checked: `own_slice`) kept alive
-        // by the caller.
+        // them); the SGE lies in a region of this endpoint (checked: `own_slice`). Should
+        // the region be dropped before the receive completes, `ibv_dereg_mr` returns only
+        // once the device no longer accesses it (the receive then completes in error), so
+        // its memory is never written after it is freed.
         let rc = unsafe { sys::ibvs_post_srq_recv(self.recv_srq, &mut wr, &mut bad) };
         if rc != 0 {
             self.recv_free.push(slot);
@@ -318,9 +320,11 @@ fn post_chain(
     }
     let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
     // SAFETY: `qp` is a live connected QP; `wrs[..n]` is an initialised chain whose SGEs
-    // point into the endpoint's `sges`, and each SGE into registered memory kept alive by the
-    // caller's regions (every post checked its slice lies inside its region: `fits`); the
-    // provider copies (or, for inline, reads) them before returning.
+    // point into the endpoint's `sges`, and each SGE into registered memory of the caller's
+    // regions (every post checked its slice lies inside its region: `fits`; a region
+    // dropped meanwhile is deregistered first, and the device stops accessing it before
+    // `ibv_dereg_mr` returns); the provider copies (or, for inline, reads) them before
+    // returning.
     let rc = unsafe { sys::ibvs_post_send(qp, base, &mut bad) };
     for i in 0..n.saturating_sub(1) {
         // Unlinked again: a one-WR post then only sets its own fields (`next` stays null).
