@@ -230,7 +230,9 @@ fn produce_ahead(k: &Kernels, ring: &GpuRing, p: &Produce, cap: u32) {
             count: n,
             ..p.clone()
         };
-        k.produce(ring.dev(), &chunk).expect("launch the producer");
+        // SAFETY: the ring block (and the claim and payload it names) is this test's, mapped,
+        // and alive until its `sync`.
+        unsafe { k.produce(ring.dev(), &chunk) }.expect("launch the producer");
         start += n;
     }
 }
@@ -411,7 +413,9 @@ fn kernel_commands_reach_the_ring_once_each() {
             (true, _) => "warp claims on a GPU counter",
             _ => "warp claims on the ring's head",
         };
-        k.produce(gr.dev(), &p).expect("launch");
+        // SAFETY: the ring block (and the claim and payload it names) is this test's, mapped,
+        // and alive until its `sync`.
+        unsafe { k.produce(gr.dev(), &p) }.expect("launch");
         let start = Instant::now();
         take_once_each(&ring, &p, STALL, how);
         k.sync().expect("the producer");
@@ -438,7 +442,9 @@ fn kernel_commands_reach_the_ring_once_each() {
             0,
         )
     };
-    k.produce(gr.dev(), &p).expect("launch");
+    // SAFETY: the ring block (and the claim and payload it names) is this test's, mapped,
+    // and alive until its `sync`.
+    unsafe { k.produce(gr.dev(), &p) }.expect("launch");
     let e = k.sync().expect_err("a version-1 block");
     assert!(e.to_string().contains("not a version-2 ring"), "{e}");
     assert_eq!(gr.ring_unchecked_head(), 0, "nothing claimed");
@@ -747,7 +753,9 @@ fn kernel_writes_over_shm_every_byte_verified() {
                     threads,
                     push,
                 };
-                k.produce(ra.dev(), &prod).expect("launch the producer");
+                // SAFETY: the ring block (and the claim and payload it names) is this test's, mapped,
+                // and alive until its `sync`.
+                unsafe { k.produce(ra.dev(), &prod) }.expect("launch the producer");
                 k.sync().expect("the producer");
                 if gpu {
                     let (a, b) = (ra.ring(), rb.ring());
@@ -755,13 +763,17 @@ fn kernel_writes_over_shm_every_byte_verified() {
                     let arr = b.arrivals(0).expect("arrival slot 0");
                     wait_progress(&b, arr, count, "immediates at b");
                 }
-                k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), count)
+                // SAFETY: the ring blocks and their counters are this test's, mapped, alive for the call.
+                unsafe { k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), count) }
                     .expect("local completions at a");
-                k.wait(
-                    rb.dev(),
-                    rb.dev_at(transport_proxy::ring::OFF_ARRIVALS),
-                    count,
-                )
+                // SAFETY: the ring blocks and their counters are this test's, mapped, alive for the call.
+                unsafe {
+                    k.wait(
+                        rb.dev(),
+                        rb.dev_at(transport_proxy::ring::OFF_ARRIVALS),
+                        count,
+                    )
+                }
                 .expect("arrivals at b");
             });
             assert_eq!((writes, arrivals), (count, count));
@@ -856,7 +868,9 @@ fn figures_ring_only() {
                         threads: 256,
                         push: false,
                     };
-                    ks[i].produce(r.dev(), &p).expect("launch");
+                    // SAFETY: the ring block (and the claim and payload it names) is this test's, mapped,
+                    // and alive until its `sync`.
+                    unsafe { ks[i].produce(r.dev(), &p) }.expect("launch");
                 }
                 for (i, r) in rings.iter().enumerate() {
                     let ring = r.ring();
@@ -960,10 +974,11 @@ fn timed_pingpong(
     iters: u64,
 ) -> u64 {
     prod.first = 0;
-    k.pingpong(ring, counter, 0, warm, prod)
-        .expect("warm-up rounds");
+    // SAFETY: the ring block and its counter are the caller's, mapped, alive for the call.
+    unsafe { k.pingpong(ring, counter, 0, warm, prod) }.expect("warm-up rounds");
     prod.first = warm;
-    k.pingpong(ring, counter, warm, iters, prod)
+    // SAFETY: the ring block and its counter are the caller's, mapped, alive for the call.
+    unsafe { k.pingpong(ring, counter, warm, iters, prod) }
         .expect("timed rounds")
         .total_ns
 }
@@ -1044,8 +1059,8 @@ fn pcie_floor_us(k: &Kernels, iters: u64) -> f64 {
                     }
                 }
             });
-            k.flag_pingpong(mem.device_ptr(), n)
-                .expect("the flag ping-pong")
+            // SAFETY: mem is a MappedHost of this context with room for both flags, alive here.
+            unsafe { k.flag_pingpong(mem.device_ptr(), n) }.expect("the flag ping-pong")
         })
     };
     run(100);
@@ -1147,8 +1162,8 @@ fn figures_copies_beside_kernels() {
             set_dev_flag(0);
             dev_flag.device_ptr()
         };
-        spinner
-            .spin(counter, 1, blocks, threads, stride, sleep)
+        // SAFETY: counter is a u64 of memory this test keeps until sync_spin below.
+        unsafe { spinner.spin(counter, 1, blocks, threads, stride, sleep) }
             .expect("launch proxy_spin");
         std::thread::sleep(Duration::from_millis(20));
         measure(&label);
@@ -1202,11 +1217,14 @@ fn figures_latency() {
                 let arrivals = rb.dev_at(transport_proxy::ring::OFF_ARRIVALS);
                 let ns = timed_pingpong(&k, ra.dev(), arrivals, &mut prod, warm, iters);
                 // Every local completion came before the proxies stop.
-                k.wait(
-                    ra.dev(),
-                    ra.dev_at(transport_proxy::ring::OFF_DONE),
-                    warm + iters,
-                )
+                // SAFETY: the ring blocks and their counters are this test's, mapped, alive for the call.
+                unsafe {
+                    k.wait(
+                        ra.dev(),
+                        ra.dev_at(transport_proxy::ring::OFF_DONE),
+                        warm + iters,
+                    )
+                }
                 .expect("local completions");
                 ns as f64 / iters as f64
             });
@@ -1533,9 +1551,11 @@ fn kernel_half_round_trip(
             let mut prod = prod;
             let ns = timed_pingpong(k, ra.dev(), arrivals_a, &mut prod, warm, iters);
             // Every local completion on both sides before the proxies stop.
-            k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), total)
+            // SAFETY: the ring blocks and their counters are this test's, mapped, alive for the call.
+            unsafe { k.wait(ra.dev(), ra.dev_at(transport_proxy::ring::OFF_DONE), total) }
                 .expect("local completions at a");
-            k.wait(rb.dev(), rb.dev_at(transport_proxy::ring::OFF_DONE), total)
+            // SAFETY: the ring blocks and their counters are this test's, mapped, alive for the call.
+            unsafe { k.wait(rb.dev(), rb.dev_at(transport_proxy::ring::OFF_DONE), total) }
                 .expect("local completions at b");
             echo_stop.store(true, Ordering::Relaxed);
             let answered = echo.join().expect("echo thread").expect("echo");

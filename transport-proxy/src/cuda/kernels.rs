@@ -187,7 +187,14 @@ impl Kernels {
 
     /// Launch the producer on the ring block at device address `ring` (asynchronous:
     /// [`Kernels::sync`] waits for it, and reports a producer that gave up).
-    pub fn produce(&self, ring: u64, p: &Produce) -> Result<(), GpuError> {
+    ///
+    /// # Safety
+    /// The kernel reads and writes through the device addresses it is given: `ring` must be
+    /// a ring block laid out by [`Ring::init`](crate::Ring) in memory this context maps, and
+    /// `p`'s `claim` (where set) a u64 and `src` (with `fill`) room for every page's payload
+    /// there too; all of it must stay allocated, and no other writer may use the ring
+    /// against its protocol, until [`Kernels::sync`] returns.
+    pub unsafe fn produce(&self, ring: u64, p: &Produce) -> Result<(), GpuError> {
         if p.count == 0 {
             return Ok(());
         }
@@ -281,7 +288,12 @@ impl Kernels {
 
     /// Run `proxy_wait` until the u64 at device address `counter` reaches `target`, and
     /// wait for it: the GPU's ns from the kernel's start until it saw the target.
-    pub fn wait(&self, ring: u64, counter: u64, target: u64) -> Result<u64, GpuError> {
+    ///
+    /// # Safety
+    /// `ring` (a ring block, whose error word the kernel reads) and `counter` (an aligned
+    /// u64) must be device addresses of memory this context maps, allocated until this
+    /// returns.
+    pub unsafe fn wait(&self, ring: u64, counter: u64, target: u64) -> Result<u64, GpuError> {
         self.scratch.zero(64, 32);
         let out = self.scratch.device_ptr() + 64;
         let timeout = KERNEL_TIMEOUT_NS;
@@ -338,8 +350,12 @@ impl Kernels {
     /// Latency: `iters` rounds of one command (one GPU thread, claimed from the ring's head)
     /// and a spin until the u64 at `counter` passes `base_count + round + 1`; the GPU's
     /// total ns and each round's.
+    ///
+    /// # Safety
+    /// As [`Kernels::produce`] for `ring` and `p`, and `counter` an aligned u64 of memory
+    /// this context maps; all of it allocated until this returns (it waits for the kernel).
     #[allow(clippy::too_many_arguments)]
-    pub fn pingpong(
+    pub unsafe fn pingpong(
         &self,
         ring: u64,
         counter: u64,
@@ -437,7 +453,11 @@ impl Kernels {
     /// the latency kernels publish) and spinning until the u64 128 bytes on (`flags + 128`) reads `r + 1`,
     /// which a CPU thread must echo (see `proxy_flag_pingpong`); the GPU's total ns. `flags`
     /// must be mapped host memory (a [`MappedHost`]'s device address).
-    pub fn flag_pingpong(&self, flags: u64, iters: u64) -> Result<u64, GpuError> {
+    ///
+    /// # Safety
+    /// `flags` must be the device address of at least 136 bytes (8-aligned) of mapped host
+    /// memory this context maps, allocated until this returns (it waits for the kernel).
+    pub unsafe fn flag_pingpong(&self, flags: u64, iters: u64) -> Result<u64, GpuError> {
         self.scratch.zero(192, 24);
         let out = self.scratch.device_ptr() + 192;
         let timeout = KERNEL_TIMEOUT_NS;
@@ -474,7 +494,11 @@ impl Kernels {
     /// waits): every `stride`-th thread of `blocks` x `threads` polls the u64 at device address
     /// `counter` (mapped host or GPU memory) until it reaches `target`, pausing `sleep_ns`
     /// between polls. The pollers give up after [`KERNEL_TIMEOUT_NS`].
-    pub fn spin(
+    ///
+    /// # Safety
+    /// `counter` must be the device address of an aligned u64 in memory this context maps,
+    /// allocated until [`Kernels::sync_spin`] returns.
+    pub unsafe fn spin(
         &self,
         counter: u64,
         target: u64,

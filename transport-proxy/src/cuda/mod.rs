@@ -190,7 +190,7 @@ impl MappedHost {
     /// wrote, read after the stream synchronised.
     pub fn read_u64(&self, offset: usize) -> u64 {
         assert!(
-            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|e| e <= self.len),
             "read_u64({offset}) out of the block"
         );
         // SAFETY: in bounds and aligned (checked above); the block lives as long as self.
@@ -200,7 +200,7 @@ impl MappedHost {
     /// Zero `[offset, offset + len)` with volatile stores (before a kernel uses it).
     pub fn zero(&self, offset: usize, len: usize) {
         assert!(
-            offset + len <= self.len,
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
             "zero({offset}, {len}) out of the block"
         );
         for i in 0..len {

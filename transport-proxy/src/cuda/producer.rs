@@ -172,7 +172,10 @@ impl CudaProducer {
             threads: 256,
             ..Produce::single(cmd, 0)
         };
-        self.kernels.produce(dev, &p)?;
+        // SAFETY: dev is the device address of the ring's block, mapped in this context
+        // (`mapped` checked) and borrowed by `ring` for this call, which waits for the kernel
+        // (sync) before it returns; the command is single, so no claim and no payload.
+        unsafe { self.kernels.produce(dev, &p) }?;
         self.kernels.sync()
     }
 
@@ -204,7 +207,10 @@ impl CudaProducer {
         let (_one, dev) = self.mapped(&ring, "the latency kernel")?;
         let p = Produce::single(cmd, first);
         let counter = dev + (crate::ring::OFF_ARRIVALS + crate::ring::LINE * slot as usize) as u64;
-        self.kernels.pingpong(dev, counter, base, rounds, &p)
+        // SAFETY: dev and counter (an arrivals line of the same block) are device addresses
+        // of the ring's block, mapped in this context (`mapped` checked) and borrowed by
+        // `ring` for this call, which waits for the kernel; the command is single, as above.
+        unsafe { self.kernels.pingpong(dev, counter, base, rounds, &p) }
     }
 
     /// For a kernel on `ring`: this producer's stream and scratch for the call (the guard),
