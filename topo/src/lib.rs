@@ -134,11 +134,25 @@ pub fn discover() -> Result<Topology> {
 /// [`Error::XmlRead`] when the file cannot be read, [`Error::XmlInvalid`]
 /// (naming the file) when it is not a topology the system hwloc can load.
 pub fn from_xml(path: impl AsRef<Path>) -> Result<Topology> {
+    use std::io::Read;
+    /// Far above any export (the largest real dumps are a few MiB): a bound, so that a path
+    /// like /dev/zero is refused instead of read forever.
+    const MAX_XML: u64 = 256 << 20;
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| Error::XmlRead {
+    let err = |source| Error::XmlRead {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_XML + 1).read_to_end(&mut bytes))
+        .map_err(err)?;
+    if bytes.len() as u64 > MAX_XML {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "over 256 MiB: not an hwloc topology export",
+        )));
+    }
     let text = String::from_utf8_lossy(&bytes);
     from_xml_text(&text, &path.display().to_string())
 }

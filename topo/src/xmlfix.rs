@@ -18,13 +18,16 @@
 pub(crate) fn format_version(xml: &str) -> Option<u32> {
     let mut scanner = Scanner::new(xml);
     while let Some(tok) = scanner.next_token() {
-        if let Token::Start { name, attrs, .. } = tok {
-            if name == "topology" {
+        match tok {
+            Token::Start { name, attrs, .. } if name == "topology" => {
                 let major = attr(&attrs, "version")
                     .and_then(|v| v.split('.').next().and_then(|m| m.trim().parse().ok()))
                     .unwrap_or(1);
                 return Some(major);
             }
+            // The scanner does not move past what it cannot read: stop, as `normalize` does.
+            Token::Error => return None,
+            _ => {}
         }
     }
     None
@@ -545,6 +548,31 @@ mod tests {
         assert_eq!(format_version("<topology version='3.0'/>"), Some(3));
         assert_eq!(format_version("<foo/>"), None);
         assert_eq!(format_version("not xml"), None);
+    }
+
+    /// A document cut off before `<topology` (or any bytes the scanner cannot read) is
+    /// answered at once: the scanner stays where it cannot read, so a loop that passed its
+    /// error over spun forever.
+    #[test]
+    fn unreadable_documents_end_the_scan() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for doc in [
+                "<",
+                "<x",
+                "<topol",
+                "<?xml version=\"1.0\"?>\n<!-- lic",
+                "<a =\"b\">",
+            ] {
+                let _ = tx.send((doc, format_version(doc), normalize(doc), ensure_pus(doc)));
+            }
+        });
+        for _ in 0..5 {
+            let (doc, v, n, p) = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the scan of a cut-off document did not end");
+            assert_eq!((v, n.is_none(), p.is_none()), (None, true, true), "{doc:?}");
+        }
     }
 
     #[test]
