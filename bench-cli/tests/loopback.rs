@@ -582,3 +582,25 @@ fn compare_libfabric_shm_with_ucx_sm() {
         o.stdout
     );
 }
+
+/// A side whose idle timeout fires ends the loopback with that error, and neither side closes
+/// its endpoints while the other may still use them: shm maps a peer's queue once per process,
+/// so a side that closed first unmapped the queue the other side's thread was posting to (a
+/// SIGSEGV in `pthread_spin_lock`, every time at this timeout).
+#[test]
+fn a_side_that_times_out_does_not_pull_the_other_sides_queue_away() {
+    for _ in 0..3 {
+        let o = run(
+            &["loopback", "-s", "4K", "-n", "5", "--idle-timeout", "0.001"],
+            T,
+        )
+        .expect_err("timed out");
+        assert_eq!(o.code, Some(1), "{}", o.stderr);
+        let e = o.stderr.to_lowercase();
+        assert!(
+            !e.contains("signal") && !e.contains("segmentation"),
+            "{}",
+            o.stderr
+        );
+    }
+}

@@ -205,6 +205,8 @@ pub struct Ctrl {
     /// The reader's watchdog and the session's label, for [`Ctrl::watch_teardown`].
     watchdog: Option<Watchdog>,
     label: Option<String>,
+    /// An error message was sent: [`Ctrl::send_error`] sends one at most.
+    error_sent: bool,
 }
 
 impl Ctrl {
@@ -312,6 +314,7 @@ impl Ctrl {
             bye_sent,
             watchdog,
             label,
+            error_sent: false,
         })
     }
 
@@ -369,8 +372,13 @@ impl Ctrl {
         })
     }
 
-    /// Send an error message to the peer, ignoring failure (we are closing anyway).
+    /// Send an error message to the peer, ignoring failure (we are closing anyway); the
+    /// first only, so that a side may tell its peer before it closes its endpoints and again
+    /// where it gives up, and the peer reads the first.
     pub fn send_error(&mut self, message: &str) {
+        if std::mem::replace(&mut self.error_sent, true) {
+            return;
+        }
         let mut m = message.to_string();
         if m.len() > proto::MAX_TEXT {
             let mut cut = proto::MAX_TEXT;

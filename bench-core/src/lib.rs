@@ -33,6 +33,7 @@ pub mod proto;
 pub mod record;
 pub mod report;
 pub mod side;
+pub mod teardown;
 pub mod topo_glue;
 pub mod units;
 pub mod workload;

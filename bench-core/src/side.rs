@@ -22,6 +22,7 @@ use crate::config::MemKind;
 use crate::error::{Error, Result, TransportContext};
 use crate::proto::{NicWire, CTRL_LEN, MAX_NAME, MAX_NICS, MRS_PER_NIC};
 use crate::record::Facts;
+use crate::teardown::AtTeardown;
 use crate::topo_glue::Hints;
 
 /// With host memory and no GPU on the machine, GPU indexes name logical NIC groups below this.
@@ -53,6 +54,9 @@ pub struct SideCfg {
     /// What this side tells its peer about itself, and its run record starts from (the
     /// session adds the backend's runtime facts).
     pub facts: Facts,
+    /// Where both sides run in this process (loopback): the gate both wait at before either
+    /// closes its endpoints ([`crate::teardown`]).
+    pub teardown: Option<std::sync::Arc<crate::teardown::TeardownGate>>,
 }
 
 impl Default for SideCfg {
@@ -73,6 +77,7 @@ impl Default for SideCfg {
             idle: Duration::from_secs(10),
             hints: None,
             facts: Facts::default(),
+            teardown: None,
         }
     }
 }
@@ -193,6 +198,10 @@ impl SideCfg {
 /// cut short (a peer gone mid-transfer) left in flight, before the regions it used are
 /// deregistered and freed. Both backends keep their domain alive for the regions.
 pub struct Side<T: Transport> {
+    /// Dropped first: in a loopback, waits for the other side before the endpoints close.
+    /// Only its drop is used.
+    #[allow(dead_code)]
+    at_teardown: AtTeardown,
     pub eps: Vec<T>,
     pub data: Vec<T::Mr>,
     pub ctrl: Vec<T::Mr>,
@@ -238,6 +247,9 @@ impl<T: Transport> Side<T> {
             }
         }
         Ok(Side {
+            // The other side ends within its idle timeout once this one stopped (it is told
+            // so, or its data path goes quiet).
+            at_teardown: AtTeardown::join(cfg.teardown.as_ref(), cfg.idle + Duration::from_secs(5)),
             eps,
             data: Vec::new(),
             ctrl: Vec::new(),

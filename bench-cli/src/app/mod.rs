@@ -184,6 +184,7 @@ fn side_cfg(
             None => topo_glue::hints(),
         },
         facts: facts(c),
+        teardown: None,
     };
     cfg.check()?;
     Ok(cfg)

@@ -145,7 +145,15 @@ fn client_inner<T: Transport>(
     let mut side = Side::<T>::open(cfg)?;
     let r = client_runs(&mut side, cfg, plan, ctrl, json);
     if let Err(e) = &r {
-        // The endpoints close next, perhaps with WRITEs to a server that stopped.
+        // The endpoints close next, perhaps with WRITEs to a server that stopped. Tell a
+        // server still there first: it stops using them (a loopback's server, in this
+        // process, is waited for before they close: bench_core::teardown).
+        if !matches!(
+            e,
+            Error::PeerGone(_) | Error::Refused(_) | Error::RankFailed { .. }
+        ) {
+            ctrl.send_error(&format!("client: {e}"));
+        }
         ctrl.watch_teardown(&e.to_string());
     }
     r

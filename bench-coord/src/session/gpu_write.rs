@@ -27,11 +27,7 @@ pub fn gpu_write_client<T: Transport>(
 ) -> Result<GpuWriteReport> {
     let mut ctrl = Ctrl::watched(stream, Some(Watchdog::Exit(WATCHDOG_GRACE)))?;
     let r = client_inner::<T>(cfg, &mut ctrl, gcfg, producer);
-    let r = r.map_err(|e| peer_gone_cause(e, &ctrl, "the server"));
-    if r.is_ok() {
-        let _ = ctrl.send(&Msg::Bye);
-    }
-    r
+    r.map_err(|e| peer_gone_cause(e, &ctrl, "the server"))
 }
 
 fn client_inner<T: Transport>(
@@ -43,15 +39,40 @@ fn client_inner<T: Transport>(
     let live = ctrl.liveness();
     let _busy = live.busy();
     let mut side = Side::<T>::open(cfg)?;
+    let r = client_steps(&mut side, cfg, ctrl, gcfg, producer, &live);
+    // The server hears how it ended before the endpoints close: it ends its session and
+    // stops using them (a loopback's server, in this process, is waited for before they
+    // close: bench_core::teardown).
+    match &r {
+        Ok(_) => {
+            let _ = ctrl.send(&Msg::Bye);
+        }
+        Err(e) if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) => {
+            ctrl.send_error(&format!("client: {e}"))
+        }
+        Err(_) => {}
+    }
+    r
+}
+
+/// The client's steps on its opened endpoints: regions, hello, every step.
+fn client_steps<T: Transport>(
+    side: &mut Side<T>,
+    cfg: &SideCfg,
+    ctrl: &mut Ctrl,
+    gcfg: &GpuWriteCfg,
+    producer: &dyn Producer,
+    live: &Liveness,
+) -> Result<GpuWriteReport> {
     if side.eps.is_empty() {
         return Err(Error::Usage("gpu-write: no NIC on this side".into()));
     }
     let len = gcfg.region_len();
     side.register(cfg.mem, len, cfg.buf_offset)?;
-    greet(&mut side, cfg, ctrl, len)?;
+    greet(side, cfg, ctrl, len)?;
     let gpu = side.gpus.first().copied().unwrap_or(0);
     let (core, pinning) = gpu_write::proxy_core(gcfg.pin, cfg.hints.as_ref(), gpu, 0);
-    on_nic0(&mut side, core, &live, gcfg.idle, |end, region| {
+    on_nic0(side, core, live, gcfg.idle, |end, region| {
         gpu_write::client(end, region, producer, gcfg, ctrl, &pinning)
     })
 }

@@ -3,6 +3,7 @@
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use transport_core::Transport;
@@ -10,6 +11,7 @@ use transport_core::Transport;
 use bench_core::error::{Error, Result, TransportContext};
 use bench_core::plan::Plan;
 use bench_core::side::SideCfg;
+use bench_core::teardown::TeardownGate;
 use bench_core::workload::gpu_write::{GpuWriteCfg, GpuWriteReport, Producer};
 
 use super::client::{client, connect, ClientOut};
@@ -25,7 +27,21 @@ pub fn loopback<T: Transport>(
     plan: &Plan,
     json: bool,
 ) -> Result<ClientOut> {
-    with_server::<T, _>(server_cfg, |st| client::<T>(client_cfg, plan, st, json))
+    let (client_cfg, server_cfg) = gated(client_cfg, server_cfg);
+    with_server::<T, _>(&server_cfg, |st| client::<T>(&client_cfg, plan, st, json))
+}
+
+/// Both sides' configurations with one teardown gate: neither closes its endpoints while the
+/// other, in this process, may still use them ([`bench_core::teardown`]).
+fn gated(client: &SideCfg, server: &ServerCfg) -> (SideCfg, ServerCfg) {
+    let gate = Some(Arc::new(TeardownGate::default()));
+    let mut server = server.clone();
+    server.side.teardown = gate.clone();
+    let client = SideCfg {
+        teardown: gate,
+        ..client.clone()
+    };
+    (client, server)
 }
 
 /// Both sides in this process: a one-session server in a thread, the gpu-write client in
@@ -36,8 +52,9 @@ pub fn gpu_write_loopback<T: Transport>(
     cfg: &GpuWriteCfg,
     producer: &dyn Producer,
 ) -> Result<GpuWriteReport> {
-    with_server::<T, _>(server, |st| {
-        gpu_write_client::<T>(client, st, cfg, producer)
+    let (client, server) = gated(client, server);
+    with_server::<T, _>(&server, |st| {
+        gpu_write_client::<T>(&client, st, cfg, producer)
     })
 }
 

@@ -251,7 +251,11 @@ fn session_inner<T: Transport>(cfg: &ServerCfg, ctrl: &mut Ctrl) -> Result<u64> 
     let mut side = Side::<T>::open(&scfg)?;
     let r = serve_session(&mut side, cfg, &scfg, hello, want, ctrl);
     if let Err(e) = &r {
-        // The endpoints close next, perhaps with WRITEs to a client that stopped.
+        // The endpoints close next, perhaps with WRITEs to a client that stopped; a client
+        // still there is told first (see the client's).
+        if !matches!(e, Error::PeerGone(_) | Error::Refused(_)) {
+            ctrl.send_error(&format!("server: {e}"));
+        }
         ctrl.watch_teardown(&e.to_string());
     }
     r
