@@ -604,3 +604,63 @@ fn a_side_that_times_out_does_not_pull_the_other_sides_queue_away() {
         );
     }
 }
+
+/// Flags a command would ignore or quietly change are refused, with exit status 2: compare's
+/// --devices (each pair names its own), gpu-write's -n past its range, --pages 0, and one
+/// file for both --plot and --report.
+#[test]
+fn flags_that_would_be_ignored_are_refused() {
+    let plot = std::env::temp_dir().join(format!("rb-same-{}.svg", std::process::id()));
+    let plot = plot.to_str().expect("a UTF-8 temp path");
+    for (args, needle) in [
+        (
+            &[
+                "compare",
+                "--pairs",
+                "libfabric:tcp",
+                "--devices",
+                "x",
+                "-n",
+                "2",
+            ][..],
+            "drop --backend, --provider and --devices",
+        ),
+        (
+            &["compare", "--pairs", "libfabric:shm", "--provider", "tcp"][..],
+            "from --pairs",
+        ),
+        (
+            &["loopback", "--workload", "gpu-write", "-s", "4K", "-n", "0"][..],
+            "-n 0",
+        ),
+        (
+            &[
+                "loopback",
+                "--workload",
+                "gpu-write",
+                "-s",
+                "4K",
+                "-n",
+                "1048577",
+            ][..],
+            "1..=1048576",
+        ),
+        (
+            &["loopback", "-s", "4K", "-n", "2", "--pages", "0"][..],
+            "--pages 0",
+        ),
+        (
+            &[
+                "loopback", "-s", "4K", "-n", "2", "--plot", plot, "--report", plot,
+            ][..],
+            "both name",
+        ),
+    ] {
+        let o = run(args, T).expect_err(needle);
+        assert_eq!(o.code, Some(2), "{args:?}: {}", o.stderr);
+    }
+    assert!(
+        !std::path::Path::new(plot).exists(),
+        "a refused run wrote {plot}"
+    );
+}

@@ -183,6 +183,12 @@ impl Plan {
                 crate::proto::MAX_LAT_ITERS
             )));
         }
+        if w.pages == Some(0) {
+            return Err(Error::Usage(
+                "--pages 0: at least 1 (--single-buffer for one buffer reused by every operation)"
+                    .into(),
+            ));
+        }
         let pages = if w.single_buffer {
             1
         } else {

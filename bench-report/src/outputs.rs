@@ -68,6 +68,13 @@ impl OutputSpec {
         }
         if let Some(p) = &self.report {
             check_dir("--report", p)?;
+            if self.plot.as_ref() == Some(p) {
+                return Err(Error::Usage(format!(
+                    "--plot and --report both name {}: the report would overwrite the plot; \
+                     give each its own file",
+                    p.display()
+                )));
+            }
         }
         if let Some(x) = &self.report_topology {
             if !x.is_file() {

@@ -27,6 +27,17 @@ pub(super) fn compare(a: CompareArgs) -> Result<()> {
                 .into(),
         ));
     }
+    let c = &a.common;
+    if c.provider.is_some()
+        || !c.devices.is_empty()
+        || c.backend.name() != crate::backends::default_name()
+    {
+        return Err(Error::Usage(
+            "compare takes each pair's backend, provider and devices from --pairs \
+             (BACKEND:PROVIDER or BACKEND:DEV[+DEV]): drop --backend, --provider and --devices"
+                .into(),
+        ));
+    }
     let plan = Plan::new(&(&a.work).into(), true)?;
     if plan.rounds > 1 {
         return Err(Error::Usage(

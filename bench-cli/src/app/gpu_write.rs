@@ -40,7 +40,13 @@ fn gpu_write_cfg(w: &crate::cli::WorkloadArgs, c: &crate::cli::Common) -> Result
     // -n N: N latency round trips per size, N x 256 KiB per bandwidth size, N x 2000 commands
     // through the ring alone (the default 1000: 250 MiB a size, 2 M commands).
     if let Some(n) = w.iters {
-        let n = n.clamp(1, 1 << 20);
+        if !(1..=1 << 20).contains(&n) {
+            return Err(Error::Usage(format!(
+                "-n {n}: gpu-write takes 1..={} (round trips per latency size; x 256 KiB per \
+                 bandwidth size)",
+                1u64 << 20
+            )));
+        }
         cfg.lat_iters = n;
         cfg.bw_bytes = n << 18;
         cfg.ring_cmds = n * 2000;

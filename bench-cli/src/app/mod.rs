@@ -103,7 +103,9 @@ fn idle_or(c: &Common, default: Duration) -> Result<Duration> {
         return Ok(default);
     };
     if !(s.is_finite() && s > 0.0 && s < 1e6) {
-        return Err(Error::Usage("--idle-timeout: seconds, more than 0".into()));
+        return Err(Error::Usage(
+            "--idle-timeout: seconds, more than 0 and below 1000000".into(),
+        ));
     }
     Ok(Duration::from_secs_f64(s))
 }
@@ -332,7 +334,7 @@ fn loopback(a: LoopbackArgs) -> Result<()> {
 fn server(a: ServerArgs) -> Result<()> {
     if !(a.session_timeout.is_finite() && a.session_timeout > 0.0 && a.session_timeout < 1e6) {
         return Err(Error::Usage(
-            "--session-timeout: seconds, more than 0".into(),
+            "--session-timeout: seconds, more than 0 and below 1000000".into(),
         ));
     }
     if a.max_sessions == 0 {
@@ -363,7 +365,7 @@ fn server(a: ServerArgs) -> Result<()> {
 fn client(a: ClientArgs) -> Result<()> {
     if !(a.connect_timeout.is_finite() && a.connect_timeout > 0.0 && a.connect_timeout < 1e6) {
         return Err(Error::Usage(
-            "--connect-timeout: seconds, more than 0".into(),
+            "--connect-timeout: seconds, more than 0 and below 1000000".into(),
         ));
     }
     if a.work.workload == bench_core::config::Workload::GpuWrite {

@@ -59,7 +59,7 @@ pub fn run<T: Transport>(a: RunCfg, emit: &mut dyn FnMut(&JobReport)) -> Result<
     let t = a.rendezvous_timeout;
     if !(t.is_finite() && t > 0.0 && t < 1e6) {
         return Err(Error::Usage(
-            "--rendezvous-timeout: seconds, more than 0".into(),
+            "--rendezvous-timeout: seconds, more than 0 and below 1000000".into(),
         ));
     }
     let plan = a.plan;

@@ -536,7 +536,8 @@ pub fn connect(addr: &str, timeout: Duration) -> Result<TcpStream> {
             Ok(a) => a.collect(),
             Err(e) => {
                 return Err(Error::Usage(format!(
-                    "cannot resolve server address {addr}: {e}"
+                    "cannot resolve server address {addr}: {e} (--connect takes HOST:PORT, \
+                     e.g. 10.0.0.2:7471)"
                 )))
             }
         };

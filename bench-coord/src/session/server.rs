@@ -25,7 +25,8 @@ use super::timeouts::{peer_gone_cause, PREPARE_TIMEOUT, WATCHDOG_GRACE};
 
 /// Serve clients until `cfg.sessions` have been served (forever without it).
 pub fn serve<T: Transport>(cfg: &ServerCfg, listen: &str) -> Result<()> {
-    let listener = TcpListener::bind(listen).ctx(|| format!("listening on {listen}"))?;
+    let listener = TcpListener::bind(listen)
+        .ctx(|| format!("listening on {listen} (--listen takes ADDR:PORT, e.g. 0.0.0.0:7471)"))?;
     let addr = listener
         .local_addr()
         .ctx(|| "reading the listening address")?;
