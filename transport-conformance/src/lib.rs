@@ -23,6 +23,8 @@
 //!
 //! [`Error::NoDevice`]: transport_core::Error::NoDevice
 
+#![forbid(unsafe_code)]
+
 pub mod ab;
 mod about;
 mod data;

@@ -3,7 +3,9 @@
 //! One [`Transport`] value is one endpoint on one NIC. Backends (`transport-efa` over
 //! libfabric, `transport-verbs` over ibverbs, `transport-ucx` over UCX) implement it and describe themselves
 //! ([`Transport::INFO`], [`BackendInfo`]); workloads are written once, generic over it. This
-//! crate has no FFI of its own and knows no backend.
+//! crate knows no backend. Its only FFI is the CUDA driver's, behind the `cuda` feature, for
+//! [`GpuBuffer`]'s allocation and landing (`mem/cuda.rs`, through cudarc); without it, its
+//! one `unsafe` is the volatile read of [`HostBuffer::peek8`].
 //!
 //! # What every backend guarantees
 //! - Every operation carries a caller-chosen `u64` context, returned in its completion.

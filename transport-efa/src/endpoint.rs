@@ -155,15 +155,16 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         // Endpoint first (it references the CQ and AV), then AV and CQ; the domain and fabric
         // close when the last region lets go of them.
+        let mut eps_closed = true;
         // SAFETY: each pointer is NULL or an object opened in `open`, closed once here.
         unsafe {
             if let Some(imm) = &self.imm {
                 if !imm.ep.is_null() {
-                    fi::rs_fi_close(fi::rs_fi_ep_fid(imm.ep));
+                    eps_closed &= fi::rs_fi_close(fi::rs_fi_ep_fid(imm.ep)) == 0;
                 }
             }
             if !self.ep.is_null() {
-                fi::rs_fi_close(fi::rs_fi_ep_fid(self.ep));
+                eps_closed &= fi::rs_fi_close(fi::rs_fi_ep_fid(self.ep)) == 0;
             }
             if !self.av.is_null() {
                 fi::rs_fi_close(fi::rs_fi_av_fid(self.av));
@@ -171,6 +172,15 @@ impl Drop for Endpoint {
             if !self.cq.is_null() {
                 fi::rs_fi_close(fi::rs_fi_cq_fid(self.cq));
             }
+        }
+        if !eps_closed {
+            // The provider may still hold the operations' contexts and write into the
+            // regions: leak them rather than free what it may use.
+            std::mem::forget(std::mem::replace(&mut self.slab, Slab::new(0, 0)));
+            std::mem::forget(self.imm.take());
+            std::mem::forget(self.imm_mr.take());
+            self.grave.leak();
+            return;
         }
         // Nothing runs any more: the regions dropped meanwhile, and the endpoint's own, go.
         drop(self.imm_mr.take());

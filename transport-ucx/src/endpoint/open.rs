@@ -116,7 +116,15 @@ impl Endpoint {
 
         let tx = nic.tx_depth.unwrap_or(DEFAULT_TX).clamp(1, 1 << 16);
         let rx = nic.rx_depth.unwrap_or(DEFAULT_RX).clamp(1, 1 << 16);
-        let requests = Requests::new(tx + rx, attr.request_size)?;
+        let requests = match Requests::new(tx + rx, attr.request_size) {
+            Ok(r) => r,
+            Err(e) => {
+                // SAFETY: the worker was just created, nothing uses it; destroyed once, before
+                // the context (its Arc, dropped on return) is cleaned up.
+                unsafe { sys::ucp_worker_destroy(worker) };
+                return Err(e);
+            }
+        };
         let slots: Box<[Slot]> = (0..tx + rx)
             .map(|i| Slot {
                 shared: Cell::new(ptr::null()),
