@@ -1081,3 +1081,42 @@ fn readme_sample_and_the_source_agree_with_the_list() {
         );
     }
 }
+
+/// `doctor --backend libfabric` asks libfabric about what the run names: an endpoint on a
+/// provider that does not exist here fails the check (exit 2) in libfabric's words; one on
+/// shm opens.
+#[test]
+fn libfabric_is_asked_about_the_named_provider() {
+    let named = |provider: &str| {
+        let o = Command::new(common::bin())
+            .args([
+                "doctor",
+                "--json",
+                "--backend",
+                "libfabric",
+                "--provider",
+                provider,
+            ])
+            .env_remove("FI_PROVIDER")
+            .output()
+            .expect("running rdma-bench doctor");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("doctor's JSON");
+        let c = v["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["id"] == "libfabric.named")
+            .cloned()
+            .unwrap_or_else(|| panic!("no libfabric.named check: {v:#}"));
+        (o.status.code(), c)
+    };
+    let (code, c) = named("no-such-provider");
+    assert_eq!(code, Some(2), "{c}");
+    assert_eq!(c["status"], "fail", "{c}");
+    assert!(
+        c["summary"].as_str().unwrap().contains("no-such-provider"),
+        "{c}"
+    );
+    let (_, c) = named("shm");
+    assert_eq!(c["status"], "ok", "{c}");
+}

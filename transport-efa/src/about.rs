@@ -5,7 +5,10 @@
 use std::os::raw::{c_char, c_void};
 
 use libfabric_sys as fi;
-use transport_core::{mapped_library, NicDesc, OptionInfo, Probe, ProbeAsk, Runtime, Transport};
+use transport_core::{
+    mapped_library, Finding, FindingStatus, NicDesc, OptionInfo, Probe, ProbeAsk, Runtime,
+    Transport,
+};
 
 use crate::endpoint::Endpoint;
 use crate::error::{cstr, runtime_version};
@@ -99,8 +102,9 @@ pub fn libfabric_release() -> String {
 /// What the doctor asks of libfabric on this machine: its version and file, its providers,
 /// whether an endpoint that must take GPU memory opens (on efa where present, else shm),
 /// and whether the library names `libcuda.so` (a CUDA-enabled build loads or links it).
-pub fn probe(_ask: &ProbeAsk) -> Probe {
+pub fn probe(ask: &ProbeAsk) -> Probe {
     let providers = Endpoint::available_providers();
+    let findings = named(ask);
     let p = if providers.iter().any(|p| p == "efa") {
         "efa"
     } else {
@@ -119,8 +123,72 @@ pub fn probe(_ask: &ProbeAsk) -> Probe {
         offers: providers,
         gpu: Some((p.into(), hmem)),
         cuda_in_library: cuda,
-        findings: Vec::new(),
+        findings,
     }
+}
+
+/// Whether an endpoint opens on what the run will name (`--provider`, each of `--devices`,
+/// GPU memory with `--mem cuda`), one finding each; none where nothing was named.
+fn named(ask: &ProbeAsk) -> Vec<Finding> {
+    if ask.provider.is_none() && ask.devices.is_empty() {
+        return Vec::new();
+    }
+    let devices: Vec<Option<&str>> = if ask.devices.is_empty() {
+        vec![None]
+    } else {
+        ask.devices.iter().map(|d| Some(d.as_str())).collect()
+    };
+    devices
+        .into_iter()
+        .map(|d| {
+            let nic = NicDesc {
+                provider: ask.provider.clone(),
+                device: d.map(str::to_string),
+                ..NicDesc::default()
+            };
+            let nic = if ask.gpu_memory {
+                nic.with_option("hmem", "on")
+            } else {
+                nic
+            };
+            let what = format!(
+                "provider {}{}{}",
+                ask.provider.as_deref().unwrap_or("(default)"),
+                d.map(|d| format!(", device {d}")).unwrap_or_default(),
+                if ask.gpu_memory { ", GPU memory" } else { "" }
+            );
+            match Endpoint::open(&nic) {
+                Ok(ep) if ask.gpu_memory && !ep.caps().gpu_memory => Finding {
+                    id: "libfabric.named".into(),
+                    status: FindingStatus::Fail,
+                    summary: format!("{what}: the endpoint opened, but takes no GPU memory"),
+                    fix: Some(
+                        "use a provider and libfabric built with FI_HMEM (CUDA) support".into(),
+                    ),
+                },
+                Ok(ep) => Finding {
+                    id: "libfabric.named".into(),
+                    status: FindingStatus::Ok,
+                    summary: format!(
+                        "{what}: an endpoint opened ({} on {})",
+                        ep.provider(),
+                        ep.nic_name()
+                    ),
+                    fix: None,
+                },
+                Err(e) => Finding {
+                    id: "libfabric.named".into(),
+                    status: FindingStatus::Fail,
+                    summary: format!("{what}: no endpoint opened: {e}"),
+                    fix: Some(
+                        "`fi_info -l` lists the providers here, `fi_info -p PROVIDER` their \
+                         domains (the names --devices takes)"
+                            .into(),
+                    ),
+                },
+            }
+        })
+        .collect()
 }
 
 fn names_libcuda(path: &str) -> Option<bool> {
