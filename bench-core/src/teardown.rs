@@ -5,7 +5,7 @@
 //! the other side's thread in the same process is still posting to it unmaps the queue that
 //! thread is in (a SIGSEGV in `pthread_spin_lock`, seen with `loopback --idle-timeout 0.001`).
 //! Separate processes keep their own mappings, so only a loopback needs this: its two
-//! [`crate::side::Side`]s share one [`TeardownGate`] ([`crate::side::SideCfg::teardown`]),
+//! `Side`s share one [`TeardownGate`] (`SideCfg::teardown`),
 //! and each waits at it, bounded, before it closes anything.
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -49,7 +49,7 @@ impl TeardownGate {
     }
 }
 
-/// Held by a [`crate::side::Side`] ahead of its endpoints: joins the gate when the side
+/// Held by a `Side` ahead of its endpoints: joins the gate when the side
 /// opens, arrives at it when the side drops, before the endpoints close.
 #[derive(Debug, Default)]
 pub(crate) struct AtTeardown {
