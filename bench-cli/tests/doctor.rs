@@ -1119,4 +1119,25 @@ fn libfabric_is_asked_about_the_named_provider() {
     );
     let (_, c) = named("shm");
     assert_eq!(c["status"], "ok", "{c}");
+    // Another backend's names are not libfabric's to judge.
+    let o = Command::new(common::bin())
+        .args([
+            "doctor",
+            "--json",
+            "--backend",
+            "ucx",
+            "--provider",
+            "no-such-provider",
+        ])
+        .output()
+        .expect("running rdma-bench doctor");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("doctor's JSON");
+    assert!(
+        !v["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .any(|c| c["id"] == "libfabric.named"),
+        "libfabric judged ucx's provider: {v:#}"
+    );
 }

@@ -66,6 +66,10 @@ struct LiveFlags {
     busy: AtomicUsize,
     /// A [`Watchdog::Warn`] gave up on the data path: it is stuck inside a provider call.
     abandoned: AtomicBool,
+    /// The teardown's grace in ms where a side asked for more than [`TEARDOWN_GRACE`]
+    /// ([`Ctrl::watch_teardown_after`]: many endpoints to close); 0 for the default. Every
+    /// connection on this flag gives an orderly end at least this.
+    teardown_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Liveness {
@@ -81,6 +85,19 @@ impl Liveness {
     /// A peer left in order: gone, but not the first failure a later watchdog should name.
     fn mark_left(&self) {
         self.0.gone.store(true, Ordering::Relaxed)
+    }
+    /// Give every orderly end on this flag at least `grace` for the teardown (a side with
+    /// many endpoints to close; see `LiveFlags::teardown_ms`).
+    pub fn raise_teardown_grace(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.0.teardown_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+    /// The grace an orderly end gives the teardown (see `LiveFlags::teardown_ms`).
+    fn teardown_grace(&self) -> Duration {
+        match self.0.teardown_ms.load(Ordering::Relaxed) {
+            0 => TEARDOWN_GRACE,
+            ms => Duration::from_millis(ms).max(TEARDOWN_GRACE),
+        }
     }
     /// Why the first peer on this flag went (see `LiveFlags::first`), once one did.
     fn first_gone(&self) -> Option<&str> {
@@ -151,7 +168,13 @@ struct Verdict {
 /// close then is the session's end, not a death. A death arms the watchdog with its grace;
 /// an orderly end with at least [`TEARDOWN_GRACE`], so a teardown slower than the peer's is
 /// not taken for a provider call stuck on a dead peer (and its results are not lost).
-fn verdict(ev: &Event, orderly: bool, name: &str, watchdog: Option<Watchdog>) -> Verdict {
+fn verdict(
+    ev: &Event,
+    orderly: bool,
+    name: &str,
+    watchdog: Option<Watchdog>,
+    teardown: Duration,
+) -> Verdict {
     let last = matches!(ev, Event::Gone(_));
     let why = match ev {
         Event::Gone(Error::PeerGone(m)) if !orderly => Some(format!("{name} is gone ({m})")),
@@ -164,7 +187,7 @@ fn verdict(ev: &Event, orderly: bool, name: &str, watchdog: Option<Watchdog>) ->
     let gone = last || why.is_some();
     let watch = match (&why, gone) {
         (Some(_), _) => watchdog,
-        (None, true) => watchdog.map(|w| w.at_least(TEARDOWN_GRACE)),
+        (None, true) => watchdog.map(|w| w.at_least(teardown)),
         (None, false) => None,
     };
     Verdict { why, gone, watch }
@@ -281,7 +304,7 @@ impl Ctrl {
                         return;
                     }
                     let orderly = said_bye || bye_sent2.load(Ordering::Acquire);
-                    let v = verdict(&ev, orderly, &name, watchdog);
+                    let v = verdict(&ev, orderly, &name, watchdog, live2.teardown_grace());
                     match &v.why {
                         Some(why) => live2.mark_gone(why),
                         None if v.gone => live2.mark_left(),
@@ -331,6 +354,9 @@ impl Ctrl {
     /// [`Ctrl::watch_teardown`] with at least `grace` (a teardown of many endpoints may need
     /// more than [`TEARDOWN_GRACE`]).
     pub fn watch_teardown_after(&self, why: &str, grace: Duration) {
+        // A peer's orderly end, on this connection or another of the same flag, gives the
+        // teardown as long.
+        self.live.raise_teardown_grace(grace);
         let Some(w) = self.watchdog.map(|w| w.at_least(grace)) else {
             return;
         };
@@ -530,14 +556,14 @@ mod tests {
     fn an_orderly_close_gives_the_teardown_its_grace() {
         let w = Some(Watchdog::Exit(Duration::from_secs(2)));
         let closed = || Event::Gone(Error::PeerGone("the control connection closed".into()));
-        let died = verdict(&closed(), false, "the server", w);
+        let died = verdict(&closed(), false, "the server", w, TEARDOWN_GRACE);
         assert_eq!(
             died.why.as_deref(),
             Some("the server is gone (the control connection closed)")
         );
         assert!(died.gone);
         assert_eq!(died.watch, w);
-        let ended = verdict(&closed(), true, "the server", w);
+        let ended = verdict(&closed(), true, "the server", w, TEARDOWN_GRACE);
         assert_eq!(
             ended,
             Verdict {
@@ -546,16 +572,25 @@ mod tests {
                 watch: Some(Watchdog::Exit(TEARDOWN_GRACE)),
             }
         );
+        // A teardown that asked for longer (a rank with many links) gets it.
+        let ninety = Duration::from_secs(90);
+        assert_eq!(
+            verdict(&closed(), true, "x", w, ninety).watch,
+            Some(Watchdog::Exit(ninety))
+        );
         // A grace already longer stays.
         let long = Some(Watchdog::Warn(Duration::from_secs(60)));
-        assert_eq!(verdict(&closed(), true, "x", long).watch, long);
+        assert_eq!(
+            verdict(&closed(), true, "x", long, TEARDOWN_GRACE).watch,
+            long
+        );
         // Messages: only Abort and Error are fatal, Bye or not.
-        let bye = verdict(&Event::Msg(Msg::Bye), false, "x", w);
+        let bye = verdict(&Event::Msg(Msg::Bye), false, "x", w, TEARDOWN_GRACE);
         assert_eq!((bye.why, bye.gone, bye.watch), (None, false, None));
         let err = Event::Msg(Msg::Error {
             message: "no".into(),
         });
-        let failed = verdict(&err, true, "rank 2", w);
+        let failed = verdict(&err, true, "rank 2", w, TEARDOWN_GRACE);
         assert_eq!(failed.why.as_deref(), Some("rank 2 failed: no"));
         assert_eq!(failed.watch, w);
     }
@@ -619,6 +654,29 @@ mod tests {
         drop(busy);
         std::thread::sleep(Duration::from_millis(600));
         assert!(!live.abandoned(), "a close that returned was abandoned");
+        drop(ctrl);
+    }
+
+    /// A side that asks for a longer teardown (`watch_teardown_after`) gets it from every
+    /// connection on its flag: rank 0's other ranks' orderly ends arm no shorter watch.
+    #[test]
+    fn a_longer_teardown_grace_holds_for_the_whole_flag() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_b, _) = l.accept().unwrap();
+        let live = Liveness::default();
+        let ctrl = Ctrl::with(
+            a,
+            CtrlOpts {
+                watchdog: Some(Watchdog::Exit(Duration::from_secs(2))),
+                live: Some(live.clone()),
+                ..CtrlOpts::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(live.teardown_grace(), TEARDOWN_GRACE);
+        ctrl.watch_teardown_after("many links", Duration::from_secs(90));
+        assert_eq!(live.clone().teardown_grace(), Duration::from_secs(90));
         drop(ctrl);
     }
 

@@ -55,11 +55,13 @@
 //! - That a remote write without immediate is visible at the target before some later signal:
 //!   use a WRITE with immediate (or a SEND after the write's local completion) to signal.
 //! - That an operation still in flight succeeds once its region is dropped or deregistered.
-//!   Memory safety holds either way: a region dropped while an operation may use it stays
-//!   registered and allocated until none does (or its device stopped using it before the
-//!   drop returned), and [`Transport::deregister`] refuses where handing the memory back
-//!   could let the provider write into it afterwards. Keep a region until its operations
-//!   completed.
+//!   This endpoint's own operations cannot write into freed memory either way: a region
+//!   dropped while one may use it stays registered and allocated until none does (or its
+//!   device stopped using it before the drop returned), and [`Transport::deregister`] refuses
+//!   while this endpoint has operations in flight, or for another endpoint's region. A peer's
+//!   WRITE still on its way is another matter where the target checks no registration (UCX
+//!   over tcp and cma): hand back memory peers write into only after their last WRITE's
+//!   immediate. Keep a region until its operations completed.
 //!
 //! # Lifecycle
 //! Endpoint `a` WRITEs into a region of endpoint `b`. Here both are in one program; between

@@ -104,7 +104,8 @@ pub fn libfabric_release() -> String {
 /// and whether the library names `libcuda.so` (a CUDA-enabled build loads or links it).
 pub fn probe(ask: &ProbeAsk) -> Probe {
     let providers = Endpoint::available_providers();
-    let findings = named(ask);
+    // What the run names is for libfabric only where the run is on libfabric.
+    let findings = named(&ask.for_backend(&crate::INFO));
     let p = if providers.iter().any(|p| p == "efa") {
         "efa"
     } else {
@@ -145,7 +146,8 @@ fn named(ask: &ProbeAsk) -> Vec<Finding> {
                 provider: ask.provider.clone(),
                 device: d.map(str::to_string),
                 ..NicDesc::default()
-            };
+            }
+            .with_gpu_memory(ask.gpu_memory);
             let nic = if ask.gpu_memory {
                 nic.with_option("hmem", "on")
             } else {

@@ -180,6 +180,8 @@ impl Drop for Endpoint {
             std::mem::forget(self.imm.take());
             std::mem::forget(self.imm_mr.take());
             self.grave.leak();
+            // Regions the caller still holds are buried here when dropped, and never freed.
+            std::mem::forget(self.grave.clone());
             return;
         }
         // Nothing runs any more: the regions dropped meanwhile, and the endpoint's own, go.
@@ -313,6 +315,14 @@ impl Transport for Endpoint {
     }
 
     fn deregister(&mut self, mr: Mr) -> Result<Memory> {
+        if !mr.buried_in(&self.grave) {
+            // Its own endpoint may have operations on it: dropped, it waits for them there.
+            return Err(Error::InvalidArgument(
+                "deregister: the region was registered on another endpoint; deregister it \
+                 there. The region is dropped: its endpoint frees it once nothing uses it"
+                    .into(),
+            ));
+        }
         if !self.slab.idle() {
             // The provider may still use its memory; the region stays registered, and the
             // endpoint frees it once no operation is in flight (as a dropped region).

@@ -255,7 +255,7 @@ pub(crate) struct RegisterOn<'a> {
     pub ep: *mut fi::fid_ep,
     /// The data endpoint where peers' WRITEs land (`FI_RX_CQ_DATA`), where there is one.
     pub data_ep: Option<*mut fi::fid_ep>,
-    /// The endpoint's graveyard; `None` for the endpoint's own buffers, which it closes itself.
+    /// The endpoint's graveyard, where its regions go when dropped while it lives.
     pub grave: Option<&'a Arc<Grave<Mr>>>,
 }
 
@@ -369,6 +369,11 @@ impl Mr {
 
     /// Deregister and hand the memory back
     /// ([`Transport::deregister`](transport_core::Transport::deregister)).
+    /// Whether a drop of this region goes to `grave` (it was registered on its endpoint).
+    pub(crate) fn buried_in(&self, grave: &Arc<Grave<Mr>>) -> bool {
+        std::ptr::eq(self.grave.as_ptr(), Arc::as_ptr(grave))
+    }
+
     /// The live region moved out into one the grave can hold (no grave of its own); `self`
     /// is left `Taken`.
     fn take_live(&mut self) -> Mr {

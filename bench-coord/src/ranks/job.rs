@@ -34,6 +34,11 @@ pub(super) struct Job<'a> {
 /// each close (UCX waits up to 2 s for a forced close to complete).
 const PER_LINK_CLOSE: Duration = Duration::from_secs(2);
 
+/// The watchdog's grace for closing `links` links.
+fn teardown_grace(links: usize) -> Duration {
+    TEARDOWN_GRACE + PER_LINK_CLOSE * u32::try_from(links).unwrap_or(u32::MAX / 4)
+}
+
 fn layout(plan: &Plan, i: usize, npg: usize) -> PageLayout {
     let p = &plan.runs[i];
     PageLayout {
@@ -113,7 +118,7 @@ pub(super) fn job<T: Transport>(j: &Job<'_>, emit: &mut dyn FnMut(&JobReport)) -
             if let Some(rep) = &rep {
                 emit(rep);
             }
-            let grace = TEARDOWN_GRACE + PER_LINK_CLOSE * links.len() as u32;
+            let grace = teardown_grace(links.len());
             coord.watch_teardown("the job is complete and its links are closing", grace);
             drop(links);
             drop(busy);
@@ -151,6 +156,11 @@ fn ranks_main<T: Transport>(
             .unwrap_or(0)
     };
     *links = data::open_links::<T>(cfg, j.pattern, rank, world, len)?;
+    // From now on a peer's orderly end (it closes its connection after its own teardown)
+    // gives this rank's teardown as long as it may need, not the default grace.
+    coord
+        .liveness()
+        .raise_teardown_grace(teardown_grace(links.len()));
     for (k, l) in links.iter().enumerate() {
         let lim = l.ep.caps().max_write_size as u64;
         if let Some(p) = plan.runs.iter().find(|p| lim > 0 && p.size > lim) {

@@ -174,7 +174,8 @@ impl CudaProducer {
         };
         // SAFETY: dev is the device address of the ring's block, mapped in this context
         // (`mapped` checked) and borrowed by `ring` for this call, which waits for the kernel
-        // (sync) before it returns; the command is single, so no claim and no payload.
+        // (sync) before it returns; the commands are built from one, with no claim and no
+        // payload.
         unsafe { self.kernels.produce(dev, &p) }?;
         self.kernels.sync()
     }
@@ -209,7 +210,7 @@ impl CudaProducer {
         let counter = dev + (crate::ring::OFF_ARRIVALS + crate::ring::LINE * slot as usize) as u64;
         // SAFETY: dev and counter (an arrivals line of the same block) are device addresses
         // of the ring's block, mapped in this context (`mapped` checked) and borrowed by
-        // `ring` for this call, which waits for the kernel; the command is single, as above.
+        // `ring` for this call, which waits for the kernel; one command, no claim, no payload.
         unsafe { self.kernels.pingpong(dev, counter, base, rounds, &p) }
     }
 

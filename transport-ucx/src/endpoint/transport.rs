@@ -175,6 +175,14 @@ impl Transport for Endpoint {
     /// region peers write into only after their last WRITE's immediate (as the trait asks);
     /// a region that is dropped instead stays mapped and allocated until the endpoint goes.
     fn deregister(&mut self, mr: UcxMr) -> Result<Memory> {
+        if mr.owner != self.id {
+            return Err(Error::InvalidArgument(
+                "deregister: the region was registered on another endpoint; deregister it \
+                 there. The region is dropped: it stays mapped and allocated until its \
+                 endpoint closes"
+                    .into(),
+            ));
+        }
         let busy = self
             .shared
             .slots
