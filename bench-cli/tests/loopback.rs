@@ -586,17 +586,33 @@ fn compare_libfabric_shm_with_ucx_sm() {
 /// A side whose idle timeout fires ends the loopback with that error, and neither side closes
 /// its endpoints while the other may still use them: shm maps a peer's queue once per process,
 /// so a side that closed first unmapped the queue the other side's thread was posting to (a
-/// SIGSEGV in `pthread_spin_lock`, every time at this timeout).
+/// SIGSEGV in `pthread_spin_lock`). The timeout must fire on every machine: one immediate per
+/// 1000 passes over 256 pages of 4 KiB is 1 GiB of WRITEs with no immediate, so the server
+/// sees no progress for 10 ms while the client is still posting (the run would need 800 Gbit/s
+/// over shm to finish first; a timeout of 1 ms at 5 iterations let a fast CI host finish).
 #[test]
 fn a_side_that_times_out_does_not_pull_the_other_sides_queue_away() {
     for _ in 0..3 {
         let o = run(
-            &["loopback", "-s", "4K", "-n", "5", "--idle-timeout", "0.001"],
+            &[
+                "loopback",
+                "-s",
+                "4K",
+                "--pages",
+                "256",
+                "-n",
+                "1",
+                "--imm-every",
+                "1000",
+                "--idle-timeout",
+                "0.01",
+            ],
             T,
         )
         .expect_err("timed out");
         assert_eq!(o.code, Some(1), "{}", o.stderr);
         let e = o.stderr.to_lowercase();
+        assert!(e.contains("timed out"), "{}", o.stderr);
         assert!(
             !e.contains("signal") && !e.contains("segmentation"),
             "{}",
