@@ -427,6 +427,50 @@ fn unknown_device() {
     .expect_err("no-such-nic");
 }
 
+/// UCX only warns about a device it does not have and runs on what it has (shared memory
+/// here), which the run would label with the name it was given: refused instead, in words
+/// that list what UCX has.
+#[cfg(feature = "ucx")]
+#[test]
+fn unknown_ucx_device() {
+    for dev in ["no-such-nic", "lo"] {
+        // lo with UCX's sm (loopback's default): no such device on shared memory either.
+        let o = run(
+            &[
+                "loopback",
+                "--backend",
+                "ucx",
+                "--devices",
+                dev,
+                "-s",
+                "4K",
+                "-n",
+                "2",
+            ],
+            T,
+        )
+        .expect_err(&format!("UCX has no device {dev} for TLS=sm"));
+        assert_eq!(o.code, Some(1), "{}", o.stderr);
+    }
+    run(
+        &[
+            "loopback",
+            "--backend",
+            "ucx",
+            "--provider",
+            "tcp",
+            "--devices",
+            "lo",
+            "-s",
+            "4K",
+            "-n",
+            "2",
+        ],
+        T,
+    )
+    .expect_ok();
+}
+
 #[test]
 fn gpu_out_of_range() {
     run(&args(&["--gpus", "99"]), T).expect_err("out of range");

@@ -59,6 +59,27 @@ pub(crate) fn resources(info: &str) -> Vec<Resource> {
         .collect()
 }
 
+/// The devices named in `NET_DEVICES` that no resource of the context uses, in the order
+/// named. UCX only warns about such a name and runs on what it has (with no other device, on
+/// shared memory), so a run would carry a label that is not what moved its bytes. `all`, a
+/// list that excludes (`^...`) and names with wildcards are UCX's to match: none is missing.
+pub(crate) fn missing_devices<'a>(named: &'a str, resources: &[Resource]) -> Vec<&'a str> {
+    if named.trim() == "all" || named.trim_start().starts_with('^') {
+        return Vec::new();
+    }
+    named
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !d.contains(['*', '?']))
+        .filter(|d| !resources.iter().any(|r| r.dev == *d))
+        .collect()
+}
+
+/// The resources (`transport/device`) of a live context, from `ucp_context_print_info`.
+pub(crate) fn context_resources(ctx: sys::ucp_context_h) -> Vec<Resource> {
+    resources(&print_info(ctx))
+}
+
 /// What a UCP context opened with the user's words has.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Opened {
@@ -155,16 +176,28 @@ pub(crate) fn judge(
     } else {
         format!(" (UCX: {})", o.said.join("; "))
     };
+    let names = named.devices.join(",");
+    let missing = missing_devices(&names, &o.resources);
+    let (status, no_device, fix) = if missing.is_empty() {
+        (FindingStatus::Ok, String::new(), None)
+    } else {
+        (
+            // A run's endpoint refuses such a name rather than run on what UCX has.
+            FindingStatus::Fail,
+            format!("no device {}; ", missing.join(", ")),
+            Some("name devices UCX has for these transports (`ucx_info -d`), or none"),
+        )
+    };
     let mut out = vec![f(
         "ucx.transports",
-        FindingStatus::Ok,
+        status,
         format!(
-            "{}: {}; between nodes: {}{said}",
+            "{}: {no_device}{}; between nodes: {}{said}",
             what(),
             list(&mut o.resources.iter()),
             list(&mut o.resources.iter().filter(|r| r.network()))
         ),
-        None,
+        fix,
     )];
 
     // An RDMA device the user named: `mlx5_0:1`, or a device of /sys/class/infiniband.
@@ -406,7 +439,10 @@ fn capture_stdout<T>(f: impl FnOnce() -> T) -> (T, String) {
     (r, s)
 }
 
-fn open_quiet(named_tls: Option<&str>, named_devices: Option<&str>) -> Result<Opened, String> {
+pub(crate) fn open_quiet(
+    named_tls: Option<&str>,
+    named_devices: Option<&str>,
+) -> Result<Opened, String> {
     let mut config: *mut sys::ucp_config_t = ptr::null_mut();
     // SAFETY: NULL prefix and file (UCX reads its UCX_* environment); config a valid out pointer.
     let st = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
@@ -677,6 +713,40 @@ mod tests {
             false,
         );
         assert!(find(&f, "ucx.fallback").is_none(), "{f:?}");
+    }
+
+    /// A device UCX does not have (it warns and runs on what it has) fails the finding, as
+    /// the run's endpoint refuses it; `all`, exclusions and wildcards are UCX's to match.
+    #[test]
+    fn a_named_device_ucx_does_not_have_fails() {
+        let here = resources(HERE);
+        assert_eq!(missing_devices("lo", &here), Vec::<&str>::new());
+        assert_eq!(missing_devices("lo,junk, eth1", &here), ["junk", "eth1"]);
+        for ucx_matches in ["all", "^lo", "mlx5_*", ""] {
+            assert!(
+                missing_devices(ucx_matches, &here).is_empty(),
+                "{ucx_matches}"
+            );
+        }
+        let f = judge(
+            &named(None, &["junk"], false),
+            &opened(HERE, false),
+            &[],
+            false,
+        );
+        let t = find(&f, "ucx.transports").unwrap();
+        assert_eq!(t.status, FindingStatus::Fail, "{f:?}");
+        assert!(t.summary.contains("no device junk; "), "{}", t.summary);
+        let f = judge(
+            &named(None, &["lo"], false),
+            &opened(HERE, false),
+            &[],
+            false,
+        );
+        assert_eq!(
+            find(&f, "ucx.transports").unwrap().status,
+            FindingStatus::Ok
+        );
     }
 
     #[test]

@@ -103,6 +103,35 @@ impl Endpoint {
             st,
             "UCX could not describe its context; check the install with `ucx_info -v`",
         )?;
+        if let Some(d) = nic.device.as_deref() {
+            let have = crate::probe::context_resources(ctx.ctx);
+            let missing = crate::probe::missing_devices(d, &have);
+            if !missing.is_empty() {
+                let tls = nic.provider.as_deref();
+                // What every device would give, for the error only (a second context).
+                let all = crate::probe::open_quiet(tls, None)
+                    .map(|o| {
+                        o.resources
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                    })
+                    .map(|r| r.join(", "))
+                    .unwrap_or_else(|e| e);
+                return Err(Error::NoDevice(format!(
+                    "UCX has no device {} for TLS={} (the run would go on {} and carry a name \
+                     that did not move its bytes); with every device UCX has {} (see \
+                     `ucx_info -d`)",
+                    missing.join(", "),
+                    tls.unwrap_or("(default)"),
+                    have.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    all
+                )));
+            }
+        }
 
         let wparams = sys::ucp_worker_params_t {
             field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
