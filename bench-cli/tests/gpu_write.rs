@@ -324,9 +324,11 @@ fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if line.contains(&want) && line.ends_with("started") {
                 started = true;
-            } else if started && line.ends_with("the server is ready") {
+            } else if started && line.ends_with(": the server is ready") {
                 started = false;
-                let _ = tx.send(());
+                // `rdma-bench: gpu-write step N: the server is ready`: the step's own prefix.
+                let step = line.trim_end_matches("the server is ready").to_string();
+                let _ = tx.send(step);
             }
             let mut l = log2.lock().unwrap();
             l.push_str(&line);
@@ -334,12 +336,12 @@ fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
         }
     });
     let text = || log.lock().unwrap().clone();
-    if rx.recv_timeout(Duration::from_secs(120)).is_err() {
+    let Ok(step) = rx.recv_timeout(Duration::from_secs(120)) else {
         reap(&mut child);
         panic!("no {kind} step started:\n{}", text());
-    }
-    // Inside the step's 2.5 GB.
-    std::thread::sleep(Duration::from_millis(500));
+    };
+    // At once: the server sent Ready from inside the step. A fixed wait here let a fast host
+    // finish the step's 2.6 GB first (1 s of it on this 2-core box).
     srv.signal("STOP");
     let t = Instant::now();
     let st = loop {
@@ -362,6 +364,12 @@ fn client_gives_up_on_a_server_stopped_in(kind: &str, why: &str) {
     let _ = reader.join();
     let log = text();
     assert!(!st.success(), "{log}");
+    // The step did not end before the server stopped (its time line: `...step N: 0.950 s`).
+    assert!(
+        !log.lines()
+            .any(|l| l.starts_with(&step) && l.ends_with(" s")),
+        "the step ended before the server stopped:\n{log}"
+    );
     assert!(log.contains(why), "expected {why:?}:\n{log}");
     eprintln!(
         "{kind}: gave up {:.1} s after the server stopped",

@@ -193,7 +193,7 @@ fn html_report_renders_in_a_browser_without_console_errors() {
         "--pages",
         "8",
         "--min-gbps",
-        "0.001",
+        "0.000001",
         "--report",
     ];
     let p = page.to_str().unwrap().to_string();

@@ -650,9 +650,10 @@ mod tests {
         let live = Liveness::default();
         let ctrl = Ctrl::with(a, opts(live.clone())).unwrap();
         let busy = live.busy();
-        ctrl.watch_teardown_after("this side failed", Duration::from_millis(300));
+        // A grace a loaded box cannot outlast between the two lines (300 ms could be).
+        ctrl.watch_teardown_after("this side failed", Duration::from_secs(2));
         drop(busy);
-        std::thread::sleep(Duration::from_millis(600));
+        std::thread::sleep(Duration::from_millis(2500));
         assert!(!live.abandoned(), "a close that returned was abandoned");
         drop(ctrl);
     }

@@ -32,18 +32,19 @@ check "both boots hung, nothing ran" "the VM hung at boot 2 time\(s\); nothing r
 
 # The relay itself (ci/vm/relay.sh), on a console written as a guest writes it: kernel lines,
 # init's first line, one more, then nothing while the guest runs on. Both of init's lines must
-# be relayed within 3 s, while the writer still runs.
+# be relayed while the writer still runs (within 30 s: a loaded box may be slow to get there;
+# the writer runs on for 60).
 source ci/vm/relay.sh
 cons=$(mktemp /tmp/vm-cons.XXXXXX) out=$(mktemp /tmp/vm-relay.XXXXXX)
-sleep 30 & writer=$!
+sleep 60 & writer=$!
 relay "$cons" $writer > "$out" &
 rl=$!
 for i in $(seq 1 40); do echo "[    1.$i] a kernel line" >> "$cons"; done
 echo "[softroce 2.68] init started" >> "$cons"; echo "[softroce 3.01] modules loaded" >> "$cons"
-sleep 3
+for _ in $(seq 1 300); do [ "$(grep -c '^\[softroce' "$out")" = 2 ] && break; sleep 0.1; done
 [ "$(grep -c '^\[softroce' "$out")" = 2 ] && ! grep -q 'kernel line' "$out" &&
   echo "watchdog-test: ok: the relay prints init's lines as they come, and none before them" ||
-  { echo "watchdog-test: FAILED: the relay printed [$(tr '\n' '|' < "$out")] 3 s after init's lines"; fail=1; }
+  { echo "watchdog-test: FAILED: the relay printed [$(tr '\n' '|' < "$out")] 30 s after init's lines"; fail=1; }
 kill $writer; wait $rl 2>/dev/null; rm -f "$cons" "$out"
 
 # The relay shows the guest's lines while it runs: a guest that is ended from outside (as
