@@ -362,25 +362,27 @@ start_failed() {
 
 # ---- ranks ---------------------------------------------------------------------------------------
 ranks_trial() {
-  local v=$1 prov=$2 idx=$3 seed=$4 phase=$5 key dir port victim delay trig n r
+  local v=$1 prov=$2 idx=$3 seed=$4 phase=$5 key dir port victim delay trig n r sizes
   key=$(row_key ranks "$v" "$prov")
   RANDOM=$seed
   victim=$((RANDOM % 4))
   dir=$TMP/run/ranks-$v-$prov-$idx; mkdir -p "$dir"
   port=$(free_port)
-  n=100000000
+  n=100000000 sizes=4K,8K
   case $phase in
     before) delay=$((RANDOM % 40)); trig= ;;
     during) delay=$((RANDOM % 80)); trig="rank $victim of 4" ;;
     setup) delay=$((RANDOM % 400)); trig="link 0:" ;;
     transfer) delay=$((RANDOM % 1500)); trig="rank $victim: run 0 started" ;;
-    between) delay=$((RANDOM % 40)); trig="rank [0-9]: run 0 done"; n=40 ;;
+    # Run 1 of 256K pages (0.5 GB a rank) outlasts the aim on any host: at 8K (16 MB) it
+    # and teardown took about 20 ms here, and a faster host ends them before a 0-39 ms kill.
+    between) delay=$((RANDOM % 40)); trig="rank [0-9]: run 0 done"; n=40; sizes=4K,256K ;;
     # Teardown on shm ends within ~10 ms of the first rank's last run: an aim of 0-40 ms
     # behind a 10 ms poll missed 10 of 22 tries (seed 4242, load 2) and all 4 of one trial in
     # CI; 0-8 ms behind a 2 ms poll missed 3 of 15 and 6 of 18; 0-3 ms (below) 3 of 19.
     teardown) delay=$((RANDOM % 4)); trig="rank [0-9]: run 1 done"; n=40 ;;
   esac
-  local args=(run -vv $(nic "$v" "$prov") --pattern all-to-all --sizes 4K,8K --pages 16 -n "$n"
+  local args=(run -vv $(nic "$v" "$prov") --pattern all-to-all --sizes "$sizes" --pages 16 -n "$n"
     --idle-timeout 5 --rendezvous-timeout 6)
   WRAPPERS=()
   local order=(0 1 2 3)
