@@ -78,7 +78,7 @@
 //! `NicDesc::device` (`NET_DEVICES`, e.g. `lo`, `mlx5_0:1`); unset, UCX's own defaults and
 //! environment apply.
 //!
-//! The doctor's probe ([`probe`]) opens a context with what the user named and lists the
+//! The doctor's probe ([`probe()`]) opens a context with what the user named and lists the
 //! transports UCX would use, warning where it would fall back to tcp or copy GPU memory
 //! through the host.
 

@@ -6,79 +6,16 @@
 //! where this node has RDMA devices UCX cannot use), or copy GPU memory through the host.
 //!
 //! The transports are UCX's own list: the `resource` lines of `ucp_context_print_info` for a
-//! context opened as a run's would be, parsed by [`resources`]. What is judged from them
+//! context opened as a run's would be
+//! ([`open_resources`](crate::endpoint::open_resources)). What is judged from them
 //! ([`judge`]) is plain code over plain data, tested with fixtures below.
 
-use std::ffi::CString;
 use std::ptr;
 
 use transport_core::{mapped_library, Finding, FindingStatus, Probe, ProbeAsk};
 use ucx_sys as sys;
 
-/// One transport on one device, as UCX names them (`tcp` on `lo`, `rc_verbs` on `mlx5_0:1`,
-/// `posix` on `memory`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Resource {
-    pub tl: String,
-    pub dev: String,
-}
-
-impl Resource {
-    /// InfiniBand / RoCE transports (libuct_ib: rc, ud, dc, with or without mlx5 offload).
-    fn rdma(&self) -> bool {
-        ["rc", "ud", "dc"]
-            .iter()
-            .any(|p| self.tl == *p || self.tl.starts_with(&format!("{p}_")))
-    }
-    fn cuda(&self) -> bool {
-        crate::CUDA_COPIES.contains(&self.tl.as_str())
-    }
-    /// Between nodes: what is neither shared memory nor a GPU copy.
-    fn network(&self) -> bool {
-        self.rdma() || self.tl == "tcp"
-    }
-}
-
-impl std::fmt::Display for Resource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.tl, self.dev)
-    }
-}
-
-/// The `resource` lines of `ucp_context_print_info`:
-/// `#      resource 1  :  md 1  dev 1  flags -- tcp/lo`.
-pub(crate) fn resources(info: &str) -> Vec<Resource> {
-    info.lines()
-        .filter(|l| l.trim_start_matches(['#', ' ']).starts_with("resource"))
-        .filter_map(|l| l.rsplit_once("-- "))
-        .filter_map(|(_, r)| r.trim().split_once('/'))
-        .map(|(tl, dev)| Resource {
-            tl: tl.to_string(),
-            dev: dev.to_string(),
-        })
-        .collect()
-}
-
-/// The devices named in `NET_DEVICES` that no resource of the context uses, in the order
-/// named. UCX only warns about such a name and runs on what it has (with no other device, on
-/// shared memory), so a run would carry a label that is not what moved its bytes. `all`, a
-/// list that excludes (`^...`) and names with wildcards are UCX's to match: none is missing.
-pub(crate) fn missing_devices<'a>(named: &'a str, resources: &[Resource]) -> Vec<&'a str> {
-    if named.trim() == "all" || named.trim_start().starts_with('^') {
-        return Vec::new();
-    }
-    named
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty() && !d.contains(['*', '?']))
-        .filter(|d| !resources.iter().any(|r| r.dev == *d))
-        .collect()
-}
-
-/// The resources (`transport/device`) of a live context, from `ucp_context_print_info`.
-pub(crate) fn context_resources(ctx: sys::ucp_context_h) -> Vec<Resource> {
-    resources(&print_info(ctx))
-}
+use crate::endpoint::{missing_devices, Resource};
 
 /// What a UCP context opened with the user's words has.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -443,63 +380,14 @@ pub(crate) fn open_quiet(
     named_tls: Option<&str>,
     named_devices: Option<&str>,
 ) -> Result<Opened, String> {
-    let mut config: *mut sys::ucp_config_t = ptr::null_mut();
-    // SAFETY: NULL prefix and file (UCX reads its UCX_* environment); config a valid out pointer.
-    let st = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
-    if st != sys::UCS_OK {
-        return Err(format!(
-            "ucp_config_read: {}",
-            crate::endpoint::status_text(st)
-        ));
-    }
-    let mut r = Ok(());
-    for (name, value) in [("TLS", named_tls), ("NET_DEVICES", named_devices)] {
-        let Some(value) = value else { continue };
-        let (Ok(n), Ok(v)) = (CString::new(name), CString::new(value)) else {
-            r = Err(format!("{name}={value:?}: a NUL byte"));
-            break;
-        };
-        // SAFETY: config is live; both strings are NUL-terminated and outlive the call.
-        let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
-        if st != sys::UCS_OK {
-            r = Err(format!(
-                "UCX refused {name}={value}: {}",
-                crate::endpoint::status_text(st)
-            ));
-            break;
-        }
-    }
-    let ctx = r.and_then(|_| {
-        crate::endpoint::init_context(config, false).map_err(crate::endpoint::status_text)
-    });
-    // SAFETY: config came from ucp_config_read and is released once.
-    unsafe { sys::ucp_config_release(config) };
-    let ctx = ctx?;
-    let mut attr = sys::ucp_context_attr_t {
-        field_mask: u64::from(sys::UCP_ATTR_FIELD_MEMORY_TYPES),
-        ..Default::default()
-    };
-    // SAFETY: ctx is live; attr a valid in/out struct.
-    let st = unsafe { sys::ucp_context_query(ctx, &mut attr) };
-    let cuda_memory =
-        st == sys::UCS_OK && attr.memory_types & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0;
-    let info = print_info(ctx);
-    // SAFETY: ctx came from ucp_init and is cleaned up once; nothing else holds it.
-    unsafe { sys::ucp_cleanup(ctx) };
+    let (resources, cuda_memory) = crate::endpoint::open_resources(named_tls, named_devices)?;
     Ok(Opened {
-        resources: resources(&info),
+        resources,
         cuda_memory,
         said: Vec::new(),
         version: crate::loaded_version(),
     })
 }
-
-/// `ucp_context_print_info` into a string.
-fn print_info(ctx: sys::ucp_context_h) -> String {
-    // SAFETY: ctx is live; f is an open stream (glibc's FILE, which bindgen's FILE is).
-    crate::printed(|f| unsafe { sys::ucp_context_print_info(ctx, f.cast()) })
-}
-
 fn version() -> String {
     let (mut a, mut b, mut c) = (0u32, 0u32, 0u32);
     // SAFETY: three valid out pointers.
@@ -577,6 +465,7 @@ pub fn probe(ask: &ProbeAsk) -> Probe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::endpoint::resources;
 
     /// `ucp_context_print_info` of UCX 1.13.1 on this kind of box, nothing named.
     const HERE: &str = "#

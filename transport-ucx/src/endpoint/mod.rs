@@ -27,6 +27,10 @@ mod open;
 pub(crate) use open::init_context;
 mod region;
 mod requests;
+mod resources;
+#[cfg(test)]
+pub(crate) use resources::resources;
+pub(crate) use resources::{missing_devices, open_resources, Resource};
 mod status;
 mod stream;
 pub(crate) use status::status_text;

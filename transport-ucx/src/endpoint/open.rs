@@ -104,18 +104,13 @@ impl Endpoint {
             "UCX could not describe its context; check the install with `ucx_info -v`",
         )?;
         if let Some(d) = nic.device.as_deref() {
-            let have = crate::probe::context_resources(ctx.ctx);
-            let missing = crate::probe::missing_devices(d, &have);
+            let have = resources::context_resources(ctx.ctx);
+            let missing = missing_devices(d, &have);
             if !missing.is_empty() {
                 let tls = nic.provider.as_deref();
                 // What every device would give, for the error only (a second context).
-                let all = crate::probe::open_quiet(tls, None)
-                    .map(|o| {
-                        o.resources
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                    })
+                let all = open_resources(tls, None)
+                    .map(|(r, _)| r.iter().map(ToString::to_string).collect::<Vec<_>>())
                     .map(|r| r.join(", "))
                     .unwrap_or_else(|e| e);
                 return Err(Error::NoDevice(format!(
