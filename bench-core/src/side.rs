@@ -200,8 +200,7 @@ impl SideCfg {
 pub struct Side<T: Transport> {
     /// Dropped first: in a loopback, waits for the other side before the endpoints close.
     /// Only its drop is used.
-    #[allow(dead_code)]
-    at_teardown: AtTeardown,
+    _at_teardown: AtTeardown,
     pub eps: Vec<T>,
     pub data: Vec<T::Mr>,
     pub ctrl: Vec<T::Mr>,
@@ -249,7 +248,10 @@ impl<T: Transport> Side<T> {
         Ok(Side {
             // The other side ends within its idle timeout once this one stopped (it is told
             // so, or its data path goes quiet).
-            at_teardown: AtTeardown::join(cfg.teardown.as_ref(), cfg.idle + Duration::from_secs(5)),
+            _at_teardown: AtTeardown::join(
+                cfg.teardown.as_ref(),
+                cfg.idle + Duration::from_secs(5),
+            ),
             eps,
             data: Vec::new(),
             ctrl: Vec::new(),

@@ -134,8 +134,8 @@ impl fmt::Display for EndpointInfo {
 // SAFETY: the endpoint owns its libfabric objects; every call on them takes `&mut self`, so
 // one thread at a time uses them (FI_THREAD_DOMAIN's contract). A region dropped on another
 // thread while the endpoint lives makes no libfabric call there: it waits in the endpoint's
-// grave (a lock), and the endpoint closes it on its own thread. The slab's slots and the immediate receives'
-// contexts are only touched through `&mut self`.
+// grave (a lock), and the endpoint closes it on its own thread. The slab's slots and the
+// immediate receives' contexts are only touched through `&mut self`.
 unsafe impl Send for Endpoint {}
 
 impl fmt::Debug for Endpoint {
@@ -519,89 +519,4 @@ fn imm_repost_failed(ret: isize) -> Error {
         "reposting a receive for peers' WRITE immediates failed: immediates may stop \
          arriving; reopen the endpoint",
     )
-}
-
-#[cfg(test)]
-mod gpu_tests {
-    use super::*;
-
-    fn tcp(hmem: &str) -> NicDesc {
-        let mut nic = NicDesc::provider("tcp").with_option("hmem", hmem);
-        nic.device = Some("lo".into());
-        nic
-    }
-
-    /// Whether libfabric `version`'s tcp provider offers `FI_HMEM`: not in any release this
-    /// project builds against (1.17.1, 2.1.0, 2.6.0: prov/tcp never sets it, and tcp;ofi_rxm
-    /// asks its tcp core for it), with or without CUDA. A newer release fails the tests that
-    /// ask until someone checks its prov/tcp and says here.
-    fn tcp_has_fi_hmem(version: &str) -> bool {
-        let mut it = version.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
-        let v = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-        assert!(
-            v <= (2, 6),
-            "libfabric {version} is newer than what this test knows of tcp's FI_HMEM \
-             (none through 2.6): check its prov/tcp and extend tcp_has_fi_hmem"
-        );
-        false
-    }
-
-    /// tcp has no FI_HMEM in the libfabric releases we run: asking for it fails to open,
-    /// clearly, naming the provider.
-    #[test]
-    fn hmem_on_without_fi_hmem_is_unsupported() {
-        let version = runtime_version();
-        assert!(!tcp_has_fi_hmem(&version));
-        match Endpoint::open(&tcp("on")) {
-            Err(Error::Unsupported(m)) => {
-                assert!(m.contains("FI_HMEM"), "{m}");
-                assert!(m.contains("tcp"), "{m}");
-            }
-            Ok(ep) => panic!(
-                "libfabric {version}'s tcp has no FI_HMEM, yet hmem=on opened: caps {:?}",
-                ep.caps()
-            ),
-            Err(e) => panic!("expected Unsupported, got {e}"),
-        }
-    }
-
-    /// A host region needs nothing to be visible, on every provider: the call returns at
-    /// once (the GPU cases run on the GPU host, `tests/gpu.rs`).
-    #[test]
-    fn make_gpu_visible_on_host_memory_is_a_no_op() {
-        let mut ep = Endpoint::open(&tcp("off")).expect("open tcp");
-        let mr = ep
-            .register(Memory::Host(transport_core::HostBuffer::new(4096)))
-            .expect("register");
-        ep.make_gpu_visible(&mr).expect("host memory is visible");
-    }
-
-    /// A host-only endpoint (`NicDesc::gpu_memory = Some(false)`) asks for no FI_HMEM and
-    /// says so when GPU memory is offered.
-    #[test]
-    fn host_only_endpoint_refuses_gpu_memory_naming_why() {
-        let ep = Endpoint::open(&tcp("auto").with_gpu_memory(false)).expect("open tcp");
-        assert!(!ep.caps().gpu_memory);
-        match ep.gpu_support() {
-            Err(Error::Unsupported(m)) => assert!(m.contains("host memory only"), "{m}"),
-            other => panic!("expected Unsupported, got {other:?}"),
-        }
-    }
-
-    /// Without FI_HMEM (or a GPU), an endpoint says why GPU memory cannot be registered.
-    #[test]
-    fn gpu_support_names_the_reason() {
-        let ep = Endpoint::open(&tcp("off")).expect("open tcp");
-        assert!(!ep.caps().gpu_memory);
-        match ep.gpu_support() {
-            Err(Error::Unsupported(m)) => assert!(m.contains("hmem=off"), "{m}"),
-            other => panic!("expected Unsupported, got {other:?}"),
-        }
-        let ep = Endpoint::open(&tcp("auto")).expect("open tcp");
-        if ep.caps().gpu_memory {
-            return; // a GPU host with a CUDA-enabled libfabric
-        }
-        let e = ep.gpu_support().expect_err("no GPU memory here");
-        eprintln!("{e}");
-    }
 }

@@ -26,6 +26,7 @@ mod landings;
 mod open;
 pub(crate) use open::init_context;
 mod region;
+mod register;
 mod requests;
 mod resources;
 #[cfg(test)]
