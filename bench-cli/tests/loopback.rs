@@ -449,7 +449,7 @@ fn unknown_ucx_device() {
             ],
             T,
         )
-        .expect_err(&format!("UCX has no device {dev} for TLS=sm"));
+        .expect_err(&format!("UCX uses no device named ({dev}) with TLS=sm"));
         assert_eq!(o.code, Some(1), "{}", o.stderr);
     }
     run(
@@ -469,6 +469,50 @@ fn unknown_ucx_device() {
         T,
     )
     .expect_ok();
+}
+
+/// UCX's warnings go to stderr, so `--json` keeps stdout a document (UCX prints them to
+/// stdout by default); a `UCX_LOG_FILE` the user set still decides where they go.
+#[cfg(feature = "ucx")]
+#[test]
+fn ucx_warnings_leave_json_on_stdout_alone() {
+    use std::process::{Command, Stdio};
+    let args = [
+        "loopback",
+        "--backend",
+        "ucx",
+        "--provider",
+        "tcp,junk",
+        "--devices",
+        "lo",
+        "-s",
+        "4K",
+        "-n",
+        "2",
+        "--json",
+    ];
+    let cmd = |log: Option<&std::path::Path>| {
+        let mut c = Command::new(common::bin());
+        c.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match log {
+            Some(f) => c.env("UCX_LOG_FILE", f),
+            None => c.env_remove("UCX_LOG_FILE"),
+        };
+        common::wait(c.spawn().expect("starting rdma-bench"), T).expect_ok()
+    };
+    let warned = "transport 'junk' is not available";
+    let o = cmd(None);
+    assert_eq!(o.json()["verified"], true, "{}", o.stdout);
+    assert!(o.stderr.contains(warned), "{}", o.stderr);
+    let f = std::env::temp_dir().join(format!("rb-ucx-log-{}", std::process::id()));
+    let o = cmd(Some(&f));
+    let logged = std::fs::read_to_string(&f).unwrap_or_default();
+    let _ = std::fs::remove_file(&f);
+    assert!(logged.contains(warned), "UCX_LOG_FILE holds {logged:?}");
+    assert!(!o.stderr.contains(warned), "{}", o.stderr);
 }
 
 #[test]

@@ -84,6 +84,7 @@
 
 mod endpoint;
 mod frame;
+mod log;
 mod probe;
 
 pub use endpoint::{Endpoint, UcxKey, UcxMr};

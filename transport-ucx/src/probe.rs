@@ -121,7 +121,7 @@ pub(crate) fn judge(
         (
             // A run's endpoint refuses such a name rather than run on what UCX has.
             FindingStatus::Fail,
-            format!("no device {}; ", missing.join(", ")),
+            format!("no device named ({}) is UCX's; ", missing.join(", ")),
             Some("name devices UCX has for these transports (`ucx_info -d`), or none"),
         )
     };
@@ -316,7 +316,9 @@ pub(crate) fn judge(
 /// Opens a UCP context as a run's endpoint would (`TLS`, `NET_DEVICES` where named; the
 /// features the backend uses) and reads its resources and memory types.
 fn open(named_tls: Option<&str>, named_devices: Option<&str>) -> Result<Opened, String> {
-    let (r, log) = capture_stdout(|| open_quiet(named_tls, named_devices));
+    crate::log::off_stdout();
+    let (r, log) =
+        capture_stdout(|| crate::log::on_stdout(|| open_quiet(named_tls, named_devices)));
     // UCX's lines as it logs them, after its `UCX  ` tag: `WARN  transport 'rc_verbs' is not
     // available, please use one or more of: ...`, `ERROR no usable transports/devices ...`.
     let said: Vec<String> = log
@@ -610,8 +612,10 @@ mod tests {
     fn a_named_device_ucx_does_not_have_fails() {
         let here = resources(HERE);
         assert_eq!(missing_devices("lo", &here), Vec::<&str>::new());
-        assert_eq!(missing_devices("lo,junk, eth1", &here), ["junk", "eth1"]);
-        for ucx_matches in ["all", "^lo", "mlx5_*", ""] {
+        assert_eq!(missing_devices("junk, eth1", &here), ["junk", "eth1"]);
+        // One name used: a list shared between runs (veth0 beside rxe0:1 with rc_verbs).
+        assert!(missing_devices("lo,junk", &here).is_empty());
+        for ucx_matches in ["all", "^lo", "mlx5_*", "", "junk,mlx5_*"] {
             assert!(
                 missing_devices(ucx_matches, &here).is_empty(),
                 "{ucx_matches}"
@@ -625,7 +629,11 @@ mod tests {
         );
         let t = find(&f, "ucx.transports").unwrap();
         assert_eq!(t.status, FindingStatus::Fail, "{f:?}");
-        assert!(t.summary.contains("no device junk; "), "{}", t.summary);
+        assert!(
+            t.summary.contains("no device named (junk) is UCX's; "),
+            "{}",
+            t.summary
+        );
         let f = judge(
             &named(None, &["lo"], false),
             &opened(HERE, false),

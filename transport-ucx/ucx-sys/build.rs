@@ -1,6 +1,6 @@
 //! Generates the bindings with bindgen (libclang 14 or newer: 14 and 16 give the same bindings)
 //! from the system's `ucp/api/ucp.h`, found through pkg-config (`ucx.pc`, Debian's
-//! `libucx-dev`), and links libucp and libucs.
+//! `libucx-dev`), compiles the log handler (`csrc/log.c`), and links libucp and libucs.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -42,9 +42,6 @@ fn main() {
         }
         Err(e) => println!("cargo:warning=pkg-config found no ucx ({e}); linking -lucp -lucs"),
     }
-    // Only what the bindings call: UCP, and UCS for ucs_status_string.
-    println!("cargo:rustc-link-lib=ucp");
-    println!("cargo:rustc-link-lib=ucs");
     if let Ok(dir) = env::var("UCX_INCLUDE_DIR") {
         includes.insert(0, dir.into());
     }
@@ -59,6 +56,21 @@ fn main() {
              `apt-get install libucx-dev`; RHEL: `ucx-devel`), or set UCX_INCLUDE_DIR"
         );
     }
+
+    // The log handler (csrc/log.c), linked before the libraries it calls.
+    println!("cargo:rerun-if-changed=csrc/log.c");
+    let mut cc = cc::Build::new();
+    cc.file("csrc/log.c")
+        .warnings(true)
+        .flag_if_supported("-Wno-unused-parameter")
+        .opt_level(2);
+    for d in &includes {
+        cc.include(d);
+    }
+    cc.compile("rs_ucx_log");
+    // Only what the bindings call: UCP, and UCS for ucs_status_string and the log handler.
+    println!("cargo:rustc-link-lib=ucp");
+    println!("cargo:rustc-link-lib=ucs");
 
     if env::var_os("LIBCLANG_PATH").is_none() {
         if let Some(dir) = default_libclang_dir() {

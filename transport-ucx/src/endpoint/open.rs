@@ -17,6 +17,7 @@ impl Endpoint {
 
     pub(super) fn open_ucx(nic: &NicDesc) -> Result<Self> {
         check_options(&crate::INFO, &nic.options)?;
+        crate::log::off_stdout();
         let peer_errors = match nic.options.get("peer_errors").map(String::as_str) {
             None | Some("auto") => !crate::without_peer_failure(nic.provider.as_deref()),
             Some("on") => true,
@@ -114,9 +115,9 @@ impl Endpoint {
                     .map(|r| r.join(", "))
                     .unwrap_or_else(|e| e);
                 return Err(Error::NoDevice(format!(
-                    "UCX has no device {} for TLS={} (the run would go on {} and carry a name \
-                     that did not move its bytes); with every device UCX has {} (see \
-                     `ucx_info -d`)",
+                    "UCX uses no device named ({}) with TLS={} (the run would go on {} and \
+                     carry a name that did not move its bytes); with every device UCX has {} \
+                     (see `ucx_info -d`)",
                     missing.join(", "),
                     tls.unwrap_or("(default)"),
                     have.iter()

@@ -53,20 +53,27 @@ pub(crate) fn resources(info: &str) -> Vec<Resource> {
         .collect()
 }
 
-/// The devices named in `NET_DEVICES` that no resource of the context uses, in the order
-/// named. UCX only warns about such a name and runs on what it has (with no other device, on
-/// shared memory), so a run would carry a label that is not what moved its bytes. `all`, a
-/// list that excludes (`^...`) and names with wildcards are UCX's to match: none is missing.
+/// The devices named in `NET_DEVICES`, in the order named, where no resource of the context
+/// uses any of them; empty where one is used. UCX only warns about a name it does not have
+/// and runs on what it has (with none of the names, on shared memory alone), so such a run
+/// would carry a label that is not what moved its bytes. A list where some name is used is
+/// left alone: a device of a transport not named (`veth0` beside `rxe0:1` with `TLS=rc_verbs`)
+/// is a list shared between runs, not a mistake. `all`, a list that excludes (`^...`) and
+/// names with wildcards are UCX's to match: none is missing.
 pub(crate) fn missing_devices<'a>(named: &'a str, resources: &[Resource]) -> Vec<&'a str> {
     if named.trim() == "all" || named.trim_start().starts_with('^') {
         return Vec::new();
     }
-    named
+    let names: Vec<&str> = named
         .split(',')
         .map(str::trim)
-        .filter(|d| !d.is_empty() && !d.contains(['*', '?']))
-        .filter(|d| !resources.iter().any(|r| r.dev == *d))
-        .collect()
+        .filter(|d| !d.is_empty())
+        .collect();
+    let used = |d: &&str| resources.iter().any(|r| r.dev == *d);
+    if names.iter().any(|d| d.contains(['*', '?'])) || names.iter().any(used) {
+        return Vec::new();
+    }
+    names
 }
 
 /// The resources (`transport/device`) of a live context, from `ucp_context_print_info`.

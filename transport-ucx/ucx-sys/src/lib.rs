@@ -14,6 +14,15 @@
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
+extern "C" {
+    /// Pushes a handler on UCX's log stack that writes each message to stderr (or stdout, see
+    /// [`rs_ucx_log_stream`]) as UCX formats it, and stops UCX's own printing (`csrc/log.c`).
+    /// Once per process, before UCX's threads exist: pushing is not thread-safe.
+    pub fn rs_ucx_log_push();
+    /// Where the pushed handler writes: stdout where `to_stdout` is non-zero, else stderr.
+    pub fn rs_ucx_log_stream(to_stdout: ::std::os::raw::c_int);
+}
+
 /// What a `ucs_status_ptr_t` holds: `Ok(None)` for `NULL` (done at once), `Ok(Some(req))` for a
 /// request in flight, `Err(status)` for an error code (UCX's `UCS_PTR_IS_ERR`: the pointer is
 /// an error code in `[UCS_ERR_LAST, -1]`).

@@ -1,0 +1,32 @@
+//! UCX's log off stdout. UCX prints its warnings and errors to stdout unless `UCX_LOG_FILE`
+//! says otherwise, after `--json`'s document, and libucs reads that variable before `main`.
+//! So the first endpoint or probe of a process pushes a handler (ucx-sys's `csrc/log.c`)
+//! that writes them to stderr, as UCX formats them, unless the user set `UCX_LOG_FILE`:
+//! then UCX's own handler writes where it says.
+
+use std::sync::Once;
+
+use ucx_sys as sys;
+
+/// Pushes the handler once per process, before the first UCP context (and so before UCX
+/// starts threads of its own) where `UCX_LOG_FILE` is unset.
+pub(crate) fn off_stdout() {
+    static PUSH: Once = Once::new();
+    PUSH.call_once(|| {
+        if std::env::var_os("UCX_LOG_FILE").is_none() {
+            // SAFETY: called once (Once), before this process opened a UCP context; the
+            // handler lives in the static library for the whole process.
+            unsafe { sys::rs_ucx_log_push() };
+        }
+    });
+}
+
+/// Runs `f` with the handler writing to stdout, where the doctor captures UCX's words.
+pub(crate) fn on_stdout<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: an atomic store of a flag the handler reads.
+    unsafe { sys::rs_ucx_log_stream(1) };
+    let r = f();
+    // SAFETY: as above.
+    unsafe { sys::rs_ucx_log_stream(0) };
+    r
+}
