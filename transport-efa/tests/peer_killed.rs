@@ -185,7 +185,10 @@ impl Drop for Peer {
 }
 
 fn survivor_sees_error_or_timeout(provider: &str) {
-    std::env::set_var("FI_TCP_IFACE", "lo");
+    // Once, before this process's first fi_getinfo: tests run on threads beside each other,
+    // and a setenv beside libfabric's getenv on another thread is a data race.
+    static LOOPBACK: std::sync::Once = std::sync::Once::new();
+    LOOPBACK.call_once(|| std::env::set_var("FI_TCP_IFACE", "lo"));
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Peer(
         Command::new(exe)
