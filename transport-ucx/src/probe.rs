@@ -53,8 +53,11 @@ const TCP_WIREUP_PURGE_SINCE: (u32, u32) = (1, 18);
 pub(crate) struct Named {
     /// `--provider`, else `UCX_TLS`.
     pub tls: Option<String>,
-    /// `--devices`, else `UCX_NET_DEVICES`, split at commas.
+    /// `--devices` (an RDMA device without a port as UCX names it, with its ports), else
+    /// `UCX_NET_DEVICES`, split at commas.
     pub devices: Vec<String>,
+    /// The devices are `UCX_NET_DEVICES`'s: a run checks only what `--devices` names.
+    pub devices_from_env: bool,
     pub gpu_memory: bool,
 }
 
@@ -117,6 +120,13 @@ pub(crate) fn judge(
     let missing = missing_devices(&names, &o.resources);
     let (status, no_device, fix) = if missing.is_empty() {
         (FindingStatus::Ok, String::new(), None)
+    } else if named.devices_from_env {
+        (
+            // UCX's environment: UCX runs on what it has, under no name of the run's.
+            FindingStatus::Warn,
+            format!("no device named ({}) is UCX's; ", missing.join(", ")),
+            Some("set UCX_NET_DEVICES to devices UCX has for these transports (`ucx_info -d`)"),
+        )
     } else {
         (
             // A run's endpoint refuses such a name rather than run on what UCX has.
@@ -399,7 +409,7 @@ fn version() -> String {
 
 /// This node's RDMA devices, from `/sys/class/infiniband`.
 fn rdma_devices() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+    let mut v: Vec<String> = std::fs::read_dir(crate::endpoint::RDMA_SYSFS)
         .map(|d| {
             d.flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
@@ -425,6 +435,11 @@ fn peer_memory() -> bool {
 pub fn probe(ask: &ProbeAsk) -> Probe {
     let ask = ask.for_backend(&crate::INFO);
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    // As the endpoint names them to UCX (`mlx5_0` becomes `mlx5_0:1`).
+    let devices = crate::endpoint::ucx_device_names(
+        &ask.devices.join(","),
+        std::path::Path::new(crate::endpoint::RDMA_SYSFS),
+    );
     let named = Named {
         tls: ask.provider.clone().or_else(|| env("UCX_TLS")),
         devices: if ask.devices.is_empty() {
@@ -432,11 +447,11 @@ pub fn probe(ask: &ProbeAsk) -> Probe {
                 .map(|d| d.split(',').map(|s| s.trim().to_string()).collect())
                 .unwrap_or_default()
         } else {
-            ask.devices.clone()
+            devices.split(',').map(str::to_string).collect()
         },
+        devices_from_env: ask.devices.is_empty(),
         gpu_memory: ask.gpu_memory,
     };
-    let devices = ask.devices.join(",");
     let opened = open(
         ask.provider.as_deref(),
         (!devices.is_empty()).then_some(devices.as_str()),
@@ -513,6 +528,7 @@ mod tests {
         Named {
             tls: tls.map(str::to_string),
             devices: devices.iter().map(|s| s.to_string()).collect(),
+            devices_from_env: false,
             gpu_memory: gpu,
         }
     }
@@ -615,7 +631,7 @@ mod tests {
         assert_eq!(missing_devices("junk, eth1", &here), ["junk", "eth1"]);
         // One name used: a list shared between runs (veth0 beside rxe0:1 with rc_verbs).
         assert!(missing_devices("lo,junk", &here).is_empty());
-        for ucx_matches in ["all", "^lo", "mlx5_*", "", "junk,mlx5_*"] {
+        for ucx_matches in ["all", "^lo", "", "junk,all"] {
             assert!(
                 missing_devices(ucx_matches, &here).is_empty(),
                 "{ucx_matches}"
@@ -643,6 +659,14 @@ mod tests {
         assert_eq!(
             find(&f, "ucx.transports").unwrap().status,
             FindingStatus::Ok
+        );
+        // From UCX_NET_DEVICES: a warning, as a run checks only what --devices names.
+        let mut env = named(None, &["junk"], false);
+        env.devices_from_env = true;
+        let f = judge(&env, &opened(HERE, false), &[], false);
+        assert_eq!(
+            find(&f, "ucx.transports").unwrap().status,
+            FindingStatus::Warn
         );
     }
 

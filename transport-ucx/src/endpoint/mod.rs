@@ -31,7 +31,9 @@ mod requests;
 mod resources;
 #[cfg(test)]
 pub(crate) use resources::resources;
-pub(crate) use resources::{missing_devices, open_resources, Resource};
+pub(crate) use resources::{
+    missing_devices, open_resources, ucx_device_names, Resource, RDMA_SYSFS,
+};
 mod status;
 mod stream;
 pub(crate) use status::status_text;

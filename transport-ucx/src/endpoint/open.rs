@@ -66,11 +66,16 @@ impl Endpoint {
                 &format!("UCX refused {name}={value}: see `ucx_info -d` for what this host has"),
             )
         };
+        // UCX's names: an RDMA device the topology gave without its port gets its ports.
+        let devices = nic
+            .device
+            .as_deref()
+            .map(|d| resources::ucx_device_names(d, std::path::Path::new(resources::RDMA_SYSFS)));
         let mut r = Ok(());
         if let Some(p) = nic.provider.as_deref() {
             r = r.and_then(|_| modify("TLS", p));
         }
-        if let Some(d) = nic.device.as_deref() {
+        if let Some(d) = devices.as_deref() {
             r = r.and_then(|_| modify("NET_DEVICES", d));
         }
         let ctx = r.and_then(|_| match init_context(config, true) {
@@ -80,7 +85,7 @@ impl Endpoint {
             ) => Err(Error::NoDevice(format!(
                 "UCX opened no transport for TLS={} NET_DEVICES={}: {} (see `ucx_info -d`)",
                 nic.provider.as_deref().unwrap_or("(default)"),
-                nic.device.as_deref().unwrap_or("(default)"),
+                devices.as_deref().unwrap_or("(default)"),
                 status_text(st)
             ))),
             Err(st) => Err(provider_error("ucp_init", st, "see `ucx_info -d`")),
@@ -104,7 +109,7 @@ impl Endpoint {
             st,
             "UCX could not describe its context; check the install with `ucx_info -v`",
         )?;
-        if let Some(d) = nic.device.as_deref() {
+        if let Some(d) = devices.as_deref() {
             let have = resources::context_resources(ctx.ctx);
             let missing = missing_devices(d, &have);
             if !missing.is_empty() {
@@ -199,7 +204,7 @@ impl Endpoint {
             // CUDA copies (cuda_copy, cuda_ipc) need nothing; a NIC's GPUDirect RDMA writes
             // (rc with a CUDA-enabled UCX, which `all` takes where there is one) the flush.
             landing: crate::landing_for(nic.provider.as_deref()),
-            devices: nic.device.clone().unwrap_or_else(|| "all".into()),
+            devices: devices.unwrap_or_else(|| "all".into()),
             version: Self::ucx_version(),
             recv_info_at_once: crate::loaded_version() >= RECV_INFO_SINCE,
             peer_errors,

@@ -15,9 +15,10 @@
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
 extern "C" {
-    /// Pushes a handler on UCX's log stack that writes each message to stderr (or stdout, see
-    /// [`rs_ucx_log_stream`]) as UCX formats it, and stops UCX's own printing (`csrc/log.c`).
-    /// Once per process, before UCX's threads exist: pushing is not thread-safe.
+    /// Pushes a handler on UCX's log stack that writes each message but a fatal one to
+    /// stderr (or stdout, see [`rs_ucx_log_stream`]), a prefix on each line, and stops UCX's
+    /// own printing; fatal messages go on to UCX's handler, which aborts (`csrc/log.c`).
+    /// Once per process, before its first UCP context: pushing is not thread-safe.
     pub fn rs_ucx_log_push();
     /// Where the pushed handler writes: stdout where `to_stdout` is non-zero, else stderr.
     pub fn rs_ucx_log_stream(to_stdout: ::std::os::raw::c_int);
