@@ -427,6 +427,14 @@ fn unknown_device() {
     .expect_err("no-such-nic");
 }
 
+/// `loopback --backend ucx -s 4K -n 2` and `extra`.
+#[cfg(feature = "ucx")]
+fn ucx_loopback<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["loopback", "--backend", "ucx", "-s", "4K", "-n", "2"];
+    a.extend_from_slice(extra);
+    a
+}
+
 /// UCX only warns about a device it does not have and runs on what it has (shared memory
 /// here), which the run would label with the name it was given: refused instead, in words
 /// that list what UCX has.
@@ -435,40 +443,11 @@ fn unknown_device() {
 fn unknown_ucx_device() {
     for dev in ["no-such-nic", "lo"] {
         // lo with UCX's sm (loopback's default): no such device on shared memory either.
-        let o = run(
-            &[
-                "loopback",
-                "--backend",
-                "ucx",
-                "--devices",
-                dev,
-                "-s",
-                "4K",
-                "-n",
-                "2",
-            ],
-            T,
-        )
-        .expect_err(&format!("UCX uses no device named ({dev}) with TLS=sm"));
+        let o = run(&ucx_loopback(&["--devices", dev]), T)
+            .expect_err(&format!("UCX uses no device named ({dev}) with TLS=sm"));
         assert_eq!(o.code, Some(1), "{}", o.stderr);
     }
-    run(
-        &[
-            "loopback",
-            "--backend",
-            "ucx",
-            "--provider",
-            "tcp",
-            "--devices",
-            "lo",
-            "-s",
-            "4K",
-            "-n",
-            "2",
-        ],
-        T,
-    )
-    .expect_ok();
+    run(&ucx_loopback(&["--provider", "tcp", "--devices", "lo"]), T).expect_ok();
 }
 
 /// UCX's warnings go to stderr, so `--json` keeps stdout a document (UCX prints them to
@@ -476,27 +455,9 @@ fn unknown_ucx_device() {
 #[cfg(feature = "ucx")]
 #[test]
 fn ucx_warnings_leave_json_on_stdout_alone() {
-    use std::process::{Command, Stdio};
-    let args = [
-        "loopback",
-        "--backend",
-        "ucx",
-        "--provider",
-        "tcp,junk",
-        "--devices",
-        "lo",
-        "-s",
-        "4K",
-        "-n",
-        "2",
-        "--json",
-    ];
+    let args = ucx_loopback(&["--provider", "tcp,junk", "--devices", "lo", "--json"]);
     let cmd = |log: Option<&std::path::Path>| {
-        let mut c = Command::new(common::bin());
-        c.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = common::command(&args);
         match log {
             Some(f) => c.env("UCX_LOG_FILE", f),
             None => c.env_remove("UCX_LOG_FILE"),

@@ -367,8 +367,6 @@ impl Mr {
         Ok(mr)
     }
 
-    /// Deregister and hand the memory back
-    /// ([`Transport::deregister`](transport_core::Transport::deregister)).
     /// Whether a drop of this region goes to `grave` (it was registered on its endpoint).
     pub(crate) fn buried_in(&self, grave: &Arc<Grave<Mr>>) -> bool {
         std::ptr::eq(self.grave.as_ptr(), Arc::as_ptr(grave))
@@ -394,6 +392,8 @@ impl Mr {
         }
     }
 
+    /// Deregister and hand the memory back
+    /// ([`Transport::deregister`](transport_core::Transport::deregister)).
     pub(crate) fn into_memory(mut self) -> Result<Memory> {
         self.close()?;
         // SAFETY: the region is closed and its memory is taken exactly once; state Taken

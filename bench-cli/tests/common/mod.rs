@@ -66,15 +66,19 @@ fn collect(r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     })
 }
 
-/// Spawn `rdma-bench ARGS`.
-pub fn spawn(args: &[&str]) -> Child {
-    Command::new(bin())
-        .args(args)
+/// `rdma-bench ARGS` with its output piped, for a caller that sets more (its environment).
+pub fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(bin());
+    c.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting rdma-bench")
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Spawn `rdma-bench ARGS`.
+pub fn spawn(args: &[&str]) -> Child {
+    command(args).spawn().expect("starting rdma-bench")
 }
 
 /// Wait for a spawned child, killing it (and failing) after `timeout`.

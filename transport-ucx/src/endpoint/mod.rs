@@ -24,7 +24,6 @@ mod done;
 mod handlers;
 mod landings;
 mod open;
-pub(crate) use open::init_context;
 mod region;
 mod register;
 mod requests;

@@ -46,54 +46,28 @@ impl Endpoint {
         let burst = nic
             .number_option("ucx", "progress_burst", 1..=BURST_LIMIT)?
             .unwrap_or_else(|| crate::default_burst(nic.provider.as_deref()));
-        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
-        // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid
-        // out pointer.
-        let st = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
-        check(
-            "ucp_config_read",
-            st,
-            "check the UCX_* environment variables",
-        )?;
-        let modify = |name: &str, value: &str| -> Result<()> {
-            let (n, v) = (cstring("UCX setting", name)?, cstring("UCX value", value)?);
-            // SAFETY: config is the live config read above; both strings are NUL-terminated
-            // and outlive the call (UCX copies the value).
-            let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
-            check(
-                "ucp_config_modify",
-                st,
-                &format!("UCX refused {name}={value}: see `ucx_info -d` for what this host has"),
-            )
-        };
         // UCX's names: an RDMA device the topology gave without its port gets its ports.
         let devices = nic
             .device
             .as_deref()
             .map(|d| resources::ucx_device_names(d, std::path::Path::new(resources::RDMA_SYSFS)));
-        let mut r = Ok(());
-        if let Some(p) = nic.provider.as_deref() {
-            r = r.and_then(|_| modify("TLS", p));
-        }
-        if let Some(d) = devices.as_deref() {
-            r = r.and_then(|_| modify("NET_DEVICES", d));
-        }
-        let ctx = r.and_then(|_| match init_context(config, true) {
-            Ok(ctx) => Ok(ctx),
-            Err(
+        let ctx = match context_with(nic.provider.as_deref(), devices.as_deref(), true) {
+            Ok(ctx) => ctx,
+            Err(Opening::Refused(e)) => return Err(e),
+            Err(Opening::Init(
                 st @ (sys::UCS_ERR_NO_DEVICE | sys::UCS_ERR_NO_ELEM | sys::UCS_ERR_UNSUPPORTED),
-            ) => Err(Error::NoDevice(format!(
-                "UCX opened no transport for TLS={} NET_DEVICES={}: {} (see `ucx_info -d`)",
-                nic.provider.as_deref().unwrap_or("(default)"),
-                devices.as_deref().unwrap_or("(default)"),
-                status_text(st)
-            ))),
-            Err(st) => Err(provider_error("ucp_init", st, "see `ucx_info -d`")),
-        });
-        // SAFETY: config came from ucp_config_read and is released once; UCX copied what it
-        // needed into the context.
-        unsafe { sys::ucp_config_release(config) };
-        let ctx = ctx?;
+            )) => {
+                return Err(Error::NoDevice(format!(
+                    "UCX opened no transport for TLS={} NET_DEVICES={}: {} (see `ucx_info -d`)",
+                    nic.provider.as_deref().unwrap_or("(default)"),
+                    devices.as_deref().unwrap_or("(default)"),
+                    status_text(st)
+                )))
+            }
+            Err(Opening::Init(st)) => {
+                return Err(provider_error("ucp_init", st, "see `ucx_info -d`"))
+            }
+        };
         let mut attr = sys::ucp_context_attr_t {
             field_mask: u64::from(
                 sys::UCP_ATTR_FIELD_MEMORY_TYPES | sys::UCP_ATTR_FIELD_REQUEST_SIZE,
@@ -116,8 +90,7 @@ impl Endpoint {
                 let tls = nic.provider.as_deref();
                 // What every device would give, for the error only (a second context).
                 let all = open_resources(tls, None)
-                    .map(|(r, _)| r.iter().map(ToString::to_string).collect::<Vec<_>>())
-                    .map(|r| r.join(", "))
+                    .map(|(r, _)| resources::listed(&r))
                     .unwrap_or_else(|e| e);
                 return Err(Error::NoDevice(format!(
                     "UCX uses no device named ({}) with TLS={} (the run would go on {} and \
@@ -125,10 +98,7 @@ impl Endpoint {
                      (see `ucx_info -d`)",
                     missing.join(", "),
                     tls.unwrap_or("(default)"),
-                    have.iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    resources::listed(&have),
                     all
                 )));
             }
@@ -283,9 +253,56 @@ impl Endpoint {
     }
 }
 
+/// Why [`context_with`] opened no context.
+pub(crate) enum Opening {
+    /// UCX's environment could not be read, or UCX refused a setting.
+    Refused(Error),
+    /// `ucp_init`'s status.
+    Init(sys::ucs_status_t),
+}
+
+/// A UCP context on UCX's environment, with `TLS` and `NET_DEVICES` where named (see
+/// [`init_context`]): what an endpoint and the doctor's probe open.
+pub(crate) fn context_with(
+    tls: Option<&str>,
+    devices: Option<&str>,
+    shared_workers: bool,
+) -> std::result::Result<sys::ucp_context_h, Opening> {
+    let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+    // SAFETY: NULL prefix and file: UCX reads its UCX_* environment; config_p is a valid out
+    // pointer.
+    let st = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
+    check(
+        "ucp_config_read",
+        st,
+        "check the UCX_* environment variables",
+    )
+    .map_err(Opening::Refused)?;
+    let modify = |name: &str, value: Option<&str>| -> Result<()> {
+        let Some(value) = value else { return Ok(()) };
+        let (n, v) = (cstring("UCX setting", name)?, cstring("UCX value", value)?);
+        // SAFETY: config is the live config read above; both strings are NUL-terminated and
+        // outlive the call (UCX copies the value).
+        let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
+        check(
+            "ucp_config_modify",
+            st,
+            &format!("UCX refused {name}={value}: see `ucx_info -d` for what this host has"),
+        )
+    };
+    let ctx = modify("TLS", tls)
+        .and_then(|_| modify("NET_DEVICES", devices))
+        .map_err(Opening::Refused)
+        .and_then(|_| init_context(config, shared_workers).map_err(Opening::Init));
+    // SAFETY: config came from ucp_config_read and is released once; UCX copied what it
+    // needed into the context.
+    unsafe { sys::ucp_config_release(config) };
+    ctx
+}
+
 /// `ucp_init` with RMA, TAG and AM, on `config` (the caller releases it), for workers of
 /// several threads where `shared_workers`; the context, or UCX's status.
-pub(crate) fn init_context(
+fn init_context(
     config: *const sys::ucp_config_t,
     shared_workers: bool,
 ) -> Result<sys::ucp_context_h, sys::ucs_status_t> {

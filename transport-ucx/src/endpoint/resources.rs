@@ -2,12 +2,10 @@
 //! read from a live context, or from one opened for the purpose. The endpoint checks a named
 //! device against them; the doctor judges them.
 
-use std::ffi::CString;
-use std::ptr;
-
 use ucx_sys as sys;
 
-use super::{init_context, status_text};
+use super::open::{context_with, Opening};
+use super::status_text;
 
 /// One transport on one device, as UCX names them (`tcp` on `lo`, `rc_verbs` on `mlx5_0:1`,
 /// `posix` on `memory`).
@@ -37,6 +35,15 @@ impl std::fmt::Display for Resource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.tl, self.dev)
     }
+}
+
+/// `resources` as UCX writes them, comma separated (`tcp/lo, posix/memory`).
+pub(crate) fn listed(resources: &[Resource]) -> String {
+    resources
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The `resource` lines of `ucp_context_print_info`:
@@ -129,30 +136,10 @@ pub(crate) fn open_resources(
     named_tls: Option<&str>,
     named_devices: Option<&str>,
 ) -> Result<(Vec<Resource>, bool), String> {
-    let mut config: *mut sys::ucp_config_t = ptr::null_mut();
-    // SAFETY: NULL prefix and file (UCX reads its UCX_* environment); config a valid out pointer.
-    let st = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
-    if st != sys::UCS_OK {
-        return Err(format!("ucp_config_read: {}", status_text(st)));
-    }
-    let mut r = Ok(());
-    for (name, value) in [("TLS", named_tls), ("NET_DEVICES", named_devices)] {
-        let Some(value) = value else { continue };
-        let (Ok(n), Ok(v)) = (CString::new(name), CString::new(value)) else {
-            r = Err(format!("{name}={value:?}: a NUL byte"));
-            break;
-        };
-        // SAFETY: config is live; both strings are NUL-terminated and outlive the call.
-        let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
-        if st != sys::UCS_OK {
-            r = Err(format!("UCX refused {name}={value}: {}", status_text(st)));
-            break;
-        }
-    }
-    let ctx = r.and_then(|_| init_context(config, false).map_err(status_text));
-    // SAFETY: config came from ucp_config_read and is released once.
-    unsafe { sys::ucp_config_release(config) };
-    let ctx = ctx?;
+    let ctx = context_with(named_tls, named_devices, false).map_err(|e| match e {
+        Opening::Refused(e) => e.to_string(),
+        Opening::Init(st) => status_text(st),
+    })?;
     let mut attr = sys::ucp_context_attr_t {
         field_mask: u64::from(sys::UCP_ATTR_FIELD_MEMORY_TYPES),
         ..Default::default()
