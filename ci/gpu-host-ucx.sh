@@ -41,7 +41,9 @@
 #   two memories mixed (`mixed` below; MIXED=0 skips it): write and send at 4K,64K,1M from a
 #   server with one memory to a client with the other, both pairings, over the step's
 #   transports and over tcp,cuda_copy (MIXED_TLS, space-separated lists), every byte
-#   verified; then one table per memory:
+#   verified; then UCX's warnings off stdout (`json_alone` below: loopback --json with a
+#   transport UCX warns about, stdout one JSON document, the warning on stderr); then one
+#   table per memory (ROUNDS=0: none):
 #     put  rdma-bench --workload write --single-buffer --imm-every K --window 32 (one immediate
 #          in K puts, K up to 4096: ci/suspect.sh's put_plan; naming the
 #          region's memh, as the tag row's sends do) against
@@ -242,6 +244,26 @@ mixed() {
   return $status
 }
 
+json_alone() {  # RB TLS OUT: UCX's warnings go to stderr, --json's stdout stays one document
+  # (bench-cli's ucx_warnings_leave_json_on_stdout_alone, against this UCX rather than
+  # Debian's 1.13.1: the log handler that ucx-sys pushes must work with the wheel's libucs).
+  local rb=$1 tls=$2 out=$3 warned="'junk'.* not available"
+  log "UCX's warnings off stdout: loopback --provider $tls,junk --json"
+  if ! env -u UCX_LOG_FILE timeout 60 "$rb" loopback --backend ucx --provider "$tls,junk" \
+      --nic-opt peer_errors=off -s 4K -n 4 --json > "$out/json" 2> "$out/json.err"; then
+    cat "$out/json" "$out/json.err" >&2; log "FAILED: loopback --json with a UCX warning"; return 1
+  fi
+  if ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(d.get("verified") is not True)' \
+      "$out/json"; then
+    sed 's/^/  stdout: /' "$out/json" >&2; log "FAILED: stdout is not one JSON document that says verified"; return 1
+  fi
+  if ! grep -q "$warned" "$out/json.err"; then
+    sed 's/^/  stderr: /' "$out/json.err" >&2; log "FAILED: UCX's warning ($warned) is not on stderr"; return 1
+  fi
+  grep -m1 "$warned" "$out/json.err" | cut -c1-120 | sed 's/^/  stderr: /' >&2
+  log "UCX's warnings off stdout: PASS (stdout one JSON document, the warning on stderr)"
+}
+
 run() {
   local carry=${CARRY:?} rb=$CARRY/bin/rdma-bench-ucx ucx=$CARRY/build/ucx status=0 lib
   lib=$(unpack) || return 1
@@ -288,8 +310,10 @@ run() {
   done
   [ "${MIXED:-1}" = 0 ] || [[ $mems != *cuda* ]] ||
     mixed "$rb" "${MIXED_TLS:-$tls tcp,cuda_copy}" "$out" || status=1
+  json_alone "$rb" "$tls" "$out" || status=1
 
   local rounds=${ROUNDS:-3} bytes=${BYTES:-$((1 << 30))}
+  [ "$rounds" -gt 0 ] || { log "ROUNDS=0: no tables"; rm -rf "$out"; return $status; }
   lat_n() { round_trips "$1" "$([ "$2" = host ] && echo 20000 || echo 2000)"; }  # BYTES MEM
   local written=$carry/bin/perftest-written.so budget=${UCX_STEP_BUDGET:-420} t0=$SECONDS
   local rbb=${UCX_OURS_B_BIN:+$carry/$UCX_OURS_B_BIN}

@@ -389,7 +389,7 @@ pub(crate) fn ep_create_hint(tls: &str, unreachable: bool, peer_errors: bool) ->
          peer_errors=off or auto (a dead peer then hangs operations instead of failing them)"
     } else if unreachable {
         "no transport of TLS reaches the peer's address: is every name in TLS one UCX has here \
-         (`ucx_info -d`; UCX skips one it does not know, with a warning on stdout), is the \
+         (`ucx_info -d`; UCX skips one it does not know, with a warning on stderr), is the \
          peer still running (UCX cannot connect to a dead one), and are its devices reachable \
          from this node's (UCX_NET_DEVICES)?"
     } else {
