@@ -7,8 +7,9 @@ pub(crate) fn host_mr<T: Transport>(t: &mut T, bytes: &[u8]) -> Result<T::Mr> {
     t.register(Memory::Host(HostBuffer::from_slice(bytes)))
 }
 
-pub(crate) fn host_bytes<M: MemoryRegion>(mr: &M) -> &[u8] {
-    mr.memory().host().map(|h| h.as_slice()).unwrap_or(&[])
+/// A copy of a host region's bytes (empty for GPU memory).
+pub(crate) fn host_bytes<M: MemoryRegion>(mr: &M) -> Vec<u8> {
+    mr.memory().host().map(|h| h.to_vec()).unwrap_or_default()
 }
 
 pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -100,7 +100,7 @@
 //!         }
 //!         Ok(wrote && landed)
 //!     })?;
-//!     assert_eq!(dst.memory().host().map(|h| h.as_slice()), Some(&[7; 4096][..]));
+//!     assert_eq!(dst.memory().host().map(|h| h.to_vec()), Some(vec![7; 4096]));
 //!     Ok(()) // the regions deregister as they drop, before the endpoints
 //! }
 //! ```
@@ -132,8 +132,31 @@
 //! fn misuse<T: Transport>(t: &mut T) -> transport_core::Result<()> {
 //!     let buf = HostBuffer::new(4096);
 //!     let _mr = t.register(Memory::Host(buf))?;
-//!     let _ = buf.as_slice(); // error: use of moved value
+//!     let _ = buf.to_vec(); // error: use of moved value
 //!     Ok(())
+//! }
+//! ```
+//! A region lends no slice of its bytes, which a NIC may change while it lives; it copies
+//! them (`Memory::read_at`, `HostBuffer::to_vec`):
+//! ```compile_fail
+//! use transport_core::MemoryRegion;
+//! fn misuse<M: MemoryRegion>(mr: &M) -> Option<&[u8]> {
+//!     mr.memory().host().map(|h| h.as_slice()) // error: no method `as_slice`
+//! }
+//! ```
+//! ```compile_fail
+//! use transport_core::MemoryRegion;
+//! fn misuse<M: MemoryRegion>(mr: &mut M) -> Option<&mut [u8]> {
+//!     mr.memory_mut().host_bytes() // error: no method `host_bytes`
+//! }
+//! ```
+//! ```compile_fail
+//! use transport_core::{Memory, MemoryRegion};
+//! fn misuse<M: MemoryRegion>(mr: &M) -> Option<&mut [u8]> {
+//!     match mr.memory() {
+//!         Memory::Host(h) => Some(h.as_mut_slice()), // error: `h` is a shared reference
+//!         Memory::Gpu(_) => None,
+//!     }
 //! }
 //! ```
 

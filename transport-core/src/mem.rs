@@ -38,7 +38,7 @@ impl Memory {
         check_range(offset, src.len(), self.len())?;
         match self {
             Memory::Host(h) => {
-                h.as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
+                h.copy_in(offset, src);
                 Ok(())
             }
             Memory::Gpu(g) => g.write_at(offset, src),
@@ -49,7 +49,7 @@ impl Memory {
         check_range(offset, dst.len(), self.len())?;
         match self {
             Memory::Host(h) => {
-                dst.copy_from_slice(&h.as_slice()[offset..offset + dst.len()]);
+                h.copy_out(offset, dst);
                 Ok(())
             }
             Memory::Gpu(g) => g.read_at(offset, dst),
@@ -66,8 +66,9 @@ fn check_range(offset: usize, len: usize, total: usize) -> crate::Result<()> {
     }
 }
 
-/// Mutable access to the bytes of registered memory, never to the memory itself: a region
-/// keeps the allocation it registered for as long as it lives.
+/// Writes into registered memory, never the memory itself: a region keeps the allocation it
+/// registered for as long as it lives. It copies bytes in ([`MemoryMut::write_at`]) and lends
+/// no slice of them: a send posted from the region may still be reading them.
 pub struct MemoryMut<'a>(&'a mut Memory);
 
 impl<'a> MemoryMut<'a> {
@@ -82,10 +83,6 @@ impl<'a> MemoryMut<'a> {
     /// Whether the memory is empty.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
-    }
-    /// The bytes of host memory; `None` for GPU memory.
-    pub fn host_bytes(self) -> Option<&'a mut [u8]> {
-        self.0.host_mut().map(HostBuffer::as_mut_slice)
     }
     /// Copy `src` into the memory at `offset` (a CUDA copy for GPU memory).
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> crate::Result<()> {
@@ -105,10 +102,36 @@ impl From<GpuBuffer> for Memory {
 }
 
 /// Page-aligned, zeroed host memory. Its address never changes while it lives.
+///
+/// Once registered, the bytes are shared with a NIC (or a peer's process), which may write
+/// or read them at any time an operation is posted. So a shared borrow of the buffer gives
+/// no `&[u8]` of them, whose bytes Rust would take to be frozen while it lives: it copies
+/// them out ([`HostBuffer::to_vec`], [`Memory::read_at`]) or reads eight at a time with a
+/// volatile load ([`HostBuffer::peek8`]). Only the buffer's owner, before it registers the
+/// buffer or after it deregisters it, gets a slice ([`HostBuffer::as_mut_slice`]): a
+/// region never hands out `&mut HostBuffer` (its [`MemoryMut`] copies too).
 pub struct HostBuffer {
-    storage: Box<[u8]>,
+    /// The whole allocation (a `Box<[u8]>` turned into a raw pointer, freed in `Drop`): no
+    /// reference to its bytes lives while a NIC may write them.
+    storage: std::ptr::NonNull<[u8]>,
     offset: usize,
     len: usize,
+}
+
+// SAFETY: a HostBuffer owns its allocation, as the Box it was made from did, and nothing
+// else frees it; moving it to another thread moves that ownership.
+unsafe impl Send for HostBuffer {}
+// SAFETY: through `&HostBuffer` the bytes are only copied out through raw pointers or read
+// with volatile loads, never written and never lent as a reference, so two threads may do
+// that at once.
+unsafe impl Sync for HostBuffer {}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `storage` came from `Box::into_raw` in `at_page_offset` and is freed only
+        // here, once.
+        drop(unsafe { Box::from_raw(self.storage.as_ptr()) });
+    }
 }
 
 /// Alignment of host buffers: one 4 KiB page.
@@ -144,7 +167,7 @@ impl HostBuffer {
         }
         let offset = storage.as_ptr().align_offset(PAGE) + skew;
         Self {
-            storage,
+            storage: std::ptr::NonNull::from(Box::leak(storage)),
             offset,
             len,
         }
@@ -165,16 +188,47 @@ impl HostBuffer {
     }
     /// Start address, for registration.
     pub fn as_ptr(&self) -> *const u8 {
-        self.as_slice().as_ptr()
+        // `offset + len` fits the allocation (`at_page_offset`), so this stays inside it.
+        self.storage.as_ptr().cast::<u8>().wrapping_add(self.offset)
     }
     /// Start address, for registration.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.as_mut_slice().as_mut_ptr()
+        self.storage.as_ptr().cast::<u8>().wrapping_add(self.offset)
     }
-    /// The bytes. A peer's WRITE may change them at any time while the buffer is registered;
-    /// read them after the completion that says the WRITE landed.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.storage[self.offset..self.offset + self.len]
+    /// A copy of the bytes. A peer's WRITE may change them at any time while the buffer is
+    /// registered: copy them after the completion that says the WRITE landed.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.copy_out(0, &mut v);
+        v
+    }
+    /// Copy `dst.len()` bytes from `offset` into `dst`; panics on a range past the end
+    /// (callers check it first and return an error).
+    fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset
+            .checked_add(dst.len())
+            .is_some_and(|end| end <= self.len));
+        // SAFETY: [offset, offset + dst.len()) lies inside the buffer (asserted above), which
+        // stays allocated for the call; `dst` is a distinct, exclusive borrow, so the two do
+        // not overlap. No reference to the buffer's bytes is made: a NIC may be writing other
+        // bytes of it (or, if the caller reads early, these: then the copy mixes old and new
+        // bytes, as peek8's load may).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        }
+    }
+    /// Copy `src` into the buffer at `offset`; panics on a range past the end (callers
+    /// check it first and return an error).
+    fn copy_in(&mut self, offset: usize, src: &[u8]) {
+        assert!(offset
+            .checked_add(src.len())
+            .is_some_and(|end| end <= self.len));
+        // SAFETY: [offset, offset + src.len()) lies inside the buffer (asserted above), which
+        // `&mut self` holds; `src` cannot alias it (no `&[u8]` of a buffer's bytes outlives
+        // `as_mut_slice`'s `&mut` borrow, which `&mut self` here excludes).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_mut_ptr().add(offset), src.len())
+        }
     }
     /// Eight bytes at `offset`, read with a volatile load, for checks that look at memory a
     /// peer's WRITEs may still be changing (the bytes may then mix an old and a new value);
@@ -185,17 +239,20 @@ impl HostBuffer {
         if end > self.len {
             return None;
         }
-        let p = self.storage[self.offset + offset..]
-            .as_ptr()
-            .cast::<[u8; 8]>();
+        let p = self.as_ptr().wrapping_add(offset).cast::<[u8; 8]>();
         // SAFETY: [offset, offset + 8) lies inside the buffer (checked above) and stays
         // allocated for the call; [u8; 8] has alignment 1 and every bit pattern is a value; the
         // load is volatile because a NIC may write the bytes behind the compiler's back.
         Some(unsafe { std::ptr::read_volatile(p) })
     }
-    /// The bytes, mutably.
+    /// The bytes, mutably: for the buffer's owner, before it registers it or after it
+    /// deregisters it (a region never lends `&mut HostBuffer`).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.offset..self.offset + self.len]
+        // SAFETY: [offset, offset + len) lies inside the allocation (`at_page_offset`), and
+        // `&mut self` is exclusive: no region holds this buffer (a region owns its memory and
+        // lends neither `&mut Memory` nor `&mut HostBuffer`), so no NIC is told to touch it,
+        // and the slice lives no longer than the borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
     }
 }
 
@@ -405,7 +462,7 @@ mod tests {
             let b = HostBuffer::new(len);
             assert_eq!(b.as_ptr() as usize % PAGE, 0);
             assert_eq!(b.len(), len);
-            assert!(b.as_slice().iter().all(|&x| x == 0));
+            assert!(b.to_vec().iter().all(|&x| x == 0));
         }
     }
 
@@ -430,7 +487,7 @@ mod tests {
             grown >= len / 2,
             "a {len}-byte buffer grew the resident set by {grown} bytes: its pages are not its own"
         );
-        assert!(b.as_slice().iter().step_by(PAGE).all(|&x| x == 0));
+        assert!(b.to_vec().iter().step_by(PAGE).all(|&x| x == 0));
     }
 
     /// Whether the page holding `addr` is in memory or swap (bits 63 and 62 of its entry in
@@ -477,7 +534,7 @@ mod tests {
             assert_eq!(b.len(), len);
             // Every byte is inside the allocation: writing all of them does not panic.
             b.as_mut_slice().fill(0xa5);
-            assert!(b.as_slice().iter().all(|&x| x == 0xa5));
+            assert!(b.to_vec().iter().all(|&x| x == 0xa5));
         }
     }
 
@@ -536,6 +593,20 @@ mod tests {
         let m = Memory::Host(HostBuffer::new(64));
         assert!(make_gpu_visible(&m, Landing::NicDma).is_ok());
         assert!(make_gpu_visible(&m, Landing::ProviderCopy).is_ok());
+    }
+
+    /// A buffer moves between threads with the region that owns it (`Transport: Send`), and
+    /// several threads may copy out of one at once.
+    #[test]
+    fn host_buffers_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<HostBuffer>();
+        let b = std::sync::Arc::new(HostBuffer::from_slice(&[3; 4096]));
+        let r = std::thread::scope(|s| {
+            let t: Vec<_> = (0..2).map(|_| s.spawn(|| b.to_vec())).collect();
+            t.into_iter().map(|t| t.join().unwrap()).collect::<Vec<_>>()
+        });
+        assert!(r.iter().all(|v| v[..] == [3; 4096][..]));
     }
 
     #[test]

@@ -208,7 +208,7 @@ fn run(args: &Args) -> Result<bool> {
         bytes as f64 * 8.0 / secs / 1e9
     );
     let once = seen.iter().all(|&n| n == 1);
-    let same = dst.memory().host().map(|h| h.as_slice()) == Some(&pattern[..]);
+    let same = dst.memory().host().map(|h| h.to_vec()).as_deref() == Some(&pattern[..]);
     println!(
         "verify: {} (every immediate exactly once: {once}, bytes match: {same})",
         if once && same { "OK" } else { "FAILED" }

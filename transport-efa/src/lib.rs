@@ -24,7 +24,7 @@
 //!     c.check()?;
 //!     Ok(side == 1 && c.kind == CompletionKind::RemoteWrite { imm: 42 })
 //! })?;
-//! assert_eq!(dst.memory().host().map(|h| h.as_slice()), Some(&b"hello"[..]));
+//! assert_eq!(dst.memory().host().map(|h| h.to_vec()), Some(b"hello".to_vec()));
 //! # Ok(()) }
 //! ```
 //!

@@ -275,7 +275,7 @@ impl Mr {
         match &mem {
             Memory::Host(h) => {
                 // SAFETY: the domain is open; [ptr, ptr+len) is the host buffer, owned by the
-                // region from here on and never moved (HostBuffer's storage is boxed).
+                // region from here on and never moved (a HostBuffer never moves its allocation).
                 let ret = unsafe {
                     fi::rs_fi_mr_reg(
                         on.domain.ptr,

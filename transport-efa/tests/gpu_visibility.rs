@@ -254,12 +254,14 @@ fn probes(mem: &Memory, len: usize, prober: &Option<Prober>) -> Vec<u8> {
     match (mem, prober) {
         (Memory::Gpu(g), Some(p)) => p.read(g, len).to_vec(),
         _ => {
-            let h = mem.host().expect("host memory");
             let step = len / PROBES;
             (0..PROBES)
                 .flat_map(|i| {
                     let off = len - PROBE_LEN - i * step;
-                    h.as_slice()[off..off + PROBE_LEN].to_vec()
+                    let mut probe = vec![0u8; PROBE_LEN];
+                    mem.read_at(off, &mut probe)
+                        .expect("a probe inside the buffer");
+                    probe
                 })
                 .collect()
         }

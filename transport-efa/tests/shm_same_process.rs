@@ -113,7 +113,7 @@ fn reverse_direction_after_one_sided_connect() {
     let all_sevens = |m: &transport_efa::Mr| {
         m.memory()
             .host()
-            .is_some_and(|h| h.as_slice().iter().all(|&x| x == 7))
+            .is_some_and(|h| h.to_vec().iter().all(|&x| x == 7))
     };
     assert!(all_sevens(&recv_a) && all_sevens(&dst_a));
 }
@@ -225,5 +225,5 @@ fn first_write(settled: bool) {
     })
     .expect("the WRITE and its immediate");
     let h = dst.memory().host().expect("host");
-    assert!(h.as_slice().iter().all(|&x| x == 5));
+    assert!(h.to_vec().iter().all(|&x| x == 5));
 }

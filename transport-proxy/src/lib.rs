@@ -48,7 +48,7 @@
 //!         ra?;
 //!         rb?;
 //!         let dst = &pb.regions()[0];
-//!         assert_eq!(dst.memory().host().map(|h| h.as_slice()), Some(&[7; 4096][..]));
+//!         assert_eq!(dst.memory().host().map(|h| h.to_vec()), Some(vec![7; 4096]));
 //!         Ok(())
 //!     })
 //! }

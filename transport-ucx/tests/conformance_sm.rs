@@ -90,7 +90,7 @@ fn a_foreign_key_writes_nothing_by_active_message() {
         "a foreign key's immediate arrived: {imms:?}"
     );
     assert_eq!(
-        &dst.memory().host().unwrap().as_slice()[..32],
+        &dst.memory().host().unwrap().to_vec()[..32],
         &[0u8; 32][..],
         "a foreign key's WRITE landed in the region"
     );
@@ -98,7 +98,7 @@ fn a_foreign_key_writes_nothing_by_active_message() {
     let (w, imms) = write_imm(&mut p, &src, right, 8, true);
     assert_eq!((w, imms), (1, vec![8]), "the region's own key");
     assert_eq!(
-        &dst.memory().host().unwrap().as_slice()[..32],
+        &dst.memory().host().unwrap().to_vec()[..32],
         &[0x5a; 32][..],
         "the region's own key: the bytes"
     );

@@ -314,7 +314,7 @@ fn lat_side(
         let seq = (i % 255 + 1) as u8;
         let send = |ep: &mut Endpoint, mr: &mut transport_verbs::VerbsMr| {
             if a.poll_memory {
-                mr.memory_mut().host_bytes().unwrap()[size - 1] = seq;
+                mr.memory_mut().write_at(size - 1, &[seq]).unwrap();
             }
             let local = LocalSlice::new(&*mr, 0, size).unwrap();
             let imm = (!a.poll_memory).then_some(i as u32);

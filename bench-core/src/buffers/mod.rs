@@ -270,16 +270,12 @@ pub fn verify_pages<M: MemoryRegion>(
     while k < slots {
         let n = per.min(slots - k);
         let start = k as usize * ps;
-        let got: &[u8] = match mr.memory().host() {
-            Some(h) => &h.as_slice()[start..start + n as usize * ps],
-            None => {
-                stage.resize(n as usize * ps, 0);
-                mr.memory()
-                    .read_at(start, &mut stage)
-                    .ctx(|| "reading a buffer back")?;
-                &stage
-            }
-        };
+        // Copied out, host memory too: a region lends no slice of its bytes.
+        stage.resize(n as usize * ps, 0);
+        mr.memory()
+            .read_at(start, &mut stage)
+            .ctx(|| "reading a buffer back")?;
+        let got = &stage[..];
         for i in 0..n {
             ver.expected(layout, seed, gpu, j, k + i, rep, &mut want);
             let g = &got[i as usize * ps..(i as usize + 1) * ps];
@@ -445,10 +441,6 @@ pub fn gpu_drain_all<'a>(mems: impl IntoIterator<Item = &'a Memory>) -> Result<(
 /// Zero the first `len` bytes of `mr`.
 pub fn zero<M: MemoryRegion>(mr: &mut M, len: usize) -> Result<()> {
     let len = len.min(mr.len());
-    if let Some(h) = mr.memory_mut().host_bytes() {
-        h[..len].fill(0);
-        return Ok(());
-    }
     let z = vec![0u8; STAGE.min(len)];
     let mut off = 0;
     while off < len {

@@ -359,8 +359,11 @@ impl Transport for MockEp {
         if f.in_flight[self.me] >= f.b.depth {
             return Ok(Post::QueueFull);
         }
-        let h = buf.mr.memory().host().expect("host");
-        let data = h.as_slice()[buf.offset..buf.offset + buf.len].to_vec();
+        let mut data = vec![0u8; buf.len];
+        buf.mr
+            .memory()
+            .read_at(buf.offset, &mut data)
+            .expect("a slice inside its region");
         if imm.is_some() {
             let n = f.in_flight[self.me];
             f.in_flight_at_imm.push(n);

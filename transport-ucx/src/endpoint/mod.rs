@@ -688,7 +688,7 @@ mod tests {
         assert_eq!(imms, [CompletionKind::RemoteWrite { imm: 9 }]);
         let (w, imms) = run(&mut a, &mut b, len as u64, None, 2);
         assert_eq!((w, imms), (CompletionKind::Write, vec![]));
-        let landed = dst.memory().host().expect("host").as_slice();
+        let landed = dst.memory().host().expect("host").to_vec();
         assert!(
             landed[..len] == pattern[..],
             "the WRITE with immediate's bytes"
@@ -810,7 +810,7 @@ mod tests {
             "a's and c's origins as b computed them at add_peer"
         );
         drop(l);
-        let landed = gpu.memory().host().expect("host").as_slice();
+        let landed = gpu.memory().host().expect("host").to_vec();
         assert!(landed[..] == pattern[..], "a's rendezvous WRITE's bytes");
     }
 
