@@ -5,7 +5,9 @@
 //! ([`Transport::INFO`], [`BackendInfo`]); workloads are written once, generic over it. This
 //! crate knows no backend. Its only FFI is the CUDA driver's, behind the `cuda` feature, for
 //! [`GpuBuffer`]'s allocation and landing (`mem/cuda.rs`, through cudarc); without it, its
-//! one `unsafe` is the volatile read of [`HostBuffer::peek8`].
+//! `unsafe` is [`HostBuffer`]'s: the allocation it owns as a raw pointer (so that no reference
+//! to bytes a NIC may change lives), the copies in and out of it, and [`HostBuffer::peek8`]'s
+//! volatile read.
 //!
 //! # What every backend guarantees
 //! - Every operation carries a caller-chosen `u64` context, returned in its completion.
@@ -190,11 +192,16 @@ pub use types::{
 ///
 /// The region owns its [`Memory`]; dropping it deregisters it. Hand it back with
 /// [`Transport::deregister`] to get the memory back.
+///
+/// An implementation lends its memory only as `&Memory` and [`MemoryMut`], never as
+/// `&mut Memory` or `&mut HostBuffer`: [`HostBuffer::as_mut_slice`] is sound because only a
+/// buffer's owner, with no region holding it, can call it.
 pub trait MemoryRegion: Send {
-    /// The registered memory.
+    /// The registered memory: its bytes are copied out ([`Memory::read_at`]), never lent.
     fn memory(&self) -> &Memory;
-    /// The registered bytes, mutably (to fill a buffer before a send). The memory itself
-    /// cannot be swapped out: peers may write into it until it is deregistered.
+    /// Writes into the registered bytes (to fill a buffer before a send), as copies
+    /// ([`MemoryMut::write_at`]). The memory itself cannot be swapped out: peers may write
+    /// into it until it is deregistered.
     fn memory_mut(&mut self) -> MemoryMut<'_>;
     /// What a peer needs to WRITE into this region. Serializable; send it over any channel.
     fn remote(&self) -> RemoteMr;

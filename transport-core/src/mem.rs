@@ -123,13 +123,15 @@ pub struct HostBuffer {
 unsafe impl Send for HostBuffer {}
 // SAFETY: through `&HostBuffer` the bytes are only copied out through raw pointers or read
 // with volatile loads, never written and never lent as a reference, so two threads may do
-// that at once.
+// that at once. Writers are the NIC, a peer's process, or a backend's progress thread copying
+// a peer's message in (UCX's active messages), all announced by a completion: a copy made
+// before it may mix old and new bytes, as a C program's would; after it, the bytes are whole.
 unsafe impl Sync for HostBuffer {}
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: `storage` came from `Box::into_raw` in `at_page_offset` and is freed only
-        // here, once.
+        // SAFETY: `storage` came from `Box::leak` in `at_page_offset` (a leaked Box may be
+        // rebuilt with `Box::from_raw`) and is freed only here, once.
         drop(unsafe { Box::from_raw(self.storage.as_ptr()) });
     }
 }
@@ -156,7 +158,10 @@ impl HostBuffer {
     /// libfabric's shm and tcp) does not.
     pub fn at_page_offset(len: usize, skew: usize) -> Self {
         let skew = skew % PAGE;
-        let mut storage = vec![0u8; len + PAGE + skew].into_boxed_slice();
+        let total = len.checked_add(PAGE + skew).unwrap_or_else(|| {
+            panic!("a host buffer of {len} bytes does not fit the address space")
+        });
+        let mut storage = vec![0u8; total].into_boxed_slice();
         // The compiler knows the allocator zeroed the bytes and would drop a store of zero;
         // black_box hides that, so each page takes its store (and its page fault) here.
         // Every PAGE-th byte from the start touches each page but a partial last one, which
@@ -166,6 +171,10 @@ impl HostBuffer {
             storage[i] = 0;
         }
         let offset = storage.as_ptr().align_offset(PAGE) + skew;
+        // Every access through the raw pointer below relies on this.
+        assert!(offset
+            .checked_add(len)
+            .is_some_and(|end| end <= storage.len()));
         Self {
             storage: std::ptr::NonNull::from(Box::leak(storage)),
             offset,
@@ -593,6 +602,14 @@ mod tests {
         let m = Memory::Host(HostBuffer::new(64));
         assert!(make_gpu_visible(&m, Landing::NicDma).is_ok());
         assert!(make_gpu_visible(&m, Landing::ProviderCopy).is_ok());
+    }
+
+    /// A length whose page slack overflows is refused, not wrapped into a small allocation
+    /// that the buffer's copies would then run past.
+    #[test]
+    #[should_panic(expected = "does not fit the address space")]
+    fn host_buffers_past_the_address_space_are_refused() {
+        let _ = HostBuffer::at_page_offset(usize::MAX - 100, 64);
     }
 
     /// A buffer moves between threads with the region that owns it (`Transport: Send`), and
