@@ -274,7 +274,7 @@ impl std::fmt::Debug for HostBuffer {
     }
 }
 
-/// Memory on a CUDA device. Allocate it with [`GpuBuffer::alloc`] (feature `cuda`).
+/// Memory on a CUDA device. Allocate it with `GpuBuffer::alloc` (feature `cuda`).
 ///
 /// Every allocation carries `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`: a synchronous CUDA copy
 /// into or out of it (a provider's `cudaMemcpy`, this type's [`Memory::write_at`]) has run
@@ -441,8 +441,8 @@ pub fn dmabuf_range(ptr: u64, len: usize, page: u64) -> DmabufRange {
     }
 }
 
-/// A dmabuf exported for part of a [`GpuBuffer`] ([`GpuBuffer::export_dmabuf`]); the fd
-/// closes on drop (a registration keeps its own reference to the dmabuf).
+/// A dmabuf exported for part of a [`GpuBuffer`] (`GpuBuffer::export_dmabuf`, feature
+/// `cuda`); the fd closes on drop (a registration keeps its own reference to the dmabuf).
 #[derive(Debug)]
 pub struct Dmabuf {
     /// The dmabuf.
