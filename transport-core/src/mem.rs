@@ -197,12 +197,21 @@ impl HostBuffer {
     }
     /// Start address, for registration.
     pub fn as_ptr(&self) -> *const u8 {
-        // `offset + len` fits the allocation (`at_page_offset`), so this stays inside it.
-        self.storage.as_ptr().cast::<u8>().wrapping_add(self.offset)
+        self.at(0, 0)
     }
     /// Start address, for registration.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.storage.as_ptr().cast::<u8>().wrapping_add(self.offset)
+        self.at(0, 0)
+    }
+    /// The address of byte `offset`, where `[offset, offset + n)` lies inside the buffer;
+    /// panics otherwise (callers check ranges first and return errors). Inside the
+    /// allocation, since `offset + len` fits it (`at_page_offset`).
+    fn at(&self, offset: usize, n: usize) -> *mut u8 {
+        assert!(offset.checked_add(n).is_some_and(|end| end <= self.len));
+        self.storage
+            .as_ptr()
+            .cast::<u8>()
+            .wrapping_add(self.offset + offset)
     }
     /// A copy of the bytes. A peer's WRITE may change them at any time while the buffer is
     /// registered: copy them after the completion that says the WRITE landed.
@@ -214,30 +223,22 @@ impl HostBuffer {
     /// Copy `dst.len()` bytes from `offset` into `dst`; panics on a range past the end
     /// (callers check it first and return an error).
     fn copy_out(&self, offset: usize, dst: &mut [u8]) {
-        assert!(offset
-            .checked_add(dst.len())
-            .is_some_and(|end| end <= self.len));
-        // SAFETY: [offset, offset + dst.len()) lies inside the buffer (asserted above), which
+        let from = self.at(offset, dst.len());
+        // SAFETY: [offset, offset + dst.len()) lies inside the buffer (`at` asserts it), which
         // stays allocated for the call; `dst` is a distinct, exclusive borrow, so the two do
         // not overlap. No reference to the buffer's bytes is made: a NIC may be writing other
         // bytes of it (or, if the caller reads early, these: then the copy mixes old and new
         // bytes, as peek8's load may).
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
-        }
+        unsafe { std::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) }
     }
     /// Copy `src` into the buffer at `offset`; panics on a range past the end (callers
     /// check it first and return an error).
     fn copy_in(&mut self, offset: usize, src: &[u8]) {
-        assert!(offset
-            .checked_add(src.len())
-            .is_some_and(|end| end <= self.len));
-        // SAFETY: [offset, offset + src.len()) lies inside the buffer (asserted above), which
+        let to = self.at(offset, src.len());
+        // SAFETY: [offset, offset + src.len()) lies inside the buffer (`at` asserts it), which
         // `&mut self` holds; `src` cannot alias it (no `&[u8]` of a buffer's bytes outlives
         // `as_mut_slice`'s `&mut` borrow, which `&mut self` here excludes).
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_mut_ptr().add(offset), src.len())
-        }
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) }
     }
     /// Eight bytes at `offset`, read with a volatile load, for checks that look at memory a
     /// peer's WRITEs may still be changing (the bytes may then mix an old and a new value);
@@ -248,7 +249,7 @@ impl HostBuffer {
         if end > self.len {
             return None;
         }
-        let p = self.as_ptr().wrapping_add(offset).cast::<[u8; 8]>();
+        let p = self.at(offset, 8).cast_const().cast::<[u8; 8]>();
         // SAFETY: [offset, offset + 8) lies inside the buffer (checked above) and stays
         // allocated for the call; [u8; 8] has alignment 1 and every bit pattern is a value; the
         // load is volatile because a NIC may write the bytes behind the compiler's back.
